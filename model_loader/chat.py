@@ -1,0 +1,184 @@
+"""Chat format and streamed text: prompt rendering, the incremental detokenizer, the reasoning/answer split.
+
+Knows nothing about tensors. The prompt is always built through a chat template (the folder's own, else
+DeepSeek-R1's) and tokenized with add_special_tokens=False, so the BOS comes from the template exactly once
+whether or not the tokenizer would add one itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from model_loader.chat_template import R1_CHAT_TEMPLATE
+from model_loader.errors import ModelError
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def load_tokenizer(folder: Path):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as err:
+        raise ModelError(f"{folder}: could not load the tokenizer ({str(err).splitlines()[0][:200]})",
+                         str(folder)) from err
+
+
+def answer_only(content: str) -> str:
+    """What of an assistant message goes back into the prompt: the text after its reasoning."""
+    if THINK_CLOSE in content:
+        return content.split(THINK_CLOSE)[-1].lstrip("\n")
+    return content
+
+
+@dataclass
+class RenderedPrompt:
+    text: str
+    ids: list[int]
+    starts_in_reasoning: bool  # the prompt ends inside <think>: output is reasoning until </think>
+
+
+class ChatFormat:
+    """Messages -> prompt ids for one tokenizer; also knows the stop ids and whether the model reasons."""
+
+    def __init__(self, tokenizer, eos_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.template = tokenizer.chat_template or R1_CHAT_TEMPLATE
+        vocab = tokenizer.get_vocab()
+        self.think_close_id = vocab.get(THINK_CLOSE)
+        self.reasons = THINK_OPEN in vocab and self.think_close_id is not None
+        stops = set(eos_ids)
+        if tokenizer.eos_token_id is not None:
+            stops.add(tokenizer.eos_token_id)
+        for name in ("<|im_end|>", "<|EOT|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"):
+            if name in vocab:
+                stops.add(vocab[name])
+        self.stop_ids = frozenset(stops)
+
+    def render(self, messages: list[dict]) -> RenderedPrompt:
+        clean = [
+            {"role": m["role"], "content": answer_only(m["content"]) if m["role"] == "assistant" else m["content"]}
+            for m in messages
+            if m.get("content") is not None
+        ]
+        try:
+            text = self.tokenizer.apply_chat_template(clean, chat_template=self.template, add_generation_prompt=True,
+                                                      tokenize=False)
+        except Exception as err:
+            raise ModelError(f"chat template failed: {err}") from err
+        in_reasoning = False
+        if self.reasons:
+            stripped = text.rstrip()
+            if stripped.endswith(THINK_OPEN):
+                in_reasoning = True
+            elif THINK_OPEN not in text[-64:]:
+                # Older R1 templates stop at <｜Assistant｜>; DeepSeek advises forcing the reasoning open.
+                text += THINK_OPEN + "\n"
+                in_reasoning = True
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
+
+    def encode_plain(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+class StreamingDetokenizer:
+    """Token ids in, complete text out: never emits half a UTF-8 character (a CJK character or an emoji is
+    often several byte-level tokens). Decodes a short window, not the whole reply, so each token costs O(1)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # window start: decoded only to learn how the window's text begins
+        self.read_offset = 0  # tokens before this have been emitted
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset:])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return full_text[len(prefix_text):]
+        return ""
+
+    def flush(self) -> str:
+        """At the end of a reply: whatever is left, replacement characters included."""
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full_text[len(prefix_text):]
+
+
+class ReasoningSplitter:
+    """Tags streamed text as reasoning or answer. The reply starts inside <think> (the prompt opened it);
+    the first </think> switches to the answer, even when it arrives split across deltas. A stray leading
+    <think> (models whose template did not open it) is dropped."""
+
+    def __init__(self, in_reasoning: bool):
+        self.in_reasoning = in_reasoning
+        self._held = ""  # text that may be the start of </think> (or of a leading <think>)
+        self._seen_text = False
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if not self.in_reasoning:
+            return [("answer", text)] if text else []
+        buf = self._held + text
+        self._held = ""
+        if not self._seen_text:
+            stripped = buf.lstrip()
+            if THINK_OPEN.startswith(stripped) and len(stripped) < len(THINK_OPEN):
+                self._held = buf
+                return []
+            if stripped.startswith(THINK_OPEN):
+                buf = stripped[len(THINK_OPEN):]
+            self._seen_text = bool(buf)
+        out: list[tuple[str, str]] = []
+        idx = buf.find(THINK_CLOSE)
+        if idx >= 0:
+            if idx:
+                out.append(("reasoning", buf[:idx]))
+            self.in_reasoning = False
+            rest = buf[idx + len(THINK_CLOSE):]
+            if rest:
+                out.append(("answer", rest))
+            return out
+        # Hold back the longest suffix that could still become </think>.
+        keep = 0
+        for n in range(min(len(THINK_CLOSE) - 1, len(buf)), 0, -1):
+            if THINK_CLOSE.startswith(buf[-n:]):
+                keep = n
+                break
+        emit, self._held = buf[: len(buf) - keep], buf[len(buf) - keep:]
+        if emit:
+            out.append(("reasoning", emit))
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        held, self._held = self._held, ""
+        if held and self.in_reasoning:
+            return [("reasoning", held)]
+        return []
+
+
+class AnswerNewlineTrimmer:
+    """The model writes "</think>\n\n" before its answer; drop those newlines even when they come as
+    separate deltas after the split."""
+
+    def __init__(self):
+        self.started = False
+
+    def __call__(self, kind: str, text: str) -> str:
+        if kind != "answer" or self.started:
+            return text
+        text = text.lstrip("\n")
+        self.started = bool(text)
+        return text

@@ -1,0 +1,99 @@
+"""Qwen2 model configuration, read from the folder's config.json (field names as in HF's config)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model_loader.errors import ModelError
+
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int = 32768
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    head_dim: int = 0  # derived when absent
+    quantization_config: dict | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+def read_config(folder: Path) -> Qwen2Config:
+    """Parse and check config.json; every failure names the file and the problem."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelError(f"{path}: missing config.json — this folder is not a Hugging Face model folder", str(path))
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelError(f"{path}: invalid config.json ({err})", str(path)) from err
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: invalid config.json (top level is not an object)", str(path))
+    if raw.get("auto_map"):
+        raise ModelError(
+            f"{path}: this model needs custom code from the folder (auto_map); r1desk never runs remote code",
+            str(path),
+        )
+    archs = raw.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        name = ", ".join(archs) if archs else f"model_type={raw.get('model_type')!r}"
+        raise ModelError(
+            f"{path}: unsupported architecture {name}; r1desk runs Qwen2ForCausalLM models "
+            "(DeepSeek-R1-Distill-Qwen, Qwen2.5)",
+            str(path),
+        )
+    rope_scaling = raw.get("rope_scaling")
+    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
+        raise ModelError(f"{path}: unsupported rope_scaling {rope_scaling!r}", str(path))
+    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    missing = [k for k in required if not isinstance(raw.get(k), int) or raw.get(k) <= 0]
+    if missing:
+        raise ModelError(f"{path}: invalid config.json (missing or non-positive {', '.join(missing)})", str(path))
+    heads = raw["num_attention_heads"]
+    kv_heads = raw.get("num_key_value_heads") or heads
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    if head_dim * heads != raw["hidden_size"] and not raw.get("head_dim"):
+        raise ModelError(f"{path}: invalid config.json (hidden_size not divisible by num_attention_heads)", str(path))
+    if heads % kv_heads:
+        raise ModelError(f"{path}: invalid config.json (num_attention_heads not a multiple of num_key_value_heads)",
+                         str(path))
+    eos = raw.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
+    return Qwen2Config(
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=raw["vocab_size"],
+        max_position_embeddings=raw.get("max_position_embeddings", 32768),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        torch_dtype=str(dtype),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_id=eos_ids,
+        head_dim=head_dim,
+        quantization_config=raw.get("quantization_config"),
+    )

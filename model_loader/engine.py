@@ -1,0 +1,371 @@
+"""The engine: load a Qwen2 folder onto a device, warm it up, and stream replies.
+
+Contract: Engine.generate(messages, settings, control) yields Delta events (text tagged reasoning/answer)
+and then one Finished event with the full text, the generated ids and the stats. It owns the KV cache and
+reuses the longest cached prefix of every new prompt. On CUDA with Triton the decode step (forward +
+sampling + position update) is one CUDA graph replayed once per token, and the host runs one step ahead of
+the token it is waiting for, so the GPU never idles between tokens. CUDA graphs belong to the thread that
+captured them: load, warm_up and generate must all run on the same thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer, load_tokenizer
+from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings
+from model_loader.kernels import triton_available
+from model_loader.locate import ModelFolder, resolve_model
+from model_loader.qwen2 import Qwen2Model
+from model_loader.sampling import SamplerParams, greedy, sample
+from model_loader.stats import memory_stats
+from model_loader.weights import load_weights
+
+log = logging.getLogger(__name__)
+
+STOP_THINKING_TEXT = "\n</think>\n\n"
+OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
+
+
+def pick_device(requested: str | None) -> torch.device:
+    if requested in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(requested)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
+        raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
+    return dev
+
+
+def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
+    if requested:
+        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class DecodeStep:
+    """Static input/output buffers for one decode step, and its CUDA graphs (one per sampling mode)."""
+
+    def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool):
+        self.model, self.params, self.use_graphs = model, params, use_graphs
+        self.token = torch.zeros(1, dtype=torch.int64, device=model.device)  # input; the sampled token after
+        self.pos = torch.zeros(1, dtype=torch.int32, device=model.device)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
+
+    def _step(self, mode: str, pos: int) -> None:
+        logits = self.model.decode(self.token, self.pos, pos)
+        nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
+        self.token.copy_(nxt)
+        self.pos.add_(1)
+
+    def capture(self, mode: str) -> None:
+        if not self.use_graphs or mode in self.graphs:
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
+                self.pos.zero_()
+                self._step(mode, 0)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        self.pos.zero_()
+        with torch.cuda.graph(graph), torch.inference_mode():
+            self._step(mode, 0)
+        self.graphs[mode] = graph
+
+    def run(self, mode: str, pos: int) -> None:
+        graph = self.graphs.get(mode)
+        if graph is not None:
+            graph.replay()
+        else:
+            with torch.inference_mode():
+                self._step(mode, pos)
+
+
+@dataclass
+class EngineInfo:
+    model_path: str
+    model_name: str
+    device: str
+    device_name: str
+    dtype: str
+    context_length: int
+    kernels: str  # "triton" or "pytorch"
+    cuda_graphs: bool
+    reasons: bool
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+
+
+class Engine:
+    def __init__(self, folder: ModelFolder, model: Qwen2Model, chat: ChatFormat, info: EngineInfo):
+        self.folder, self.model, self.chat, self.info = folder, model, chat, info
+        self.tokenizer = chat.tokenizer
+        self.params = SamplerParams(model.device)
+        self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs)
+        self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
+        self.ready = False
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, spec, device: str | None = None, context_length: int = 4096, dtype: str | None = None,
+             progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None) -> "Engine":
+        t0 = time.perf_counter()
+        folder = resolve_model(spec)
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dev, dtype)
+        cfg = folder.config
+        if cfg.quantization_config:
+            method = cfg.quantization_config.get("quant_method")
+            raise ModelError(f"{folder.path / 'config.json'}: quantized checkpoints ({method}) are not supported yet")
+        ctx = max(16, min(int(context_length), cfg.max_position_embeddings))
+        tokenizer = load_tokenizer(folder.path)
+        chat = ChatFormat(tokenizer, cfg.eos_token_id)
+        triton_ok = triton_available(dev) if use_triton is None else (use_triton and triton_available(dev))
+        graphs = triton_ok if use_cuda_graphs is None else (use_cuda_graphs and triton_ok)
+        try:
+            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress)
+            model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
+        except torch.cuda.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        info = EngineInfo(
+            model_path=str(folder.path), model_name=folder.name, device=str(dev),
+            device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
+            dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
+            kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
+            load_s=time.perf_counter() - t0, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
+        )
+        log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s) in %.2fs", folder.name, info.device_name,
+                 info.dtype, info.kernels, graphs, info.load_s)
+        return cls(folder, model, chat, info)
+
+    def warm_up(self) -> None:
+        """Compile the kernels, capture the decode graphs and run one short prefill, so the first reply
+        starts at full speed. Must run on the thread that will generate."""
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                ids = torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
+                self.model.prefill(ids, 0)
+                self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
+            for mode in ("greedy", "sample"):
+                self.step.capture(mode)
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize(self.model.device)
+        except torch.cuda.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            raise OutOfMemoryError(f"out of GPU memory while warming up; {OOM_ADVICE}") from err
+        self._cache_tokens = []  # warm-up wrote junk into the cache
+        self.info.warmup_s = time.perf_counter() - t0
+        self.ready = True
+
+    def memory(self):
+        return memory_stats(self.model.device, self.model.weights_bytes, self.model.kv_cache_bytes)
+
+    def reset_cache(self) -> None:
+        self._cache_tokens = []
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
+                 control: GenerationControl | None = None) -> Iterator[Delta | Finished]:
+        prompt = self.chat.render(messages)
+        yield from self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning)
+
+    def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
+                     control: GenerationControl | None = None, in_reasoning: bool = False,
+                     _t0: float | None = None) -> Iterator[Delta | Finished]:
+        try:
+            yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
+                                      in_reasoning)
+        except torch.cuda.OutOfMemoryError as err:
+            self._cache_tokens = []
+            torch.cuda.empty_cache()
+            raise OutOfMemoryError(f"out of GPU memory while generating; {OOM_ADVICE}") from err
+        except BaseException:
+            self._cache_tokens = []  # the cache may hold a half-written step; don't trust it
+            raise
+
+    def _prefill(self, seq: list[int]) -> tuple[torch.Tensor, int]:
+        """Prefill only what is not already cached; returns (last logits [1, V], tokens reused)."""
+        reuse = 0
+        limit = min(len(self._cache_tokens), len(seq) - 1)  # at least one token must run to get logits
+        while reuse < limit and self._cache_tokens[reuse] == seq[reuse]:
+            reuse += 1
+        self._cache_tokens = self._cache_tokens[:reuse]
+        ids = torch.tensor(seq[reuse:], dtype=torch.int64, device=self.model.device)
+        logits = self.model.prefill(ids, reuse)
+        self._cache_tokens = list(seq)
+        return logits, reuse
+
+    def _generate(self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool):
+        t0 = time.perf_counter()
+        ctx = self.model.max_ctx
+        n_prompt = len(prompt_ids)
+        if n_prompt == 0:
+            raise ModelError("empty prompt")
+        if n_prompt >= ctx:
+            raise ContextFullError(f"the conversation is {n_prompt} tokens and the context holds {ctx}; "
+                                   "start a new chat or raise the context length")
+        mode = "greedy" if s.temperature <= 0 else "sample"
+        seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
+        if mode == "sample":
+            self.params.set(s.temperature, s.top_p, s.top_k, self.model.cfg.vocab_size)
+            if self.model.device.type == "cuda":
+                torch.cuda.manual_seed(seed)  # read by the captured graph at every replay
+            else:
+                self.step.generator = torch.Generator().manual_seed(seed)
+        if self.step.use_graphs and mode not in self.step.graphs:
+            self.step.capture(mode)
+            self._cache_tokens = []  # capturing ran steps that wrote into the cache
+        on_cuda = self.model.device.type == "cuda"
+        stop_ids = set() if s.ignore_eos else set(self.chat.stop_ids)
+
+        detok = StreamingDetokenizer(self.tokenizer)
+        splitter = ReasoningSplitter(in_reasoning)
+        trim = AnswerNewlineTrimmer()
+        reasoning_parts: list[str] = []
+        answer_parts: list[str] = []
+        tokens: list[int] = []
+        times: list[float] = []
+        first_answer_t: float | None = None
+        reasoning_tokens = 0
+        finish = None
+        reused_total = None
+        stopped_thinking = False
+
+        def emit(tok: int):
+            nonlocal first_answer_t, reasoning_tokens
+            tokens.append(tok)
+            times.append(time.perf_counter())
+            if splitter.in_reasoning:
+                reasoning_tokens += 1
+            if tok in stop_ids:
+                return
+            for kind, text in splitter.feed(detok.add(tok)):
+                text = trim(kind, text)
+                if not text:
+                    continue
+                if kind == "answer" and first_answer_t is None:
+                    first_answer_t = time.perf_counter()
+                (answer_parts if kind == "answer" else reasoning_parts).append(text)
+                yield Delta(text, kind)
+
+        def done(tok: int):
+            if tok in stop_ids:
+                return "eos"
+            if len(tokens) >= s.max_new_tokens:
+                return "max_new_tokens"
+            if n_prompt + len(tokens) >= ctx:
+                return "context_full"
+            return None
+
+        seq = list(prompt_ids)
+        while True:  # one pass per prefill: the prompt, then again after a "stop thinking" injection
+            with torch.inference_mode():
+                logits, reused = self._prefill(seq)
+                first = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.step.generator)
+            if reused_total is None:
+                reused_total = reused
+            first_id = int(first.item())
+            yield from emit(first_id)
+            finish = done(first_id)
+            n_seq = len(seq)
+            limit = min(s.max_new_tokens - len(tokens), ctx - n_seq - 1)  # decode steps allowed in this pass
+            self.step.token.copy_(first)
+            self.step.pos.fill_(n_seq)
+            launched = 0
+            received = 1  # tokens of this pass on the host (the first came from prefill)
+            pending: collections.deque = collections.deque()
+            ring = torch.empty(4, dtype=torch.int64, pin_memory=on_cuda)
+            events = [torch.cuda.Event() for _ in range(4)] if on_cuda else []
+            inject = False
+
+            def launch():
+                nonlocal launched
+                slot = launched % 4
+                self.step.run(mode, n_seq + launched)
+                ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
+                if on_cuda:
+                    events[slot].record()
+                pending.append(slot)
+                launched += 1
+
+            while finish is None:
+                # Keep one step queued beyond the one we wait for, so the GPU never waits on the host.
+                while launched < limit and len(pending) < 2:
+                    launch()
+                if control.cancelled:
+                    finish = "cancelled"
+                    break
+                if splitter.in_reasoning and control.take_stop_thinking():
+                    inject = True
+                    break
+                if not pending:
+                    finish = "context_full" if n_prompt + len(tokens) >= ctx - 1 else "max_new_tokens"
+                    break
+                slot = pending.popleft()
+                if on_cuda:
+                    events[slot].synchronize()
+                tok = int(ring[slot].item())
+                received += 1
+                yield from emit(tok)
+                finish = done(tok)
+            if on_cuda:
+                torch.cuda.current_stream().synchronize()
+            # Steps that ran consumed tokens[-received:][:launched]; their K/V are in the cache.
+            pass_tokens = tokens[len(tokens) - received:]
+            self._cache_tokens = seq + pass_tokens[:launched]
+            if not inject:
+                break
+            stopped_thinking = True
+            injected = self.chat.encode_plain(STOP_THINKING_TEXT)
+            seq = seq + pass_tokens + injected
+            if len(seq) >= ctx:
+                finish = "context_full"
+                break
+            for tok in injected:  # the close tag is part of the reply: it goes through the same text path
+                yield from emit(tok)
+
+        for kind, text in splitter.feed(detok.flush()) + splitter.flush():
+            text = trim(kind, text)
+            if text:
+                (answer_parts if kind == "answer" else reasoning_parts).append(text)
+                yield Delta(text, kind)
+
+        t_end = time.perf_counter()
+        ttft = (times[0] - t0) if times else 0.0
+        decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+        reasoning, answer = "".join(reasoning_parts), "".join(answer_parts)
+        if in_reasoning:
+            text = reasoning + ("</think>\n\n" + answer if (answer or not splitter.in_reasoning) else "")
+        else:
+            text = answer
+        stats = GenerationStats(
+            finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
+            reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused_total or 0, context_length=ctx,
+            ttft_ms=ttft * 1000.0,
+            first_answer_ms=(first_answer_t - t0) * 1000.0 if first_answer_t is not None else None,
+            decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
+            total_s=t_end - t0,
+            token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
+            memory=self.memory(), stopped_thinking=stopped_thinking,
+        )
+        yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=tokens, stats=stats)

@@ -1,0 +1,20 @@
+"""The one error type a user sees for a bad model folder or an unusable setup.
+
+Messages are one line and name the file and the problem, so the window and the CLI can show them as is.
+"""
+
+
+class ModelError(Exception):
+    """A model folder (or a device) we cannot use; str(err) is the user-facing one-line message."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class ContextFullError(ModelError):
+    """The prompt alone does not fit in the configured context length."""
+
+
+class OutOfMemoryError(ModelError):
+    """The GPU ran out of memory while loading or generating."""

@@ -1,0 +1,94 @@
+"""The one result/event API every consumer (CLI, bench, the desktop worker) reads.
+
+Engine.generate() yields Delta events while it decodes, then exactly one Finished event.
+All plain dataclasses of Python values: safe to pass through Qt queued signals or json.dumps(asdict(...)).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["reasoning", "answer"]
+FinishReason = Literal["eos", "max_new_tokens", "context_full", "cancelled"]
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.95
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 4096
+    seed: int | None = None
+    ignore_eos: bool = False  # benchmarks only: always decode max_new_tokens
+
+
+class GenerationControl:
+    """Thread-safe requests from another thread (the GUI): checked by the decode loop before every token."""
+
+    def __init__(self):
+        self._cancel = threading.Event()
+        self._stop_thinking = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def stop_thinking(self) -> None:
+        """Close the reasoning now and make the model answer."""
+        self._stop_thinking.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def take_stop_thinking(self) -> bool:
+        if self._stop_thinking.is_set():
+            self._stop_thinking.clear()
+            return True
+        return False
+
+
+@dataclass
+class Delta:
+    text: str
+    kind: Kind
+
+
+@dataclass
+class MemoryStats:
+    device: str
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+    torch_allocated_bytes: int = 0
+    torch_reserved_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    device_total_bytes: int = 0
+    device_free_bytes: int = 0
+    gpu_utilization_pct: int | None = None  # NVML, where present
+
+
+@dataclass
+class GenerationStats:
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    prefix_reused_tokens: int
+    context_length: int
+    ttft_ms: float
+    first_answer_ms: float | None  # time to the first answer token; None if the answer never started
+    decode_tok_s: float
+    total_s: float
+    token_latencies_ms: list[float] = field(default_factory=list)  # gap before each token after the first
+    memory: MemoryStats | None = None
+    stopped_thinking: bool = False
+
+
+@dataclass
+class Finished:
+    text: str  # reasoning + "</think>" + answer, as the model wrote it (minus stop tokens)
+    reasoning: str
+    answer: str
+    token_ids: list[int]
+    stats: GenerationStats

@@ -1,0 +1,67 @@
+"""Plain PyTorch versions of the fused kernels: the CPU path, the fallback where Triton can't run,
+and the reference the Triton kernels are tested against. Shapes match triton_ops exactly.
+
+Positions come in as host ints here (no CUDA graph on this path); triton_ops reads them on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """residual <- x + residual (in place; x itself when residual is None); returns (norm(residual), residual)."""
+    # x, residual: [T, H]
+    if residual is None:
+        residual = x.clone()
+    else:
+        residual.add_(x)
+    h = residual.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype), residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int):
+    """Add the QKV bias, rotate q and k, write k and v into the cache at start..start+T-1.
+
+    qkv: [T, (Hq + 2*Hkv) * D]; cos/sin: [max_ctx, D/2] fp32; k_cache/v_cache: [Hkv, max_ctx, D].
+    Returns q rotated: [T, Hq, D].
+    """
+    t = qkv.shape[0]
+    d = k_cache.shape[-1]
+    x = (qkv.float() + bias.float()).view(t, num_heads + 2 * num_kv_heads, d)
+    c = cos[start:start + t, None, :]
+    s = sin[start:start + t, None, :]
+
+    def rotate(v):
+        v1, v2 = v[..., : d // 2], v[..., d // 2:]
+        return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
+
+    q = rotate(x[:, :num_heads]).to(qkv.dtype)
+    k = rotate(x[:, num_heads:num_heads + num_kv_heads]).to(qkv.dtype)
+    v = x[:, num_heads + num_kv_heads:].to(qkv.dtype)
+    k_cache[:, start:start + t] = k.transpose(0, 1)
+    v_cache[:, start:start + t] = v.transpose(0, 1)
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] -> silu(gate) * up: [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (F.silu(gate.float()) * up.float()).to(gate_up.dtype)
+
+
+def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float):
+    """One query token against the first `length` cached positions. q: [Hq, D] -> [Hq, D]."""
+    hq, d = q.shape
+    hkv = k_cache.shape[0]
+    k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
+    v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
+    out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
+    return out[:, 0].to(q.dtype)

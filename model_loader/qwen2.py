@@ -1,0 +1,125 @@
+"""A compact Qwen2 forward pass with a preallocated KV cache (gpt-fast style).
+
+Weights come fused from weights.load_weights (QKV with bias, gate/up). Two entry points:
+  prefill(tokens, start)      -> logits; writes positions start..start+T-1 of the cache (chunked, SDPA)
+  decode(token_t, pos_t, pos) -> logits for one token; capturable in a CUDA graph on the Triton path
+The small ops come from kernels.triton_ops on CUDA (fused) or kernels.reference (CPU / fallback).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model_loader.config import Qwen2Config
+from model_loader.kernels import reference
+
+
+def rope_tables(cfg: Qwen2Config, max_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_ctx, D/2] in fp32, computed as HF's default RoPE does."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(max_ctx, dtype=torch.float32), inv_freq)
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
+class Qwen2Model:
+    PREFILL_CHUNK = 2048  # bounds activation memory for long prompts
+
+    def __init__(self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool):
+        self.cfg, self.w, self.device, self.dtype, self.max_ctx = cfg, weights, torch.device(device), dtype, max_ctx
+        self.scale = cfg.head_dim ** -0.5
+        self.cos, self.sin = rope_tables(cfg, max_ctx, device)
+        cache_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
+        # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane.
+        self.k_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
+        self.use_triton = use_triton
+        if use_triton:
+            from model_loader.kernels import triton_ops
+
+            self.ops = triton_ops
+            self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                               cfg.head_dim, device, dtype)
+        else:
+            self.ops = reference
+            self.decode_attention = reference.decode_attention
+
+    @property
+    def weights_bytes(self) -> int:
+        seen, total = set(), 0
+        tensors = [self.w["embed"], self.w["norm"], self.w["lm_head"]]
+        tensors += [t for layer in self.w["layers"] for t in layer.values()]
+        for t in tensors:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend) -> torch.Tensor:
+        """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H]."""
+        cfg, ops = self.cfg, self.ops
+        eps = cfg.rms_norm_eps
+        residual = None
+        for i, layer in enumerate(self.w["layers"]):
+            x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
+            qkv = F.linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
+            q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
+                                    pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
+            h = F.linear(attend(q, i), layer["o_w"])
+            x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
+            h = F.linear(ops.silu_mul(F.linear(x, layer["gate_up_w"])), layer["down_w"])
+        x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
+        return x
+
+    def _prefill_attention(self, start: int, t: int):
+        cfg = self.cfg
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
+        length = start + t
+        mask = None
+        if start:
+            # Query i sits at position start+i and may see keys 0..start+i.
+            mask = torch.arange(length, device=self.device)[None, :] <= (
+                torch.arange(t, device=self.device)[:, None] + start)
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            # q: [T, Hq, D] -> [T, Hq*D]
+            k = self.k_cache[layer, :, :length].repeat_interleave(group, dim=0)  # [Hq, L, D]
+            v = self.v_cache[layer, :, :length].repeat_interleave(group, dim=0)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=mask is None,
+                                                 scale=self.scale)
+            return out.transpose(0, 1).reshape(t, -1)
+
+        return attend
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
+        """tokens: [T] int64 at positions start..start+T-1 -> logits [1, V] fp32 (last token) or [T, V]."""
+        if start + tokens.numel() > self.max_ctx:
+            raise ValueError("prefill past the end of the KV cache")
+        outs = []
+        for c0 in range(0, tokens.numel(), self.PREFILL_CHUNK):
+            chunk = tokens[c0:c0 + self.PREFILL_CHUNK]
+            t = chunk.numel()
+            pos_t = torch.tensor([start + c0], device=self.device, dtype=torch.int32)
+            h = F.embedding(chunk, self.w["embed"])
+            x = self._layers(h, pos_t, start + c0, self._prefill_attention(start + c0, t))
+            outs.append(x if all_logits else x[-1:])
+        x = torch.cat(outs) if all_logits else outs[-1]
+        return F.linear(x, self.w["lm_head"]).float()
+
+    def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:
+        """One token. token_t: [1] int64; pos_t: [1] int32 (read on the device: graph-safe on the Triton path);
+        pos: the same position as a host int (used only by the reference path). -> logits [1, V] fp32."""
+        h = F.embedding(token_t, self.w["embed"])
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, pos + 1, self.scale)
+            return out.reshape(1, -1)
+
+        x = self._layers(h, pos_t, pos, attend)
+        return F.linear(x, self.w["lm_head"]).float()

@@ -1,0 +1,44 @@
+"""Next-token choice on the device, with no host sync, so it can live inside the CUDA-graph decode step.
+
+Settings are device tensors (not Python numbers) so one captured graph serves every temperature/top-p/top-k.
+Sampling draws with the exponential-race trick (argmax of p / Exp(1) noise), which is exact multinomial
+sampling without torch.multinomial's host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SamplerParams:
+    """Device-resident sampling settings: written before a reply, read by the captured graph."""
+
+    def __init__(self, device):
+        self.temperature = torch.ones(1, device=device, dtype=torch.float32)
+        self.top_p = torch.ones(1, device=device, dtype=torch.float32)
+        self.top_k = torch.zeros(1, device=device, dtype=torch.int64)
+
+    def set(self, temperature: float, top_p: float, top_k: int, vocab_size: int) -> None:
+        self.temperature.fill_(max(temperature, 1e-5))
+        self.top_p.fill_(min(max(top_p, 1e-6), 1.0))
+        self.top_k.fill_(top_k if 0 < top_k < vocab_size else vocab_size)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    # logits: [1, V] -> [1] int64
+    return torch.argmax(logits, dim=-1)
+
+
+def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) over the sorted distribution; [1, V] -> [1] int64."""
+    scaled = logits.float() / params.temperature
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks >= params.top_k, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+    before = torch.cumsum(probs, dim=-1) - probs
+    probs = probs.masked_fill(before >= params.top_p, 0.0)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    choice = torch.argmax(probs / noise, dim=-1, keepdim=True)
+    return torch.gather(order, -1, choice).view(-1)

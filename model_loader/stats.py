@@ -1,0 +1,49 @@
+"""Timings and memory: percentiles, torch's own allocator counters, and NVML for the whole device."""
+
+from __future__ import annotations
+
+import math
+
+from model_loader.events import MemoryStats
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100), like numpy's default; nan for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _nvml_utilization(index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVIDIA driver, no pynvml, or a GPU NVML can't see
+        return None
+
+
+def memory_stats(device, weights_bytes: int, kv_cache_bytes: int) -> MemoryStats:
+    import torch
+
+    dev = torch.device(device)
+    stats = MemoryStats(device=str(dev), weights_bytes=weights_bytes, kv_cache_bytes=kv_cache_bytes)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        stats.torch_allocated_bytes = torch.cuda.memory_allocated(index)
+        stats.torch_reserved_bytes = torch.cuda.memory_reserved(index)
+        stats.peak_allocated_bytes = torch.cuda.max_memory_allocated(index)
+        free, total = torch.cuda.mem_get_info(index)
+        stats.device_free_bytes, stats.device_total_bytes = free, total
+        stats.gpu_utilization_pct = _nvml_utilization(index)
+    else:
+        stats.torch_allocated_bytes = weights_bytes + kv_cache_bytes
+    return stats
