@@ -136,8 +136,12 @@ class Engine:
         ctx = max(16, min(int(context_length), cfg.max_position_embeddings))
         tokenizer = load_tokenizer(folder.path)
         chat = ChatFormat(tokenizer, cfg.eos_token_id)
-        triton_ok = triton_available(dev) if use_triton is None else (use_triton and triton_available(dev))
-        graphs = triton_ok if use_cuda_graphs is None else (use_cuda_graphs and triton_ok)
+        # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
+        # fused kernels end to end without a GPU.
+        interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+        triton_ok = triton_available(dev) if use_triton is None else (
+            use_triton and (triton_available(dev) or interpreting))
+        graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
         try:
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress)
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)

@@ -1,0 +1,184 @@
+"""r1desk-cli: chat, bench, make-test-model, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model folder, or a Hugging Face repo id in the local cache")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--context", type=int, default=4096, help="context length (KV cache size), tokens")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+
+
+def _progress_bar(stream):
+    def progress(done: int, total: int) -> None:
+        if stream.isatty() and total:
+            stream.write(f"\rloading {done / 2**30:.2f} / {total / 2**30:.2f} GiB")
+            if done >= total:
+                stream.write("\n")
+            stream.flush()
+    return progress
+
+
+def cmd_chat(args) -> int:
+    from model_loader.engine import Engine
+    from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
+
+    engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
+                         progress=None if args.json else _progress_bar(sys.stderr))
+    engine.warm_up()
+    settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_new_tokens=args.max_new_tokens, seed=args.seed)
+    tty = sys.stdout.isatty()
+    dim, reset = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
+    messages: list[dict] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+
+    def turn(text: str) -> Finished:
+        messages.append({"role": "user", "content": text})
+        control = GenerationControl()
+        final, kind = None, None
+        try:
+            for ev in engine.generate(messages, settings, control):
+                if isinstance(ev, Delta) and not args.json:
+                    if ev.kind != kind:
+                        if kind == "reasoning":
+                            sys.stdout.write(reset + "\n\n")
+                        sys.stdout.write(dim if ev.kind == "reasoning" else "")
+                        kind = ev.kind
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+                elif isinstance(ev, Finished):
+                    final = ev
+        except KeyboardInterrupt:  # Ctrl+C stops the reply, not the program
+            control.cancel()
+        if not args.json:
+            sys.stdout.write(reset + "\n")
+        if final is not None:
+            messages.append({"role": "assistant", "content": final.text})
+        return final
+
+    if args.prompt is not None:
+        final = turn(args.prompt)
+        st = final.stats
+        if args.json:
+            print(json.dumps({
+                "text": final.text, "reasoning": final.reasoning, "answer": final.answer,
+                "prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
+                "token_ids": final.token_ids, "finish_reason": st.finish_reason, "ttft_ms": round(st.ttft_ms, 3),
+                "decode_tok_s": round(st.decode_tok_s, 2), "prefix_reused_tokens": st.prefix_reused_tokens,
+            }, ensure_ascii=False))
+        else:
+            print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
+                  f"{st.decode_tok_s:.1f} tok/s]", file=sys.stderr)
+        return 0
+    print(f"r1desk chat — {engine.info.model_name} on {engine.info.device_name}. Empty line or Ctrl+D quits; "
+          "Ctrl+C stops a reply.", file=sys.stderr)
+    while True:
+        try:
+            text = input("\n> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not text.strip():
+            return 0
+        final = turn(text)
+        if final is not None:
+            st = final.stats
+            print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
+                  f"{st.decode_tok_s:.1f} tok/s; prefix reused {st.prefix_reused_tokens}]", file=sys.stderr)
+            if st.finish_reason == "context_full":
+                print("The context is full: start a new chat (or raise --context).", file=sys.stderr)
+                return 0
+
+
+def cmd_bench(args) -> int:
+    from model_loader.bench import format_bench, run_bench
+
+    result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
+                       device=args.device, context=args.context, compare=args.compare,
+                       temperature=args.temperature,
+                       use_triton=False if args.no_triton else None)
+    print(json.dumps(result, indent=2) if args.json else format_bench(result))
+    return 0
+
+
+def cmd_make_test_model(args) -> int:
+    from model_loader.testmodel import make_test_model
+
+    out = make_test_model(args.dir, preset=args.preset, seed=args.seed)
+    print(out)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from model_loader.doctor import collect, format_report
+
+    info = collect()
+    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="r1desk-cli", description="Run DeepSeek-R1-Distill-Qwen models locally.")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    chat = sub.add_parser("chat", help="chat in the terminal (or one turn with --prompt)")
+    _add_model_args(chat)
+    chat.add_argument("--prompt", help="one user turn; prints the reply and exits")
+    chat.add_argument("--system", default="", help="system prompt (DeepSeek advises none)")
+    chat.add_argument("--max-new-tokens", type=int, default=4096)
+    chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    chat.add_argument("--top-p", type=float, default=0.95)
+    chat.add_argument("--top-k", type=int, default=0, help="0 = off")
+    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
+    chat.set_defaults(func=cmd_chat)
+
+    bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
+    _add_model_args(bench)
+    bench.add_argument("--prompt-tokens", type=int, default=512)
+    bench.add_argument("--new-tokens", type=int, default=256)
+    bench.add_argument("--runs", type=int, default=5)
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), else top-p 0.95")
+    bench.add_argument("--compare", choices=["hf"], help="also time transformers' generate() on the same weights")
+    bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=cmd_bench)
+
+    make = sub.add_parser("make-test-model", help="write a random-weight Qwen2 model folder")
+    make.add_argument("dir")
+    make.add_argument("--preset", choices=["tiny", "full"], default="tiny")
+    make.add_argument("--seed", type=int, default=0)
+    make.set_defaults(func=cmd_make_test_model)
+
+    doctor = sub.add_parser("doctor", help="report the OS, torch, GPU, CUDA graphs and models found")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    from model_loader.errors import ModelError
+
+    try:
+        return args.func(args)
+    except ModelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

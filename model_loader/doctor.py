@@ -1,0 +1,96 @@
+"""r1desk-cli doctor: what a user needs before filing a bug, as readable lines or JSON."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+
+def _gpu_facts() -> dict:
+    import torch
+
+    facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
+    if not torch.cuda.is_available():
+        facts["why_no_cuda"] = ("this torch is a CPU-only build; install the CUDA build (see README)"
+                                if torch.version.cuda is None else "no NVIDIA GPU or driver visible to torch")
+        return facts
+    props = torch.cuda.get_device_properties(0)
+    facts.update({
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "vram_gib": round(props.total_memory / 2**30, 2),
+        "bf16": torch.cuda.is_bf16_supported(),
+    })
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        facts["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception as err:  # nvidia-ml-py missing or NVML not loadable
+        facts["driver"] = f"unknown (NVML: {err.__class__.__name__})"
+    try:
+        x = torch.zeros(8, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            x.add_(1)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            x.add_(1)
+        graph.replay()
+        torch.cuda.synchronize()
+        facts["cuda_graphs"] = bool(x[0].item() == 3)
+    except Exception as err:
+        facts["cuda_graphs"] = f"failed: {err}"
+    return facts
+
+
+def collect() -> dict:
+    import torch
+
+    from model_loader.kernels import triton_available
+    from model_loader.locate import find_local_models, user_models_dir
+
+    info = {
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
+    info.update(_gpu_facts())
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except Exception:
+        info["transformers"] = None
+    hf_home = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+    info["model_folders_searched"] = [str(user_models_dir()), hf_home]
+    info["models_found"] = [
+        {"name": m.name, "path": str(m.path), "layers": m.config.num_hidden_layers, "hidden": m.config.hidden_size}
+        for m in find_local_models()
+    ]
+    return info
+
+
+def format_report(info: dict) -> str:
+    lines = []
+    for key, value in info.items():
+        if key == "models_found":
+            lines.append(f"{'models_found':<24}{len(value)}")
+            lines += [f"  - {m['name']}  ({m['path']})" for m in value]
+        elif isinstance(value, list):
+            lines.append(f"{key:<24}{value[0] if value else ''}")
+            lines += [f"{'':<24}{v}" for v in value[1:]]
+        else:
+            lines.append(f"{key:<24}{value}")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+import os
+
+import pytest
+
+# Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU), so CI still executes and
+# checks the real kernel code. Must be set before triton decorates the kernels (first import).
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The tiny random Qwen2 folder with the real tokenizer, built once per test session."""
+    from model_loader.testmodel import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("models") / "tiny-r1", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(tiny_model):
+    from model_loader.engine import Engine
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=1024)
+    engine.warm_up()
+    return engine
+
+
+@pytest.fixture(scope="session")
+def device():
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

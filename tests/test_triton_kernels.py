@@ -1,0 +1,91 @@
+"""The fused Triton kernels against the plain PyTorch reference (kernels.reference), at the shapes that matter:
+the tiny test model's and the real 1.5B's. On a CPU-only machine they run in Triton's interpreter."""
+
+import math
+
+import pytest
+import torch
+
+from model_loader.kernels import reference
+
+from model_loader.kernels import triton_ops  # noqa: E402  (triton is a test dependency)
+
+SHAPES = [  # (Hq, Hkv, D, hidden)
+    (4, 2, 16, 64),  # tiny test model
+    (12, 2, 128, 1536),  # DeepSeek-R1-Distill-Qwen-1.5B
+]
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _tol(device):
+    return dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("has_res", [False, True])
+@pytest.mark.parametrize("hidden", [64, 1536])
+def test_add_rms_norm_matches_reference(device, has_res, hidden):
+    g = torch.Generator().manual_seed(0)
+    dt = _dtype(device)
+    x = torch.randn(3, hidden, generator=g).to(device, dt)
+    res = torch.randn(3, hidden, generator=g).to(device, dt) if has_res else None
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dt)
+    ref_out, ref_res = reference.add_rms_norm(x, None if res is None else res.clone(), w, 1e-6)
+    out, new_res = triton_ops.add_rms_norm(x, None if res is None else res.clone(), w, 1e-6)
+    torch.testing.assert_close(new_res, ref_res, **_tol(device))
+    torch.testing.assert_close(out, ref_out, **_tol(device))
+
+
+def test_rms_norm_matches_reference(device):
+    x = torch.randn(5, 64).to(device, _dtype(device))
+    w = torch.rand(64).to(device, _dtype(device))
+    torch.testing.assert_close(triton_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), **_tol(device))
+
+
+def test_silu_mul_matches_reference(device):
+    x = torch.randn(3, 2 * 1500).to(device, _dtype(device))  # not a multiple of the block: masked tail
+    torch.testing.assert_close(triton_ops.silu_mul(x), reference.silu_mul(x), **_tol(device))
+
+
+@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
+@pytest.mark.parametrize("start,t", [(0, 5), (7, 1)])
+def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t):
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(1)
+    max_ctx = 32
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, dt)
+    bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, dt)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max_ctx).float(), inv)
+    cos, sin = freqs.cos().to(device), freqs.sin().to(device)
+    caches = [torch.zeros(hkv, max_ctx, d, device=device, dtype=dt) for _ in range(4)]
+    pos_t = torch.tensor([start], device=device, dtype=torch.int32)
+    q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, start, hq, hkv)
+    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, start, hq, hkv)
+    torch.testing.assert_close(q, q_ref, **_tol(device))
+    torch.testing.assert_close(caches[2], caches[0], **_tol(device))
+    torch.testing.assert_close(caches[3], caches[1], **_tol(device))
+    assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
+
+
+@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
+@pytest.mark.parametrize("length", [1, 33, 200])
+def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length):
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(2)
+    max_ctx = 256
+    k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+    v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+    q = torch.randn(hq, d, generator=g).to(device, dt)
+    pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+    scale = 1 / math.sqrt(d)
+    ref = reference.decode_attention(q, k, v, pos_t, length, scale)
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
+    out = attn(q, k, v, pos_t, length, scale)
+    torch.testing.assert_close(out, ref, **_tol(device))
+    # Garbage past the length must not leak in.
+    k[:, length:] = 1e4
+    v[:, length:] = 1e4
+    torch.testing.assert_close(attn(q, k, v, pos_t, length, scale), ref, **_tol(device))
