@@ -103,7 +103,7 @@ def cmd_bench(args) -> int:
 
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
                        device=args.device, context=args.context, compare=args.compare,
-                       temperature=args.temperature,
+                       temperature=args.temperature, dtype=args.dtype,
                        use_triton=False if args.no_triton else None)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0

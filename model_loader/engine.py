@@ -14,7 +14,8 @@ import collections
 import logging
 import os
 import time
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -107,6 +108,7 @@ class EngineInfo:
     cuda_graphs: bool
     reasons: bool
     load_s: float = 0.0
+    load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
@@ -134,20 +136,45 @@ class Engine:
             method = cfg.quantization_config.get("quant_method")
             raise ModelError(f"{folder.path / 'config.json'}: quantized checkpoints ({method}) are not supported yet")
         ctx = max(16, min(int(context_length), cfg.max_position_embeddings))
-        tokenizer = load_tokenizer(folder.path)
-        chat = ChatFormat(tokenizer, cfg.eos_token_id)
         # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
         # fused kernels end to end without a GPU.
         interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         triton_ok = triton_available(dev) if use_triton is None else (
             use_triton and (triton_available(dev) or interpreting))
         graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
+        breakdown: dict[str, float] = {}
+        # The tokenizer (importing transformers is most of it) loads on a helper thread while the weights copy.
+        tok_box: dict = {}
+
+        def load_tok():
+            t = time.perf_counter()
+            try:
+                tok_box["tokenizer"] = load_tokenizer(folder.path)
+            except BaseException as err:  # re-raised on the loading thread below
+                tok_box["error"] = err
+            breakdown["tokenizer_s"] = time.perf_counter() - t
+
+        tok_thread = threading.Thread(target=load_tok, name="r1desk-tokenizer", daemon=True)
+        tok_thread.start()
         try:
+            t = time.perf_counter()
+            if dev.type == "cuda":
+                torch.cuda.init()
+                torch.empty(1, device=dev)  # create the CUDA context now, so it is timed on its own
+            breakdown["device_init_s"] = time.perf_counter() - t
+            t = time.perf_counter()
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress)
+            breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
         except torch.cuda.OutOfMemoryError as err:
+            weights = model = None
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
+        finally:
+            tok_thread.join()
+        if "error" in tok_box:
+            raise tok_box["error"]
+        chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         info = EngineInfo(
@@ -155,7 +182,7 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            load_s=time.perf_counter() - t0, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
+            load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
         )
         log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s) in %.2fs", folder.name, info.device_name,
                  info.dtype, info.kernels, graphs, info.load_s)

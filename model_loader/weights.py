@@ -2,15 +2,17 @@
 
 Files are checked from their headers before any tensor data is read, so a truncated, corrupt or
 mismatched checkpoint fails in milliseconds with a message that names the shard and the tensor.
-Weights are read through safetensors (memory-mapped, never pickle) and copied straight into the
-fused device buffers (QKV and gate/up) so no second full-size copy is ever made.
+Tensor data is read from the memory-mapped safetensors file (never pickle) and copied straight into the
+fused device buffers (QKV and gate/up), so no second full-size copy is ever made.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,12 +27,32 @@ _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "I8": 
 _FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 
+class _LazyDtypes(dict):
+    """safetensors dtype names -> torch dtypes, filled on first use (torch is imported lazily)."""
+
+    def __missing__(self, key):
+        import torch
+
+        self.update({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
+                     "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8})
+        return dict.__getitem__(self, key)
+
+
+_TORCH_DTYPES = _LazyDtypes()
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     shard: Path
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    offset: int = 0  # from the start of the data section
+
+
+def _data_start(shard: Path) -> int:
+    with open(shard, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
 
 
 def read_header(shard: Path) -> dict[str, TensorEntry]:
@@ -69,7 +91,7 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
             raise ModelError(
                 f"{shard}: truncated safetensors file ({size} bytes; tensor {name} needs {8 + n + end})", str(shard)
             )
-        entries[name] = TensorEntry(shard, dtype, shape, end - begin)
+        entries[name] = TensorEntry(shard, dtype, shape, end - begin, begin)
     return entries
 
 
@@ -124,7 +146,6 @@ def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...]) -> dict[str, Te
 def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None):
     """Read the checkpoint into fused device tensors; returns a dict of names -> tensors (see qwen2.Weights)."""
     import torch
-    from safetensors import safe_open
 
     entries = index_checkpoint(cfg, shards)
     needed = expected_shapes(cfg)
@@ -175,24 +196,39 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
         }
         return slices[leaf]
 
-    by_shard: dict[Path, list[str]] = {}
-    for name in needed:
-        by_shard.setdefault(entries[name].shard, []).append(name)
     if progress:
         progress(0, total)
-    for shard, names in by_shard.items():
-        try:
-            with safe_open(str(shard), framework="pt", device="cpu") as f:
-                for name in names:
-                    src = f.get_tensor(name)
-                    destination(name).copy_(src, non_blocking=False)
-                    done += entries[name].nbytes
-                    if progress:
-                        progress(done, total)
-        except ModelError:
-            raise
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as err:  # safetensors raises its own error types for unreadable data
-            raise ModelError(f"{shard}: could not read tensor data ({err})", str(shard)) from err
+    # Tensor bytes are read through a memory map of each shard (the same bytes safetensors' own loader reads,
+    # header already validated above) and copied straight from the page cache into the device buffers, a few
+    # tensors at a time: no intermediate CPU tensor, so a 3.5 GB checkpoint in the page cache loads in about
+    # a second instead of several. Progress is reported from this thread only.
+    maps = {}
+    try:
+        for shard in {entries[n].shard for n in needed}:
+            with open(shard, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: torch wants a writable buffer
+            maps[shard] = (mm, torch.frombuffer(mm, dtype=torch.uint8), _data_start(shard))
+
+        def copy_one(name: str) -> int:
+            entry = entries[name]
+            _, raw, data_start = maps[entry.shard]
+            begin = data_start + entry.offset
+            src = raw[begin:begin + entry.nbytes].view(_TORCH_DTYPES[entry.dtype]).view(entry.shape)
+            destination(name).copy_(src)
+            return entry.nbytes
+
+        names = sorted(needed, key=lambda n: (str(entries[n].shard), entries[n].offset))
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="r1desk-load") as pool:
+            for nbytes in pool.map(copy_one, names):
+                done += nbytes
+                if progress:
+                    progress(done, total)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ModelError(f"{next(iter(maps), shards[0])}: could not read tensor data ({err})", str(shards[0])) from err
+    finally:
+        maps.clear()  # drop the views, then the maps (closed when garbage-collected)
     return out
