@@ -1,0 +1,150 @@
+"""r1desk's entry point: QApplication + a qasync event loop, the main window, and the --self-test mode.
+
+The window is shown before the engine starts: torch is imported by the worker on its own thread, so the user
+sees the app at once instead of waiting seconds for a silent import. The Qt loop runs through qasync so that
+asyncio code can live in the GUI process without blocking it.
+
+Self-test (used by the packaging smoke test): open the real window, load --model, send --prompt, wait for the
+reply, optionally save a screenshot, print one summary line, exit 0; exit non-zero with the reason otherwise.
+It uses a throw-away data folder so it never touches the user's conversations or settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, QStandardPaths, QTimer
+from PySide6.QtWidgets import QApplication
+
+SELF_TEST_TIMEOUT_S = 600
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="r1desk", description="Chat with DeepSeek-R1 distills on your own GPU.")
+    p.add_argument("--model", help="model folder or Hugging Face repo id (from the local cache)")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="override the device setting for this run")
+    p.add_argument("--self-test", action="store_true", help="load, answer --prompt, print a summary and exit")
+    p.add_argument("--prompt", default="What is 17 * 23? Reason step by step.", help="self-test prompt")
+    p.add_argument("--screenshot", help="self-test: save a PNG of the window when the reply is done")
+    p.add_argument("--max-new-tokens", type=int, help="cap reply length for this run (self-test default 256)")
+    p.add_argument("--theme", choices=["system", "light", "dark"], help="override the theme for this run")
+    return p.parse_args(argv)
+
+
+def data_dir() -> Path:
+    """Where conversations live: the platform's user data folder (R1DESK_DATA_DIR overrides, for tests)."""
+    env = os.environ.get("R1DESK_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path(QStandardPaths.writableLocation(QStandardPaths.AppDataLocation))
+
+
+def make_qsettings() -> QSettings:
+    env = os.environ.get("R1DESK_CONFIG_DIR")
+    if env:
+        return QSettings(str(Path(env) / "r1desk.ini"), QSettings.IniFormat)
+    return QSettings()
+
+
+def build_window(args: argparse.Namespace):
+    from desktop.store import Store
+    from desktop.window import MainWindow
+
+    store = Store(data_dir() / "conversations.sqlite3")
+    qs = make_qsettings()
+    if args.theme:
+        qs.setValue("settings/theme", args.theme)
+    max_new = args.max_new_tokens or (256 if args.self_test else None)
+    return MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new)
+
+
+class SelfTest:
+    def __init__(self, win, args):
+        self.win, self.args = win, args
+        self.code: int | None = None
+        self.t0 = time.monotonic()
+        win.engine_ready.connect(self._ready)
+        win.reply_finished.connect(self._finished)
+        win.engine_failed.connect(lambda kind, msg: self._fail(f"model did not load ({kind}): {msg}"))
+        win.reply_failed.connect(lambda kind, msg: self._fail(f"reply failed ({kind}): {msg}"))
+        QTimer.singleShot(SELF_TEST_TIMEOUT_S * 1000, lambda: self._fail(f"timed out after {SELF_TEST_TIMEOUT_S} s", 2))
+
+    def _ready(self, _info) -> None:
+        if not self.win.send(self.args.prompt):
+            self._fail("could not send the prompt")
+
+    def _finished(self, msg: dict) -> None:
+        s = msg.get("stats") or {}
+        if self.args.screenshot:
+            QTimer.singleShot(100, lambda: self._shoot_and_exit(s))  # let the last frame paint
+        else:
+            self._exit_ok(s)
+
+    def _shoot_and_exit(self, s: dict) -> None:
+        Path(self.args.screenshot).parent.mkdir(parents=True, exist_ok=True)
+        if not self.win.grab().save(self.args.screenshot):
+            return self._fail(f"could not save the screenshot to {self.args.screenshot}")
+        self._exit_ok(s)
+
+    def _exit_ok(self, s: dict) -> None:
+        info = self.win.engine_info or {}
+        print(f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
+              f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
+              f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} "
+              f"wall_s={time.monotonic() - self.t0:.1f}", flush=True)
+        self._quit(0)
+
+    def _fail(self, reason: str, code: int = 1) -> None:
+        if self.code is None:
+            print(f"r1desk self-test FAILED: {reason}", file=sys.stderr, flush=True)
+            self._quit(code)
+
+    def _quit(self, code: int) -> None:
+        if self.code is None:
+            self.code = code
+            self.win.close()
+            QApplication.instance().quit()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.self_test and not args.model:
+        print("r1desk self-test FAILED: --self-test needs --model", file=sys.stderr)
+        return 2
+    if args.self_test:  # a throw-away profile: never touch the user's history or settings
+        tmp = tempfile.mkdtemp(prefix="r1desk-selftest-")
+        os.environ.setdefault("R1DESK_DATA_DIR", tmp)
+        os.environ.setdefault("R1DESK_CONFIG_DIR", tmp)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("r1desk")
+    app.setOrganizationName("r1desk")
+    app.setApplicationDisplayName("r1desk")
+
+    import qasync
+
+    win = build_window(args)
+    win.hard_exit_on_stuck_thread = True
+    win.show()
+    test = SelfTest(win, args) if args.self_test else None
+    QTimer.singleShot(0, win.start_engine)  # after the first paint: the user sees the window at once
+
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    done = asyncio.Event()
+    app.aboutToQuit.connect(done.set)
+    with loop:
+        loop.run_until_complete(done.wait())
+    win.store.close()
+    if test is not None:
+        return test.code if test.code is not None else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

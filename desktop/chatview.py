@@ -1,0 +1,501 @@
+"""The chat view: a scrolling column of message widgets, and the streaming of one reply into it.
+
+Streaming rules (why the code looks like this):
+- deltas arrive hundreds of times a second; they are buffered and the view is updated by a single-shot
+  timer at most once a frame (ReplyStream), never per token;
+- reasoning text is appended to its document (cheap, no re-layout of what is above); the answer is
+  re-rendered as markdown each frame because markdown structure can change with every token; if rendering
+  gets slow (a long answer) the frame interval stretches to keep the UI responsive;
+- the scroll stays pinned to the bottom while the user hasn't scrolled up (ChatView._stick).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor, QTextDocument
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from desktop.markdown import MarkdownRenderer, Rendered
+
+FRAME_MS = 16
+
+
+class RichText(QTextBrowser):
+    """A QTextBrowser that is exactly as tall as its text (the outer ChatView scrolls, not this)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setOpenLinks(False)
+        self.setTextInteractionFlags(Qt.TextBrowserInteraction)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.anchorClicked.connect(self._on_anchor)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _s: self._fit())
+        self.code_blocks: list[str] = []
+        self._images: dict[str, object] = {}
+
+    def loadResource(self, kind, url: QUrl):
+        if url.scheme() == "math":
+            return self._images.get(url.toString())
+        return super().loadResource(kind, url)
+
+    def set_rendered(self, rendered: Rendered, css: str) -> None:
+        self._images.update(rendered.images)
+        self.code_blocks = rendered.code_blocks
+        self.document().setDefaultStyleSheet(css)
+        self.setHtml(rendered.html)
+        self._fit()
+
+    def append_plain(self, text: str) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        cursor.insertText(text)
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            index = int(url.path() or 0)
+            if 0 <= index < len(self.code_blocks):
+                QGuiApplication.clipboard().setText(self.code_blocks[index])
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+    def resizeEvent(self, event):
+        super().resizeEvent(event)
+        self._fit()
+
+    def wheelEvent(self, event):
+        event.ignore()  # let the chat view scroll; this widget never has anything to scroll
+
+    def _fit(self) -> None:
+        doc = self.document()
+        doc.setTextWidth(max(50, self.viewport().width()))
+        h = math.ceil(doc.size().height()) + 2 * self.frameWidth()
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def sizeHint(self) -> QSize:
+        return QSize(400, self.height())
+
+
+def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
+    b = QToolButton()
+    b.setText(text)
+    b.setAccessibleName(accessible)
+    b.setToolTip(tip or accessible)
+    b.setCursor(Qt.PointingHandCursor)
+    b.setFocusPolicy(Qt.TabFocus)
+    return b
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+class ReasoningBlock(QWidget):
+    """The model's thinking: live and expanded while it streams, folded to "Thought for N s" after."""
+
+    def __init__(self, view: "ChatView", parent=None):
+        super().__init__(parent)
+        self.view = view
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        self.toggle = QToolButton()
+        self.toggle.setObjectName("ReasoningToggle")
+        self.toggle.setCheckable(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.toggle.setCursor(Qt.PointingHandCursor)
+        self.toggle.toggled.connect(self._set_expanded)
+        lay.addWidget(self.toggle, 0, Qt.AlignLeft)
+        self.body = QFrame()
+        self.body.setObjectName("ReasoningBody")
+        body_lay = QVBoxLayout(self.body)
+        body_lay.setContentsMargins(12, 6, 10, 6)
+        self.text = RichText()
+        self.text.setObjectName("ReasoningText")
+        self.text.setAccessibleName("Reasoning")
+        body_lay.addWidget(self.text)
+        lay.addWidget(self.body)
+        self.reasoning = ""
+        self.streaming = False
+        self._rendered_for = None
+
+    # the toggle's label doubles as the status line: "Thinking… 4 s" / "Thought for 12 s"
+    def set_label(self, text: str) -> None:
+        self.toggle.setText(text)
+
+    def expanded(self) -> bool:
+        return self.toggle.isChecked()
+
+    def set_expanded(self, on: bool) -> None:
+        self.toggle.setChecked(on)
+        self._set_expanded(on)
+
+    def _set_expanded(self, on: bool) -> None:
+        self.toggle.setArrowType(Qt.DownArrow if on else Qt.RightArrow)
+        self.toggle.setAccessibleName("Hide reasoning" if on else "Show reasoning")
+        if on and not self.streaming and self._rendered_for != self.reasoning:
+            self.render_final()
+        self.body.setVisible(on)
+
+    def start_stream(self) -> None:
+        self.streaming = True
+        self.reasoning = ""
+        self.text.document().setDefaultStyleSheet(self.view.renderer.stylesheet(quiet=True))
+        self.text.setPlainText("")
+        self._apply_quiet_format()
+        self.set_expanded(True)
+
+    def _apply_quiet_format(self) -> None:
+        # Plain streaming text takes its colour from the widget palette: make it the quiet colour.
+        pal = self.text.palette()
+        from PySide6.QtGui import QColor, QPalette
+
+        pal.setColor(QPalette.Text, QColor(self.view.theme.faint))
+        self.text.setPalette(pal)
+
+    def append(self, text: str) -> None:
+        if not self.reasoning:
+            text = text.lstrip("\n")
+        self.reasoning += text
+        if text:
+            self.text.append_plain(text)
+
+    def finish_stream(self) -> None:
+        self.streaming = False
+
+    def set_text(self, reasoning: str) -> None:
+        self.reasoning = reasoning
+        self._rendered_for = None
+        if self.expanded():
+            self.render_final()
+
+    def render_final(self) -> None:
+        """Markdown + math for the finished reasoning (while it streams it is plain text: cheaper)."""
+        self._apply_quiet_format()
+        self.text.set_rendered(self.view.renderer.render(self.reasoning.strip(), quiet=True),
+                               self.view.renderer.stylesheet(quiet=True))
+        self._rendered_for = self.reasoning
+
+
+class MessageWidget(QFrame):
+    """One message. Assistant messages have a reasoning block, an answer, a stats line and actions."""
+
+    action = Signal(str, int)  # "copy" | "edit" | "regenerate" | "delete", message id
+
+    def __init__(self, view: "ChatView", msg: dict):
+        super().__init__()
+        self.view = view
+        self.msg_id = msg.get("id") or 0
+        self.role = msg["role"]
+        self.answer = ""
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(4)
+        if self.role == "user":
+            row = QHBoxLayout()
+            row.addStretch(1)
+            self.bubble = QFrame()
+            self.bubble.setObjectName("UserBubble")
+            self.bubble.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+            b_lay = QVBoxLayout(self.bubble)
+            b_lay.setContentsMargins(14, 8, 14, 8)
+            self.body = RichText()
+            self.body.setAccessibleName("Your message")
+            b_lay.addWidget(self.body)
+            row.addWidget(self.bubble, 6)
+            outer.addLayout(row)
+            self.reasoning_block = None
+        else:
+            role = QLabel(view.assistant_name)
+            role.setObjectName("Role")
+            outer.addWidget(role)
+            self.reasoning_block = ReasoningBlock(view)
+            self.reasoning_block.hide()
+            outer.addWidget(self.reasoning_block)
+            self.body = RichText()
+            self.body.setAccessibleName("Reply")
+            outer.addWidget(self.body)
+        foot = QHBoxLayout()
+        foot.setSpacing(2)
+        if self.role == "user":
+            foot.addStretch(1)
+        self.meta = QLabel()
+        self.meta.setObjectName("Meta")
+        self.meta.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.buttons: dict[str, QToolButton] = {}
+        specs = ([("copy", "Copy", "Copy message"), ("edit", "Edit", "Edit and resend"),
+                  ("delete", "Delete", "Delete message")] if self.role == "user" else
+                 [("copy", "Copy", "Copy reply"), ("regenerate", "Regenerate", "Regenerate reply"),
+                  ("delete", "Delete", "Delete message")])
+        for name, text, accessible in specs:
+            b = _tool(text, accessible)
+            b.clicked.connect(lambda _=False, n=name: self.action.emit(n, self.msg_id))
+            self.buttons[name] = b
+            foot.addWidget(b)
+        if self.role != "user":
+            foot.addSpacing(8)
+            foot.addWidget(self.meta)
+            foot.addStretch(1)
+        outer.addLayout(foot)
+        self.set_content(msg)
+
+    def set_content(self, msg: dict) -> None:
+        """Show a stored (finished or interrupted) message."""
+        self.msg_id = msg.get("id") or self.msg_id
+        if self.role == "user":
+            self.answer = msg["content"]
+            self.body.set_rendered(self.view.renderer.render(self.answer), self.view.renderer.stylesheet())
+            return
+        reasoning, answer = msg.get("reasoning") or "", msg.get("answer") or ""
+        if not reasoning and not answer:
+            answer = msg.get("content") or ""  # a model that doesn't reason: all of it is the answer
+        self.answer = answer
+        stats = msg.get("stats") or {}
+        if reasoning:
+            self.reasoning_block.show()
+            self.reasoning_block.set_text(reasoning)
+            self.reasoning_block.set_label(reasoning_label(stats, bool(answer), msg.get("complete", True)))
+            self.reasoning_block.set_expanded(not answer)  # no answer: the reasoning is all there is to read
+        self.set_answer(answer)
+        self.meta.setText(meta_text(stats, msg.get("complete", True)))
+
+    def set_answer(self, answer: str) -> None:
+        self.answer = answer
+        self.body.setVisible(bool(answer.strip()))
+        if answer.strip():
+            self.body.set_rendered(self.view.renderer.render(answer), self.view.renderer.stylesheet())
+
+    def set_busy(self, busy: bool) -> None:
+        for b in self.buttons.values():
+            b.setEnabled(not busy)
+
+    def text_for_copy(self) -> str:
+        return self.answer if self.answer else (self.reasoning_block.reasoning if self.reasoning_block else "")
+
+
+def reasoning_label(stats: dict, has_answer: bool, complete: bool) -> str:
+    thinking = stats.get("thinking_s")
+    if has_answer:
+        return f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Thoughts"
+    reason = stats.get("finish_reason")
+    why = {"max_new_tokens": "hit the token limit", "context_full": "the context is full",
+           "cancelled": "stopped", "eos": "ended"}.get(reason, "interrupted" if not complete else "")
+    head = f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Reasoning"
+    return f"{head} · no answer ({why} while thinking)" if why else f"{head} · no answer"
+
+
+def meta_text(stats: dict, complete: bool) -> str:
+    if not stats:
+        return "" if complete else "interrupted"
+    parts = []
+    if stats.get("total_s") is not None:
+        parts.append(_fmt_s(stats["total_s"]))
+    if stats.get("completion_tokens"):
+        parts.append(f"{stats['completion_tokens']} tokens")
+    if stats.get("decode_tok_s"):
+        parts.append(f"{stats['decode_tok_s']:.0f} tok/s")
+    reason = stats.get("finish_reason")
+    if reason == "cancelled":
+        parts.append("stopped")
+    elif reason == "max_new_tokens":
+        parts.append("token limit reached")
+    elif reason == "context_full":
+        parts.append("context full")
+    if stats.get("stopped_thinking"):
+        parts.append("thinking cut short")
+    if not complete:
+        parts.append("interrupted")
+    return " · ".join(parts)
+
+
+class ChatView(QScrollArea):
+    """A column of MessageWidgets (centred, with a comfortable reading width) that sticks to the bottom."""
+
+    message_action = Signal(str, int)
+
+    def __init__(self, renderer: MarkdownRenderer, theme, parent=None):
+        super().__init__(parent)
+        self.renderer, self.theme = renderer, theme
+        self.assistant_name = "Assistant"
+        self.setObjectName("ChatArea")
+        self.setAccessibleName("Conversation")
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        inner = QWidget()
+        row = QHBoxLayout(inner)
+        row.setContentsMargins(24, 20, 24, 20)
+        row.addStretch(1)
+        self.column = QWidget()
+        self.column.setMaximumWidth(860)
+        self.column.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+        self.col = QVBoxLayout(self.column)
+        self.col.setContentsMargins(0, 0, 0, 0)
+        self.col.setSpacing(18)
+        self.empty = QLabel("Ask anything. The model's reasoning streams here live, then folds away.")
+        self.empty.setObjectName("Meta")
+        self.empty.setAlignment(Qt.AlignCenter)
+        self.col.addWidget(self.empty)
+        self.col.addStretch(1)
+        row.addWidget(self.column, 100)
+        row.addStretch(1)
+        self.setWidget(inner)
+        self.widgets: list[MessageWidget] = []
+        self._stick = True
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range)
+        bar.valueChanged.connect(self._on_value)
+
+    # ---- scroll pinning: follow new text unless the user scrolled up to read something
+    def _on_range(self, _lo: int, hi: int) -> None:
+        if self._stick:
+            self.verticalScrollBar().setValue(hi)
+
+    def _on_value(self, value: int) -> None:
+        self._stick = value >= self.verticalScrollBar().maximum() - 4
+
+    def scroll_to_bottom(self) -> None:
+        self._stick = True
+        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def at_bottom(self) -> bool:
+        return self._stick
+
+    # ---- content
+    def clear(self) -> None:
+        for w in self.widgets:
+            w.setParent(None)
+            w.deleteLater()
+        self.widgets.clear()
+        self.empty.show()
+        self._stick = True
+
+    def add_message(self, msg: dict) -> MessageWidget:
+        w = MessageWidget(self, msg)
+        w.action.connect(self.message_action)
+        self.col.insertWidget(self.col.count() - 1, w)
+        self.widgets.append(w)
+        self.empty.hide()
+        return w
+
+    def remove_from(self, msg_id: int) -> None:
+        keep = []
+        for w in self.widgets:
+            if w.msg_id >= msg_id:
+                w.setParent(None)
+                w.deleteLater()
+            else:
+                keep.append(w)
+        self.widgets = keep
+        self.empty.setVisible(not keep)
+
+    def remove(self, msg_id: int) -> None:
+        for w in list(self.widgets):
+            if w.msg_id == msg_id:
+                w.setParent(None)
+                w.deleteLater()
+                self.widgets.remove(w)
+        self.empty.setVisible(not self.widgets)
+
+    def widget_for(self, msg_id: int) -> MessageWidget | None:
+        return next((w for w in self.widgets if w.msg_id == msg_id), None)
+
+    def set_renderer(self, renderer: MarkdownRenderer, theme) -> None:
+        self.renderer, self.theme = renderer, theme
+
+
+class ReplyStream:
+    """GUI side of one generation: buffers deltas and paints them into one MessageWidget once a frame."""
+
+    def __init__(self, widget: MessageWidget, started: float | None = None):
+        self.widget = widget
+        self.started = started if started is not None else time.monotonic()
+        self.reasoning = ""
+        self.answer = ""
+        self.first_delta_t: float | None = None
+        self.first_answer_t: float | None = None
+        self._pending_reasoning: list[str] = []
+        self._answer_dirty = False
+        self._interval = FRAME_MS
+        self.frames = 0
+        self.timer = QTimer()
+        self.timer.setSingleShot(True)
+        self.timer.setTimerType(Qt.PreciseTimer)
+        self.timer.timeout.connect(self.flush)
+        self.label_timer = QTimer()  # "Thinking… N s" ticks even when no tokens arrive
+        self.label_timer.setInterval(500)
+        self.label_timer.timeout.connect(self._update_label)
+        widget.set_busy(True)
+        widget.meta.setText("")
+
+    def feed(self, text: str, kind: str) -> None:
+        now = time.monotonic()
+        if self.first_delta_t is None:
+            self.first_delta_t = now
+        if kind == "reasoning":
+            self.reasoning += text
+            self._pending_reasoning.append(text)
+            if not self.widget.reasoning_block.streaming and not self.answer:
+                self.widget.reasoning_block.show()
+                self.widget.reasoning_block.start_stream()
+                self.label_timer.start()
+                self._update_label()
+        else:
+            if self.first_answer_t is None:
+                self.first_answer_t = now
+            self.answer += text
+            self._answer_dirty = True
+        if not self.timer.isActive():
+            self.timer.start(self._interval)
+
+    def thinking_s(self) -> float | None:
+        if not self.reasoning:
+            return None
+        end = self.first_answer_t if self.first_answer_t is not None else time.monotonic()
+        return max(0.0, end - (self.first_delta_t or self.started))
+
+    def _update_label(self) -> None:
+        block = self.widget.reasoning_block
+        if self.first_answer_t is None and self.reasoning:
+            block.set_label(f"Thinking… {_fmt_s(self.thinking_s() or 0.0)}")
+
+    def flush(self) -> None:
+        t0 = time.perf_counter()
+        block = self.widget.reasoning_block
+        if self._pending_reasoning and block.streaming:
+            block.append("".join(self._pending_reasoning))
+        self._pending_reasoning.clear()
+        if self._answer_dirty:
+            self._answer_dirty = False
+            if block.streaming:  # the answer started: fold the reasoning away
+                block.finish_stream()
+                self.label_timer.stop()
+                block.set_label(f"Thought for {_fmt_s(self.thinking_s() or 0.0)}")
+                block.set_expanded(False)
+            self.widget.set_answer(self.answer.lstrip("\n"))
+        self.frames += 1
+        # A long answer makes each re-render slower: stretch the interval so rendering stays under ~half
+        # of the GUI thread's time and input stays responsive.
+        spent_ms = (time.perf_counter() - t0) * 1000
+        self._interval = max(FRAME_MS, min(250, int(spent_ms * 2)))
+
+    def finish(self, msg: dict) -> None:
+        """The final text and stats replace what streamed (they are authoritative)."""
+        self.timer.stop()
+        self.label_timer.stop()
+        self.flush()
+        block = self.widget.reasoning_block
+        if block.streaming:
+            block.finish_stream()
+        self.widget.set_content(msg)
+        self.widget.set_busy(False)

@@ -1,0 +1,370 @@
+"""The live panel: where the time and the memory go, for this reply and for the session.
+
+It is refreshed by its own timer a few times a second (never per token). While a reply streams, the numbers
+come from delta arrival times seen by the GUI (one delta is about one token); when the reply finishes, the
+engine's exact GenerationStats replace them. VRAM is split into weights / KV cache / other torch / free from
+the engine's MemoryStats (torch counters + NVML); GPU utilization and free memory are polled from NVML here
+(pynvml, no torch) about once a second.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+class LiveReply:
+    """Timings of the reply in flight, from what the GUI receives."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.first_t: float | None = None
+        self.first_answer_t: float | None = None
+        self.reasoning_n = 0
+        self.answer_n = 0
+        self.recent: deque[float] = deque()
+        self.rate_series: list[float] = []
+        self.done_stats: dict | None = None
+
+    def on_delta(self, kind: str) -> None:
+        now = time.monotonic()
+        if self.first_t is None:
+            self.first_t = now
+        if kind == "answer":
+            self.answer_n += 1
+            if self.first_answer_t is None:
+                self.first_answer_t = now
+        else:
+            self.reasoning_n += 1
+        self.recent.append(now)
+
+    def rate_now(self) -> float:
+        now = time.monotonic()
+        while self.recent and now - self.recent[0] > 1.0:
+            self.recent.popleft()
+        span = min(1.0, now - (self.first_t or now))
+        return len(self.recent) / span if span > 0.05 else 0.0
+
+
+class Sparkline(QWidget):
+    """A tiny line (or bar) plot; painted from a list of numbers, scaled to its own maximum."""
+
+    def __init__(self, title: str, unit: str, bars: bool = False):
+        super().__init__()
+        self.title, self.unit, self.bars = title, unit, bars
+        self.values: list[float] = []
+        self.color = QColor("#2f6fde")
+        self.text_color = QColor("#59636e")
+        self.grid_color = QColor("#d8dde3")
+        self.setMinimumHeight(70)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setAccessibleName(title)
+
+    def set_values(self, values: list[float]) -> None:
+        self.values = [v for v in values if v is not None and not math.isnan(v)][-120:]
+        self.setAccessibleDescription(f"latest {self.values[-1]:.0f} {self.unit}" if self.values else "no data")
+        self.update()
+
+    def paintEvent(self, _event):
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        r = self.rect().adjusted(1, 16, -1, -2)
+        p.setPen(self.text_color)
+        f = p.font()
+        f.setPointSizeF(max(7.0, f.pointSizeF() - 2))
+        p.setFont(f)
+        latest = f"{self.values[-1]:.0f} {self.unit}" if self.values else "—"
+        p.drawText(QRectF(0, 0, self.width(), 14), Qt.AlignLeft | Qt.AlignVCenter, self.title)
+        p.drawText(QRectF(0, 0, self.width(), 14), Qt.AlignRight | Qt.AlignVCenter, latest)
+        p.setPen(QPen(self.grid_color, 1))
+        p.drawLine(r.bottomLeft(), r.bottomRight())
+        if not self.values:
+            return
+        top = max(self.values) * 1.1 or 1.0
+        n = len(self.values)
+        if self.bars:
+            w = r.width() / max(n, 8)
+            for i, v in enumerate(self.values):
+                h = r.height() * v / top
+                p.fillRect(QRectF(r.left() + i * w + 1, r.bottom() - h, max(1.0, w - 2), h), self.color)
+            return
+        path = QPainterPath()
+        for i, v in enumerate(self.values):
+            x = r.left() + (r.width() * i / (n - 1) if n > 1 else r.width())
+            y = r.bottom() - r.height() * v / top
+            path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
+        p.setPen(QPen(self.color, 1.6))
+        p.drawPath(path)
+
+
+class MemoryBar(QWidget):
+    """One stacked bar: weights / KV cache / other torch / other processes / free."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts: list[tuple[str, float, QColor]] = []
+        self.setMinimumHeight(14)
+        self.setMaximumHeight(14)
+        self.setAccessibleName("GPU memory")
+
+    def set_parts(self, parts: list[tuple[str, float, QColor]]) -> None:
+        self.parts = parts
+        self.setAccessibleDescription(", ".join(f"{n} {_gib(v)}" for n, v, _ in parts))
+        self.update()
+
+    def paintEvent(self, _event):
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing)
+        total = sum(v for _, v, _ in self.parts) or 1.0
+        r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        clip = QPainterPath()
+        clip.addRoundedRect(r, 4, 4)
+        p.setClipPath(clip)
+        x = r.left()
+        for _, v, color in self.parts:
+            w = r.width() * v / total
+            p.fillRect(QRectF(x, r.top(), w, r.height()), color)
+            x += w
+
+
+class GpuMonitor:
+    """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds)."""
+
+    def __init__(self):
+        self.handle = None
+        self.tried = False
+
+    def poll(self) -> tuple[int | None, int | None, int | None]:
+        """(utilization %, free bytes, total bytes), or Nones without an NVIDIA driver."""
+        if not self.tried:
+            self.tried = True
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            except Exception:
+                self.handle = None
+        if self.handle is None:
+            return None, None, None
+        try:
+            import pynvml
+
+            util = pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+            mem = pynvml.nvmlDeviceGetMemoryInfo(self.handle)
+            return int(util), int(mem.free), int(mem.total)
+        except Exception:
+            return None, None, None
+
+
+class LivePanel(QScrollArea):
+    ROWS = [
+        ("reply", "This reply", [("ttft", "Time to first token"), ("tfat", "Time to first answer token"),
+                                 ("split", "Thinking / answering"), ("tokens", "Tokens (reasoning + answer)"),
+                                 ("rate", "Decode tok/s now")]),
+        ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
+                                ("replies", "Replies")]),
+        ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix tokens reused")]),
+        ("memory", "GPU memory", [("device", "Device"), ("weights", "Weights"), ("kv", "KV cache"),
+                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU utilization")]),
+    ]
+
+    def __init__(self, theme, parent=None):
+        super().__init__(parent)
+        self.setObjectName("LivePanel")
+        self.setAccessibleName("Live panel")
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setMinimumWidth(270)
+        self.setMaximumWidth(340)
+        inner = QWidget()
+        inner.setObjectName("LivePanel")
+        lay = QVBoxLayout(inner)
+        lay.setContentsMargins(16, 12, 16, 12)
+        lay.setSpacing(4)
+        title = QLabel("Live")
+        title.setObjectName("Role")
+        lay.addWidget(title)
+        self.values: dict[str, QLabel] = {}
+        for key, section, rows in self.ROWS:
+            head = QLabel(section)
+            head.setProperty("role", "section")
+            lay.addWidget(head)
+            grid = QGridLayout()
+            grid.setHorizontalSpacing(10)
+            grid.setVerticalSpacing(3)
+            for i, (name, label) in enumerate(rows):
+                k = QLabel(label)
+                k.setProperty("role", "key")
+                v = QLabel("—")
+                v.setProperty("role", "value")
+                v.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                v.setAccessibleName(label)
+                v.setTextInteractionFlags(Qt.TextSelectableByMouse)
+                grid.addWidget(k, i, 0)
+                grid.addWidget(v, i, 1)
+                self.values[name] = v
+            lay.addLayout(grid)
+            if key == "memory":
+                self.membar = MemoryBar()
+                lay.insertWidget(lay.count() - 1, self.membar)
+                self.legend = QLabel()
+                self.legend.setProperty("role", "key")
+                self.legend.setTextFormat(Qt.RichText)
+                lay.insertWidget(lay.count() - 1, self.legend)
+        self.rate_plot = Sparkline("tok/s across this reply", "tok/s")
+        self.latency_plot = Sparkline("TTFT per reply", "ms", bars=True)
+        lay.addSpacing(10)
+        lay.addWidget(self.rate_plot)
+        lay.addSpacing(6)
+        lay.addWidget(self.latency_plot)
+        lay.addStretch(1)
+        self.setWidget(inner)
+
+        self.reply: LiveReply | None = None
+        self.session_ttft: list[float] = []
+        self.session_rate: list[float] = []
+        self.info: dict | None = None
+        self.memory: dict | None = None
+        self.gpu = GpuMonitor()
+        self._gpu_live: tuple = (None, None, None)
+        self._ticks = 0
+        self.timer = QTimer(self)
+        self.timer.setInterval(250)  # 4 Hz: live enough to read, far cheaper than per token
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+        self.set_theme(theme)
+
+    def set_theme(self, theme) -> None:
+        self.theme = theme
+        for plot, color in ((self.rate_plot, theme.plot_a), (self.latency_plot, theme.plot_b)):
+            plot.color, plot.text_color, plot.grid_color = QColor(color), QColor(theme.muted), QColor(theme.border)
+            plot.update()
+        self.refresh()
+
+    # ---- inputs
+    def set_engine(self, info: dict) -> None:
+        self.info = info
+        self.memory = info.get("memory")
+        self.refresh()
+
+    def start_reply(self) -> LiveReply:
+        self.reply = LiveReply()
+        return self.reply
+
+    def on_delta(self, kind: str) -> None:
+        if self.reply is not None:
+            self.reply.on_delta(kind)
+
+    def finish_reply(self, stats: dict | None) -> None:
+        if self.reply is None:
+            return
+        self.reply.done_stats = stats
+        if stats:
+            if stats.get("ttft_ms") is not None:
+                self.session_ttft.append(stats["ttft_ms"])
+            if stats.get("decode_tok_s"):
+                self.session_rate.append(stats["decode_tok_s"])
+            if stats.get("memory"):
+                self.memory = stats["memory"]
+            lat = stats.get("token_latencies_ms") or []
+            if lat:  # tok/s over windows of 16 tokens: the shape of the reply's speed
+                w = 16
+                self.reply.rate_series = [1000.0 * len(lat[i:i + w]) / max(sum(lat[i:i + w]), 1e-6)
+                                          for i in range(0, len(lat), w)]
+        self.refresh()
+
+    # ---- painting
+    def refresh(self) -> None:
+        if not self.isVisible():
+            return
+        self._ticks += 1
+        v = self.values
+        r = self.reply
+        if r is not None:
+            s = r.done_stats
+            if s:
+                v["ttft"].setText(f"{s['ttft_ms']:.0f} ms")
+                v["tfat"].setText(f"{s['first_answer_ms']:.0f} ms" if s.get("first_answer_ms") is not None else "—")
+                think = ((s["first_answer_ms"] - s["ttft_ms"]) / 1000 if s.get("first_answer_ms") is not None
+                         else s["total_s"] - s["ttft_ms"] / 1000)
+                answer = s["total_s"] - think - s["ttft_ms"] / 1000
+                v["split"].setText(f"{max(think, 0):.1f} s / {max(answer, 0):.1f} s")
+                v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
+                v["rate"].setText(f"{s['decode_tok_s']:.0f} (avg)")
+                used = s["prompt_tokens"] + s["completion_tokens"]
+                v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
+                v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
+            else:
+                now = time.monotonic()
+                v["ttft"].setText(f"{(r.first_t - r.start) * 1000:.0f} ms" if r.first_t else "waiting…")
+                v["tfat"].setText(f"{(r.first_answer_t - r.start) * 1000:.0f} ms" if r.first_answer_t else "—")
+                if r.first_t:
+                    think_end = r.first_answer_t or now
+                    answering = now - r.first_answer_t if r.first_answer_t else 0.0
+                    v["split"].setText(f"{think_end - r.first_t:.1f} s / {answering:.1f} s")
+                v["tokens"].setText(f"{r.reasoning_n} + {r.answer_n}")
+                rate = r.rate_now()
+                v["rate"].setText(f"{rate:.0f}")
+                if r.first_t:
+                    r.rate_series.append(rate)
+            self.rate_plot.set_values(r.rate_series)
+        p50, p95 = percentile(self.session_ttft, 50), percentile(self.session_ttft, 95)
+        v["ttft_p"].setText(f"{p50:.0f} / {p95:.0f} ms" if self.session_ttft else "—")
+        q50, q95 = percentile(self.session_rate, 50), percentile(self.session_rate, 95)
+        v["rate_p"].setText(f"{q50:.0f} / {q95:.0f}" if self.session_rate else "—")
+        v["replies"].setText(str(len(self.session_ttft)))
+        self.latency_plot.set_values(self.session_ttft)
+        self._refresh_memory()
+
+    def _refresh_memory(self) -> None:
+        v, m, t = self.values, self.memory, self.theme
+        if self.info:
+            v["device"].setText(f"{self.info.get('device_name', '?')} · {self.info.get('dtype', '')}")
+        if not m:
+            return
+        weights, kv = m.get("weights_bytes", 0), m.get("kv_cache_bytes", 0)
+        other = max(0, m.get("torch_reserved_bytes", 0) - weights - kv)
+        v["weights"].setText(_gib(weights))
+        v["kv"].setText(_gib(kv))
+        v["other"].setText(_gib(other))
+        on_gpu = str(m.get("device", "")).startswith("cuda")
+        if on_gpu and self._ticks % 4 == 1:
+            self._gpu_live = self.gpu.poll()
+        util, free, total = self._gpu_live
+        free = free if free is not None else m.get("device_free_bytes", 0)
+        total = total if total is not None else m.get("device_total_bytes", 0)
+        util = util if util is not None else m.get("gpu_utilization_pct")
+        v["util"].setText(f"{util} %" if util is not None else "—")
+        if on_gpu and total:
+            v["free"].setText(f"{_gib(free)} of {_gib(total)}")
+            outside = max(0, total - free - weights - kv - other)  # other processes, CUDA context
+            parts = [("Weights", weights, QColor(t.plot_a)), ("KV cache", kv, QColor(t.plot_b)),
+                     ("Other torch", other, QColor("#8e6cd8")), ("Other", outside, QColor(t.faint)),
+                     ("Free", free, QColor(t.border))]
+        else:
+            v["free"].setText("— (CPU)")
+            parts = [("Weights", weights, QColor(t.plot_a)), ("KV cache", kv, QColor(t.plot_b)),
+                     ("Other torch", other, QColor("#8e6cd8"))]
+        self.membar.set_parts(parts)
+        self.legend.setText("&nbsp;&nbsp;".join(
+            f'<span style="color:{c.name()}">■</span> {n}' for n, _, c in parts))

@@ -1,0 +1,164 @@
+"""User settings (QSettings) and the settings dialog.
+
+Defaults follow DeepSeek's advice for R1: temperature 0.6, top-p 0.95, and no system prompt.
+Settings that change the loaded model (path, device, precision, context length) trigger a reload; sampling
+settings apply to the next reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
+
+
+@dataclass
+class AppSettings:
+    model_path: str = ""
+    device: str = "cuda"  # "cuda" | "cpu" (CPU mode is offered when no GPU is usable)
+    precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32"
+    context_length: int = 4096
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 0
+    max_new_tokens: int = 4096
+    system_prompt: str = ""
+    theme: str = "system"  # "system" | "light" | "dark"
+    font_size: int = 11
+
+    MODEL_KEYS = ("model_path", "device", "precision", "context_length")
+
+    @classmethod
+    def load(cls, qs: QSettings) -> "AppSettings":
+        s = cls()
+        for f in fields(cls):
+            raw = qs.value(f"settings/{f.name}")
+            if raw is None:
+                continue
+            default = getattr(s, f.name)
+            try:
+                setattr(s, f.name, type(default)(raw) if not isinstance(default, str) else str(raw))
+            except (TypeError, ValueError):
+                pass  # a hand-edited or corrupt value: keep the default
+        return s
+
+    def save(self, qs: QSettings) -> None:
+        for k, v in asdict(self).items():
+            qs.setValue(f"settings/{k}", v)
+        qs.sync()
+
+    def sampling(self) -> dict:
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    max_new_tokens=self.max_new_tokens)
+
+    def dtype(self) -> str | None:
+        return None if self.precision == "auto" else self.precision
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: AppSettings, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setAccessibleName("Settings")
+        self.setMinimumWidth(520)
+        form = QFormLayout()
+        form.setVerticalSpacing(10)
+        form.setHorizontalSpacing(16)
+
+        self.model_path = QLineEdit(settings.model_path)
+        self.model_path.setAccessibleName("Model folder")
+        browse = QPushButton("Browse…")
+        browse.setAccessibleName("Browse for model folder")
+        browse.clicked.connect(self._browse)
+        row = QHBoxLayout()
+        row.addWidget(self.model_path, 1)
+        row.addWidget(browse)
+        holder = QWidget()
+        holder.setLayout(row)
+        row.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Model folder", holder)
+
+        self.device = self._combo([("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")], settings.device, "Device")
+        form.addRow("Device", self.device)
+        self.precision = self._combo([("Automatic", "auto"), ("bfloat16", "bf16"), ("float16", "fp16"),
+                                      ("float32", "fp32")], settings.precision, "Precision")
+        form.addRow("Precision", self.precision)
+        self.context = self._spin(QSpinBox(), 256, 131072, settings.context_length, "Context length", step=1024)
+        form.addRow("Context length (tokens)", self.context)
+        self.temperature = self._spin(QDoubleSpinBox(), 0.0, 2.0, settings.temperature, "Temperature", step=0.05)
+        form.addRow("Temperature", self.temperature)
+        self.top_p = self._spin(QDoubleSpinBox(), 0.05, 1.0, settings.top_p, "Top-p", step=0.05)
+        form.addRow("Top-p", self.top_p)
+        self.top_k = self._spin(QSpinBox(), 0, 1000, settings.top_k, "Top-k")
+        self.top_k.setSpecialValueText("off")
+        form.addRow("Top-k", self.top_k)
+        self.max_new = self._spin(QSpinBox(), 16, 131072, settings.max_new_tokens, "Max new tokens", step=256)
+        form.addRow("Max new tokens", self.max_new)
+        self.system_prompt = QPlainTextEdit(settings.system_prompt)
+        self.system_prompt.setAccessibleName("System prompt")
+        self.system_prompt.setPlaceholderText("Empty (recommended for DeepSeek-R1: put instructions in your message)")
+        self.system_prompt.setFixedHeight(80)
+        form.addRow("System prompt", self.system_prompt)
+        self.theme = self._combo([("Follow system", "system"), ("Light", "light"), ("Dark", "dark")],
+                                 settings.theme, "Theme")
+        form.addRow("Theme", self.theme)
+        self.font_size = self._spin(QSpinBox(), 8, 24, settings.font_size, "Font size")
+        form.addRow("Font size (pt)", self.font_size)
+
+        note = QLabel("Model folder, device, precision and context length take effect after the model reloads.")
+        note.setObjectName("Meta")
+        note.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.RestoreDefaults).clicked.connect(self._defaults)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(note)
+        lay.addWidget(buttons)
+        self._base = settings
+
+    def _combo(self, items, current, name) -> QComboBox:
+        c = QComboBox()
+        c.setAccessibleName(name)
+        for label, value in items:
+            c.addItem(label, value)
+        c.setCurrentIndex(max(0, c.findData(current)))
+        return c
+
+    def _spin(self, spin, lo, hi, value, name, step=1):
+        spin.setRange(lo, hi)
+        spin.setSingleStep(step)
+        spin.setValue(value)
+        spin.setAccessibleName(name)
+        return spin
+
+    def _browse(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose the model folder", self.model_path.text())
+        if path:
+            self.model_path.setText(path)
+
+    def _defaults(self) -> None:
+        d = AppSettings(model_path=self.model_path.text())
+        self.device.setCurrentIndex(self.device.findData(d.device))
+        self.precision.setCurrentIndex(self.precision.findData(d.precision))
+        self.context.setValue(d.context_length)
+        self.temperature.setValue(d.temperature)
+        self.top_p.setValue(d.top_p)
+        self.top_k.setValue(d.top_k)
+        self.max_new.setValue(d.max_new_tokens)
+        self.system_prompt.setPlainText(d.system_prompt)
+        self.theme.setCurrentIndex(self.theme.findData(d.theme))
+        self.font_size.setValue(d.font_size)
+
+    def result_settings(self) -> AppSettings:
+        return AppSettings(
+            model_path=self.model_path.text().strip(), device=self.device.currentData(),
+            precision=self.precision.currentData(), context_length=self.context.value(),
+            temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
+            top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),
+            system_prompt=self.system_prompt.toPlainText(), theme=self.theme.currentData(),
+            font_size=self.font_size.value())

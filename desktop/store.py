@@ -1,0 +1,156 @@
+"""Conversation history in SQLite (WAL), one connection per thread (the GUI thread owns this one).
+
+Crash safety: a reply's row is inserted when generation starts and rewritten as it grows (at most every
+`Store.FLUSH_S`) and once at the end, each write its own committed transaction. WAL + synchronous=NORMAL
+means a committed write survives the process being killed (kill -9, a crash); only a power cut can lose the
+last commits. So a kill mid-reply loses at most the last second of that reply and never anything earlier.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    content TEXT NOT NULL DEFAULT '',     -- what the model wrote: reasoning + '</think>' + answer
+    reasoning TEXT NOT NULL DEFAULT '',
+    answer TEXT NOT NULL DEFAULT '',
+    complete INTEGER NOT NULL DEFAULT 1,  -- 0 while streaming; stays 0 if the app died mid-reply
+    stats TEXT,                           -- JSON: GenerationStats (+ thinking_s, model) for assistant messages
+    settings TEXT,                        -- JSON: the SamplingSettings used
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+"""
+MESSAGE_FIELDS = ("content", "reasoning", "answer", "complete", "stats", "settings")
+
+
+class Store:
+    FLUSH_S = 0.5  # how often a growing reply is written: well inside the one-second loss budget
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None)  # autocommit; explicit txns below
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ conversations
+    def create_conversation(self, title: str = "New chat") -> int:
+        now = time.time()
+        cur = self.db.execute("INSERT INTO conversations(title, created, updated) VALUES (?, ?, ?)", (title, now, now))
+        return cur.lastrowid
+
+    def conversations(self, search: str = "") -> list[dict]:
+        """Newest first. `search` matches the title or any message text, case-insensitively."""
+        if search.strip():
+            pattern = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = self.db.execute(
+                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
+                " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
+                " ORDER BY updated DESC, id DESC", (pattern,))
+        else:
+            rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC")
+        return [dict(r) for r in rows]
+
+    def conversation(self, conv_id: int) -> dict | None:
+        row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+        return dict(row) if row else None
+
+    def rename(self, conv_id: int, title: str) -> None:
+        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or "Untitled", conv_id))
+
+    def delete_conversation(self, conv_id: int) -> None:
+        self.db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+
+    def touch(self, conv_id: int) -> None:
+        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conv_id))
+
+    # ------------------------------------------------------------------ messages
+    def messages(self, conv_id: int) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))
+        return [_decode(r) for r in rows]
+
+    def message(self, msg_id: int) -> dict | None:
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (msg_id,)).fetchone()
+        return _decode(row) if row else None
+
+    def add_message(self, conv_id: int, role: str, content: str = "", *, reasoning: str = "", answer: str = "",
+                    complete: bool = True, stats: dict | None = None, settings: dict | None = None) -> int:
+        with self.db:  # one transaction: the message and the conversation's timestamp
+            self.db.execute("BEGIN")
+            cur = self.db.execute(
+                "INSERT INTO messages(conversation_id, role, content, reasoning, answer, complete, stats, settings,"
+                " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conv_id, role, content, reasoning, answer, int(complete), _json(stats), _json(settings), time.time()))
+            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conv_id))
+        return cur.lastrowid
+
+    def update_message(self, msg_id: int, **fields) -> None:
+        unknown = set(fields) - set(MESSAGE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown message fields: {sorted(unknown)}")
+        values = {k: (_json(v) if k in ("stats", "settings") else int(v) if k == "complete" else v)
+                  for k, v in fields.items()}
+        sets = ", ".join(f"{k} = ?" for k in values)
+        self.db.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*values.values(), msg_id))
+
+    def delete_message(self, msg_id: int) -> None:
+        self.db.execute("DELETE FROM messages WHERE id = ?", (msg_id,))
+
+    def delete_from(self, conv_id: int, msg_id: int) -> None:
+        """Delete a message and everything after it (edit-and-resend, regenerate)."""
+        self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conv_id, msg_id))
+
+    # ------------------------------------------------------------------ export
+    def export_json(self, conv_id: int) -> str:
+        conv = self.conversation(conv_id) or {}
+        return json.dumps({"title": conv.get("title"), "created": conv.get("created"),
+                           "messages": [{k: m[k] for k in ("role", "content", "reasoning", "answer", "complete",
+                                                          "stats", "settings", "created")}
+                                        for m in self.messages(conv_id)]},
+                          ensure_ascii=False, indent=2)
+
+    def export_markdown(self, conv_id: int) -> str:
+        conv = self.conversation(conv_id) or {}
+        out = [f"# {conv.get('title', 'Conversation')}", ""]
+        for m in self.messages(conv_id):
+            if m["role"] == "user":
+                out += ["## You", "", m["content"], ""]
+            elif m["role"] == "assistant":
+                out += ["## Assistant", ""]
+                if m["reasoning"]:
+                    quoted = "\n".join("> " + line for line in m["reasoning"].splitlines())
+                    out += ["<details><summary>Reasoning</summary>", "", quoted, "", "</details>", ""]
+                out += [m["answer"] if (m["answer"] or m["reasoning"]) else m["content"], ""]
+        return "\n".join(out).rstrip() + "\n"
+
+
+def _json(value) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _decode(row: sqlite3.Row) -> dict:
+    d = dict(row)
+    for k in ("stats", "settings"):
+        d[k] = json.loads(d[k]) if d[k] else None
+    d["complete"] = bool(d["complete"])
+    return d

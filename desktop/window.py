@@ -1,0 +1,834 @@
+"""The main window: conversation list, chat view, composer, live panel; and the reply lifecycle.
+
+Reply lifecycle (all on the GUI thread; the worker only sees queued requests):
+  send -> user row saved -> empty assistant row saved (complete=0) -> worker.generate(...)
+  deltas -> ReplyStream (paint once a frame) + LivePanel counters; the row is rewritten every Store.FLUSH_S
+  finished -> final text + stats + settings saved (complete=1) -> widgets show the exact stats
+Stop = GenerationControl.cancel(), stop thinking = GenerationControl.stop_thinking(): thread-safe flags the
+decode loop checks before every token, called directly (the worker's event queue is busy while it decodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
+                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
+                               QProgressBar, QPushButton, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
+                               QWidget)
+
+from desktop import theme as themes
+from desktop.chatview import ChatView, ReplyStream
+from desktop.livepanel import LivePanel
+from desktop.markdown import MarkdownRenderer
+from desktop.settings import AppSettings, SettingsDialog
+from desktop.store import Store
+from desktop.welcome import WelcomePage
+from desktop.worker import EngineHost
+
+
+class Composer(QFrame):
+    """Input box + Stop thinking + Send/Stop. Enter sends, Shift+Enter inserts a new line."""
+
+    send_requested = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("Composer")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 8, 8, 8)
+        lay.setSpacing(6)
+        self.editing_label = QLabel()
+        self.editing_label.setObjectName("Meta")
+        self.editing_label.hide()
+        lay.addWidget(self.editing_label)
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        self.edit = QPlainTextEdit()
+        self.edit.setAccessibleName("Message")
+        self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.edit.setTabChangesFocus(True)
+        self.edit.installEventFilter(self)
+        self.edit.textChanged.connect(self._grow)
+        row.addWidget(self.edit, 1)
+        self.stop_thinking_btn = QPushButton("Stop thinking")
+        self.stop_thinking_btn.setAccessibleName("Stop thinking and answer now")
+        self.stop_thinking_btn.setToolTip("Close the reasoning and make the model answer now")
+        self.stop_thinking_btn.hide()
+        row.addWidget(self.stop_thinking_btn, 0, Qt.AlignBottom)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.setProperty("primary", True)
+        self.send_btn.setAccessibleName("Send")
+        self.send_btn.setMinimumWidth(76)
+        row.addWidget(self.send_btn, 0, Qt.AlignBottom)
+        lay.addLayout(row)
+        self._grow()
+
+    def eventFilter(self, obj, event):
+        if obj is self.edit and event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Return, Qt.Key_Enter):
+            if event.modifiers() & Qt.ShiftModifier:
+                return False  # default: new line
+            self.send_requested.emit()
+            return True
+        return super().eventFilter(obj, event)
+
+    def _grow(self) -> None:
+        # Grow with the text up to ~8 lines, then scroll inside.
+        lines = max(1, min(8, int(self.edit.document().size().height())))
+        line_h = self.edit.fontMetrics().lineSpacing()
+        self.edit.setFixedHeight(lines * line_h + 14)
+
+    def text(self) -> str:
+        return self.edit.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        self.edit.setPlainText(text)
+        self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
+
+    def set_generating(self, on: bool, thinking: bool = False) -> None:
+        self.send_btn.setText("Stop" if on else "Send")
+        self.send_btn.setAccessibleName("Stop" if on else "Send")
+        self.send_btn.setProperty("primary", not on)
+        self.send_btn.style().unpolish(self.send_btn)
+        self.send_btn.style().polish(self.send_btn)
+        self.stop_thinking_btn.setVisible(on and thinking)
+
+
+class Banner(QFrame):
+    """A dismissable message with up to a few actions; the app stays usable under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("Banner")
+        self.setAccessibleName("Notice")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(12, 8, 8, 8)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lay.addWidget(self.label, 1)
+        self.buttons_box = QHBoxLayout()
+        lay.addLayout(self.buttons_box)
+        close = QToolButton()
+        close.setText("✕")
+        close.setAccessibleName("Dismiss notice")
+        close.clicked.connect(self.hide)
+        lay.addWidget(close)
+        self.kind = ""
+        self.hide()
+
+    def show_message(self, kind: str, text: str, actions: list[tuple[str, object]] = ()) -> None:
+        self.kind = kind
+        self.label.setText(text)
+        while self.buttons_box.count():
+            w = self.buttons_box.takeAt(0).widget()
+            if w:
+                w.deleteLater()
+        for label, fn in actions:
+            b = QPushButton(label)
+            b.setAccessibleName(label)
+            b.clicked.connect(fn)
+            self.buttons_box.addWidget(b)
+        self.show()
+
+    def action_buttons(self) -> list[QPushButton]:
+        return [self.buttons_box.itemAt(i).widget() for i in range(self.buttons_box.count())]
+
+
+class MainWindow(QMainWindow):
+    # for the self-test and tests: what happened, in GUI terms
+    engine_ready = Signal(object)
+    engine_failed = Signal(str, str)
+    reply_finished = Signal(object)  # the saved assistant message
+    reply_failed = Signal(str, str)
+
+    def __init__(self, qsettings: QSettings, store: Store, model: str | None = None, device: str | None = None,
+                 max_new_tokens: int | None = None):
+        super().__init__()
+        self.qs = qsettings
+        self.settings = AppSettings.load(qsettings)
+        if model:
+            self.settings.model_path = model
+        if device:
+            self.settings.device = device
+        self.max_new_override = max_new_tokens
+        self.store = store
+        self.theme = themes.resolve(self.settings.theme)
+        self.renderer = self._make_renderer()
+        self.setWindowTitle("r1desk")
+        self.setAccessibleName("r1desk")
+        self.setMinimumSize(760, 520)
+
+        self.host: EngineHost | None = None
+        self.engine_state = "none"  # none | loading | warming | ready | failed
+        self.engine_info: dict | None = None
+        self.conv_id: int | None = None
+        self.gen_id = 0
+        self.control = None
+        self.stream: ReplyStream | None = None
+        self.reply_msg_id: int | None = None
+        self.editing_msg_id: int | None = None
+        self._last_saved = ""
+        self._closing = False
+        self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
+
+        self._build()
+        self._shortcuts()
+        self.save_timer = QTimer(self)
+        self.save_timer.setInterval(int(Store.FLUSH_S * 1000))
+        self.save_timer.timeout.connect(self._save_partial)
+        self.apply_theme()
+        hints = QGuiApplication.styleHints()
+        if hasattr(hints, "colorSchemeChanged"):
+            hints.colorSchemeChanged.connect(lambda _s: self.apply_theme() if self.settings.theme == "system" else None)
+        self._restore()
+
+    # ------------------------------------------------------------------ layout
+    def _build(self) -> None:
+        splitter = QSplitter(Qt.Horizontal)
+        splitter.setHandleWidth(1)
+        splitter.setChildrenCollapsible(False)
+        self.splitter = splitter
+
+        side = QWidget()
+        side.setObjectName("Sidebar")
+        side.setMinimumWidth(200)
+        side.setMaximumWidth(360)
+        s_lay = QVBoxLayout(side)
+        s_lay.setContentsMargins(10, 12, 10, 10)
+        s_lay.setSpacing(8)
+        brand = QLabel("r1desk")
+        bf = brand.font()
+        bf.setPointSizeF(bf.pointSizeF() * 1.25)
+        bf.setBold(True)
+        brand.setFont(bf)
+        s_lay.addWidget(brand)
+        self.new_btn = QPushButton("＋  New chat")
+        self.new_btn.setAccessibleName("New chat")
+        self.new_btn.setToolTip("New chat (Ctrl+N)")
+        self.new_btn.clicked.connect(self.new_chat)
+        s_lay.addWidget(self.new_btn)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats  (Ctrl+K)")
+        self.search.setAccessibleName("Search conversations")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _t: self.refresh_list())
+        s_lay.addWidget(self.search)
+        self.conv_list = QListWidget()
+        self.conv_list.setAccessibleName("Conversations")
+        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.conv_list.customContextMenuRequested.connect(self._list_menu)
+        self.conv_list.itemSelectionChanged.connect(self._on_list_selection)
+        self.conv_list.setTextElideMode(Qt.ElideRight)
+        s_lay.addWidget(self.conv_list, 1)
+        splitter.addWidget(side)
+
+        center = QWidget()
+        c_lay = QVBoxLayout(center)
+        c_lay.setContentsMargins(0, 0, 0, 0)
+        c_lay.setSpacing(0)
+        top = QFrame()
+        top.setObjectName("TopBar")
+        t_lay = QHBoxLayout(top)
+        t_lay.setContentsMargins(16, 8, 10, 8)
+        self.title_label = QLabel("New chat")
+        self.title_label.setObjectName("ChatTitle")
+        t_lay.addWidget(self.title_label, 1)
+        self.status_label = QLabel("No model")
+        self.status_label.setObjectName("Meta")
+        self.status_label.setAccessibleName("Model status")
+        t_lay.addWidget(self.status_label)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Loading progress")
+        self.progress.setFixedWidth(160)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        t_lay.addWidget(self.progress)
+        self.menu_btn = QToolButton()
+        self.menu_btn.setText("Export")
+        self.menu_btn.setAccessibleName("Export conversation")
+        self.menu_btn.setPopupMode(QToolButton.InstantPopup)
+        export_menu = QMenu(self.menu_btn)
+        export_menu.addAction("Export as Markdown…", lambda: self.export_current("md"))
+        export_menu.addAction("Export as JSON…", lambda: self.export_current("json"))
+        self.menu_btn.setMenu(export_menu)
+        t_lay.addWidget(self.menu_btn)
+        self.live_btn = QToolButton()
+        self.live_btn.setText("Live panel")
+        self.live_btn.setCheckable(True)
+        self.live_btn.setAccessibleName("Show live panel")
+        self.live_btn.setToolTip("Timings, speed, context and GPU memory (Ctrl+I)")
+        self.live_btn.toggled.connect(self.set_live_visible)
+        t_lay.addWidget(self.live_btn)
+        self.settings_btn = QToolButton()
+        self.settings_btn.setText("Settings")
+        self.settings_btn.setAccessibleName("Settings")
+        self.settings_btn.setToolTip("Settings (Ctrl+,)")
+        self.settings_btn.clicked.connect(self.open_settings)
+        t_lay.addWidget(self.settings_btn)
+        c_lay.addWidget(top)
+
+        self.stack = QStackedWidget()
+        self.welcome = WelcomePage()
+        self.welcome.model_chosen.connect(self.use_model)
+        self.stack.addWidget(self.welcome)
+        chat_page = QWidget()
+        p_lay = QVBoxLayout(chat_page)
+        p_lay.setContentsMargins(0, 0, 0, 0)
+        p_lay.setSpacing(0)
+        self.banner = Banner()
+        banner_wrap = QVBoxLayout()
+        banner_wrap.setContentsMargins(16, 10, 16, 0)
+        banner_wrap.addWidget(self.banner)
+        p_lay.addLayout(banner_wrap)
+        self.chat = ChatView(self.renderer, self.theme)
+        self.chat.message_action.connect(self._on_message_action)
+        p_lay.addWidget(self.chat, 1)
+        self.composer = Composer()
+        self.composer.send_requested.connect(self.send_or_stop)
+        self.composer.send_btn.clicked.connect(self.send_or_stop)
+        self.composer.stop_thinking_btn.clicked.connect(self.stop_thinking)
+        comp_row = QHBoxLayout()
+        comp_row.setContentsMargins(24, 8, 24, 16)
+        comp_row.addStretch(1)
+        comp_row.addWidget(self.composer, 100)
+        self.composer.setMaximumWidth(900)
+        comp_row.addStretch(1)
+        p_lay.addLayout(comp_row)
+        self.stack.addWidget(chat_page)
+        self.chat_page = chat_page
+        c_lay.addWidget(self.stack, 1)
+        splitter.addWidget(center)
+
+        self.live = LivePanel(self.theme)
+        self.live.hide()
+        splitter.addWidget(self.live)
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setStretchFactor(2, 0)
+        splitter.setSizes([250, 800, 300])
+        self.setCentralWidget(splitter)
+        self.statusBar().setSizeGripEnabled(True)
+        self.statusBar().hide()
+
+    def _shortcuts(self) -> None:
+        def sc(keys, fn):
+            s = QShortcut(QKeySequence(keys), self)
+            s.setContext(Qt.WindowShortcut)
+            s.activated.connect(fn)
+            return s
+
+        sc("Ctrl+N", self.new_chat)
+        sc("Ctrl+K", self.focus_search)
+        sc("Ctrl+F", self.focus_search)
+        sc("Ctrl+,", self.open_settings)
+        sc("Ctrl+I", lambda: self.live_btn.toggle())
+        sc("Escape", self.escape)
+
+    def _make_renderer(self) -> MarkdownRenderer:
+        px = self.settings.font_size * 96 / 72  # point size -> logical pixels for math images
+        dpr = QGuiApplication.primaryScreen().devicePixelRatio() if QGuiApplication.primaryScreen() else 1.0
+        mono = "'JetBrains Mono', 'Cascadia Code', Consolas, 'DejaVu Sans Mono', monospace"
+        return MarkdownRenderer(self.theme, px, dpr, mono)
+
+    # ------------------------------------------------------------------ state restore / theme
+    def _restore(self) -> None:
+        geo = self.qs.value("window/geometry")
+        if isinstance(geo, (QByteArray, bytes)):
+            self.restoreGeometry(QByteArray(geo))
+        else:
+            self.resize(1280, 820)
+        self.live_btn.setChecked(self.qs.value("window/live_panel", "false") in (True, "true"))
+        self.refresh_list()
+        last = self.qs.value("window/last_conversation")
+        try:
+            last = int(last) if last is not None else None
+        except (TypeError, ValueError):
+            last = None
+        if last is not None and self.store.conversation(last):
+            self.open_conversation(last)
+        else:
+            self.new_chat()
+        self.stack.setCurrentWidget(self.chat_page if self.settings.model_path else self.welcome)
+
+    def apply_theme(self) -> None:
+        self.theme = themes.resolve(self.settings.theme)
+        themes.apply(QApplication.instance(), self.theme, self.settings.font_size)
+        self.renderer = self._make_renderer()
+        self.chat.set_renderer(self.renderer, self.theme)
+        self.live.set_theme(self.theme)
+        if self.conv_id is not None and self.stream is None:
+            self.open_conversation(self.conv_id, keep_scroll=True)
+
+    # ------------------------------------------------------------------ engine
+    def start_engine(self) -> None:
+        """Create the worker thread (cheap) and load the configured model; torch is imported over there."""
+        if self.host is None:
+            self.host = EngineHost(self)
+            w = self.host.worker
+            w.stage.connect(self._on_stage)
+            w.progress.connect(self._on_progress)
+            w.ready.connect(self._on_ready)
+            w.delta.connect(self._on_delta)
+            w.finished.connect(self._on_finished)
+            w.failed.connect(self._on_failed)
+        if not self.settings.model_path:
+            self.stack.setCurrentWidget(self.welcome)
+            self.welcome.scan()
+            return
+        self.stack.setCurrentWidget(self.chat_page)
+        self.engine_state = "loading"
+        self._set_status("Starting…", busy=True)
+        self.host.load(self.settings.model_path, self.settings.device, self.settings.context_length,
+                       self.settings.dtype())
+
+    def use_model(self, path: str) -> None:
+        self.settings.model_path = path
+        self.settings.save(self.qs)
+        self.welcome.show_error("")
+        self.banner.hide()
+        self.start_engine()
+
+    def _on_stage(self, stage: str) -> None:
+        text = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…"}[stage]
+        self.engine_state = {"importing": "loading", "loading": "loading", "warming": "warming"}[stage]
+        self._set_status(text, busy=True)
+        if stage == "warming":
+            self.progress.setRange(0, 0)  # indeterminate: warm-up has no byte count
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(int(1000 * done / total) if total else 0)
+        self.status_label.setText(f"Loading model… {done / 2**30:.2f} / {total / 2**30:.2f} GB")
+
+    def _on_ready(self, info: dict) -> None:
+        self.engine_state = "ready"
+        self.engine_info = info
+        self.chat.assistant_name = _model_title(info.get("model_name", "Assistant"))
+        dev = "CPU" if info.get("device") == "cpu" else info.get("device_name", "GPU")
+        self._set_status(f"Ready · {self.chat.assistant_name} · {dev}", busy=False)
+        self.live.set_engine(info)
+        if self.banner.kind in ("load", "no_gpu", "oom_load"):
+            self.banner.hide()
+        if info.get("device") == "cpu" and self.settings.device == "cpu":
+            self.banner.show_message("cpu", "Running on the CPU: replies will be much slower than on an NVIDIA GPU.")
+        self._update_composer()
+        self.engine_ready.emit(info)
+
+    def _set_status(self, text: str, busy: bool) -> None:
+        self.status_label.setText(text)
+        self.progress.setVisible(busy)
+        if busy:
+            self.progress.setRange(0, 0)
+        self._update_composer()
+
+    # ------------------------------------------------------------------ conversations
+    def refresh_list(self) -> None:
+        query = self.search.text()
+        self.conv_list.blockSignals(True)
+        self.conv_list.clear()
+        for c in self.store.conversations(query):
+            item = QListWidgetItem(c["title"])
+            item.setData(Qt.UserRole, c["id"])
+            item.setToolTip(c["title"])
+            self.conv_list.addItem(item)
+            if c["id"] == self.conv_id:
+                item.setSelected(True)
+                self.conv_list.setCurrentItem(item)
+        self.conv_list.blockSignals(False)
+
+    def _on_list_selection(self) -> None:
+        items = self.conv_list.selectedItems()
+        if items:
+            cid = items[0].data(Qt.UserRole)
+            if cid != self.conv_id:
+                self.open_conversation(cid)
+
+    def new_chat(self) -> None:
+        if self.stream is not None:
+            return  # one reply at a time; Esc stops it first
+        self.conv_id = None
+        self.chat.clear()
+        self.title_label.setText("New chat")
+        self.conv_list.clearSelection()
+        self.banner.hide() if self.banner.kind == "context_full" else None
+        self.composer.edit.setFocus()
+
+    def open_conversation(self, conv_id: int, keep_scroll: bool = False) -> None:
+        if self.stream is not None and conv_id != self.conv_id:
+            self.refresh_list()  # keep the selection on the conversation that is replying
+            return
+        conv = self.store.conversation(conv_id)
+        if conv is None:
+            return
+        pos = self.chat.verticalScrollBar().value()
+        self.conv_id = conv_id
+        self.title_label.setText(conv["title"])
+        self.chat.clear()
+        for m in self.store.messages(conv_id):
+            if m["role"] != "system":
+                self.chat.add_message(m)
+        if keep_scroll:
+            QTimer.singleShot(0, lambda: self.chat.verticalScrollBar().setValue(pos))
+        else:
+            self.chat.scroll_to_bottom()
+        self.qs.setValue("window/last_conversation", conv_id)
+        if self.conv_list.currentItem() is None or self.conv_list.currentItem().data(Qt.UserRole) != conv_id:
+            self.refresh_list()
+
+    def rename_conversation(self, conv_id: int) -> None:
+        conv = self.store.conversation(conv_id)
+        if not conv:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=conv["title"])
+        if ok and title.strip():
+            self.store.rename(conv_id, title)
+            if conv_id == self.conv_id:
+                self.title_label.setText(title.strip())
+            self.refresh_list()
+
+    def delete_conversation(self, conv_id: int, confirm: bool = True) -> None:
+        if self.stream is not None and conv_id == self.conv_id:
+            return
+        if confirm and QMessageBox.question(self, "Delete chat", "Delete this chat? This cannot be undone.") \
+                != QMessageBox.Yes:
+            return
+        self.store.delete_conversation(conv_id)
+        if conv_id == self.conv_id:
+            self.new_chat()
+        self.refresh_list()
+
+    def _list_menu(self, pos) -> None:
+        item = self.conv_list.itemAt(pos)
+        if item is None:
+            return
+        cid = item.data(Qt.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename_conversation(cid))
+        menu.addAction("Export as Markdown…", lambda: self.export_conversation(cid, "md"))
+        menu.addAction("Export as JSON…", lambda: self.export_conversation(cid, "json"))
+        menu.addSeparator()
+        menu.addAction("Delete…", lambda: self.delete_conversation(cid))
+        menu.exec(self.conv_list.mapToGlobal(pos))
+
+    def export_current(self, fmt: str) -> None:
+        if self.conv_id is not None:
+            self.export_conversation(self.conv_id, fmt)
+
+    def export_conversation(self, conv_id: int, fmt: str, path: str | None = None) -> str | None:
+        conv = self.store.conversation(conv_id)
+        if conv is None:
+            return None
+        if path is None:
+            safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv["title"]).strip() or "chat"
+            filt = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe}.{fmt}", filt)
+            if not path:
+                return None
+        text = self.store.export_markdown(conv_id) if fmt == "md" else self.store.export_json(conv_id)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    # ------------------------------------------------------------------ sending
+    def send_or_stop(self) -> None:
+        if self.stream is not None:
+            self.stop()
+        else:
+            self.send()
+
+    def send(self, text: str | None = None) -> bool:
+        text = (self.composer.text() if text is None else text).strip()
+        if not text or self.stream is not None:
+            return False
+        if self.engine_state != "ready":
+            self.banner.show_message("not_ready", "The model is not ready yet; your message is kept in the box.")
+            return False
+        if self.editing_msg_id is not None and self.conv_id is not None:
+            self.store.delete_from(self.conv_id, self.editing_msg_id)  # edit & resend replaces the tail
+            self.chat.remove_from(self.editing_msg_id)
+            self._set_editing(None)
+        if self.conv_id is None:
+            title = " ".join(text.split())[:48] + ("…" if len(text) > 48 else "")
+            self.conv_id = self.store.create_conversation(title)
+            self.title_label.setText(title)
+            self.qs.setValue("window/last_conversation", self.conv_id)
+        msg_id = self.store.add_message(self.conv_id, "user", text)
+        self.chat.add_message(self.store.message(msg_id))
+        self.composer.edit.clear()
+        self.refresh_list()
+        self._start_reply()
+        return True
+
+    def _history(self) -> list[dict]:
+        msgs = []
+        if self.settings.system_prompt.strip():
+            msgs.append({"role": "system", "content": self.settings.system_prompt.strip()})
+        for m in self.store.messages(self.conv_id):
+            if m["role"] == "user":
+                msgs.append({"role": "user", "content": m["content"]})
+            elif m["role"] == "assistant":  # only the answer goes back into the prompt, as DeepSeek advises
+                msgs.append({"role": "assistant", "content": m["answer"] if m["reasoning"] else m["content"]})
+        return msgs
+
+    def sampling(self) -> dict:
+        s = self.settings.sampling()
+        if self.max_new_override:
+            s["max_new_tokens"] = self.max_new_override
+        return s
+
+    def _start_reply(self) -> None:
+        from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
+
+        history = self._history()
+        settings = self.sampling()
+        self.reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", complete=False, settings=settings)
+        widget = self.chat.add_message(self.store.message(self.reply_msg_id))
+        self.chat.scroll_to_bottom()
+        self.stream = ReplyStream(widget)
+        self.live.start_reply()
+        self.control = GenerationControl()
+        self._last_saved = ""
+        self.banner.hide() if self.banner.kind in ("not_ready", "generate", "oom", "context_full") else None
+        self.gen_id = self.host.generate(history, settings, self.control)
+        self.save_timer.start()
+        self._update_composer()
+
+    def stop(self) -> None:
+        if self.control is not None:
+            self.control.cancel()
+
+    def stop_thinking(self) -> None:
+        if self.control is not None and self.stream is not None and not self.stream.answer:
+            self.control.stop_thinking()
+            self.composer.stop_thinking_btn.setEnabled(False)
+
+    def escape(self) -> None:
+        if self.stream is not None:
+            self.stop()
+        elif self.editing_msg_id is not None:
+            self._set_editing(None)
+            self.composer.edit.clear()
+
+    def _on_delta(self, gen_id: int, text: str, kind: str) -> None:
+        if gen_id != self.gen_id or self.stream is None:
+            return
+        was_thinking = self.stream.answer == ""
+        self.stream.feed(text, kind)
+        self.live.on_delta(kind)
+        if was_thinking and (kind == "answer" or self.stream.reasoning == text):
+            self._update_composer()
+
+    def _save_partial(self) -> None:
+        s = self.stream
+        if s is None or self.reply_msg_id is None:
+            return
+        content = _content(s.reasoning, s.answer)
+        if content != self._last_saved:
+            self.store.update_message(self.reply_msg_id, content=content, reasoning=s.reasoning, answer=s.answer)
+            self._last_saved = content
+
+    def _on_finished(self, gen_id: int, result: dict) -> None:
+        if gen_id != self.gen_id or self.stream is None:
+            return
+        stats = dict(result["stats"])
+        if result["reasoning"]:
+            end = stats["first_answer_ms"] if stats.get("first_answer_ms") is not None else stats["total_s"] * 1000
+            stats["thinking_s"] = max(0.0, (end - stats["ttft_ms"]) / 1000)
+        if self.engine_info:
+            stats["model"] = self.engine_info.get("model_name")
+            stats["device"] = self.engine_info.get("device_name")
+        self.store.update_message(self.reply_msg_id, content=result["text"], reasoning=result["reasoning"],
+                                  answer=result["answer"], complete=True, stats=stats)
+        self.store.touch(self.conv_id)
+        msg = self.store.message(self.reply_msg_id)
+        self._end_reply(msg)
+        self.live.finish_reply(stats)
+        if stats.get("finish_reason") == "context_full":
+            self._context_full_banner("The conversation has filled the model's context, so the reply was cut off.")
+        self.reply_finished.emit(msg)
+
+    def _on_failed(self, gen_id: int, kind: str, message: str) -> None:
+        if gen_id == 0:
+            return self._on_load_failed(kind, message)
+        if gen_id != self.gen_id or self.stream is None:
+            return
+        s = self.stream
+        if s.reasoning or s.answer:  # keep what was written; say why it stopped
+            self.store.update_message(self.reply_msg_id, content=_content(s.reasoning, s.answer),
+                                      reasoning=s.reasoning, answer=s.answer, complete=True,
+                                      stats={"finish_reason": "error", "error": message})
+            msg = self.store.message(self.reply_msg_id)
+        else:
+            self.store.delete_message(self.reply_msg_id)
+            self.chat.remove(self.reply_msg_id)
+            msg = None
+        self._end_reply(msg)
+        self.live.finish_reply(None)
+        if kind == "context_full":
+            self._context_full_banner(f"This conversation no longer fits in the context: {message}.")
+        elif kind == "oom":
+            self.banner.show_message("oom", f"Out of GPU memory: {message}. The conversation is kept; try a "
+                                            "shorter context length or 4-bit weights.",
+                                     [("Settings…", self.open_settings)])
+        else:
+            self.banner.show_message("generate", f"The reply failed: {message}")
+        self.reply_failed.emit(kind, message)
+
+    def _context_full_banner(self, text: str) -> None:
+        self.banner.show_message("context_full", text + " Start a new chat to continue.",
+                                 [("New chat", self.new_chat)])
+
+    def _end_reply(self, msg: dict | None) -> None:
+        self.save_timer.stop()
+        if self.stream is not None and msg is not None:
+            self.stream.finish(msg)
+        elif self.stream is not None:
+            self.stream.timer.stop()
+            self.stream.label_timer.stop()
+        self.stream = None
+        self.control = None
+        self.reply_msg_id = None
+        self.composer.stop_thinking_btn.setEnabled(True)
+        self._update_composer()
+        self.refresh_list()
+
+    def _on_load_failed(self, kind: str, message: str) -> None:
+        self.engine_state = "failed"
+        self._set_status("Model not loaded", busy=False)
+        if kind == "no_gpu":
+            text = f"{message} r1desk can run on the CPU instead, but replies will be many times slower."
+            self.banner.show_message("no_gpu", text, [("Use CPU (slow)", self.use_cpu),
+                                                      ("Settings…", self.open_settings)])
+        elif kind == "oom":
+            self.banner.show_message("oom_load", f"{message}.", [("Settings…", self.open_settings)])
+        else:
+            self.banner.show_message("load", f"Could not load the model: {message}",
+                                     [("Choose another model…", self.show_welcome), ("Settings…", self.open_settings)])
+            self.welcome.show_error(f"Could not load the model: {message}")
+        self.engine_failed.emit(kind, message)
+
+    def use_cpu(self) -> None:
+        self.settings.device = "cpu"
+        self.settings.save(self.qs)
+        self.banner.hide()
+        self.start_engine()
+
+    def show_welcome(self) -> None:
+        self.stack.setCurrentWidget(self.welcome)
+        self.welcome.scan()
+
+    def _update_composer(self) -> None:
+        generating = self.stream is not None
+        thinking = generating and bool(self.stream.reasoning) and not self.stream.answer
+        self.composer.set_generating(generating, thinking)
+        self.composer.send_btn.setEnabled(generating or self.engine_state == "ready")
+        self.new_btn.setEnabled(not generating)
+
+    # ------------------------------------------------------------------ per-message actions
+    def _on_message_action(self, action: str, msg_id: int) -> None:
+        msg = self.store.message(msg_id)
+        if msg is None:
+            return
+        if action == "copy":
+            w = self.chat.widget_for(msg_id)
+            QGuiApplication.clipboard().setText(w.text_for_copy() if w else msg["content"])
+            return
+        if self.stream is not None:
+            return  # editing history mid-reply would change the reply's prompt under it
+        if action == "delete":
+            self.store.delete_message(msg_id)
+            self.chat.remove(msg_id)
+        elif action == "edit":
+            self._set_editing(msg_id)
+            self.composer.set_text(msg["content"])
+            self.composer.edit.setFocus()
+        elif action == "regenerate":
+            if self.engine_state != "ready":
+                self.banner.show_message("not_ready", "The model is not ready yet.")
+                return
+            self.store.delete_from(self.conv_id, msg_id)
+            self.chat.remove_from(msg_id)
+            self._start_reply()
+
+    def _set_editing(self, msg_id: int | None) -> None:
+        self.editing_msg_id = msg_id
+        self.composer.editing_label.setVisible(msg_id is not None)
+        self.composer.editing_label.setText("Editing a message: sending replaces it and everything after it "
+                                            "(Esc to cancel)")
+
+    # ------------------------------------------------------------------ settings / panel
+    def open_settings(self) -> None:
+        dlg = SettingsDialog(self.settings, self)
+        if dlg.exec() != SettingsDialog.Accepted:
+            return
+        self.apply_settings(dlg.result_settings())
+
+    def apply_settings(self, new: AppSettings) -> None:
+        old = self.settings
+        self.settings = new
+        new.save(self.qs)
+        if (new.theme, new.font_size) != (old.theme, old.font_size):
+            self.apply_theme()
+        if any(getattr(new, k) != getattr(old, k) for k in AppSettings.MODEL_KEYS) and self.stream is None:
+            self.start_engine()
+
+    def set_live_visible(self, on: bool) -> None:
+        self.live.setVisible(on)
+        self.live_btn.setAccessibleName("Hide live panel" if on else "Show live panel")
+        self.qs.setValue("window/live_panel", "true" if on else "false")
+        if on:
+            self.live.refresh()
+
+    # ------------------------------------------------------------------ closing
+    def closeEvent(self, event) -> None:
+        """Stop the reply, save it, join the engine thread; all within about two seconds."""
+        if self._closing:
+            event.accept()
+            return
+        self._closing = True
+        self.qs.setValue("window/geometry", self.saveGeometry())
+        if self.conv_id is not None:
+            self.qs.setValue("window/last_conversation", self.conv_id)
+        self.qs.sync()
+        if self.control is not None:
+            self.control.cancel()
+        self._save_partial()
+        joined = True
+        if self.host is not None:
+            joined = self.host.shutdown(1500)
+            # The worker finished (cancelled) before its thread stopped: deliver its queued
+            # deltas and Finished now, so the final text and stats are saved.
+            QApplication.sendPostedEvents(None, 0)
+            QApplication.processEvents()
+        if self.stream is not None and self.reply_msg_id is not None:
+            s = self.stream
+            self.store.update_message(self.reply_msg_id, content=_content(s.reasoning, s.answer),
+                                      reasoning=s.reasoning, answer=s.answer, complete=True,
+                                      stats={"finish_reason": "cancelled"})
+            self._end_reply(None)
+        self.live.timer.stop()
+        event.accept()
+        if not joined and self.hard_exit_on_stuck_thread:
+            # A load that can't be interrupted (a slow disk read, a warm-up) must not keep the process alive:
+            # everything is saved, so leave now rather than hang.
+            self.store.close()
+            os._exit(0)
+
+
+def _content(reasoning: str, answer: str) -> str:
+    if reasoning and answer:
+        return f"{reasoning}</think>\n\n{answer}"
+    return reasoning or answer
+
+
+def _model_title(name: str) -> str:
+    return name.replace("-", " ").replace("_", " ") if len(name) < 48 else name[:45] + "…"

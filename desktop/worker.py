@@ -1,0 +1,190 @@
+"""The engine worker: one long-lived QObject on its own QThread that owns model_loader's Engine.
+
+Why a single thread: CUDA graphs are captured per thread, so load, warm-up and every generate run here.
+Why only queued signals: the GUI thread owns all widgets and the SQLite connection; the worker owns torch.
+The worker imports model_loader (and so torch) lazily inside its slots, on its own thread, so the window is
+on screen before the multi-second torch import starts.
+
+Cancel and stop-thinking do not go through the event queue (the worker is busy in the decode loop and would
+never see a queued call): the GUI calls GenerationControl.cancel()/stop_thinking() directly; both are
+thread-safe flags the engine checks before every token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+
+from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+
+
+class LoadAborted(Exception):
+    """Raised from the load progress callback when the window closes mid-load."""
+
+
+def _asdict(obj):
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+class EngineWorker(QObject):
+    """Lives on the engine thread. Every public signal is delivered to the GUI queued."""
+
+    stage = Signal(str)  # "importing", "loading", "warming"
+    progress = Signal(object, object)  # bytes done, bytes total (Python ints: shards exceed 2**31)
+    ready = Signal(object)  # dict: EngineInfo fields + "memory"
+    delta = Signal(int, str, str)  # generation id, text, "reasoning" | "answer"
+    finished = Signal(int, object)  # generation id, dict(text, reasoning, answer, stats=dict)
+    failed = Signal(int, str, str)  # generation id (0 = load), error kind, one-line message
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None
+        self._abort_load = threading.Event()
+
+    # ------------------------------------------------------------------ load
+    @Slot(object)
+    def load(self, request: dict) -> None:
+        """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto)."""
+        self._abort_load.clear()
+        self.stage.emit("importing")
+        try:
+            from model_loader.engine import Engine  # torch import happens here, off the GUI thread
+            from model_loader.errors import ModelError, OutOfMemoryError
+        except Exception as err:  # a broken torch install must not take the window down
+            self.failed.emit(0, "import", f"could not import the model engine: {err}")
+            return
+        self.engine = None  # drop the old model (and its VRAM) before loading the next
+        self._free_device_memory()
+        device = request.get("device") or "cuda"
+        if device == "cuda" and not self._cuda_available():
+            self.failed.emit(0, "no_gpu", self._no_gpu_message())
+            return
+        last = [0.0]
+
+        def on_progress(done: int, total: int) -> None:
+            if self._abort_load.is_set():
+                raise LoadAborted()
+            now = time.monotonic()
+            if now - last[0] > 0.05 or done >= total:  # ~20 updates/s is plenty for a progress bar
+                last[0] = now
+                self.progress.emit(int(done), int(total))
+
+        self.stage.emit("loading")
+        try:
+            engine = Engine.load(request["spec"], device=device, context_length=int(request.get("context_length", 4096)),
+                                 dtype=request.get("dtype") or None, progress=on_progress)
+            self.stage.emit("warming")
+            engine.warm_up()
+        except LoadAborted:
+            return
+        except OutOfMemoryError as err:
+            self._free_device_memory()
+            self.failed.emit(0, "oom", str(err))
+            return
+        except ModelError as err:
+            self.failed.emit(0, "model", str(err))
+            return
+        except Exception as err:  # anything else is a bug; say so plainly rather than hang on "Loading"
+            traceback.print_exc()
+            self.failed.emit(0, "model", f"could not load the model: {type(err).__name__}: {err}")
+            return
+        self.engine = engine
+        info = _asdict(engine.info)
+        info["memory"] = _asdict(engine.memory())
+        self.ready.emit(info)
+
+    def abort_load(self) -> None:
+        """Thread-safe: make a load in progress stop at its next progress callback."""
+        self._abort_load.set()
+
+    # ------------------------------------------------------------------ generate
+    @Slot(int, object, object, object)
+    def generate(self, gen_id: int, messages: list, settings: dict, control) -> None:
+        from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+        from model_loader.events import Delta, Finished, SamplingSettings
+
+        if self.engine is None:
+            self.failed.emit(gen_id, "not_ready", "the model is not loaded yet")
+            return
+        fields = {f.name for f in dataclasses.fields(SamplingSettings)}
+        sampling = SamplingSettings(**{k: v for k, v in settings.items() if k in fields})
+        try:
+            for event in self.engine.generate(messages, sampling, control):
+                if isinstance(event, Delta):
+                    self.delta.emit(gen_id, event.text, event.kind)
+                elif isinstance(event, Finished):
+                    result = _asdict(event)
+                    result.pop("token_ids", None)  # not needed by the GUI; keeps the signal payload small
+                    self.finished.emit(gen_id, result)
+        except ContextFullError as err:
+            self.failed.emit(gen_id, "context_full", str(err))
+        except OutOfMemoryError as err:
+            self._free_device_memory()
+            self.failed.emit(gen_id, "oom", str(err))
+        except ModelError as err:
+            self.failed.emit(gen_id, "generate", str(err))
+        except Exception as err:
+            traceback.print_exc()
+            self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _cuda_available() -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    @staticmethod
+    def _no_gpu_message() -> str:
+        import torch
+
+        if torch.version.cuda is None:
+            return "This installation of torch is CPU-only, so the GPU cannot be used."
+        return "No usable NVIDIA GPU was found (check the driver)."
+
+    @staticmethod
+    def _free_device_memory() -> None:
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+
+class EngineHost(QObject):
+    """GUI-side owner of the worker thread: turns method calls into queued signals and joins on shutdown."""
+
+    _load_requested = Signal(object)
+    _generate_requested = Signal(int, object, object, object)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("r1desk-engine")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self.thread)
+        self._load_requested.connect(self.worker.load, Qt.QueuedConnection)
+        self._generate_requested.connect(self.worker.generate, Qt.QueuedConnection)
+        self.thread.start()
+        self._next_id = 0
+
+    def load(self, spec: str, device: str, context_length: int, dtype: str | None) -> None:
+        self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype))
+
+    def generate(self, messages: list[dict], settings: dict, control) -> int:
+        self._next_id += 1
+        self._generate_requested.emit(self._next_id, messages, settings, control)
+        return self._next_id
+
+    def shutdown(self, timeout_ms: int = 1500) -> bool:
+        """Stop the thread's event loop after its current job; True if it finished within the timeout."""
+        self.worker.abort_load()
+        self.thread.quit()
+        return self.thread.wait(timeout_ms)
