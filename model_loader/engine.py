@@ -297,7 +297,7 @@ class Engine:
                 if kind == "answer" and first_answer_t is None:
                     first_answer_t = time.perf_counter()
                 (answer_parts if kind == "answer" else reasoning_parts).append(text)
-                yield Delta(text, kind)
+                yield Delta(text, kind, len(tokens))
 
         def done(tok: int):
             if tok in stop_ids:
@@ -379,7 +379,7 @@ class Engine:
             text = trim(kind, text)
             if text:
                 (answer_parts if kind == "answer" else reasoning_parts).append(text)
-                yield Delta(text, kind)
+                yield Delta(text, kind, len(tokens))
 
         t_end = time.perf_counter()
         ttft = (times[0] - t0) if times else 0.0

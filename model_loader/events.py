@@ -53,6 +53,7 @@ class GenerationControl:
 class Delta:
     text: str
     kind: Kind
+    token_count: int = 0  # tokens generated so far in this reply, including the ones behind this text
 
 
 @dataclass

@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory):
 def cpu_engine(tiny_model):
     from model_loader.engine import Engine
 
-    engine = Engine.load(tiny_model, device="cpu", context_length=1024)
+    engine = Engine.load(tiny_model, device="cpu", context_length=4096)
     engine.warm_up()
     return engine
 
