@@ -93,7 +93,20 @@ def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
     b.setToolTip(tip or accessible)
     b.setCursor(Qt.PointingHandCursor)
     b.setFocusPolicy(Qt.TabFocus)
+    b.setProperty("msgaction", True)
     return b
+
+
+def _paragraph_cut(text: str, start: int) -> int:
+    """End of the last finished paragraph (a blank line) after `start` that doesn't split a code fence or a
+    display formula; `start` if there is none yet."""
+    cut = text.rfind("\n\n", start)
+    while cut > start:
+        chunk = text[:cut]
+        if chunk.count("```") % 2 == 0 and chunk.count("$$") % 2 == 0 and chunk.count("\\[") == chunk.count("\\]"):
+            return cut + 2
+        cut = text.rfind("\n\n", start, cut)
+    return start
 
 
 def _fmt_s(seconds: float) -> str:
@@ -122,6 +135,9 @@ class ReasoningBlock(QWidget):
         body_lay.setContentsMargins(12, 6, 10, 6)
         self.text = RichText()
         self.text.setObjectName("ReasoningText")
+        f = self.text.font()
+        f.setPointSizeF(max(8.0, f.pointSizeF() - 1))  # quieter: a size smaller, and the faint colour
+        self.text.setFont(f)
         self.text.setAccessibleName("Reasoning")
         body_lay.addWidget(self.text)
         lay.addWidget(self.body)
@@ -150,6 +166,8 @@ class ReasoningBlock(QWidget):
     def start_stream(self) -> None:
         self.streaming = True
         self.reasoning = ""
+        self._done = 0  # reasoning[:_done] is rendered markdown; the rest is the plain "tail" paragraph
+        self._tail_pos = 0  # document position where the plain tail starts
         self.text.document().setDefaultStyleSheet(self.view.renderer.stylesheet(quiet=True))
         self.text.setPlainText("")
         self._apply_quiet_format()
@@ -157,9 +175,9 @@ class ReasoningBlock(QWidget):
 
     def _apply_quiet_format(self) -> None:
         # Plain streaming text takes its colour from the widget palette: make it the quiet colour.
-        pal = self.text.palette()
         from PySide6.QtGui import QColor, QPalette
 
+        pal = self.text.palette()
         pal.setColor(QPalette.Text, QColor(self.view.theme.faint))
         self.text.setPalette(pal)
 
@@ -167,8 +185,31 @@ class ReasoningBlock(QWidget):
         if not self.reasoning:
             text = text.lstrip("\n")
         self.reasoning += text
-        if text:
-            self.text.append_plain(text)
+
+    def sync(self) -> None:
+        """Paint what streamed since the last frame. Finished paragraphs are rendered once (markdown + math)
+        and appended; only the paragraph still being written is replaced. So each frame costs
+        O(new text), however long the reasoning gets."""
+        cut = _paragraph_cut(self.reasoning, self._done)
+        cursor = QTextCursor(self.text.document())
+        cursor.setPosition(self._tail_pos)
+        cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+        cursor.removeSelectedText()
+        if cut > self._done:
+            rendered = self.view.renderer.render(self.reasoning[self._done:cut].strip(), quiet=True)
+            self.text._images.update(rendered.images)
+            if self._tail_pos > 0:
+                cursor.insertBlock()
+            cursor.insertHtml(rendered.html)
+            self._done = cut
+            self._tail_pos = cursor.position()
+        tail = self.reasoning[self._done:].strip("\n")
+        if tail:  # the paragraph being written: re-rendered each frame (one paragraph: cheap)
+            if self._tail_pos > 0:
+                cursor.insertBlock()
+            rendered = self.view.renderer.render(tail, quiet=True)
+            self.text._images.update(rendered.images)
+            cursor.insertHtml(rendered.html)
 
     def finish_stream(self) -> None:
         self.streaming = False
@@ -277,7 +318,7 @@ class MessageWidget(QFrame):
 
     def set_busy(self, busy: bool) -> None:
         for b in self.buttons.values():
-            b.setEnabled(not busy)
+            b.setVisible(not busy)  # no actions on a reply that is still being written
 
     def text_for_copy(self) -> str:
         return self.answer if self.answer else (self.reasoning_block.reasoning if self.reasoning_block else "")
@@ -474,6 +515,7 @@ class ReplyStream:
         block = self.widget.reasoning_block
         if self._pending_reasoning and block.streaming:
             block.append("".join(self._pending_reasoning))
+            block.sync()
         self._pending_reasoning.clear()
         if self._answer_dirty:
             self._answer_dirty = False

@@ -177,14 +177,14 @@ class GpuMonitor:
 
 class LivePanel(QScrollArea):
     ROWS = [
-        ("reply", "This reply", [("ttft", "Time to first token"), ("tfat", "Time to first answer token"),
-                                 ("split", "Thinking / answering"), ("tokens", "Tokens (reasoning + answer)"),
-                                 ("rate", "Decode tok/s now")]),
+        ("reply", "This reply", [("ttft", "First token"), ("tfat", "First answer token"),
+                                 ("split", "Thinking / answering"), ("tokens", "Tokens think + answer"),
+                                 ("rate", "Decode tok/s")]),
         ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
                                 ("replies", "Replies")]),
-        ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix tokens reused")]),
-        ("memory", "GPU memory", [("device", "Device"), ("weights", "Weights"), ("kv", "KV cache"),
-                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU utilization")]),
+        ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
+        ("memory", "GPU memory", [("weights", "Weights"), ("kv", "KV cache"),
+                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU busy")]),
     ]
 
     def __init__(self, theme, parent=None):
@@ -194,8 +194,8 @@ class LivePanel(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setMinimumWidth(270)
-        self.setMaximumWidth(340)
+        self.setMinimumWidth(290)
+        self.setMaximumWidth(360)
         inner = QWidget()
         inner.setObjectName("LivePanel")
         lay = QVBoxLayout(inner)
@@ -215,6 +215,7 @@ class LivePanel(QScrollArea):
             for i, (name, label) in enumerate(rows):
                 k = QLabel(label)
                 k.setProperty("role", "key")
+                k.setMinimumWidth(k.sizeHint().width())
                 v = QLabel("—")
                 v.setProperty("role", "value")
                 v.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
@@ -225,11 +226,17 @@ class LivePanel(QScrollArea):
                 self.values[name] = v
             lay.addLayout(grid)
             if key == "memory":
+                self.device_label = QLabel("No model loaded")
+                self.device_label.setProperty("role", "key")
+                self.device_label.setWordWrap(True)
+                self.device_label.setAccessibleName("Device")
+                lay.insertWidget(lay.count() - 1, self.device_label)
                 self.membar = MemoryBar()
                 lay.insertWidget(lay.count() - 1, self.membar)
                 self.legend = QLabel()
                 self.legend.setProperty("role", "key")
                 self.legend.setTextFormat(Qt.RichText)
+                self.legend.setWordWrap(True)
                 lay.insertWidget(lay.count() - 1, self.legend)
         self.rate_plot = Sparkline("tok/s across this reply", "tok/s")
         self.latency_plot = Sparkline("TTFT per reply", "ms", bars=True)
@@ -310,7 +317,7 @@ class LivePanel(QScrollArea):
                 answer = s["total_s"] - think - s["ttft_ms"] / 1000
                 v["split"].setText(f"{max(think, 0):.1f} s / {max(answer, 0):.1f} s")
                 v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
-                v["rate"].setText(f"{s['decode_tok_s']:.0f} (avg)")
+                v["rate"].setText(f"{s['decode_tok_s']:.0f} avg")
                 used = s["prompt_tokens"] + s["completion_tokens"]
                 v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
                 v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
@@ -339,7 +346,9 @@ class LivePanel(QScrollArea):
     def _refresh_memory(self) -> None:
         v, m, t = self.values, self.memory, self.theme
         if self.info:
-            v["device"].setText(f"{self.info.get('device_name', '?')} · {self.info.get('dtype', '')}")
+            i = self.info
+            self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')} · "
+                                      f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}")
         if not m:
             return
         weights, kv = m.get("weights_bytes", 0), m.get("kv_cache_bytes", 0)
@@ -356,7 +365,7 @@ class LivePanel(QScrollArea):
         util = util if util is not None else m.get("gpu_utilization_pct")
         v["util"].setText(f"{util} %" if util is not None else "—")
         if on_gpu and total:
-            v["free"].setText(f"{_gib(free)} of {_gib(total)}")
+            v["free"].setText(f"{free / 2**30:.2f} / {total / 2**30:.1f} GiB")
             outside = max(0, total - free - weights - kv - other)  # other processes, CUDA context
             parts = [("Weights", weights, QColor(t.plot_a)), ("KV cache", kv, QColor(t.plot_b)),
                      ("Other torch", other, QColor("#8e6cd8")), ("Other", outside, QColor(t.faint)),

@@ -87,6 +87,12 @@ class MarkdownRenderer:
     def __init__(self, theme: Theme, font_px: float, dpr: float = 1.0, mono: str = "monospace"):
         self.theme, self.font_px, self.dpr, self.mono = theme, font_px, dpr, mono
         self._formatter = HtmlFormatter(nowrap=True, noclasses=True, style=theme.pygments)
+        from PySide6.QtGui import QFont, QFontMetricsF
+        from PySide6.QtWidgets import QApplication
+
+        font = QFont(QApplication.font())
+        font.setPixelSize(max(1, round(font_px)))
+        self.x_height = QFontMetricsF(font).xHeight()  # for putting math baselines on the text baseline
         self.md = MarkdownIt("commonmark", {"html": False, "breaks": False}).enable(["table", "strikethrough"])
         # markdown-it binds render rules to its renderer, so route through a closure to reach self.
         rule = lambda _renderer, tokens, idx, options, env: self._fence(tokens, idx, options, env)  # noqa: E731
@@ -115,11 +121,13 @@ class MarkdownRenderer:
                                      f'style="border-collapse: collapse; border-color: {self.theme.border};">')
         result = Rendered("", env["code"])
         color = self.theme.faint if quiet else self.theme.text
-        size = self.font_px * (0.95 if quiet else 1.0)
+        # mathtext's italic letters come out a little smaller than the body font's: scale up to match.
+        size = self.font_px * (0.95 if quiet else 1.0) * 1.08
 
         def image_html(n: int) -> str:
             tex, display = formulas[n]
-            img = render_image(tex, color, size * (1.1 if display else 1.0), self.dpr)
+            img = render_image(tex, color, size * (1.1 if display else 1.0), self.dpr,
+                               self.x_height * (0.95 if quiet else 1.0))
             if img is None:  # mathtext can't parse it: show the source rather than nothing
                 src = f"$${tex}$$" if display else f"${tex}$"
                 return f"<code>{html.escape(src)}</code>"
@@ -127,7 +135,7 @@ class MarkdownRenderer:
             url = f"math:{abs(hash((tex, display, color, size, self.dpr))):x}"
             result.images[url] = img
             w, h = round(img.width() / self.dpr), round(img.height() / self.dpr)
-            return f'<img src="{url}" width="{w}" height="{h}" style="vertical-align: middle;" />'
+            return f'<img src="{url}" width="{w}" height="{h}" align="middle" />'
 
         # A display formula alone in its paragraph is centred like LaTeX would.
         out = re.sub(r"<p>\s*R1MATH(\d+)Z\s*</p>",

@@ -60,36 +60,68 @@ def _balanced(text: str, start: int) -> tuple[str | None, int]:
 
 
 @lru_cache(maxsize=512)
-def render_png(tex: str, color: str, font_px: float, dpr: float) -> tuple[bytes, bool] | None:
-    """PNG bytes of the formula (drawn at dpr x scale), plus whether it is boxed; None if mathtext fails."""
+def render_png(tex: str, color: str, font_px: float, dpr: float) -> tuple[bytes, bool, float, float] | None:
+    """(PNG bytes drawn at dpr x scale, boxed, height, depth in logical px); None if mathtext fails."""
     source, boxed = normalize(tex)
     if not source:
         return None
-    from matplotlib import mathtext  # lazy: a few hundred ms, only paid when a reply contains math
+    import matplotlib  # lazy: a few hundred ms, only paid when a reply contains math
+    from matplotlib import mathtext
     from matplotlib.font_manager import FontProperties
 
     buf = io.BytesIO()
     try:
         # font size in points at dpi 72 * dpr == font_px logical pixels at the screen's pixel ratio
         prop = FontProperties(size=font_px, math_fontfamily="dejavusans")
-        mathtext.math_to_image(f"${source}$", buf, prop=prop, dpi=72 * dpr, format="png", color=color)
+        with matplotlib.rc_context({"savefig.transparent": True}):  # themes differ: never paint a background
+            mathtext.math_to_image(f"${source}$", buf, prop=prop, dpi=72 * dpr, format="png", color=color)
+        # The same layout math_to_image uses, for the baseline: depth = how far the formula hangs below it.
+        parsed = mathtext.MathTextParser("path").parse(f"${source}$", dpi=72, prop=prop)
     except Exception:  # ValueError for a parse error; anything else is also "show the source instead"
         return None
-    return buf.getvalue(), boxed
+    return buf.getvalue(), boxed, float(parsed.height), float(parsed.depth)
 
 
-def render_image(tex: str, color: str, font_px: float, dpr: float) -> QImage | None:
+def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: float | None = None) -> QImage | None:
+    """The formula as an image padded so that, placed with QTextDocument's "vertical-align: middle", its
+    baseline sits on the text's baseline (Qt centres such images x_height/4 above the baseline)."""
     got = render_png(tex, color, font_px, dpr)
     if got is None:
         return None
-    png, boxed = got
+    png, boxed, height, depth = got
     img = QImage.fromData(png, "PNG")
     if img.isNull():
         return None
+    pad = 0
     if boxed:
         img = _draw_box(img, color, dpr)
+        pad = 5
+    h = img.height() / dpr
+    # mathtext's reported height overshoots where it draws the baseline by about a pixel (measured against
+    # body text in a QTextDocument: this lands letters on the text baseline within a pixel).
+    baseline_from_top = pad + height - depth - 1
+    xh = x_height if x_height is not None else 0.53 * font_px
+    # Qt: ascent = (H + xh/2) / 2 for an image of height H. Pad bottom (b) or top (t) so that
+    # ascent == baseline_from_top + t, i.e. b - t = 2 * baseline_from_top - h - xh/2.
+    diff = 2 * baseline_from_top - h - xh / 2
+    img = _pad(img, top=max(0.0, -diff) * dpr, bottom=max(0.0, diff) * dpr)
     img.setDevicePixelRatio(dpr)
     return img
+
+
+def _pad(img: QImage, top: float, bottom: float) -> QImage:
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QPainter
+
+    t, b = round(top), round(bottom)
+    if t == 0 and b == 0:
+        return img
+    out = QImage(img.width(), img.height() + t + b, QImage.Format_ARGB32_Premultiplied)
+    out.fill(Qt.transparent)
+    p = QPainter(out)
+    p.drawImage(0, t, img)
+    p.end()
+    return out
 
 
 def _draw_box(img: QImage, color: str, dpr: float) -> QImage:

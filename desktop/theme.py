@@ -105,7 +105,7 @@ def stylesheet(t: Theme, font_pt: int) -> str:
     #LivePanel QLabel[role="key"] {{ color: {t.muted}; }}
     #TopBar {{ background: {t.window}; border-bottom: 1px solid {t.border}; }}
     #TopBar QLabel#ChatTitle {{ font-weight: 600; }}
-    #ChatArea, #ChatArea > QWidget > QWidget {{ background: {t.base}; }}
+    #ChatArea, #ChatArea > QWidget > QWidget, #ChatPage {{ background: {t.base}; }}
     #Composer {{ background: {t.base}; border: 1px solid {t.border}; border-radius: 12px; }}
     #Composer QPlainTextEdit {{ background: transparent; border: none; }}
     QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
@@ -120,7 +120,9 @@ def stylesheet(t: Theme, font_pt: int) -> str:
         font-weight: 600; }}
     QPushButton[primary="true"]:disabled {{ background: {t.border}; border-color: {t.border}; color: {t.faint}; }}
     QPushButton[danger="true"] {{ color: {t.danger}; }}
-    QToolButton {{ border: none; border-radius: 5px; padding: 3px 6px; color: {t.muted}; background: transparent; }}
+    QToolButton {{ border: none; border-radius: 5px; padding: 3px 7px; color: {t.muted}; background: transparent; }}
+    QToolButton[msgaction="true"] {{ font-size: {max(font_pt - 2, 8)}pt; color: {t.faint}; padding: 2px 6px; }}
+    QToolButton::menu-indicator {{ image: none; width: 0; }}
     QToolButton:hover {{ background: {t.border}; color: {t.text}; }}
     QToolButton:checked {{ color: {t.accent}; }}
     QListWidget {{ background: transparent; border: none; outline: none; }}

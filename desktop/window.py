@@ -78,9 +78,10 @@ class Composer(QFrame):
 
     def _grow(self) -> None:
         # Grow with the text up to ~8 lines, then scroll inside.
-        lines = max(1, min(8, int(self.edit.document().size().height())))
+        lines = max(1, int(self.edit.document().size().height()))
         line_h = self.edit.fontMetrics().lineSpacing()
-        self.edit.setFixedHeight(lines * line_h + 14)
+        self.edit.setVerticalScrollBarPolicy(Qt.ScrollBarAsNeeded if lines > 8 else Qt.ScrollBarAlwaysOff)
+        self.edit.setFixedHeight(min(lines, 8) * line_h + 16)
 
     def text(self) -> str:
         return self.edit.toPlainText()
@@ -158,12 +159,14 @@ class MainWindow(QMainWindow):
         self.max_new_override = max_new_tokens
         self.store = store
         self.theme = themes.resolve(self.settings.theme)
+        themes.apply(QApplication.instance(), self.theme, self.settings.font_size)  # before widgets exist
         self.renderer = self._make_renderer()
         self.setWindowTitle("r1desk")
         self.setAccessibleName("r1desk")
         self.setMinimumSize(760, 520)
 
         self.host: EngineHost | None = None
+        self.engine_factory = None  # tests: a callable(request, progress) -> engine, instead of Engine.load
         self.engine_state = "none"  # none | loading | warming | ready | failed
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
@@ -224,6 +227,9 @@ class MainWindow(QMainWindow):
         self.conv_list.customContextMenuRequested.connect(self._list_menu)
         self.conv_list.itemSelectionChanged.connect(self._on_list_selection)
         self.conv_list.setTextElideMode(Qt.ElideRight)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.conv_list.setWordWrap(False)
+        self.conv_list.setUniformItemSizes(True)
         s_lay.addWidget(self.conv_list, 1)
         splitter.addWidget(side)
 
@@ -249,7 +255,7 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         t_lay.addWidget(self.progress)
         self.menu_btn = QToolButton()
-        self.menu_btn.setText("Export")
+        self.menu_btn.setText("Export ▾")
         self.menu_btn.setAccessibleName("Export conversation")
         self.menu_btn.setPopupMode(QToolButton.InstantPopup)
         export_menu = QMenu(self.menu_btn)
@@ -277,6 +283,7 @@ class MainWindow(QMainWindow):
         self.welcome.model_chosen.connect(self.use_model)
         self.stack.addWidget(self.welcome)
         chat_page = QWidget()
+        chat_page.setObjectName("ChatPage")
         p_lay = QVBoxLayout(chat_page)
         p_lay.setContentsMargins(0, 0, 0, 0)
         p_lay.setSpacing(0)
@@ -369,6 +376,7 @@ class MainWindow(QMainWindow):
         """Create the worker thread (cheap) and load the configured model; torch is imported over there."""
         if self.host is None:
             self.host = EngineHost(self)
+            self.host.worker.engine_factory = self.engine_factory
             w = self.host.worker
             w.stage.connect(self._on_stage)
             w.progress.connect(self._on_progress)

@@ -41,6 +41,7 @@ class EngineWorker(QObject):
     def __init__(self):
         super().__init__()
         self.engine = None
+        self.engine_factory = None  # tests/screenshots: callable(request, progress) -> engine-like object
         self._abort_load = threading.Event()
 
     # ------------------------------------------------------------------ load
@@ -58,7 +59,7 @@ class EngineWorker(QObject):
         self.engine = None  # drop the old model (and its VRAM) before loading the next
         self._free_device_memory()
         device = request.get("device") or "cuda"
-        if device == "cuda" and not self._cuda_available():
+        if self.engine_factory is None and device == "cuda" and not self._cuda_available():
             self.failed.emit(0, "no_gpu", self._no_gpu_message())
             return
         last = [0.0]
@@ -73,8 +74,12 @@ class EngineWorker(QObject):
 
         self.stage.emit("loading")
         try:
-            engine = Engine.load(request["spec"], device=device, context_length=int(request.get("context_length", 4096)),
-                                 dtype=request.get("dtype") or None, progress=on_progress)
+            if self.engine_factory is not None:
+                engine = self.engine_factory(request, on_progress)
+            else:
+                engine = Engine.load(request["spec"], device=device,
+                                     context_length=int(request.get("context_length", 4096)),
+                                     dtype=request.get("dtype") or None, progress=on_progress)
             self.stage.emit("warming")
             engine.warm_up()
         except LoadAborted:

@@ -1,0 +1,96 @@
+"""Regenerate docs/screenshot-*.png: the real window, a scripted R1-style reply (fake engine), offscreen.
+
+    QT_QPA_PLATFORM=offscreen python tests/desktop/make_screenshots.py docs
+
+Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
+open), the reasoning streaming live, and the first-run screen.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from fakes import FakeEngine, factory  # noqa: E402
+
+
+def wait_until(pred, timeout_ms=30000):
+    loop = QEventLoop()
+    timer = QTimer()
+    timer.timeout.connect(lambda: loop.quit() if pred() else None)
+    timer.start(10)
+    QTimer.singleShot(timeout_ms, loop.quit)
+    loop.exec()
+    timer.stop()
+    if not pred():
+        raise TimeoutError("condition not reached")
+
+
+def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True):
+    from desktop.store import Store
+    from desktop.window import MainWindow
+
+    qs = QSettings(str(tmp / f"{theme}.ini"), QSettings.IniFormat)
+    qs.setValue("settings/theme", theme)
+    qs.setValue("window/live_panel", "true")
+    store = Store(tmp / f"{theme}.sqlite3")
+    win = MainWindow(qs, store, model="/models/DeepSeek-R1-Distill-Qwen-1.5B" if with_model else None)
+    win.engine_factory = factory(engine)
+    win.resize(1440, 900)
+    win.show()
+    return win
+
+
+def shoot(win, path: Path) -> None:
+    QApplication.processEvents()
+    win.grab().save(str(path))
+    print("saved", path)
+
+
+def main(out: str) -> None:
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    tmp = Path(tempfile.mkdtemp())
+    for theme in ("light", "dark"):
+        engine = FakeEngine(token_s=0.002)
+        win = make_window(theme, tmp, engine)
+        win.start_engine()
+        wait_until(lambda: win.engine_state == "ready")
+        win.send("What is 1 + 2?")  # an earlier, finished exchange above the one being captured
+        wait_until(lambda: win.stream is None)
+        engine.token_s = 0.02
+        win.send("Prove that the sum of the first n odd numbers is n², and give me Python to check it.")
+        if theme == "light":
+            wait_until(lambda: win.stream is not None and len(win.stream.reasoning) > 330)
+            QTimer.singleShot(300, lambda: None)
+            wait_until(lambda: win.stream.frames > 0)
+            shoot(win, out_dir / "screenshot-thinking-light.png")
+        wait_until(lambda: win.stream is not None and "So for" in win.stream.answer, 60000)
+        win.stream.flush()
+        win.chat.scroll_to_bottom()
+        wait_until(lambda: win.live.reply is not None and len(win.live.reply.rate_series) > 8)
+        shoot(win, out_dir / f"screenshot-{theme}.png")
+        win.stop()
+        wait_until(lambda: win.stream is None)
+        win.close()
+    for var in ("R1DESK_DATA_DIR",):
+        os.environ.pop(var, None)
+    win = make_window("light", tmp / "first", FakeEngine(), with_model=False)
+    (tmp / "first").mkdir(exist_ok=True)
+    win.start_engine()
+    wait_until(lambda: not win.welcome.scanning)
+    shoot(win, out_dir / "screenshot-welcome.png")
+    win.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs")
