@@ -7,26 +7,14 @@ whether or not the tokenizer would add one itself.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from model_loader.chat_template import R1_CHAT_TEMPLATE
 from model_loader.errors import ModelError
+from model_loader.tokenizer import load_tokenizer  # noqa: F401  (re-exported)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-
-
-def load_tokenizer(folder: Path):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except Exception as err:
-        raise ModelError(f"{folder}: could not load the tokenizer ({str(err).splitlines()[0][:200]})",
-                         str(folder)) from err
 
 
 def answer_only(content: str) -> str:

@@ -20,7 +20,8 @@ from typing import Iterator
 
 import torch
 
-from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer, load_tokenizer
+from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
+from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings
 from model_loader.kernels import triton_available

@@ -87,12 +87,16 @@ class Qwen2Model:
                 torch.arange(t, device=self.device)[:, None] + start)
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            # q: [T, Hq, D] -> [T, Hq*D]
-            k = self.k_cache[layer, :, :length].repeat_interleave(group, dim=0)  # [Hq, L, D]
-            v = self.v_cache[layer, :, :length].repeat_interleave(group, dim=0)
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=mask is None,
-                                                 scale=self.scale)
-            return out.transpose(0, 1).reshape(t, -1)
+            # q: [T, Hq, D] -> [T, Hq*D]. 4-D inputs so SDPA can pick its flash kernel (it needs a batch dim).
+            q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+            k = self.k_cache[layer, :, :length][None]  # [1, Hkv, L, D]
+            v = self.v_cache[layer, :, :length][None]
+            if mask is None:  # fresh prompt: causal, no mask, GQA inside the kernel (flash backend)
+                out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:  # after a cached prefix: explicit mask (memory-efficient backend, which wants equal heads)
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+                out = F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=self.scale)
+            return out[0].transpose(0, 1).reshape(t, -1)
 
         return attend
 

@@ -1,0 +1,104 @@
+"""The model folder's tokenizer and chat template, loaded with the `tokenizers` library and a sandboxed Jinja
+environment (what transformers itself uses underneath), so starting the app does not import transformers:
+that import alone costs seconds and was most of the time to ready. Folders without tokenizer.json fall back
+to transformers' AutoTokenizer (local files only, never remote code).
+
+The object exposes the small slice of the transformers tokenizer API the engine uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+from model_loader.errors import ModelError
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _template_from(config: dict) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return template
+
+
+def _jinja_env():
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, **_: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+class FolderTokenizer:
+    """tokenizer.json + tokenizer_config.json (+ chat_template.jinja) of a model folder."""
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config_path = folder / "tokenizer_config.json"
+        config = {}
+        if config_path.is_file():
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        self.chat_template = _template_from(config)
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            self.chat_template = jinja_file.read_text(encoding="utf-8")
+        elif (folder / "chat_template.json").is_file():
+            self.chat_template = _template_from(json.loads((folder / "chat_template.json").read_text("utf-8")))
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self._env = None
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=False, tokenize=False):
+        if self._env is None:
+            self._env = _jinja_env()
+        template = self._env.from_string(chat_template or self.chat_template)
+        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        return self.encode(text) if tokenize else text
+
+
+def load_tokenizer(folder: Path):
+    try:
+        if (folder / "tokenizer.json").is_file():
+            return FolderTokenizer(folder)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except ModelError:
+        raise
+    except Exception as err:
+        first_line = (str(err).splitlines() or [err.__class__.__name__])[0][:200]
+        raise ModelError(f"{folder}: could not load the tokenizer ({first_line})", str(folder)) from err

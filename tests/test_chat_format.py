@@ -1,0 +1,137 @@
+"""Prompt rendering, the streaming detokenizer and the reasoning/answer split, on hand-made inputs."""
+
+import json
+import shutil
+
+import pytest
+
+from model_loader.chat import ChatFormat, ReasoningSplitter, StreamingDetokenizer, answer_only
+from model_loader.tokenizer import FolderTokenizer, load_tokenizer
+
+BOS = "<｜begin▁of▁sentence｜>"
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model):
+    return ChatFormat(load_tokenizer(tiny_model), [151643])
+
+
+def split(stream, in_reasoning=True):
+    s = ReasoningSplitter(in_reasoning)
+    out = []
+    for piece in stream:
+        out += s.feed(piece)
+    out += s.flush()
+    merged = {"reasoning": "", "answer": ""}
+    for kind, text in out:
+        merged[kind] += text
+    return merged, s
+
+
+@pytest.mark.parametrize("stream", [
+    ["Let me think", ".", "\n</think>", "\n\nThe answer is 4."],
+    ["Let me think.\n<", "/th", "ink>\n\nThe answer", " is 4."],
+    ["Let me think.\n</", "think>", "\n\n", "The answer is 4."],
+    ["Let me think.\n</think>\n\nThe answer is 4."],
+    list("Let me think.\n</think>\n\nThe answer is 4."),
+])
+def test_reasoning_split_handles_the_close_tag_split_anywhere(stream):
+    merged, s = split(stream)
+    assert merged["reasoning"] == "Let me think.\n"
+    assert merged["answer"].lstrip("\n") == "The answer is 4."
+    assert not s.in_reasoning
+
+
+def test_reply_that_never_closes_its_reasoning_stays_reasoning():
+    merged, s = split(["I keep thinking", " about </thi", "ngs"])
+    assert merged == {"reasoning": "I keep thinking about </things", "answer": ""}
+    assert s.in_reasoning
+
+
+def test_stray_leading_think_tag_is_dropped_and_later_tags_are_text():
+    merged, _ = split(["<th", "ink>\nHmm", " x < y", "</think>ok"])
+    assert merged == {"reasoning": "\nHmm x < y", "answer": "ok"}
+
+
+def test_models_without_reasoning_are_all_answer():
+    merged, _ = split(["Plain </think> answer"], in_reasoning=False)
+    assert merged == {"reasoning": "", "answer": "Plain </think> answer"}
+
+
+@pytest.mark.parametrize("text", ["Hello, world!", "中文字符和日本語のテキスト", "emoji 🎉🦀👩‍👩‍👧 flags 🇯🇵",
+                                  "mixed 数学 ∑ x² ≤ 1 and код на русском"])
+def test_streaming_detokenizer_never_emits_broken_characters(chat, text):
+    ids = chat.encode_plain(text)
+    detok = StreamingDetokenizer(chat.tokenizer)
+    pieces = [detok.add(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+    if "🎉" in text:  # the case has characters split over several tokens, which a naive decode breaks
+        assert any("\ufffd" in chat.tokenizer.decode([i]) for i in ids)
+
+
+def test_prompt_has_one_bos_the_generation_prompt_and_no_old_reasoning(chat):
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "secret reasoning\n</think>\n\nHello!"},
+        {"role": "user", "content": "2+2?"},
+    ]
+    p = chat.render(messages)
+    assert p.text == (f"{BOS}<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>2+2?"
+                      "<｜Assistant｜><think>\n")
+    assert p.starts_in_reasoning
+    assert p.ids.count(151646) == 1 and p.ids[0] == 151646
+    assert 151648 == p.ids[-2]  # <think> is one token
+    assert "secret" not in p.text
+    assert answer_only("a</think>\n\nb") == "b"
+
+
+def test_system_prompt_goes_after_bos(chat):
+    p = chat.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert p.text.startswith(BOS + "Be brief.<｜User｜>Hi")
+
+
+@pytest.mark.parametrize("tokenizer_class,add_bos", [("LlamaTokenizerFast", True), ("Qwen2Tokenizer", False)])
+def test_same_ids_as_transformers_whatever_the_tokenizer_config_says(tiny_model, tmp_path, tokenizer_class, add_bos):
+    """DeepSeek's folder names LlamaTokenizerFast with add_bos_token; transformers 5 loads it as Qwen2Tokenizer
+    and adds no BOS. Our prompt never depends on either: always one BOS, from the template."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(tiny_model / "tokenizer.json", folder)
+    cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    cfg.update(tokenizer_class=tokenizer_class, add_bos_token=add_bos)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    messages = [{"role": "user", "content": "héllo 世界 🎉 <think> literal"}]
+    ours = ChatFormat(FolderTokenizer(folder), [151643]).render(messages)
+    hf = ChatFormat(AutoTokenizer.from_pretrained(folder, local_files_only=True), [151643]).render(messages)
+    assert ours.text == hf.text
+    assert ours.ids == hf.ids
+    assert ours.ids.count(151646) == 1
+
+
+def test_folder_without_template_uses_the_builtin_r1_format(tiny_model, tmp_path):
+    folder = tmp_path / "notemplate"
+    folder.mkdir()
+    shutil.copy(tiny_model / "tokenizer.json", folder)
+    cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    p = ChatFormat(FolderTokenizer(folder), [151643]).render([{"role": "user", "content": "Hi"}])
+    assert p.text == f"{BOS}<｜User｜>Hi<｜Assistant｜><think>\n"
+
+
+def test_old_r1_template_without_think_gets_it_appended(tiny_model, tmp_path):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    shutil.copy(tiny_model / "tokenizer.json", folder)
+    cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = cfg["chat_template"].replace("<think>\\n", "")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    p = ChatFormat(FolderTokenizer(folder), [151643]).render([{"role": "user", "content": "Hi"}])
+    assert p.text.endswith("<｜Assistant｜><think>\n") and p.starts_in_reasoning
+
+
+def test_stop_ids_include_end_of_sentence(chat):
+    assert 151643 in chat.stop_ids
