@@ -151,9 +151,8 @@ class EngineWorker(QObject):
 
     @staticmethod
     def _free_device_memory() -> None:
-        import gc
-
-        gc.collect()
+        # No gc.collect() here: on this thread it could finalize Qt widgets the GUI thread owns (a crash).
+        # Dropping our engine reference frees its tensors; empty_cache returns the blocks to the driver.
         try:
             import torch
 

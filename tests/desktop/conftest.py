@@ -1,0 +1,71 @@
+"""Desktop tests: real widgets offscreen, the tiny random Qwen2 on CPU, and a scripted fake engine where the
+model is beside the point. Every window gets its own settings file and database under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before any QApplication exists
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import fakes`
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from model_loader.testmodel import make_test_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_test_model(path, preset="tiny")
+    return str(path)
+
+
+@pytest.fixture
+def profile(tmp_path, monkeypatch) -> Path:
+    """An isolated user profile: settings + conversations database."""
+    monkeypatch.setenv("R1DESK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("R1DESK_CONFIG_DIR", str(tmp_path / "config"))
+    return tmp_path
+
+
+@pytest.fixture
+def make_window(qtbot, profile):
+    """make_window(model=..., device="cpu", engine=FakeEngine | None, start=True, **settings) -> MainWindow."""
+    from PySide6.QtCore import QSettings
+
+    from desktop.store import Store
+    from desktop.window import MainWindow
+
+    windows = []
+
+    def make(model=None, device="cpu", engine=None, fail_load=None, start=True, wait_ready=True,
+             max_new_tokens=None, **settings):
+        import fakes
+
+        qs = QSettings(str(profile / "config" / "r1desk.ini"), QSettings.IniFormat)
+        for k, v in settings.items():
+            qs.setValue(f"settings/{k}", v)
+        qs.sync()
+        store = Store(profile / "data" / "conversations.sqlite3")
+        if engine is not None and model is None:
+            model = "/models/DeepSeek-R1-Distill-Qwen-1.5B"
+        win = MainWindow(qs, store, model=model, device=device, max_new_tokens=max_new_tokens)
+        if engine is not None or fail_load is not None:
+            win.engine_factory = fakes.factory(engine or fakes.FakeEngine(), fail_load)
+        qtbot.addWidget(win)
+        win.resize(1200, 800)
+        win.show()
+        windows.append(win)
+        if start:
+            win.start_engine()
+            if wait_ready:
+                qtbot.waitUntil(lambda: win.engine_state == "ready", timeout=60000)
+        return win
+
+    yield make
+    for win in windows:
+        if not win._closing:
+            win.close()
+        win.store.close()

@@ -1,0 +1,129 @@
+"""The chat window during a reply: streaming into the view, folding reasoning, stop, stop-thinking, closing."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt
+
+from fakes import ANSWER, REASONING, FakeEngine
+
+
+def _send(qtbot, win, text="Prove it"):
+    win.composer.edit.setPlainText(text)
+    qtbot.keyClick(win.composer.edit, Qt.Key_Return)  # Enter sends
+    assert win.stream is not None
+
+
+def test_tiny_model_reply_streams_into_view_and_store(qtbot, make_window, tiny_model):
+    win = make_window(model=tiny_model, temperature=0.0, max_new_tokens=40)
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as blocker:
+        _send(qtbot, win, "Hello there")
+    msg = blocker.args[0]
+    assert msg["complete"] and msg["stats"]["completion_tokens"] == 40
+    assert msg["settings"]["temperature"] == 0.0 and msg["settings"]["max_new_tokens"] == 40
+    widget = win.chat.widgets[-1]
+    assert widget.reasoning_block.isVisible() and widget.reasoning_block.reasoning == msg["reasoning"]
+    # random weights never close </think>: the reply is all reasoning, shown expanded and labelled as such
+    if not msg["answer"]:
+        assert widget.reasoning_block.expanded()
+        assert "no answer" in widget.reasoning_block.toggle.text()
+    user, assistant = win.store.messages(win.conv_id)
+    assert user["content"] == "Hello there" and assistant["id"] == msg["id"]
+
+
+def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_window):
+    engine = FakeEngine(token_s=0.008)
+    win = make_window(engine=engine)
+    _send(qtbot, win)
+    widget = win.chat.widgets[-1]
+    block = widget.reasoning_block
+    qtbot.waitUntil(lambda: len(block.reasoning) > 40, timeout=10000)
+    assert block.expanded() and block.toggle.text().startswith("Thinking")
+    assert win.composer.stop_thinking_btn.isVisible()
+    assert block.text.toPlainText().strip()  # painted, not only buffered
+    qtbot.waitUntil(lambda: bool(win.stream and win.stream.answer) and win.stream.frames > 0 and
+                    widget.body.isVisible(), timeout=10000)
+    assert not block.expanded() and block.toggle.text().startswith("Thought for")
+    assert not win.composer.stop_thinking_btn.isVisible()
+    with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
+        pass
+    msg = blocker.args[0]
+    assert msg["reasoning"] == REASONING and msg["answer"] == ANSWER
+    assert msg["stats"]["thinking_s"] > 0
+    qtbot.mouseClick(block.toggle, Qt.LeftButton)  # click to expand the folded reasoning
+    assert block.expanded() and block.body.isVisible()
+    assert "perfect squares" in block.text.toPlainText()
+
+
+def test_deltas_are_coalesced_into_frames(qtbot, make_window):
+    engine = FakeEngine(token_s=0.0002)  # ~5000 tok/s: far more deltas than frames
+    win = make_window(engine=engine)
+    deltas = []
+    win.host.worker.delta.connect(lambda *a: deltas.append(a))
+    with qtbot.waitSignal(win.reply_finished, timeout=20000):
+        _send(qtbot, win)
+        stream = win.stream
+    assert len(deltas) > 200
+    assert stream.frames < len(deltas) / 3
+
+
+def test_escape_stops_the_reply_and_keeps_it(qtbot, make_window):
+    engine = FakeEngine(token_s=0.01)
+    win = make_window(engine=engine)
+    _send(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.stream.reasoning) > 20, timeout=10000)
+    with qtbot.waitSignal(win.reply_finished, timeout=10000) as blocker:
+        qtbot.keyClick(win, Qt.Key_Escape)
+    msg = blocker.args[0]
+    assert msg["stats"]["finish_reason"] == "cancelled" and msg["complete"]
+    assert msg["reasoning"] and REASONING.startswith(msg["reasoning"])
+    assert win.composer.send_btn.text() == "Send"
+    assert "stopped" in win.chat.widgets[-1].meta.text()
+
+
+def test_stop_thinking_button_makes_it_answer(qtbot, make_window):
+    engine = FakeEngine(token_s=0.01)
+    win = make_window(engine=engine)
+    _send(qtbot, win)
+    qtbot.waitUntil(lambda: win.composer.stop_thinking_btn.isVisible(), timeout=10000)
+    with qtbot.waitSignal(win.reply_finished, timeout=10000) as blocker:
+        qtbot.mouseClick(win.composer.stop_thinking_btn, Qt.LeftButton)
+    msg = blocker.args[0]
+    assert msg["stats"]["stopped_thinking"] is True
+    assert msg["answer"].startswith("Stopping here") and len(msg["reasoning"]) < len(REASONING)
+    assert "thinking cut short" in win.chat.widgets[-1].meta.text()
+
+
+def test_scroll_stays_pinned_unless_the_user_scrolls_up(qtbot, make_window):
+    engine = FakeEngine(token_s=0.015)
+    win = make_window(engine=engine)
+    win.resize(900, 500)
+    bar = win.chat.verticalScrollBar()
+    _send(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.stream.answer) > 60 and bar.maximum() > 200, timeout=15000)
+    assert bar.value() == bar.maximum()
+    bar.setValue(0)  # the user scrolls up to read
+    top_max = bar.maximum()
+    qtbot.waitUntil(lambda: bar.maximum() > top_max + 50, timeout=15000)
+    assert bar.value() == 0
+    bar.setValue(bar.maximum())  # back at the bottom: follow again
+    grown = bar.maximum()
+    qtbot.waitUntil(lambda: win.stream is None or bar.maximum() > grown, timeout=15000)
+    assert bar.value() == bar.maximum()
+
+
+def test_close_during_reply_saves_it_and_exits_quickly(qtbot, make_window):
+    engine = FakeEngine(token_s=0.01)
+    win = make_window(engine=engine)
+    _send(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.stream.reasoning) > 60, timeout=10000)
+    msg_id = win.reply_msg_id
+    t0 = time.monotonic()
+    win.close()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 2.0
+    assert win.host.thread.isFinished()
+    saved = win.store.message(msg_id)
+    assert saved["complete"] and saved["stats"]["finish_reason"] == "cancelled"
+    assert len(saved["reasoning"]) > 60 and REASONING.startswith(saved["reasoning"])

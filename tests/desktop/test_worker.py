@@ -1,0 +1,127 @@
+"""The engine worker with the real engine (tiny model, CPU): signal order, threads, cancel, stop-thinking."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+
+from desktop.worker import EngineHost
+
+
+@pytest.fixture
+def host(qtbot):
+    h = EngineHost()
+    yield h
+    assert h.shutdown(5000)
+
+
+def _record(host):
+    events = []
+    threads = {}
+    w = host.worker
+    w.stage.connect(lambda s: events.append(("stage", s)))
+    w.progress.connect(lambda d, t: events.append(("progress", d, t)))
+    w.ready.connect(lambda info: events.append(("ready", info)))
+    w.delta.connect(lambda g, t, k: events.append(("delta", g, t, k)))
+    w.finished.connect(lambda g, r: events.append(("finished", g, r)))
+    w.failed.connect(lambda g, k, m: events.append(("failed", g, k, m)))
+    # A direct connection runs in the emitting thread: tells us where the engine work happened.
+    w.delta.connect(lambda *a: threads.setdefault("delta", threading.get_ident()), Qt.DirectConnection)
+    return events, threads
+
+
+def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
+    from model_loader.events import GenerationControl
+
+    events, threads = _record(host)
+    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+        host.load(tiny_model, "cpu", 512, None)
+    kinds = [e[0] if e[0] != "stage" else f"stage:{e[1]}" for e in events]
+    assert kinds[:2] == ["stage:importing", "stage:loading"]
+    assert kinds[-2:] == ["stage:warming", "ready"]
+    progress = [e for e in events if e[0] == "progress"]
+    assert progress and progress[-1][1] == progress[-1][2] > 0  # bytes, ending at the total
+    assert all(a[1] <= b[1] for a, b in zip(progress, progress[1:]))
+    info = events[-1][1]
+    assert info["device"] == "cpu" and info["context_length"] == 512 and "memory" in info
+
+    events.clear()
+    settings = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=24)
+    with qtbot.waitSignal(host.worker.finished, timeout=60000):
+        gen = host.generate([{"role": "user", "content": "Hello"}], settings, GenerationControl())
+    assert [e[0] for e in events][-1] == "finished"
+    assert {e[0] for e in events[:-1]} == {"delta"}  # only deltas before the one finished
+    assert all(e[1] == gen for e in events)
+    result = events[-1][2]
+    streamed = "".join(e[2] for e in events if e[0] == "delta" and e[3] == "reasoning")
+    assert streamed == result["reasoning"]
+    assert result["stats"]["completion_tokens"] == 24
+    assert threads["delta"] != threading.get_ident()  # the engine ran on the worker thread, not the GUI's
+
+
+def test_cancel_stops_the_reply(qtbot, host, tiny_model):
+    from model_loader.events import GenerationControl
+
+    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+        host.load(tiny_model, "cpu", 4096, None)
+    control = GenerationControl()
+    host.worker.delta.connect(lambda *a: control.cancel())  # cancel from the GUI thread at the first delta
+    with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
+        host.generate([{"role": "user", "content": "Count to a thousand"}],
+                      dict(temperature=0.0, max_new_tokens=3000), control)
+    stats = blocker.args[1]["stats"]
+    assert stats["finish_reason"] == "cancelled"
+    assert stats["completion_tokens"] < 3000
+
+
+def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
+    from model_loader.events import GenerationControl
+
+    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+        host.load(tiny_model, "cpu", 1024, None)
+    control = GenerationControl()
+    kinds = []
+    host.worker.delta.connect(lambda g, t, k: (kinds.append(k), control.stop_thinking() if len(kinds) == 3 else None))
+    with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
+        host.generate([{"role": "user", "content": "Think hard"}], dict(temperature=0.0, max_new_tokens=80), control)
+    stats = blocker.args[1]["stats"]
+    assert stats["stopped_thinking"] is True
+    assert "answer" in kinds and kinds.index("answer") >= 3
+
+
+def test_load_errors_are_reported_not_raised(qtbot, host, tmp_path):
+    with qtbot.waitSignal(host.worker.failed, timeout=60000) as blocker:
+        host.load(str(tmp_path), "cpu", 512, None)  # an empty folder
+    gen_id, kind, message = blocker.args
+    assert (gen_id, kind) == (0, "model")
+    assert str(tmp_path) in message and "config.json" in message
+
+
+def test_window_is_shown_before_torch_is_imported(tmp_path, tiny_model):
+    code = f"""
+import os, sys
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+os.environ["R1DESK_DATA_DIR"] = {str(tmp_path)!r}
+os.environ["R1DESK_CONFIG_DIR"] = {str(tmp_path)!r}
+from PySide6.QtWidgets import QApplication
+app = QApplication([])
+from desktop.app import build_window, parse_args
+win = build_window(parse_args(["--model", {tiny_model!r}, "--device", "cpu"]))
+win.show(); app.processEvents()
+assert win.isVisible()
+print("torch imported at show:", "torch" in sys.modules, flush=True)
+win.start_engine()
+from PySide6.QtCore import QTimer
+QTimer.singleShot(60000, app.quit)
+win.engine_ready.connect(lambda info: app.quit())
+app.exec()
+print("ready:", win.engine_state, "torch imported:", "torch" in sys.modules, flush=True)
+win.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "torch imported at show: False" in out.stdout, out.stdout + out.stderr
+    assert "ready: ready torch imported: True" in out.stdout, out.stdout + out.stderr
