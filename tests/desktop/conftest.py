@@ -41,7 +41,7 @@ def make_window(qtbot, profile):
     windows = []
 
     def make(model=None, device="cpu", engine=None, fail_load=None, start=True, wait_ready=True,
-             max_new_tokens=None, **settings):
+             max_new_tokens=None, size=(1200, 800), **settings):
         import fakes
 
         qs = QSettings(str(profile / "config" / "r1desk.ini"), QSettings.IniFormat)
@@ -55,7 +55,8 @@ def make_window(qtbot, profile):
         if engine is not None or fail_load is not None:
             win.engine_factory = fakes.factory(engine or fakes.FakeEngine(), fail_load)
         qtbot.addWidget(win)
-        win.resize(1200, 800)
+        if size:
+            win.resize(*size)
         win.show()
         windows.append(win)
         if start:
