@@ -1,0 +1,173 @@
+"""Every bad model folder gets a one-line message naming the file and the problem, before any tensor is read."""
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from model_loader.engine import Engine
+from model_loader.errors import ModelError
+from model_loader.locate import resolve_model
+
+
+@pytest.fixture
+def folder(tiny_model, tmp_path):
+    """A fresh copy of the tiny model that a test may break."""
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_model, dst)
+    return dst
+
+
+def edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def expect_error(folder, *fragments, device="cpu"):
+    with pytest.raises(ModelError) as info:
+        Engine.load(folder, device=device)
+    msg = str(info.value)
+    assert "\n" not in msg
+    for fragment in fragments:
+        assert fragment in msg, msg
+    return msg
+
+
+def test_a_good_folder_resolves(folder):
+    assert resolve_model(folder).config.num_hidden_layers == 2
+
+
+def test_missing_folder(tmp_path):
+    expect_error(tmp_path / "nope", "nope", "no such folder")
+
+
+def test_a_file_instead_of_a_folder(folder):
+    expect_error(folder / "config.json", "config.json", "not a folder")
+
+
+def test_missing_config(folder):
+    (folder / "config.json").unlink()
+    expect_error(folder, "config.json", "missing config.json")
+
+
+def test_invalid_config_json(folder):
+    (folder / "config.json").write_text("{ not json")
+    expect_error(folder, "config.json", "invalid config.json")
+
+
+def test_unsupported_architecture(folder):
+    edit_config(folder, architectures=["LlamaForCausalLM"], model_type="llama")
+    expect_error(folder, "config.json", "unsupported architecture LlamaForCausalLM")
+
+
+def test_remote_code_is_refused(folder):
+    edit_config(folder, auto_map={"AutoModelForCausalLM": "modeling_x.Model"})
+    expect_error(folder, "config.json", "never runs remote code")
+
+
+def test_pickle_only_checkpoint_is_refused(folder):
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    expect_error(folder, "pytorch_model.bin", "never unpickles")
+
+
+def test_no_weights(folder):
+    (folder / "model.safetensors").unlink()
+    expect_error(folder, "no *.safetensors weights")
+
+
+def test_missing_shard_listed_in_the_index(folder):
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                  "lm_head.weight": "model-00002-of-00002.safetensors"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    expect_error(folder, "model-00002-of-00002.safetensors", "missing safetensors shard")
+
+
+def test_truncated_shard(folder):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    expect_error(folder, "model.safetensors", "truncated safetensors file")
+
+
+def test_corrupt_header(folder):
+    path = folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8:20] = b"\x00garbage!!!!"
+    path.write_bytes(bytes(data))
+    expect_error(folder, "model.safetensors", "corrupt safetensors header")
+
+
+def test_empty_shard(folder):
+    (folder / "model.safetensors").write_bytes(b"")
+    expect_error(folder, "model.safetensors", "truncated")
+
+
+def _rewrite_without(folder, drop=None, reshape=None):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    if drop:
+        del tensors[drop]
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1].contiguous()
+    save_file(tensors, folder / "model.safetensors")
+
+
+def test_missing_tensor(folder):
+    _rewrite_without(folder, drop="model.layers.1.mlp.down_proj.weight")
+    expect_error(folder, "model.safetensors", "missing tensor model.layers.1.mlp.down_proj.weight")
+
+
+def test_misshaped_tensor(folder):
+    _rewrite_without(folder, reshape="model.layers.0.self_attn.k_proj.weight")
+    expect_error(folder, "model.layers.0.self_attn.k_proj.weight", "has shape [31, 64]", "[32, 64]")
+
+
+def test_config_that_does_not_match_the_weights(folder):
+    edit_config(folder, hidden_size=128)
+    expect_error(folder, "model.safetensors", "config.json implies")
+
+
+def test_no_tokenizer(folder):
+    (folder / "tokenizer.json").unlink()
+    expect_error(folder, "no tokenizer")
+
+
+def test_broken_tokenizer(folder):
+    (folder / "tokenizer.json").write_text("{}")
+    expect_error(folder, "could not load the tokenizer")
+
+
+def test_repo_id_not_in_the_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    expect_error("someone/NotAModel", "someone/NotAModel", "not found in the local Hugging Face cache")
+
+
+def test_repo_id_found_in_the_local_cache(tiny_model, tmp_path, monkeypatch):
+    """A repo id resolves through huggingface_hub's cache layout, offline."""
+    cache = tmp_path / "hub"
+    snap = cache / "models--deepseek-ai--Tiny-R1" / "snapshots" / ("a" * 40)
+    shutil.copytree(tiny_model, snap)
+    (cache / "models--deepseek-ai--Tiny-R1" / "refs").mkdir()
+    (cache / "models--deepseek-ai--Tiny-R1" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    assert resolve_model("deepseek-ai/Tiny-R1").path == snap.resolve()
+
+
+def test_cuda_requested_without_cuda(folder):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # only meaningful where CUDA is absent (CI)
+    expect_error(folder, "CUDA was requested", "CPU-only build", "--device cpu", device="cuda")
