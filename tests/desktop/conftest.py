@@ -49,7 +49,7 @@ def make_window(qtbot, profile):
             qs.setValue(f"settings/{k}", v)
         qs.sync()
         store = Store(profile / "data" / "conversations.sqlite3")
-        if engine is not None and model is None:
+        if (engine is not None or fail_load is not None) and model is None:
             model = "/models/DeepSeek-R1-Distill-Qwen-1.5B"
         win = MainWindow(qs, store, model=model, device=device, max_new_tokens=max_new_tokens)
         if engine is not None or fail_load is not None:
