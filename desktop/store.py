@@ -15,13 +15,13 @@ from pathlib import Path
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: order and "this message and after" rely on it
     title TEXT NOT NULL,
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: order and "this message and after" rely on it
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
     content TEXT NOT NULL DEFAULT '',     -- what the model wrote: reasoning + '</think>' + answer

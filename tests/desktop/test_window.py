@@ -1,0 +1,182 @@
+"""Window interaction: keyboard, conversation list, per-message actions, settings, theme, live panel, first run."""
+
+from __future__ import annotations
+
+import shutil
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QAbstractButton, QApplication, QInputDialog, QLineEdit, QListWidget, QPlainTextEdit,
+                               QWidget)
+
+from desktop.settings import AppSettings, SettingsDialog
+from desktop.theme import DARK
+from fakes import ANSWER, FakeEngine
+
+
+def _reply(qtbot, win, text):
+    with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
+        assert win.send(text)
+    return blocker.args[0]
+
+
+def test_keyboard(qtbot, make_window):
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    edit = win.composer.edit
+    edit.setFocus()
+    qtbot.keyClicks(edit, "line one")
+    qtbot.keyClick(edit, Qt.Key_Return, Qt.ShiftModifier)  # Shift+Enter: a new line, not a send
+    qtbot.keyClicks(edit, "line two")
+    assert win.stream is None and edit.toPlainText() == "line one\nline two"
+    with qtbot.waitSignal(win.reply_finished, timeout=20000):
+        qtbot.keyClick(edit, Qt.Key_Return)
+    assert win.store.messages(win.conv_id)[0]["content"] == "line one\nline two" and edit.toPlainText() == ""
+    qtbot.keyClick(win, Qt.Key_N, Qt.ControlModifier)
+    assert win.conv_id is None and not win.chat.widgets
+    for key in (Qt.Key_K, Qt.Key_F):
+        edit.setFocus()
+        qtbot.keyClick(win, key, Qt.ControlModifier)
+        assert QApplication.focusWidget() is win.search
+    opened = []
+
+    def close_dialog():
+        dlg = QApplication.activeModalWidget()
+        opened.append(type(dlg).__name__)
+        dlg.reject()
+
+    QTimer.singleShot(0, close_dialog)
+    qtbot.keyClick(win, Qt.Key_Comma, Qt.ControlModifier)
+    assert opened == ["SettingsDialog"]
+
+
+def test_conversation_list_search_rename_delete(qtbot, make_window, monkeypatch):
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    _reply(qtbot, win, "Tell me about pelicans")
+    pelicans = win.conv_id
+    win.new_chat()
+    _reply(qtbot, win, "Integrate x squared")
+    assert win.conv_list.count() == 2
+    win.search.setText("PELICAN")  # search by message text, case-insensitive
+    assert win.conv_list.count() == 1 and win.conv_list.item(0).data(Qt.UserRole) == pelicans
+    win.search.setText("perfect square")  # matches reply text too (both replies contain it)
+    assert win.conv_list.count() == 2
+    win.search.clear()
+    win.conv_list.setCurrentRow(1)  # clicking a chat opens it
+    assert win.conv_id == pelicans and win.chat.widgets[0].answer == "Tell me about pelicans"
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Birds", True))
+    win.rename_conversation(pelicans)
+    assert win.title_label.text() == "Birds" and win.store.conversation(pelicans)["title"] == "Birds"
+    assert "Birds" in [win.conv_list.item(i).text() for i in range(win.conv_list.count())]
+    win.delete_conversation(pelicans, confirm=False)
+    assert win.store.conversation(pelicans) is None and win.conv_list.count() == 1 and win.conv_id is None
+
+
+def test_message_actions_copy_edit_regenerate_delete(qtbot, make_window):
+    engine = FakeEngine(token_s=0.0)
+    win = make_window(engine=engine)
+    _reply(qtbot, win, "first question")
+    user_w, bot_w = win.chat.widgets
+    qtbot.mouseClick(bot_w.buttons["copy"], Qt.LeftButton)
+    assert QGuiApplication.clipboard().text() == ANSWER
+    qtbot.mouseClick(user_w.buttons["copy"], Qt.LeftButton)
+    assert QGuiApplication.clipboard().text() == "first question"
+
+    with qtbot.waitSignal(win.reply_finished, timeout=20000):
+        qtbot.mouseClick(bot_w.buttons["regenerate"], Qt.LeftButton)
+    msgs = win.store.messages(win.conv_id)
+    assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["id"] != bot_w.msg_id
+    assert len(engine.prompts) == 2 and engine.prompts[1] == [{"role": "user", "content": "first question"}]
+
+    qtbot.mouseClick(win.chat.widgets[0].buttons["edit"], Qt.LeftButton)
+    assert win.composer.text() == "first question" and win.composer.editing_label.isVisible()
+    win.composer.edit.setPlainText("edited question")
+    with qtbot.waitSignal(win.reply_finished, timeout=20000):
+        qtbot.keyClick(win.composer.edit, Qt.Key_Return)
+    msgs = win.store.messages(win.conv_id)
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["edited question"] and len(msgs) == 2
+    assert [w.role for w in win.chat.widgets] == ["user", "assistant"]
+
+    _reply(qtbot, win, "second question")
+    # earlier replies go back into the prompt as their answer only, never their reasoning
+    assert engine.prompts[-1][1] == {"role": "assistant", "content": ANSWER}
+    qtbot.mouseClick(win.chat.widgets[-1].buttons["delete"], Qt.LeftButton)
+    assert [m["content"] for m in win.store.messages(win.conv_id)][-1] == "second question"
+    assert len(win.chat.widgets) == 3
+
+
+def test_controls_have_accessible_names(qtbot, make_window):
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    _reply(qtbot, win, "hello")
+    win.live_btn.setChecked(True)
+    missing = [f"{type(w).__name__} {getattr(w, 'text', lambda: '')()!r}"
+               for w in win.findChildren(QWidget)
+               if isinstance(w, (QAbstractButton, QLineEdit, QPlainTextEdit, QListWidget)) and w.isVisible()
+               and not w.accessibleName() and w.objectName() != "qt_scrollarea_viewport"]
+    assert missing == []
+
+
+def test_settings_defaults_and_effect_on_the_next_reply(qtbot, make_window):
+    d = AppSettings()
+    assert (d.temperature, d.top_p, d.system_prompt, d.theme) == (0.6, 0.95, "", "system")
+    dlg = SettingsDialog(d)
+    qtbot.addWidget(dlg)
+    assert dlg.result_settings() == d  # the dialog round-trips every field
+    engine = FakeEngine(token_s=0.0)
+    win = make_window(engine=engine)
+    _reply(qtbot, win, "one")
+    assert engine.prompts[-1][0]["role"] == "user"  # no system prompt by default, as DeepSeek advises
+    new = AppSettings(**{**d.__dict__, "model_path": win.settings.model_path, "device": "cpu", "temperature": 0.3,
+                         "top_k": 20, "max_new_tokens": 512, "system_prompt": "Be brief."})
+    win.apply_settings(new)
+    msg = _reply(qtbot, win, "two")
+    s = engine.settings_seen[-1]
+    assert (s.temperature, s.top_k, s.max_new_tokens) == (0.3, 20, 512)
+    assert msg["settings"]["temperature"] == 0.3  # each reply keeps the settings it was made with
+    assert engine.prompts[-1][0] == {"role": "system", "content": "Be brief."}
+    assert AppSettings.load(win.qs).temperature == 0.3  # persisted
+
+
+def test_dark_theme(qtbot, make_window):
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    _reply(qtbot, win, "hello")
+    win.apply_settings(AppSettings(**{**win.settings.__dict__, "theme": "dark"}))
+    assert QApplication.palette().window().color().name() == DARK.window
+    assert win.renderer.theme is DARK
+    # the conversation was re-rendered with the dark palette (math images included)
+    assert DARK.text in win.chat.widgets[-1].body.document().defaultStyleSheet()
+
+
+def test_live_panel_numbers(qtbot, make_window):
+    win = make_window(engine=FakeEngine(token_s=0.004))
+    win.live_btn.setChecked(True)
+    assert win.live.timer.interval() >= 100  # a few times a second, never per token
+    win.send("hello")
+    v = win.live.values
+    qtbot.waitUntil(lambda: v["rate"].text() not in ("—", "0"), timeout=10000)
+    assert v["ttft"].text().endswith("ms")
+    with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
+        pass
+    s = blocker.args[0]["stats"]
+    win.live.refresh()
+    assert v["ttft"].text() == f"{s['ttft_ms']:.0f} ms"
+    assert v["tokens"].text() == f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}"
+    assert v["ctx"].text().endswith("/ 4,096 (" + f"{100 * (s['prompt_tokens'] + s['completion_tokens']) / 4096:.0f}%)")
+    assert v["replies"].text() == "1" and "ms" in v["ttft_p"].text()
+    assert v["weights"].text() == "3.31 GiB" and v["kv"].text() == "112 MiB"
+    assert len(win.live.rate_plot.values) > 3 and win.live.latency_plot.values == [s["ttft_ms"]]
+
+
+def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_window, tiny_model, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # r1desk's own models folder (platformdirs)
+    shutil.copytree(tiny_model, tmp_path / "xdg" / "r1desk" / "models" / "tiny-r1")
+    win = make_window(model=None, wait_ready=False)
+    assert win.stack.currentWidget() is win.welcome
+    qtbot.waitUntil(lambda: not win.welcome.scanning, timeout=30000)
+    labels = [win.welcome.found.item(i).text() for i in range(win.welcome.found.count())]
+    assert any(label.startswith("tiny-r1") for label in labels)
+    win.welcome.found.setCurrentRow(next(i for i, lb in enumerate(labels) if lb.startswith("tiny-r1")))
+    with qtbot.waitSignal(win.engine_ready, timeout=60000):
+        qtbot.mouseClick(win.welcome.use_btn, Qt.LeftButton)
+    assert win.stack.currentWidget() is win.chat_page
+    assert AppSettings.load(win.qs).model_path.endswith("tiny-r1")  # remembered for the next start
