@@ -146,30 +146,40 @@ def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ou
     return report
 
 
-def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs: int = 5, device: str | None = None,
-              context: int = 4096, compare: str | None = None, temperature: float = 0.0,
-              use_triton: bool | None = None, dtype: str | None = None) -> dict:
+def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device, context: int,
+              temperature: float, use_triton, dtype) -> tuple[Engine, dict, list[int], list[int]]:
+    """Load + warm up (timed: time to ready) and the timed runs, for one model folder."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     engine = Engine.load(model, device=device, context_length=context, use_triton=use_triton, dtype=dtype)
     t_load = time.perf_counter() - t0
     engine.warm_up()
     ready = time.perf_counter() - t0
     prompt = bench_prompt(engine, prompt_tokens)
-    if engine.model.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     ours = run_ours(engine, prompt, new_tokens, runs, temperature)
     mem = engine.memory()
     result = {
         "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
+        "quantization": engine.info.quantization,
         "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
         "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
         "context_length": engine.info.context_length,
-        "load_s": t_load, "load_breakdown": engine.info.load_breakdown, "warmup_s": engine.info.warmup_s, "ready_s": ready,
+        "load_s": t_load, "load_breakdown": engine.info.load_breakdown, "warmup_s": engine.info.warmup_s,
+        "ready_s": ready,
         "weights_gib": mem.weights_bytes / 2**30, "kv_cache_gib": mem.kv_cache_bytes / 2**30,
         "peak_vram_gib": mem.peak_allocated_bytes / 2**30, "reserved_vram_gib": mem.torch_reserved_bytes / 2**30,
     }
     token_ids = ours.pop("token_ids")
     result.update(ours)
+    return engine, result, prompt, token_ids
+
+
+def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs: int = 5, device: str | None = None,
+              context: int = 4096, compare: str | None = None, temperature: float = 0.0,
+              use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None) -> dict:
+    engine, result, prompt, token_ids = bench_one(model, prompt_tokens, new_tokens, runs, device, context,
+                                                  temperature, use_triton, dtype)
     if compare == "hf":
         hf = compare_hf(engine, prompt, new_tokens, runs, token_ids)
         result["compare_hf"] = hf
@@ -177,6 +187,16 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
             if hf.get(name, {}).get("decode_tok_s_p50"):
                 result[f"speedup_vs_{name}"] = result["decode_tok_s_p50"] / hf[name]["decode_tok_s_p50"]
                 result[f"ttft_ratio_vs_{name}"] = hf[name]["ttft_ms_p50"] / result["ttft_ms_p50"]
+    if awq:
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        engine, q, _, _ = bench_one(awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton,
+                                    None)
+        q["decode_speedup_vs_dense"] = q["decode_tok_s_p50"] / result["decode_tok_s_p50"]
+        q["weights_ratio_vs_dense"] = q["weights_gib"] / result["weights_gib"]
+        result["awq"] = q
     return result
 
 
@@ -193,6 +213,12 @@ def format_bench(r: dict) -> str:
         f"memory     weights {r['weights_gib']:.2f} GiB, KV cache {r['kv_cache_gib']:.2f} GiB, "
         f"peak allocated {r['peak_vram_gib']:.2f} GiB",
     ]
+    q = r.get("awq")
+    if q:
+        lines.append(f"AWQ {q['model']} ({q['quantization']}): ready {q['ready_s']:.2f} s, TTFT P50 "
+                     f"{q['ttft_ms_p50']:.1f} ms, decode P50 {q['decode_tok_s_p50']:.1f} tok/s = "
+                     f"{q['decode_speedup_vs_dense']:.2f}x {r['dtype']}; weights {q['weights_gib']:.2f} GiB = "
+                     f"{q['weights_ratio_vs_dense']:.0%} of {r['dtype']}")
     hf = r.get("compare_hf")
     if hf:
         lines.append(f"logits vs transformers ({hf['logits_positions_compared']} positions, max |logit| "

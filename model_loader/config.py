@@ -12,6 +12,43 @@ SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
 
 
 @dataclass(frozen=True)
+class AwqConfig:
+    """config.json's quantization_config for an AWQ (GEMM, 4-bit, zero point) checkpoint."""
+
+    group_size: int
+    modules_to_not_convert: tuple[str, ...] = ()
+
+    def quantizes(self, module: str) -> bool:
+        """Whether a linear module (e.g. model.layers.3.mlp.up_proj) is stored quantized (as transformers decides)."""
+        return not any(key in module for key in self.modules_to_not_convert)
+
+
+def parse_awq(raw: dict, path: Path, widths: tuple[int, ...]) -> AwqConfig:
+    """Validate quantization_config; every failure is one line naming config.json and the problem."""
+    method = str(raw.get("quant_method", "")).lower()
+    if method != "awq":
+        raise ModelError(f"{path}: unsupported quantization {method or raw!r}; r1desk reads AWQ (4-bit, GEMM) "
+                         "or unquantized bf16/fp16 checkpoints", str(path))
+    bits = raw.get("bits", raw.get("w_bit"))
+    if bits != 4:
+        raise ModelError(f"{path}: AWQ with {bits} bits is not supported (only 4-bit)", str(path))
+    version = str(raw.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise ModelError(f"{path}: AWQ version {raw.get('version')!r} is not supported (only \"gemm\" packing)",
+                         str(path))
+    if not raw.get("zero_point", True):
+        raise ModelError(f"{path}: AWQ without zero points is not supported", str(path))
+    group = raw.get("group_size", raw.get("q_group_size"))
+    if group not in (32, 64, 128, 256):
+        raise ModelError(f"{path}: AWQ group size {group} is not supported (32, 64, 128 or 256)", str(path))
+    for width in widths:
+        if width % group:
+            raise ModelError(f"{path}: AWQ group size {group} does not divide the layer width {width}", str(path))
+    skip = raw.get("modules_to_not_convert") or ()
+    return AwqConfig(group_size=group, modules_to_not_convert=tuple(skip))
+
+
+@dataclass(frozen=True)
 class Qwen2Config:
     hidden_size: int
     intermediate_size: int
@@ -28,6 +65,7 @@ class Qwen2Config:
     eos_token_id: list[int] = field(default_factory=list)
     head_dim: int = 0  # derived when absent
     quantization_config: dict | None = None
+    awq: AwqConfig | None = None
 
     @property
     def q_size(self) -> int:
@@ -77,6 +115,10 @@ def read_config(folder: Path) -> Qwen2Config:
     if heads % kv_heads:
         raise ModelError(f"{path}: invalid config.json (num_attention_heads not a multiple of num_key_value_heads)",
                          str(path))
+    awq = None
+    if raw.get("quantization_config"):
+        widths = (raw["hidden_size"], raw["intermediate_size"], heads * head_dim)
+        awq = parse_awq(raw["quantization_config"], path, widths)
     eos = raw.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
@@ -96,4 +138,5 @@ def read_config(folder: Path) -> Qwen2Config:
         eos_token_id=eos_ids,
         head_dim=head_dim,
         quantization_config=raw.get("quantization_config"),
+        awq=awq,
     )

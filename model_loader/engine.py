@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from model_loader.awq import int4pack_supported
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
@@ -108,6 +109,7 @@ class EngineInfo:
     kernels: str  # "triton" or "pytorch"
     cuda_graphs: bool
     reasons: bool
+    quantization: str | None = None  # None (dense), or which AWQ path is in use
     load_s: float = 0.0
     load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
@@ -133,9 +135,6 @@ class Engine:
         dev = pick_device(device)
         torch_dtype = pick_dtype(dev, dtype)
         cfg = folder.config
-        if cfg.quantization_config:
-            method = cfg.quantization_config.get("quant_method")
-            raise ModelError(f"{folder.path / 'config.json'}: quantized checkpoints ({method}) are not supported yet")
         ctx = max(16, min(int(context_length), cfg.max_position_embeddings))
         # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
         # fused kernels end to end without a GPU.
@@ -164,7 +163,8 @@ class Engine:
                 torch.empty(1, device=dev)  # create the CUDA context now, so it is timed on its own
             breakdown["device_init_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress)
+            int4 = cfg.awq is not None and torch_dtype == torch.bfloat16 and int4pack_supported(dev)
+            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, use_int4pack=int4)
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
         except torch.cuda.OutOfMemoryError as err:
@@ -183,10 +183,12 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
+            quantization=("awq-int4 (torch int4 kernel)" if int4 else "awq (dequantized to "
+                          f"{str(torch_dtype).replace('torch.', '')})") if cfg.awq else None,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
         )
-        log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s) in %.2fs", folder.name, info.device_name,
-                 info.dtype, info.kernels, graphs, info.load_s)
+        log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs", folder.name,
+                 info.device_name, info.dtype, info.kernels, graphs, info.quantization, info.load_s)
         return cls(folder, model, chat, info)
 
     def warm_up(self) -> None:

@@ -11,8 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from model_loader.awq import Int4Weight, int4_linear
 from model_loader.config import Qwen2Config
 from model_loader.kernels import reference
+
+
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ W.T for a dense weight [out, in] or an AWQ weight on the int4 kernel."""
+    if isinstance(w, Int4Weight):
+        return int4_linear(x, w)
+    return F.linear(x, w)
 
 
 def rope_tables(cfg: Qwen2Config, max_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +59,9 @@ class Qwen2Model:
         tensors = [self.w["embed"], self.w["norm"], self.w["lm_head"]]
         tensors += [t for layer in self.w["layers"] for t in layer.values()]
         for t in tensors:
-            if t.data_ptr() not in seen:
+            if isinstance(t, Int4Weight):
+                total += t.nbytes()
+            elif t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
         return total
@@ -67,12 +77,12 @@ class Qwen2Model:
         residual = None
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
-            qkv = F.linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
+            qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
-            h = F.linear(attend(q, i), layer["o_w"])
+            h = linear(attend(q, i), layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
-            h = F.linear(ops.silu_mul(F.linear(x, layer["gate_up_w"])), layer["down_w"])
+            h = linear(ops.silu_mul(linear(x, layer["gate_up_w"])), layer["down_w"])
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
 

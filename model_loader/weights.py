@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from model_loader.config import Qwen2Config
+from model_loader.config import AwqConfig, Qwen2Config
 from model_loader.errors import ModelError
 
 ProgressFn = Callable[[int, int], None]
@@ -95,9 +95,20 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
     return entries
 
 
-def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
-    """Every dense tensor a Qwen2ForCausalLM checkpoint must hold, with its shape."""
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj")
+
+
+def linear_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear layer, by its short name."""
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+
+
+def expected_shapes(cfg: Qwen2Config, awq: AwqConfig | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Qwen2ForCausalLM checkpoint must hold, with its shape (AWQ tensors where quantized)."""
+    h, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (cfg.vocab_size, h),
         "model.norm.weight": (h,),
@@ -109,26 +120,28 @@ def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
         shapes.update({
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
             p + "self_attn.q_proj.bias": (q,),
-            p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
         })
+        for short, (n_out, n_in) in linear_shapes(cfg).items():
+            name = p + short
+            if awq is not None and awq.quantizes(name):
+                g = awq.group_size
+                shapes.update({name + ".qweight": (n_in, n_out // 8), name + ".qzeros": (n_in // g, n_out // 8),
+                               name + ".scales": (n_in // g, n_out)})
+            else:
+                shapes[name + ".weight"] = (n_out, n_in)
     return shapes
 
 
-def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...]) -> dict[str, TensorEntry]:
+def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None = None
+                     ) -> dict[str, TensorEntry]:
     """Headers of all shards, checked against the config: every tensor present, shaped and typed right."""
     entries: dict[str, TensorEntry] = {}
     for shard in shards:
         entries.update(read_header(shard))
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in expected_shapes(cfg, awq).items():
         entry = entries.get(name)
         if entry is None:
             where = shards[0].parent if len(shards) > 1 else shards[0]
@@ -138,73 +151,25 @@ def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...]) -> dict[str, Te
                 f"{entry.shard}: tensor {name} has shape {list(entry.shape)}, config.json implies {list(shape)}",
                 str(entry.shard),
             )
-        if entry.dtype not in _FLOAT_DTYPES:
+        wanted = ("I32",) if name.endswith((".qweight", ".qzeros")) else _FLOAT_DTYPES
+        if entry.dtype not in wanted:
             raise ModelError(f"{entry.shard}: tensor {name} has unsupported dtype {entry.dtype}", str(entry.shard))
     return entries
 
 
-def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None):
-    """Read the checkpoint into fused device tensors; returns a dict of names -> tensors (see qwen2.Weights)."""
+def _copy_tensors(entries: dict[str, TensorEntry], names: list[str], destination, device, progress,
+                  done: int, total: int) -> int:
+    """Copy checkpoint tensors into destination(name) (a device tensor or slice), reporting bytes done.
+
+    Tensor bytes are read through a memory map of each shard (the same bytes safetensors' own loader reads;
+    the header was validated before) and copied straight from the page cache into the device buffers, a few
+    tensors at a time: no intermediate CPU tensor, so a 3.5 GB checkpoint in the page cache loads in about a
+    second instead of several. Progress is reported from the calling thread only."""
     import torch
 
-    entries = index_checkpoint(cfg, shards)
-    needed = expected_shapes(cfg)
-    total = sum(entries[n].nbytes for n in needed)
-    done = 0
-    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
-
-    def empty(*shape):
-        return torch.empty(shape, device=device, dtype=dtype)
-
-    out: dict[str, object] = {
-        "embed": empty(cfg.vocab_size, h),
-        "norm": empty(h),
-        "layers": [
-            {
-                "ln1": empty(h), "ln2": empty(h),
-                "qkv_w": empty(q + 2 * kv, h), "qkv_b": empty(q + 2 * kv),
-                "o_w": empty(h, q), "gate_up_w": empty(2 * i, h), "down_w": empty(h, i),
-            }
-            for _ in range(cfg.num_hidden_layers)
-        ],
-    }
-    out["lm_head"] = out["embed"] if cfg.tie_word_embeddings else empty(cfg.vocab_size, h)
-
-    def destination(name: str):
-        """The device buffer (or slice of a fused buffer) a checkpoint tensor is copied into."""
-        if name == "model.embed_tokens.weight":
-            return out["embed"]
-        if name == "model.norm.weight":
-            return out["norm"]
-        if name == "lm_head.weight":
-            return out["lm_head"]
-        layer = out["layers"][int(name.split(".")[2])]
-        leaf = name.split(".", 3)[3]
-        slices = {
-            "input_layernorm.weight": layer["ln1"],
-            "post_attention_layernorm.weight": layer["ln2"],
-            "self_attn.q_proj.weight": layer["qkv_w"][:q],
-            "self_attn.k_proj.weight": layer["qkv_w"][q:q + kv],
-            "self_attn.v_proj.weight": layer["qkv_w"][q + kv:],
-            "self_attn.q_proj.bias": layer["qkv_b"][:q],
-            "self_attn.k_proj.bias": layer["qkv_b"][q:q + kv],
-            "self_attn.v_proj.bias": layer["qkv_b"][q + kv:],
-            "self_attn.o_proj.weight": layer["o_w"],
-            "mlp.gate_proj.weight": layer["gate_up_w"][:i],
-            "mlp.up_proj.weight": layer["gate_up_w"][i:],
-            "mlp.down_proj.weight": layer["down_w"],
-        }
-        return slices[leaf]
-
-    if progress:
-        progress(0, total)
-    # Tensor bytes are read through a memory map of each shard (the same bytes safetensors' own loader reads,
-    # header already validated above) and copied straight from the page cache into the device buffers, a few
-    # tensors at a time: no intermediate CPU tensor, so a 3.5 GB checkpoint in the page cache loads in about
-    # a second instead of several. Progress is reported from this thread only.
     maps = {}
     try:
-        for shard in {entries[n].shard for n in needed}:
+        for shard in {entries[n].shard for n in names}:
             with open(shard, "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: torch wants a writable buffer
             maps[shard] = (mm, torch.frombuffer(mm, dtype=torch.uint8), _data_start(shard))
@@ -217,9 +182,9 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
             destination(name).copy_(src)
             return entry.nbytes
 
-        names = sorted(needed, key=lambda n: (str(entries[n].shard), entries[n].offset))
+        ordered = sorted(names, key=lambda n: (str(entries[n].shard), entries[n].offset))
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="r1desk-load") as pool:
-            for nbytes in pool.map(copy_one, names):
+            for nbytes in pool.map(copy_one, ordered):
                 done += nbytes
                 if progress:
                     progress(done, total)
@@ -228,7 +193,118 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
     except torch.cuda.OutOfMemoryError:
         raise
     except (OSError, ValueError, RuntimeError) as err:
-        raise ModelError(f"{next(iter(maps), shards[0])}: could not read tensor data ({err})", str(shards[0])) from err
+        shard = next(iter(maps), None) or entries[names[0]].shard
+        raise ModelError(f"{shard}: could not read tensor data ({err})", str(shard)) from err
     finally:
         maps.clear()  # drop the views, then the maps (closed when garbage-collected)
+    return done
+
+
+def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None,
+                 awq: AwqConfig | None = None, use_int4pack: bool = False):
+    """Read the checkpoint into fused device tensors: a dict with embed, norm, lm_head and per-layer ln1, ln2,
+    qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors, or awq.Int4Weight for
+    AWQ checkpoints on the int4 kernel path (dequantised to dense otherwise)."""
+    import torch
+
+    entries = index_checkpoint(cfg, shards, awq)
+    needed = list(expected_shapes(cfg, awq))
+    total = sum(entries[n].nbytes for n in needed)
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+
+    def empty(*shape, dt=dtype):
+        return torch.empty(shape, device=device, dtype=dt)
+
+    dense_linears = awq is None
+    out: dict[str, object] = {
+        "embed": empty(cfg.vocab_size, h),
+        "norm": empty(h),
+        "layers": [
+            {
+                "ln1": empty(h), "ln2": empty(h), "qkv_b": empty(q + 2 * kv),
+                **({"qkv_w": empty(q + 2 * kv, h), "o_w": empty(h, q), "gate_up_w": empty(2 * i, h),
+                    "down_w": empty(h, i)} if dense_linears else {}),
+            }
+            for _ in range(cfg.num_hidden_layers)
+        ],
+    }
+    out["lm_head"] = out["embed"] if cfg.tie_word_embeddings else empty(cfg.vocab_size, h)
+    raw: dict[str, torch.Tensor] = {}  # AWQ checkpoints: per-linear tensors, fused after reading
+
+    def destination(name: str):
+        """The device buffer (or slice of a fused buffer) a checkpoint tensor is copied into."""
+        if name == "model.embed_tokens.weight":
+            return out["embed"]
+        if name == "model.norm.weight":
+            return out["norm"]
+        if name == "lm_head.weight":
+            return out["lm_head"]
+        layer = out["layers"][int(name.split(".")[2])]
+        leaf = name.split(".", 3)[3]
+        fixed = {
+            "input_layernorm.weight": lambda: layer["ln1"],
+            "post_attention_layernorm.weight": lambda: layer["ln2"],
+            "self_attn.q_proj.bias": lambda: layer["qkv_b"][:q],
+            "self_attn.k_proj.bias": lambda: layer["qkv_b"][q:q + kv],
+            "self_attn.v_proj.bias": lambda: layer["qkv_b"][q + kv:],
+        }
+        if leaf in fixed:
+            return fixed[leaf]()
+        if dense_linears:
+            return {
+                "self_attn.q_proj.weight": layer["qkv_w"][:q],
+                "self_attn.k_proj.weight": layer["qkv_w"][q:q + kv],
+                "self_attn.v_proj.weight": layer["qkv_w"][q + kv:],
+                "self_attn.o_proj.weight": layer["o_w"],
+                "mlp.gate_proj.weight": layer["gate_up_w"][:i],
+                "mlp.up_proj.weight": layer["gate_up_w"][i:],
+                "mlp.down_proj.weight": layer["down_w"],
+            }[leaf]
+        entry = entries[name]
+        raw[name] = torch.empty(entry.shape, device=device, dtype=_TORCH_DTYPES[entry.dtype])
+        return raw[name]
+
+    if progress:
+        progress(0, total)
+    _copy_tensors(entries, needed, destination, device, progress, 0, total)
+    if awq is not None:
+        _fuse_awq_linears(cfg, awq, raw, out, dtype, use_int4pack)
     return out
+
+
+FUSED_GROUPS = {  # our fused weight -> the checkpoint's linears, concatenated along `out`
+    "qkv_w": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o_w": ("self_attn.o_proj",),
+    "gate_up_w": ("mlp.gate_proj", "mlp.up_proj"),
+    "down_w": ("mlp.down_proj",),
+}
+
+
+def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dtype, use_int4pack: bool) -> None:
+    """Unpack each layer's AWQ tensors on the device, fuse QKV and gate/up along `out`, then convert to the
+    int4 kernel's layout (or dequantise to dense where that kernel can't run or a member is unquantized)."""
+    import torch
+
+    from model_loader import awq as fmt
+
+    g = awq.group_size
+    for index, layer in enumerate(out["layers"]):
+        for fused, members in FUSED_GROUPS.items():
+            names = [f"model.layers.{index}.{m}" for m in members]
+            if all(awq.quantizes(n) for n in names):
+                q = torch.cat([fmt.unpack(raw.pop(n + ".qweight")) for n in names], dim=1)
+                z = torch.cat([fmt.unpack(raw.pop(n + ".qzeros")) for n in names], dim=1)
+                s = torch.cat([raw.pop(n + ".scales") for n in names], dim=1)
+                if use_int4pack and fmt.int4pack_ok(q.shape[0], q.shape[1], g):
+                    layer[fused] = fmt.to_int4pack(q, z, s, g)
+                else:
+                    layer[fused] = fmt.dequantize_ints(q, z, s, g).to(dtype)
+            else:
+                parts = []
+                for n in names:
+                    if awq.quantizes(n):
+                        parts.append(fmt.dequantize(raw.pop(n + ".qweight"), raw.pop(n + ".qzeros"),
+                                                    raw.pop(n + ".scales"), g).to(dtype))
+                    else:
+                        parts.append(raw.pop(n + ".weight").to(dtype))
+                layer[fused] = torch.cat(parts, dim=0)

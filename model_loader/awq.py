@@ -1,0 +1,108 @@
+"""The AWQ checkpoint format (GEMM packing) and its conversion to what our kernels run.
+
+AWQ ("gemm" version, 4 bits, zero point) stores each linear layer W [out, in] as
+  qweight  int32 [in, out/8]        8 four-bit values per int32 along `out`, in AWQ's interleaved order
+  qzeros   int32 [in/group, out/8]  the zero points, packed the same way
+  scales   fp16  [in/group, out]
+with W[o, i] = (q[i, o] - z[i // group, o]) * s[i // group, o]. We read and write that format ourselves
+(AutoAWQ is deprecated upstream and does not work with transformers 5). At load it becomes either
+  - torch's int4 weight-only kernel (aten._weight_int4pack_mm: CUDA sm80+, bf16 activations), whose
+    dequantisation is (q - 8) * s + zero, so zero = (8 - z) * s; or
+  - a dense weight (dequantised once at load) everywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # packed nibble i holds column AWQ_ORDER[i] of each group of 8
+AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
+SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def pack(values: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] ints in 0..15 -> int32 [rows, cols/8] in AWQ order."""
+    rows, cols = values.shape
+    v = values.to(torch.int32).view(rows, cols // 8, 8)[:, :, AWQ_ORDER]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=values.device)
+    shifted = v << shifts  # int32 arithmetic wraps, so nibble 7 lands in the sign bit as AWQ's packing does
+    out = shifted[..., 0].clone()
+    for i in range(1, 8):
+        out |= shifted[..., i]
+    return out
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, cols/8] in AWQ order -> int32 [rows, cols] in 0..15 (natural column order)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    v = (packed[:, :, None] >> shifts) & 0xF  # arithmetic shift is fine: the mask drops the sign bits
+    return v[:, :, AWQ_REVERSE_ORDER].reshape(packed.shape[0], -1)
+
+
+def dequantize_ints(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Unpacked ints q [in, out], zeros z [in/group, out], scales s [in/group, out] -> dense W [out, in] fp32."""
+    z = z.float().repeat_interleave(group_size, dim=0)
+    s = s.float().repeat_interleave(group_size, dim=0)
+    return ((q.float() - z) * s).t().contiguous()
+
+
+def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Packed AWQ tensors -> dense W [out, in] in fp32."""
+    return dequantize_ints(unpack(qweight), unpack(qzeros), scales, group_size)
+
+
+@dataclass
+class Int4Weight:
+    """A linear weight for torch's int4 kernel: y = x @ W.T with W [n_out, k_in] stored packed."""
+
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor  # [k/group, n, 2] bf16
+    group_size: int
+    out_features: int
+    in_features: int
+
+    def nbytes(self) -> int:
+        return (self.packed.numel() * self.packed.element_size()
+                + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size())
+
+
+def int4pack_inputs(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWQ ints q [in, out], zeros z [in/group, out], scales s [in/group, out] ->
+    (uint8 [out, in/2] two nibbles per byte, high nibble first; scales_and_zeros [in/group, out, 2] bf16)."""
+    w = q.t().contiguous().to(torch.int32)  # [out, in]
+    w_uint8 = ((w[:, ::2] << 4) | w[:, 1::2]).to(torch.uint8)
+    s = s.float()
+    zero = (8.0 - z.float()) * s
+    return w_uint8, torch.stack([s, zero], dim=-1).to(torch.bfloat16).contiguous()
+
+
+def inner_k_tiles(k_in: int) -> int | None:
+    """The int4 kernel tiles K by 16 * inner_k_tiles; pick the largest tiling the width allows."""
+    for tiles in (8, 4, 2):
+        if k_in % (16 * tiles) == 0:
+            return tiles
+    return None
+
+
+def int4pack_ok(k_in: int, n_out: int, group_size: int) -> bool:
+    return inner_k_tiles(k_in) is not None and n_out % 8 == 0 and group_size in SUPPORTED_GROUP_SIZES
+
+
+def to_int4pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size: int) -> Int4Weight:
+    """Convert on the device q/z/s live on (CUDA)."""
+    w_uint8, sz = int4pack_inputs(q, z, s)
+    packed = torch.ops.aten._convert_weight_to_int4pack(w_uint8, inner_k_tiles(q.shape[0]))
+    return Int4Weight(packed, sz, group_size, q.shape[1], q.shape[0])
+
+
+def int4_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """x [M, in] bf16 -> [M, out] bf16."""
+    return torch.ops.aten._weight_int4pack_mm(x, w.packed, w.group_size, w.scales_and_zeros)
+
+
+def int4pack_supported(device: torch.device) -> bool:
+    if device.type != "cuda" or not hasattr(torch.ops.aten, "_weight_int4pack_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
