@@ -105,7 +105,7 @@ def stylesheet(t: Theme, font_pt: int) -> str:
     #LivePanel QLabel[role="key"] {{ color: {t.muted}; }}
     #TopBar {{ background: {t.window}; border-bottom: 1px solid {t.border}; }}
     #TopBar QLabel#ChatTitle {{ font-weight: 600; }}
-    #ChatArea, #ChatArea > QWidget > QWidget, #ChatPage {{ background: {t.base}; }}
+    #ChatArea, #ChatArea > QWidget > QWidget, #ChatPage, #Welcome {{ background: {t.base}; }}
     #Composer {{ background: {t.base}; border: 1px solid {t.border}; border-radius: 12px; }}
     #Composer QPlainTextEdit {{ background: transparent; border: none; }}
     QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{

@@ -50,6 +50,7 @@ class WelcomePage(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setAccessibleName("Welcome")
+        self.setObjectName("Welcome")
         outer = QVBoxLayout(self)
         outer.setContentsMargins(40, 40, 40, 40)
         outer.addStretch(1)
@@ -81,6 +82,9 @@ class WelcomePage(QWidget):
         self.found = QListWidget()
         self.found.setAccessibleName("Models found on this computer")
         self.found.setMinimumHeight(120)
+        self.found.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.found.setWordWrap(True)
+        self.found.setTextElideMode(Qt.ElideMiddle)
         self.found.itemActivated.connect(self._use_item)
         self.found.itemSelectionChanged.connect(lambda: self.use_btn.setEnabled(bool(self.found.selectedItems())))
         lay.addWidget(self.found)

@@ -34,13 +34,13 @@ def wait_until(pred, timeout_ms=30000):
         raise TimeoutError("condition not reached")
 
 
-def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True):
+def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live=True):
     from desktop.store import Store
     from desktop.window import MainWindow
 
     qs = QSettings(str(tmp / f"{theme}.ini"), QSettings.IniFormat)
     qs.setValue("settings/theme", theme)
-    qs.setValue("window/live_panel", "true")
+    qs.setValue("window/live_panel", "true" if live else "false")
     store = Store(tmp / f"{theme}.sqlite3")
     win = MainWindow(qs, store, model="/models/DeepSeek-R1-Distill-Qwen-1.5B" if with_model else None)
     win.engine_factory = factory(engine)
@@ -84,7 +84,7 @@ def main(out: str) -> None:
         win.close()
     for var in ("R1DESK_DATA_DIR",):
         os.environ.pop(var, None)
-    win = make_window("light", tmp / "first", FakeEngine(), with_model=False)
+    win = make_window("light", tmp / "first", FakeEngine(), with_model=False, live=False)
     (tmp / "first").mkdir(exist_ok=True)
     win.start_engine()
     wait_until(lambda: not win.welcome.scanning)
