@@ -113,6 +113,11 @@ class SelfTest:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--download-worker"]:  # the frozen app re-runs itself as the download child process
+        from desktop.download import worker_main
+
+        return worker_main(argv[1:])
     args = parse_args(argv)
     if args.self_test and not args.model:
         print("r1desk self-test FAILED: --self-test needs --model", file=sys.stderr)

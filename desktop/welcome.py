@@ -7,9 +7,15 @@ window, and reports back through a queued signal.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
-from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QProgressBar,
+                               QPushButton, QVBoxLayout, QWidget)
+
+from desktop.download import ModelDownload, default_destination
+
+DOWNLOAD_REPO = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"  # == model_loader.locate.DEFAULT_REPO
 
 
 class _ScanSignals(QObject):
@@ -105,6 +111,37 @@ class WelcomePage(QWidget):
         row.addStretch(1)
         row.addWidget(self.rescan_btn)
         lay.addLayout(row)
+        dl_label = QLabel("Or download it")
+        dl_label.setObjectName("Role")
+        lay.addWidget(dl_label)
+        dl_row = QHBoxLayout()
+        self.download_btn = QPushButton(f"Download {DOWNLOAD_REPO.split('/')[1]} (3.5 GB)")
+        self.download_btn.setAccessibleName("Download the model")
+        self.download_btn.clicked.connect(self.start_download)
+        self.download_progress = QProgressBar()
+        self.download_progress.setAccessibleName("Download progress")
+        self.download_progress.setRange(0, 1000)
+        self.download_progress.hide()
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.setAccessibleName("Cancel download")
+        self.cancel_btn.clicked.connect(self.cancel_download)
+        self.cancel_btn.hide()
+        dl_row.addWidget(self.download_btn)
+        dl_row.addWidget(self.download_progress, 1)
+        dl_row.addWidget(self.cancel_btn)
+        lay.addLayout(dl_row)
+        self.download_status = QLabel(f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
+                                      "An interrupted download resumes where it stopped.")
+        self.download_status.setObjectName("Meta")
+        self.download_status.setWordWrap(True)
+        self.download_status.setAccessibleName("Download status")
+        lay.addWidget(self.download_status)
+        self.download = ModelDownload(self)
+        self.download.progress.connect(self._on_download_progress)
+        self.download.finished.connect(self._on_download_finished)
+        self.download.failed.connect(self._on_download_failed)
+        self.download_dest: Path | None = None
+
         hint = QLabel("A model folder holds config.json, tokenizer.json and *.safetensors files — for example "
                       "a download of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B.")
         hint.setObjectName("Meta")
@@ -148,6 +185,38 @@ class WelcomePage(QWidget):
             self.found.addItem(item)
         else:
             self.found.setCurrentRow(0)
+
+    # ---- download (asyncio, run by the qasync loop; see desktop/download.py)
+    def start_download(self, dest: Path | None = None):
+        self.download_dest = Path(dest) if dest else default_destination(DOWNLOAD_REPO)
+        self.download_btn.setEnabled(False)
+        self.download_progress.show()
+        self.download_progress.setValue(0)
+        self.cancel_btn.show()
+        self.download_status.setText("Connecting to huggingface.co…")
+        return self.download.start(DOWNLOAD_REPO, self.download_dest)
+
+    def cancel_download(self) -> None:
+        self.download.cancel()
+
+    def _on_download_progress(self, done: int, total: int) -> None:
+        self.download_progress.setValue(int(1000 * done / total) if total else 0)
+        self.download_status.setText(f"Downloading… {done / 2**30:.2f} of {total / 2**30:.2f} GB")
+
+    def _on_download_finished(self, path: str) -> None:
+        self._download_idle("Download complete.")
+        self.model_chosen.emit(path)
+
+    def _on_download_failed(self, kind: str, message: str) -> None:
+        self._download_idle(message)
+        if kind in ("cancelled", "offline", "error") and self.download_progress.value() > 0:
+            self.download_btn.setText("Resume download")
+        self.download_progress.setVisible(self.download_progress.value() > 0)
+
+    def _download_idle(self, text: str) -> None:
+        self.download_btn.setEnabled(True)
+        self.cancel_btn.hide()
+        self.download_status.setText(text)
 
     def _use_item(self, item) -> None:
         if item is not None and item.data(Qt.UserRole):

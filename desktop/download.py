@@ -1,0 +1,204 @@
+"""Download a model from the Hugging Face Hub (the first-run screen's third choice): progress, cancel, resume.
+
+Shape: asyncio code in the GUI process (run by the qasync loop) drives a child process that downloads and
+prints JSON lines. Why a child process rather than a thread:
+- cancel must be immediate and clean: a process can be terminated at any byte;
+- huggingface_hub reads HF_HUB_OFFLINE / HF_ENDPOINT once at import, and model_loader forces offline mode in
+  this process (it never touches the network at load time); the child gets its own clean settings.
+huggingface_hub lists the repo (files, sizes, commit: snapshot_download(dry_run=True)), builds the URLs and
+auth headers. The transfer itself is ours because huggingface_hub >= 2 writes each attempt to a fresh
+process-unique temp file: its retries resume within one run, but a cancelled or killed download would start
+over. Here each file streams into <dest>/.partial/<file>.part with HTTP Range requests, so a new run (after
+Cancel, a crash or a dropped connection) continues where the last one stopped; complete files are renamed
+into place. Only what the model needs is fetched (config, tokenizer, safetensors): never pickle checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"]
+OFFLINE_MESSAGE = ("Downloading needs a network connection, and huggingface.co could not be reached. "
+                   "You can still choose a model folder or a model already on this computer.")
+
+
+def default_destination(repo_id: str) -> Path:
+    from model_loader.locate import user_models_dir  # no torch: plain paths
+
+    return user_models_dir() / repo_id.split("/")[-1]
+
+
+def worker_command(repo_id: str, dest: Path) -> list[str]:
+    """How to start the child: the frozen app re-runs itself with a flag; from source, this module."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--download-worker", repo_id, str(dest)]
+    return [sys.executable, "-m", "desktop.download", repo_id, str(dest)]
+
+
+class ModelDownload(QObject):
+    progress = Signal(object, object)  # bytes on disk, total bytes
+    finished = Signal(str)  # the local folder
+    failed = Signal(str, str)  # kind ("offline" | "cancelled" | "error"), message
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.task: asyncio.Task | None = None
+        self._cancelled = False
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, repo_id: str, dest: Path) -> asyncio.Task:
+        """Needs a running asyncio loop (qasync in the app)."""
+        self._cancelled = False
+        self.task = asyncio.ensure_future(self.run(repo_id, dest))
+        return self.task
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+
+    async def run(self, repo_id: str, dest: Path) -> str | None:
+        env = dict(os.environ)
+        env.pop("HF_HUB_OFFLINE", None)  # set in this process by model_loader; an explicit download is online
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = await asyncio.create_subprocess_exec(
+            *worker_command(repo_id, dest), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        result, error = None, None
+        async for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if "done" in msg:
+                self.progress.emit(int(msg["done"]), int(msg["total"]))
+            elif "finished" in msg:
+                result = msg["finished"]
+            elif "error" in msg:
+                error = (msg["error"], msg["message"])
+        stderr = (await self.proc.stderr.read()).decode(errors="replace").strip()
+        await self.proc.wait()
+        if self._cancelled:
+            self.failed.emit("cancelled", "Download paused. Start it again to resume where it stopped.")
+            return None
+        if result is not None:
+            self.finished.emit(result)
+            return result
+        kind, message = error or ("error", stderr.splitlines()[-1] if stderr else "the download stopped")
+        self.failed.emit(kind, message)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- child process
+def _bytes_on_disk(dest: Path) -> int:
+    total = 0
+    for p in dest.rglob("*"):
+        try:
+            if p.is_file() and ".cache" not in p.parts:
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _is_network_error(err: BaseException) -> bool:
+    """No route to the hub: a refused/failed connection, DNS failure or timeout anywhere in the cause chain."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, (ConnectionError, TimeoutError)) or type(err).__name__ in (
+                "ConnectError", "ConnectTimeout", "TimeoutException", "ReadTimeout", "OfflineModeIsEnabled",
+                "LocalEntryNotFoundError"):  # httpx's / huggingface_hub's names, whatever their module
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
+
+
+def _emit(**msg) -> None:
+    print(json.dumps(msg), flush=True)
+
+
+def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> None:
+    """Stream url into `part`, continuing from its current length; retry a dropped connection from there."""
+    import urllib.request
+
+    part.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(retries + 1):
+        have = part.stat().st_size if part.exists() else 0
+        if have >= size:
+            return
+        req = urllib.request.Request(url, headers={**headers, "Range": f"bytes={have}-"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                mode = "ab" if resp.status == 206 else "wb"  # 200: the server ignored Range, start over
+                with part.open(mode) as f:
+                    while chunk := resp.read(1 << 20):
+                        f.write(chunk)
+        except OSError as err:  # URLError, a reset, an incomplete read: retry from what arrived
+            if attempt == retries or getattr(err, "code", None) in (401, 403, 404):
+                raise
+            continue
+    if part.stat().st_size < size:
+        raise ConnectionError(f"{part.name}: the server kept closing the connection")
+
+
+def worker_main(argv: list[str]) -> int:
+    repo_id, dest = argv[0], Path(argv[1])
+    dest.mkdir(parents=True, exist_ok=True)
+    from huggingface_hub import hf_hub_url, snapshot_download
+    from huggingface_hub.utils import build_hf_headers
+
+    try:
+        plan = snapshot_download(repo_id, local_dir=dest, allow_patterns=PATTERNS, dry_run=True)
+    except Exception as err:  # offline; or an unknown/gated repo, a server error
+        if _is_network_error(err):
+            _emit(error="offline", message=OFFLINE_MESSAGE)
+            return 3
+        _emit(error="error", message=f"{repo_id}: {str(err).splitlines()[0]}")
+        return 1
+    total = sum(f.file_size or 0 for f in plan)
+    stop = threading.Event()
+
+    def report() -> None:  # progress = bytes on disk, partial files included: a resume starts where it was
+        while not stop.wait(0.2):
+            _emit(done=min(_bytes_on_disk(dest), total), total=total)
+
+    threading.Thread(target=report, daemon=True).start()
+    headers = build_hf_headers()
+    try:
+        for f in sorted(plan, key=lambda f: f.file_size or 0):  # small files first: config errors show early
+            final = dest / f.filename
+            if final.is_file() and final.stat().st_size == (f.file_size or 0):
+                continue
+            part = dest / ".partial" / (f.filename + ".part")
+            _fetch(hf_hub_url(repo_id, f.filename, revision=f.commit_hash), headers, part, f.file_size or 0)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, final)
+    except Exception as err:
+        stop.set()
+        if _is_network_error(err):  # the connection went away: the .part files stay for the next run
+            _emit(error="offline", message=OFFLINE_MESSAGE)
+            return 3
+        _emit(error="error", message=f"download failed: {str(err).splitlines()[0]}")
+        return 1
+    stop.set()
+    import shutil
+
+    shutil.rmtree(dest / ".partial", ignore_errors=True)
+    _emit(done=total, total=total)
+    _emit(finished=str(dest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))
