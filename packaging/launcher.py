@@ -87,14 +87,16 @@ def main() -> int:
     multiprocessing.freeze_support()
     if getattr(sys, "frozen", False):
         prepare_frozen_environment()
+    from desktop.app import main as app_main
+
+    if sys.argv[1:2] == ["--download-worker"]:  # desktop's download child (the frozen app re-run): no window
+        return app_main()
     # desktop.app:main reuses an existing QApplication (same argv), so creating it here only adds the icon and,
     # when asked, a trace that sees the very first event.
     app = make_application()
     trace = os.environ.get("R1DESK_STARTUP_TRACE")
     if trace:
         install_startup_trace(app, trace)
-    from desktop.app import main as app_main
-
     return app_main()
 
 
