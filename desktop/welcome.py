@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QProgressBar,
-                               QPushButton, QVBoxLayout, QWidget)
+                               QPushButton, QSizePolicy, QVBoxLayout, QWidget)
 
 from desktop.download import ModelDownload, default_destination
 
@@ -57,6 +57,7 @@ class WelcomePage(QWidget):
         super().__init__(parent)
         self.setAccessibleName("Welcome")
         self.setObjectName("Welcome")
+        self.setAttribute(Qt.WA_StyledBackground, True)  # let the stylesheet paint this QWidget's background
         outer = QVBoxLayout(self)
         outer.setContentsMargins(40, 40, 40, 40)
         outer.addStretch(1)
@@ -126,9 +127,11 @@ class WelcomePage(QWidget):
         self.cancel_btn.setAccessibleName("Cancel download")
         self.cancel_btn.clicked.connect(self.cancel_download)
         self.cancel_btn.hide()
-        dl_row.addWidget(self.download_btn)
-        dl_row.addWidget(self.download_progress, 1)
+        dl_row.addWidget(self.download_btn, 0)
+        dl_row.addWidget(self.download_progress, 4)
         dl_row.addWidget(self.cancel_btn)
+        self.download_btn.setSizePolicy(QSizePolicy.Maximum, QSizePolicy.Fixed)
+        dl_row.addStretch(1)
         lay.addLayout(dl_row)
         self.download_status = QLabel(f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
                                       "An interrupted download resumes where it stopped.")

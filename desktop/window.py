@@ -177,6 +177,7 @@ class MainWindow(QMainWindow):
         self.editing_msg_id: int | None = None
         self._last_saved = ""
         self._closing = False
+        self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
 
         self._build()
@@ -284,6 +285,7 @@ class MainWindow(QMainWindow):
         self.stack.addWidget(self.welcome)
         chat_page = QWidget()
         chat_page.setObjectName("ChatPage")
+        chat_page.setAttribute(Qt.WA_StyledBackground, True)
         p_lay = QVBoxLayout(chat_page)
         p_lay.setContentsMargins(0, 0, 0, 0)
         p_lay.setSpacing(0)
@@ -436,6 +438,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ conversations
     def refresh_list(self) -> None:
+        self.menu_btn.setEnabled(self.conv_id is not None)  # nothing to export in an empty new chat
         query = self.search.text()
         self.conv_list.blockSignals(True)
         self.conv_list.clear()
@@ -708,6 +711,9 @@ class MainWindow(QMainWindow):
         self.composer.stop_thinking_btn.setEnabled(True)
         self._update_composer()
         self.refresh_list()
+        if self._reload_pending and not self._closing:
+            self._reload_pending = False
+            self.start_engine()
 
     def _on_load_failed(self, kind: str, message: str) -> None:
         self.engine_state = "failed"
@@ -786,8 +792,11 @@ class MainWindow(QMainWindow):
         new.save(self.qs)
         if (new.theme, new.font_size) != (old.theme, old.font_size):
             self.apply_theme()
-        if any(getattr(new, k) != getattr(old, k) for k in AppSettings.MODEL_KEYS) and self.stream is None:
-            self.start_engine()
+        if any(getattr(new, k) != getattr(old, k) for k in AppSettings.MODEL_KEYS):
+            if self.stream is None:
+                self.start_engine()
+            else:
+                self._reload_pending = True  # reload when the reply in flight has finished
 
     def set_live_visible(self, on: bool) -> None:
         self.live.setVisible(on)

@@ -180,3 +180,14 @@ def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_windo
         qtbot.mouseClick(win.welcome.use_btn, Qt.LeftButton)
     assert win.stack.currentWidget() is win.chat_page
     assert AppSettings.load(win.qs).model_path.endswith("tiny-r1")  # remembered for the next start
+
+
+def test_system_theme_is_followed_live(qtbot, make_window, monkeypatch):
+    from desktop import theme as themes
+
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    assert win.settings.theme == "system"
+    # The offscreen platform has no colour scheme of its own: stand in for the OS switching to dark.
+    monkeypatch.setattr(themes, "system_is_dark", lambda: True)
+    QGuiApplication.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
+    assert QApplication.palette().window().color().name() == DARK.window and win.theme is DARK
