@@ -161,7 +161,7 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
     mem = engine.memory()
     result = {
         "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
-        "quantization": engine.info.quantization,
+        "quantization": engine.info.quantization, "embed_on_host": engine.info.embed_on_host,
         "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
         "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
         "context_length": engine.info.context_length,
@@ -218,7 +218,8 @@ def format_bench(r: dict) -> str:
         lines.append(f"AWQ {q['model']} ({q['quantization']}): ready {q['ready_s']:.2f} s, TTFT P50 "
                      f"{q['ttft_ms_p50']:.1f} ms, decode P50 {q['decode_tok_s_p50']:.1f} tok/s = "
                      f"{q['decode_speedup_vs_dense']:.2f}x {r['dtype']}; weights {q['weights_gib']:.2f} GiB = "
-                     f"{q['weights_ratio_vs_dense']:.0%} of {r['dtype']}")
+                     f"{q['weights_ratio_vs_dense']:.1%} of {r['dtype']} in VRAM"
+                     f"{' (embedding table in host memory)' if q.get('embed_on_host') else ''}")
     hf = r.get("compare_hf")
     if hf:
         lines.append(f"logits vs transformers ({hf['logits_positions_compared']} positions, max |logit| "

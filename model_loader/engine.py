@@ -110,6 +110,7 @@ class EngineInfo:
     cuda_graphs: bool
     reasons: bool
     quantization: str | None = None  # None (dense), or which AWQ path is in use
+    embed_on_host: bool = False  # the embedding table is read from host memory (saves its VRAM)
     load_s: float = 0.0
     load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
@@ -129,7 +130,8 @@ class Engine:
     # ---------------------------------------------------------------- loading
     @classmethod
     def load(cls, spec, device: str | None = None, context_length: int = 4096, dtype: str | None = None,
-             progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None) -> "Engine":
+             progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
+             embed_on_host: bool | None = None) -> "Engine":
         t0 = time.perf_counter()
         folder = resolve_model(spec)
         dev = pick_device(device)
@@ -164,7 +166,10 @@ class Engine:
             breakdown["device_init_s"] = time.perf_counter() - t
             t = time.perf_counter()
             int4 = cfg.awq is not None and torch_dtype == torch.bfloat16 and int4pack_supported(dev)
-            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, use_int4pack=int4)
+            # 4-bit users are saving VRAM: keep their embedding table in host memory (see host_mapped_alias)
+            on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
+            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, use_int4pack=int4,
+                                   embed_on_host=on_host)
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
         except torch.cuda.OutOfMemoryError as err:
@@ -185,6 +190,7 @@ class Engine:
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
             quantization=("awq-int4 (torch int4 kernel)" if int4 else "awq (dequantized to "
                           f"{str(torch_dtype).replace('torch.', '')})") if cfg.awq else None,
+            embed_on_host=model.embed_on_host,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
         )
         log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs", folder.name,

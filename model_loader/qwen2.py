@@ -54,9 +54,14 @@ class Qwen2Model:
             self.decode_attention = reference.decode_attention
 
     @property
+    def embed_on_host(self) -> bool:
+        return "embed_host" in self.w
+
+    @property
     def weights_bytes(self) -> int:
+        """Device memory held by the weights (an embedding table kept in host memory is not counted)."""
         seen, total = set(), 0
-        tensors = [self.w["embed"], self.w["norm"], self.w["lm_head"]]
+        tensors = [self.w["norm"], self.w["lm_head"]] + ([] if self.embed_on_host else [self.w["embed"]])
         tensors += [t for layer in self.w["layers"] for t in layer.values()]
         for t in tensors:
             if isinstance(t, Int4Weight):

@@ -200,8 +200,34 @@ def _copy_tensors(entries: dict[str, TensorEntry], names: list[str], destination
     return done
 
 
+def host_mapped_alias(pinned):
+    """A CUDA tensor that reads `pinned` (page-locked host memory) in place, over the bus.
+
+    Under unified addressing, page-locked host memory is mapped into the GPU's address space, so kernels can
+    read it directly; torch.as_tensor wraps such a pointer through the CUDA array interface. Used for the
+    embedding table: every step reads one 3 KB row of it, so keeping its ~0.45 GB in host RAM costs almost
+    nothing and frees that much VRAM. Returns None if the alias can't be made or reads wrong values."""
+    import torch
+
+    class _Interface:  # bf16 has no typestr: expose the bits as int16, view as the real dtype after
+        def __init__(self, t):
+            self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": "<i2",
+                                             "data": (t.data_ptr(), True), "version": 3, "strides": None}
+
+    try:
+        if pinned.element_size() != 2 or not pinned.is_pinned():
+            return None
+        alias = torch.as_tensor(_Interface(pinned.view(torch.int16)), device="cuda").view(pinned.dtype)
+        rows = torch.tensor([0, pinned.shape[0] // 2, pinned.shape[0] - 1])
+        if not torch.equal(alias[rows.cuda()].cpu(), pinned[rows]):
+            return None
+        return alias
+    except Exception:  # no unified addressing, or a torch without this path: keep the table in VRAM
+        return None
+
+
 def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None,
-                 awq: AwqConfig | None = None, use_int4pack: bool = False):
+                 awq: AwqConfig | None = None, use_int4pack: bool = False, embed_on_host: bool = False):
     """Read the checkpoint into fused device tensors: a dict with embed, norm, lm_head and per-layer ln1, ln2,
     qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors, or awq.Int4Weight for
     AWQ checkpoints on the int4 kernel path (dequantised to dense otherwise)."""
@@ -228,6 +254,9 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
             for _ in range(cfg.num_hidden_layers)
         ],
     }
+    embed_on_host = embed_on_host and not cfg.tie_word_embeddings and torch.device(device).type == "cuda"
+    if embed_on_host:  # read into page-locked host memory; aliased onto the GPU after loading
+        out["embed"] = torch.empty((cfg.vocab_size, h), dtype=dtype, pin_memory=True)
     out["lm_head"] = out["embed"] if cfg.tie_word_embeddings else empty(cfg.vocab_size, h)
     raw: dict[str, torch.Tensor] = {}  # AWQ checkpoints: per-linear tensors, fused after reading
 
@@ -267,6 +296,12 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
     if progress:
         progress(0, total)
     _copy_tensors(entries, needed, destination, device, progress, 0, total)
+    if embed_on_host:
+        alias = host_mapped_alias(out["embed"])
+        out["embed_host"] = out["embed"]  # keeps the host memory alive as long as the alias
+        out["embed"] = alias if alias is not None else out["embed"].to(device)
+        if alias is None:
+            del out["embed_host"]
     if awq is not None:
         _fuse_awq_linears(cfg, awq, raw, out, dtype, use_int4pack)
     return out
