@@ -209,10 +209,11 @@ def host_mapped_alias(pinned):
     nothing and frees that much VRAM. Returns None if the alias can't be made or reads wrong values."""
     import torch
 
-    class _Interface:  # bf16 has no typestr: expose the bits as int16, view as the real dtype after
+    class _Interface:  # bf16 has no typestr: expose the bits as int16, view as the real dtype after.
+        # (torch refuses read-only CUDA array interfaces; nothing writes through the alias.)
         def __init__(self, t):
             self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": "<i2",
-                                             "data": (t.data_ptr(), True), "version": 3, "strides": None}
+                                             "data": (t.data_ptr(), False), "version": 3, "strides": None}
 
     try:
         if pinned.element_size() != 2 or not pinned.is_pinned():
