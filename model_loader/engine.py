@@ -98,6 +98,56 @@ class DecodeStep:
                 self._step(mode, pos)
 
 
+class PrefillGraphs:
+    """Fresh prompts (nothing cached) prefilled by CUDA graphs captured per length bucket: a prompt is padded
+    to the next bucket, so a 512-token prefill is one replay instead of ~450 launches from Python, which made
+    time to first token depend on the host CPU. All buckets share one memory pool (they never run at once)."""
+
+    BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    WARM = 512  # buckets up to this one are captured during warm-up; larger ones on first use
+
+    def __init__(self, model: Qwen2Model):
+        self.model = model
+        largest = max(b for b in self.BUCKETS if b <= min(model.max_ctx, model.PREFILL_CHUNK))
+        self.buckets = tuple(b for b in self.BUCKETS if b <= largest)
+        self.tokens = torch.zeros(largest, dtype=torch.int64, device=model.device)
+        self.last = torch.zeros(1, dtype=torch.int64, device=model.device)
+        self.zero = torch.zeros(1, dtype=torch.int32, device=model.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def bucket_for(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def capture(self, bucket: int) -> None:
+        if bucket in self.graphs:
+            return
+        tokens = self.tokens[:bucket]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            self.model.prefill_static(tokens, self.last, self.zero)  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            self.outputs[bucket] = self.model.prefill_static(tokens, self.last, self.zero)
+        self.graphs[bucket] = graph
+
+    def run(self, ids: list[int]) -> torch.Tensor | None:
+        """Logits [1, V] of the last token, or None if no bucket fits (then prefill eagerly)."""
+        bucket = self.bucket_for(len(ids))
+        if bucket is None:
+            return None
+        self.capture(bucket)
+        self.tokens[: len(ids)].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=False)
+        self.last.fill_(len(ids) - 1)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket]
+
+
 @dataclass
 class EngineInfo:
     model_path: str
@@ -124,6 +174,7 @@ class Engine:
         self.tokenizer = chat.tokenizer
         self.params = SamplerParams(model.device)
         self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs)
+        self.prefill_graphs = PrefillGraphs(model) if info.cuda_graphs else None
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
         self.ready = False
 
@@ -208,6 +259,10 @@ class Engine:
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)
+            if self.prefill_graphs is not None:
+                for bucket in sorted(self.prefill_graphs.buckets, reverse=True):  # largest first: sizes the pool
+                    if bucket <= PrefillGraphs.WARM:
+                        self.prefill_graphs.capture(bucket)
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize(self.model.device)
         except torch.cuda.OutOfMemoryError as err:
@@ -250,8 +305,12 @@ class Engine:
         while reuse < limit and self._cache_tokens[reuse] == seq[reuse]:
             reuse += 1
         self._cache_tokens = self._cache_tokens[:reuse]
-        ids = torch.tensor(seq[reuse:], dtype=torch.int64, device=self.model.device)
-        logits = self.model.prefill(ids, reuse)
+        logits = None
+        if reuse == 0 and self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(seq)
+        if logits is None:
+            ids = torch.tensor(seq[reuse:], dtype=torch.int64, device=self.model.device)
+            logits = self.model.prefill(ids, reuse)
         self._cache_tokens = list(seq)
         return logits, reuse
 

@@ -131,6 +131,29 @@ class Qwen2Model:
         x = torch.cat(outs) if all_logits else outs[-1]
         return F.linear(x, self.w["lm_head"]).float()
 
+    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, zero_t: torch.Tensor) -> torch.Tensor:
+        """A fresh prompt padded to a fixed length, for CUDA-graph capture: tokens [B] int64 (the real ones
+        first, any padding after: causal attention keeps padding out of the real rows), last_t [1] int64 = index
+        of the last real token, zero_t [1] int32 zeros. Writes K/V for all B positions (those past the prompt
+        are overwritten before they are ever read) and returns the last real token's logits [1, V] fp32."""
+        t = tokens.numel()
+        h = F.embedding(tokens, self.w["embed"])
+        cfg, ops = self.cfg, self.ops
+        eps = cfg.rms_norm_eps
+        attend = self._prefill_attention(0, t)
+        residual = None
+        for i, layer in enumerate(self.w["layers"]):
+            x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
+            qkv = linear(x, layer["qkv_w"])
+            q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
+                                    zero_t, 0, cfg.num_attention_heads, cfg.num_key_value_heads)
+            h = linear(attend(q, i), layer["o_w"])
+            x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
+            h = linear(ops.silu_mul(linear(x, layer["gate_up_w"])), layer["down_w"])
+        # only the last real row goes through the final norm and the LM head
+        x, _ = ops.add_rms_norm(h.index_select(0, last_t), residual.index_select(0, last_t), self.w["norm"], eps)
+        return F.linear(x, self.w["lm_head"]).float()
+
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:
         """One token. token_t: [1] int64; pos_t: [1] int32 (read on the device: graph-safe on the Triton path);
         pos: the same position as a host int (used only by the reference path). -> logits [1, V] fp32."""

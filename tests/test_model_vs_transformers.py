@@ -93,3 +93,23 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
         out2 = hf_model.generate(torch.tensor([ids2]), do_sample=False, max_new_tokens=4, min_new_tokens=4,
                                  pad_token_id=0)
     assert again.token_ids == out2[0, len(ids2):].tolist()
+
+
+def test_padded_static_prefill_matches_the_plain_prefill(cpu_engine):
+    """What the CUDA prefill graphs run: the prompt padded to a bucket gives the last real token's logits and
+    the real positions' K/V exactly as an unpadded prefill."""
+    ids = cpu_engine.chat.render(PROMPTS["cjk"]).ids
+    n, bucket = len(ids), 64
+    assert n < bucket
+    model = cpu_engine.model
+    cpu_engine.reset_cache()
+    plain = model.prefill(torch.tensor(ids), 0)
+    k_plain = model.k_cache[:, :, :n].clone()
+    v_plain = model.v_cache[:, :, :n].clone()
+    padded = torch.tensor(ids + [0] * (bucket - n))
+    with torch.inference_mode():
+        static = model.prefill_static(padded, torch.tensor([n - 1]), torch.zeros(1, dtype=torch.int32))
+    torch.testing.assert_close(static, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.k_cache[:, :, :n], k_plain, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(model.v_cache[:, :, :n], v_plain, atol=1e-6, rtol=1e-6)
+    cpu_engine.reset_cache()
