@@ -133,6 +133,9 @@ def main(argv=None) -> int:
 
     import qasync
 
+    from desktop.gcguard import GuiThreadGC
+
+    gc_guard = GuiThreadGC(parent=app)  # noqa: F841 (lives as long as the app: collects on the GUI thread)
     win = build_window(args)
     win.hard_exit_on_stuck_thread = True
     win.show()

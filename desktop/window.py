@@ -188,7 +188,8 @@ class MainWindow(QMainWindow):
         self.apply_theme()
         hints = QGuiApplication.styleHints()
         if hasattr(hints, "colorSchemeChanged"):
-            hints.colorSchemeChanged.connect(lambda _s: self.apply_theme() if self.settings.theme == "system" else None)
+            # A bound method, not a lambda: Qt drops the connection when this window is destroyed.
+            hints.colorSchemeChanged.connect(self._on_color_scheme)
         self._restore()
 
     # ------------------------------------------------------------------ layout
@@ -372,6 +373,10 @@ class MainWindow(QMainWindow):
         self.live.set_theme(self.theme)
         if self.conv_id is not None and self.stream is None:
             self.open_conversation(self.conv_id, keep_scroll=True)
+
+    def _on_color_scheme(self, _scheme) -> None:
+        if self.settings.theme == "system" and not self._closing:
+            self.apply_theme()
 
     # ------------------------------------------------------------------ engine
     def start_engine(self) -> None:
@@ -812,6 +817,10 @@ class MainWindow(QMainWindow):
             event.accept()
             return
         self._closing = True
+        try:
+            QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._on_color_scheme)
+        except (RuntimeError, TypeError):
+            pass
         self.qs.setValue("window/geometry", self.saveGeometry())
         if self.conv_id is not None:
             self.qs.setValue("window/last_conversation", self.conv_id)

@@ -13,6 +13,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import fakes`
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _gc_on_the_gui_thread_only():
+    """As desktop.gcguard does in the app: a collection on the engine/pool thread could destroy widgets of
+    earlier tests off the GUI thread (a crash). Collect between tests, on this thread, instead."""
+    import gc
+
+    gc.disable()
+    yield
+    gc.enable()
+
+
+@pytest.fixture(autouse=True)
+def _collect_after_each_test():
+    import gc
+
+    yield
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     from model_loader.testmodel import make_test_model
