@@ -66,6 +66,11 @@ def collect() -> dict:
     except Exception:
         info["triton"] = None
     info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
+    from model_loader.awq import int4pack_supported
+
+    info["awq_path"] = ("int4 kernel (torch _weight_int4pack_mm)"
+                        if torch.cuda.is_available() and int4pack_supported(torch.device("cuda"))
+                        else "dequantized to dense at load (needs an NVIDIA GPU of compute capability 8.0+ for 4-bit)")
     try:
         import transformers
 
