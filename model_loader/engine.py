@@ -285,8 +285,8 @@ class Engine:
         yield from self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning)
 
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
-                     control: GenerationControl | None = None, in_reasoning: bool = False,
-                     _t0: float | None = None) -> Iterator[Delta | Finished]:
+                     control: GenerationControl | None = None, in_reasoning: bool = False
+                     ) -> Iterator[Delta | Finished]:
         try:
             yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
                                       in_reasoning)
@@ -465,6 +465,6 @@ class Engine:
             decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=t_end - t0,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped_thinking,
+            memory=self.memory(), stopped_thinking=stopped_thinking, seed=seed if mode == "sample" else None,
         )
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=tokens, stats=stats)

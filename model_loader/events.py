@@ -84,6 +84,7 @@ class GenerationStats:
     token_latencies_ms: list[float] = field(default_factory=list)  # gap before each token after the first
     memory: MemoryStats | None = None
     stopped_thinking: bool = False
+    seed: int | None = None  # the sampling seed used (None for greedy): replay a reply with SamplingSettings(seed=)
 
 
 @dataclass
