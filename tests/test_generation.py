@@ -130,3 +130,10 @@ def test_full_context_is_reported(tiny_model):
     # still usable afterwards
     final, _ = run(engine, temperature=0, max_new_tokens=3)
     assert final.stats.completion_tokens == 3
+
+
+def test_the_recorded_seed_replays_an_unseeded_reply(cpu_engine):
+    first, _ = run(cpu_engine, temperature=0.9, max_new_tokens=20, ignore_eos=True)
+    assert first.stats.seed is not None
+    again, _ = run(cpu_engine, temperature=0.9, seed=first.stats.seed, max_new_tokens=20, ignore_eos=True)
+    assert again.token_ids == first.token_ids
