@@ -157,6 +157,9 @@ def test_quantize_load_chat_round_trip(tiny_model, tmp_path):
     assert cfg["quantization_config"] == {"quant_method": "awq", "version": "gemm", "bits": 4, "zero_point": True,
                                           "group_size": 32, "modules_to_not_convert": None}
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    from transformers import AwqConfig  # transformers' own parser accepts the quantization_config we write
+
+    assert AwqConfig.from_dict(cfg["quantization_config"]).group_size == 32
     engine = Engine.load(out, device="cpu")
     assert engine.info.quantization.startswith("awq")
     final = [e for e in engine.generate([{"role": "user", "content": "Hello"}],
