@@ -161,6 +161,7 @@ class EngineInfo:
     reasons: bool
     quantization: str | None = None  # None (dense), or which AWQ path is in use
     embed_on_host: bool = False  # the embedding table is read from host memory (saves its VRAM)
+    gemv: dict = field(default_factory=dict)  # weight shape -> "cuBLAS" or our Triton GEMV config (measured)
     load_s: float = 0.0
     load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
@@ -257,6 +258,11 @@ class Engine:
                 ids = torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
                 self.model.prefill(ids, 0)
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
+            if self.info.cuda_graphs:  # before any capture: the graphs record whichever GEMV wins
+                tuned = self.model.tune_gemv()
+                self.info.gemv = {f"{n}x{k}": ("cuBLAS" if c is None else f"triton {c}")
+                                  for (n, k), c in tuned["choice"].items()}
+                log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)
             if self.prefill_graphs is not None:

@@ -89,3 +89,15 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length):
     k[:, length:] = 1e4
     v[:, length:] = 1e4
     torch.testing.assert_close(attn(q, k, v, pos_t, length, scale), ref, **_tol(device))
+
+
+@pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
+@pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS)
+def test_single_token_gemv_matches_linear(device, n, k, config):
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, k, generator=g).to(device, dt)
+    w = torch.randn(n, k, generator=g).to(device, dt)
+    ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
+    torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
+                               rtol=2e-2 if device == "cuda" else 1e-5)

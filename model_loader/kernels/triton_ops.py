@@ -186,3 +186,81 @@ class DecodeAttention:
         _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
                                                       NUM_SPLITS=self.NUM_SPLITS, num_warps=4)
         return self.out
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One token: out[n] = sum_k x[k] * W[n, k]. Each program owns BLOCK_N rows of W and streams them once;
+    # partial products stay in registers and are reduced once at the end.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_mask = cols < K
+        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
+                    other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+# (BLOCK_N, BLOCK_K, num_warps) tried against cuBLAS for each weight shape at warm-up (see gemv_autotune)
+GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torch.Tensor:
+    """x [1, K] @ W[N, K].T -> [1, N] (what F.linear computes, for a single token)."""
+    n, k = w.shape
+    block_n, block_k, warps = config
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    return out
+
+
+def _graph_time_us(fn, calls: int) -> float:
+    """GPU time of one call, from a CUDA graph of `calls` calls (no launch overhead in the measurement)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (5 * calls)
+
+
+def gemv_autotune(weights_by_shape: dict[tuple[int, int], list[torch.Tensor]]) -> dict:
+    """For each weight shape, the fastest of cuBLAS and our GEMV configs on this GPU, timed over the model's own
+    weights of that shape (one per layer, so each read comes from HBM as in decoding, not from L2).
+    Returns {shape: config or None (cuBLAS)} and the timings, for the log."""
+    import torch.nn.functional as F
+
+    choice, timings = {}, {}
+    for shape, ws in weights_by_shape.items():
+        x = torch.randn(1, shape[1], device=ws[0].device, dtype=ws[0].dtype)
+
+        def run(config):
+            def fn():
+                for w in ws:
+                    F.linear(x, w) if config is None else gemv(x, w, config)
+            return fn
+
+        results = {None: _graph_time_us(run(None), len(ws))}
+        for config in GEMV_CONFIGS:
+            try:
+                results[config] = _graph_time_us(run(config), len(ws))
+            except Exception:  # a config this GPU can't run (shared memory, registers): skip it
+                continue
+        best = min(results, key=results.get)
+        choice[shape] = best
+        timings[shape] = results
+    return {"choice": choice, "timings_us": timings}
