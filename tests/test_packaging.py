@@ -29,8 +29,9 @@ WINDOWS = sys.platform == "win32"
 LINUX = sys.platform.startswith("linux")
 EXE = "r1desk.exe" if WINDOWS else "r1desk"
 VISIBLE_WINDOW_BUDGET_S = 3.0  # the issue's start-up target on a 2-core CPU
-QT_ERRORS = ("Could not find the Qt platform plugin", "could not load the Qt platform plugin",
-             "no Qt platform plugin could be initialized", "Cannot find font directory", "Traceback (most recent")
+FROZEN_ERRORS = ("Could not find the Qt platform plugin", "could not load the Qt platform plugin",
+                 "no Qt platform plugin could be initialized", "Cannot find font directory",
+                 "app icon not found", "Traceback (most recent")
 
 
 @dataclass
@@ -170,7 +171,7 @@ def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profi
     assert proc.returncode == 0, f"frozen self-test failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
     fields = summary_fields(proc.stdout)
     assert fields["device"] == "cpu" and int(fields["tokens"]) > 0, fields  # a reply came back
-    assert not [e for e in QT_ERRORS if e in proc.stderr], proc.stderr[-4000:]
+    assert not [e for e in FROZEN_ERRORS if e in proc.stderr], proc.stderr[-4000:]
 
     # the window, painted with real fonts (not an empty or single-colour image)
     from PIL import Image
@@ -222,9 +223,10 @@ def test_frozen_app_says_why_when_the_model_is_missing(bundle, profile):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_frozen_download_child_fetches_a_model(bundle, profile, tiny_model):
+def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profile, tiny_model):
     """desktop's download runs `r1desk --download-worker` (the frozen app re-run as a child): it must work
-    frozen, print its JSON progress and write the model where it was told, with no window."""
+    frozen, print its JSON progress and write the model where it was told, with no window. Downloaded into
+    r1desk's own models folder, the model is then found by its repo id (no Hugging Face cache here)."""
     sys.path.insert(0, str(ROOT / "tests" / "desktop"))
     from fakehub import FakeHub
 
@@ -240,6 +242,11 @@ def test_frozen_download_child_fetches_a_model(bundle, profile, tiny_model):
     assert last == {"finished": str(dest)}
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (dest / name).read_bytes() == (Path(tiny_model) / name).read_bytes()
+    empty_hf = profile["home"] / "hf-empty"  # so the repo id can only resolve to r1desk's own models folder
+    empty_hf.mkdir()
+    proc = run_frozen(bundle, profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu",
+                      "--max-new-tokens", "2", env={"HF_HOME": str(empty_hf)})
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
 
 
 # ------------------------------------------------------------------------------------ Linux menu entry
