@@ -171,3 +171,27 @@ def test_cuda_requested_without_cuda(folder):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")  # only meaningful where CUDA is absent (CI)
     expect_error(folder, "CUDA was requested", "CPU-only build", "--device cpu", device="cuda")
+
+
+def test_find_local_models_lists_compatible_models_only(tiny_model, tmp_path, monkeypatch):
+    """What doctor and the first-run screen list: r1desk's own models folder and the HF cache, compatible
+    folders only, offline."""
+    import huggingface_hub.constants as c
+
+    from model_loader.locate import find_local_models
+
+    cache = tmp_path / "hub"
+    for repo, good in (("deepseek-ai--Tiny-R1", True), ("someone--Llama", False)):
+        snap = cache / f"models--{repo}" / "snapshots" / ("b" * 40)
+        shutil.copytree(tiny_model, snap)
+        (cache / f"models--{repo}" / "refs").mkdir()
+        (cache / f"models--{repo}" / "refs" / "main").write_text("b" * 40)
+        if not good:
+            edit_config(snap, architectures=["LlamaForCausalLM"])
+    own = tmp_path / "data" / "r1desk" / "models" / "my-awq"
+    shutil.copytree(tiny_model, own)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    names = sorted(m.path.parts[-3] if "snapshots" in m.path.parts else m.name for m in find_local_models())
+    assert names == ["models--deepseek-ai--Tiny-R1", "my-awq"]
