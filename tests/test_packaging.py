@@ -295,3 +295,31 @@ def test_install_script_adds_and_removes_the_menu_entry(tmp_path):
     left = [p for p in data.rglob("r1desk*")]
     assert not left, left
     assert folder.is_dir()  # uninstalling the menu entry leaves the app folder alone
+
+
+# ------------------------------------------------------------------------------------ frozen launcher
+def _launcher():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("r1desk_launcher", ROOT / "packaging" / "launcher.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not LINUX, reason="Triton's C compiler check is for Linux")
+def test_frozen_environment_caches_in_user_folder_and_skips_triton_without_a_compiler(tmp_path, monkeypatch):
+    launcher = _launcher()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no gcc, no clang
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("R1DESK_NO_TRITON", raising=False)
+    monkeypatch.setenv("MPLCONFIGDIR", "/somewhere/temporary")  # what PyInstaller's matplotlib hook sets
+    launcher.prepare_frozen_environment()
+    assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "r1desk" / "matplotlib")
+    assert os.environ["R1DESK_NO_TRITON"] == "1"
+
+    monkeypatch.delenv("R1DESK_NO_TRITON")
+    monkeypatch.setenv("CC", "/opt/cc")  # a compiler the user pointed Triton at
+    launcher.prepare_frozen_environment()
+    assert "R1DESK_NO_TRITON" not in os.environ
