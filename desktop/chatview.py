@@ -15,9 +15,11 @@ import math
 import time
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor, QTextDocument
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
+
+import re
 
 from desktop.markdown import MarkdownRenderer, Rendered
 
@@ -55,11 +57,6 @@ class RichText(QTextBrowser):
         self.setHtml(rendered.html)
         self._fit()
 
-    def append_plain(self, text: str) -> None:
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.End)
-        cursor.insertText(text)
-
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == "copy":
             index = int(url.path() or 0)
@@ -86,6 +83,59 @@ class RichText(QTextBrowser):
         return QSize(400, self.height())
 
 
+def _discard(w: QWidget) -> None:
+    # hide + deleteLater, never setParent(None): an orphaned widget is a top-level window, and one of
+    # them shown even for a moment steals activation (window shortcuts stop working).
+    w.hide()
+    w.deleteLater()
+
+
+class StreamingText(QWidget):
+    """Markdown that grows while a reply streams, painted in O(new text) per frame.
+
+    Re-setting the whole HTML of a long reply costs tens of ms in QTextDocument, every frame. Instead, each
+    finished top-level block group (see block_cut) is rendered once into its own RichText and never touched
+    again; only the last, still-growing piece is re-rendered. When the reply is finished the owner replaces
+    this with one RichText of the whole text (one document: selection across blocks, exact spacing)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.lay = QVBoxLayout(self)
+        self.lay.setContentsMargins(0, 0, 0, 0)
+        self.lay.setSpacing(6)  # the paragraph gap QTextDocument would put between the blocks
+        self.pieces: list[RichText] = []
+        self._done = 0
+        self.tail: RichText | None = None
+
+    def reset(self) -> None:
+        for w in self.pieces:
+            _discard(w)
+        self.pieces.clear()
+        self._done = 0
+        self.tail = None
+
+    def _piece(self, palette=None) -> RichText:
+        w = RichText()
+        if palette is not None:
+            w.setPalette(palette)
+        self.lay.addWidget(w)
+        self.pieces.append(w)
+        return w
+
+    def stream_to(self, text: str, render, css: str, palette=None) -> None:
+        cut = block_cut(text, self._done)
+        if cut > self._done:  # the tail widget becomes a finished piece; a new one takes the tail
+            stable = self.tail or self._piece(palette)
+            stable.set_rendered(render(text[self._done:cut].strip("\n")), css)
+            self._done = cut
+            self.tail = None
+        rest = text[self._done:].strip("\n")
+        if rest:
+            if self.tail is None:
+                self.tail = self._piece(palette)
+            self.tail.set_rendered(render(rest), css)
+
+
 def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
     b = QToolButton()
     b.setText(text)
@@ -97,13 +147,19 @@ def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
     return b
 
 
-def _paragraph_cut(text: str, start: int) -> int:
-    """End of the last finished paragraph (a blank line) after `start` that doesn't split a code fence or a
-    display formula; `start` if there is none yet."""
+_LIST_OR_INDENT = re.compile(r"[ \t]|\d+[.)][ \t]|[-*+][ \t]")
+
+
+def block_cut(text: str, start: int) -> int:
+    """End of the last finished top-level markdown block after `start`: a blank line followed by an unindented
+    line that doesn't continue a list, with no code fence or display formula left open before it. Text up to
+    the cut can be rendered once and never again; `start` if there is no such boundary yet."""
     cut = text.rfind("\n\n", start)
     while cut > start:
+        nxt = text[cut + 2:cut + 6].lstrip("\n")
         chunk = text[:cut]
-        if chunk.count("```") % 2 == 0 and chunk.count("$$") % 2 == 0 and chunk.count("\\[") == chunk.count("\\]"):
+        if (nxt and not _LIST_OR_INDENT.match(nxt) and chunk.count("```") % 2 == 0
+                and chunk.count("$$") % 2 == 0 and chunk.count("\\[") == chunk.count("\\]")):
             return cut + 2
         cut = text.rfind("\n\n", start, cut)
     return start
@@ -140,6 +196,9 @@ class ReasoningBlock(QWidget):
         self.text.setFont(f)
         self.text.setAccessibleName("Reasoning")
         body_lay.addWidget(self.text)
+        self.stream_text = StreamingText()
+        self.stream_text.hide()
+        body_lay.addWidget(self.stream_text)
         lay.addWidget(self.body)
         self.reasoning = ""
         self.streaming = False
@@ -166,20 +225,22 @@ class ReasoningBlock(QWidget):
     def start_stream(self) -> None:
         self.streaming = True
         self.reasoning = ""
-        self._done = 0  # reasoning[:_done] is rendered markdown; the rest is the plain "tail" paragraph
-        self._tail_pos = 0  # document position where the plain tail starts
-        self.text.document().setDefaultStyleSheet(self.view.renderer.stylesheet(quiet=True))
-        self.text.setPlainText("")
         self._apply_quiet_format()
+        self.stream_text.reset()
+        self.stream_text.show()
+        self.text.hide()
         self.set_expanded(True)
 
-    def _apply_quiet_format(self) -> None:
-        # Plain streaming text takes its colour from the widget palette: make it the quiet colour.
+    def _quiet_palette(self):
         from PySide6.QtGui import QColor, QPalette
 
         pal = self.text.palette()
         pal.setColor(QPalette.Text, QColor(self.view.theme.faint))
-        self.text.setPalette(pal)
+        return pal
+
+    def _apply_quiet_format(self) -> None:
+        # Plain text takes its colour from the widget palette: make it the quiet colour.
+        self.text.setPalette(self._quiet_palette())
 
     def append(self, text: str) -> None:
         if not self.reasoning:
@@ -187,29 +248,16 @@ class ReasoningBlock(QWidget):
         self.reasoning += text
 
     def sync(self) -> None:
-        """Paint what streamed since the last frame. Finished paragraphs are rendered once (markdown + math)
-        and appended; only the paragraph still being written is replaced. So each frame costs
-        O(new text), however long the reasoning gets."""
-        cut = _paragraph_cut(self.reasoning, self._done)
-        cursor = QTextCursor(self.text.document())
-        cursor.setPosition(self._tail_pos)
-        cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
-        cursor.removeSelectedText()
-        if cut > self._done:
-            rendered = self.view.renderer.render(self.reasoning[self._done:cut].strip(), quiet=True)
-            self.text._images.update(rendered.images)
-            if self._tail_pos > 0:
-                cursor.insertBlock()
-            cursor.insertHtml(rendered.html)
-            self._done = cut
-            self._tail_pos = cursor.position()
-        tail = self.reasoning[self._done:].strip("\n")
-        if tail:  # the paragraph being written: re-rendered each frame (one paragraph: cheap)
-            if self._tail_pos > 0:
-                cursor.insertBlock()
-            rendered = self.view.renderer.render(tail, quiet=True)
-            self.text._images.update(rendered.images)
-            cursor.insertHtml(rendered.html)
+        """Paint what streamed since the last frame (markdown + math, incrementally)."""
+        r = self.view.renderer
+        self.stream_text.stream_to(self.reasoning, lambda t: r.render(t, quiet=True), r.stylesheet(quiet=True),
+                                   self._quiet_palette())
+
+    def visible_text(self) -> str:
+        """What the reader sees in the block, as plain text (streamed pieces or the one final document)."""
+        if self.stream_text.isVisibleTo(self.body):
+            return "\n".join(w.toPlainText() for w in self.stream_text.pieces)
+        return self.text.toPlainText()
 
     def finish_stream(self) -> None:
         self.streaming = False
@@ -217,11 +265,17 @@ class ReasoningBlock(QWidget):
     def set_text(self, reasoning: str) -> None:
         self.reasoning = reasoning
         self._rendered_for = None
+        self.stream_text.reset()
+        self.stream_text.hide()
+        self.text.show()
         if self.expanded():
             self.render_final()
 
     def render_final(self) -> None:
-        """Markdown + math for the finished reasoning (while it streams it is plain text: cheaper)."""
+        """The finished reasoning as one document (while it streams it is rendered piece by piece)."""
+        self.stream_text.reset()
+        self.stream_text.hide()
+        self.text.show()
         self._apply_quiet_format()
         self.text.set_rendered(self.view.renderer.render(self.reasoning.strip(), quiet=True),
                                self.view.renderer.stylesheet(quiet=True))
@@ -266,6 +320,9 @@ class MessageWidget(QFrame):
             self.body = RichText()
             self.body.setAccessibleName("Reply")
             outer.addWidget(self.body)
+            self.stream_body = StreamingText()
+            self.stream_body.hide()
+            outer.addWidget(self.stream_body)
         foot = QHBoxLayout()
         foot.setSpacing(2)
         if self.role == "user":
@@ -312,9 +369,21 @@ class MessageWidget(QFrame):
 
     def set_answer(self, answer: str) -> None:
         self.answer = answer
+        if self.role != "user":
+            self.stream_body.reset()
+            self.stream_body.hide()
         self.body.setVisible(bool(answer.strip()))
         if answer.strip():
             self.body.set_rendered(self.view.renderer.render(answer), self.view.renderer.stylesheet())
+
+    def stream_answer(self, answer: str) -> None:
+        """The answer while it streams (incremental: see StreamingText); set_content() renders it whole once
+        the reply is finished."""
+        self.answer = answer
+        self.body.hide()
+        self.stream_body.show()
+        r = self.view.renderer
+        self.stream_body.stream_to(answer, r.render, r.stylesheet())
 
     def set_busy(self, busy: bool) -> None:
         for b in self.buttons.values():
@@ -415,8 +484,7 @@ class ChatView(QScrollArea):
     # ---- content
     def clear(self) -> None:
         for w in self.widgets:
-            w.setParent(None)
-            w.deleteLater()
+            _discard(w)
         self.widgets.clear()
         self.empty.show()
         self._stick = True
@@ -433,8 +501,7 @@ class ChatView(QScrollArea):
         keep = []
         for w in self.widgets:
             if w.msg_id >= msg_id:
-                w.setParent(None)
-                w.deleteLater()
+                _discard(w)
             else:
                 keep.append(w)
         self.widgets = keep
@@ -443,8 +510,7 @@ class ChatView(QScrollArea):
     def remove(self, msg_id: int) -> None:
         for w in list(self.widgets):
             if w.msg_id == msg_id:
-                w.setParent(None)
-                w.deleteLater()
+                _discard(w)
                 self.widgets.remove(w)
         self.empty.setVisible(not self.widgets)
 
@@ -524,7 +590,7 @@ class ReplyStream:
                 self.label_timer.stop()
                 block.set_label(f"Thought for {_fmt_s(self.thinking_s() or 0.0)}")
                 block.set_expanded(False)
-            self.widget.set_answer(self.answer.lstrip("\n"))
+            self.widget.stream_answer(self.answer.lstrip("\n"))
         self.frames += 1
         # A long answer makes each re-render slower: stretch the interval so rendering stays under ~half
         # of the GUI thread's time and input stays responsive.

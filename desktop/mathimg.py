@@ -140,3 +140,19 @@ def _draw_box(img: QImage, color: str, dpr: float) -> QImage:
     p.drawRoundedRect(QRectF(1, 1, out.width() - 2, out.height() - 2), 3 * dpr, 3 * dpr)
     p.end()
     return out
+
+
+_prewarm_started = False
+
+
+def prewarm_in_background() -> None:
+    """Import matplotlib and load its math fonts on a background thread (about a second, once), so the
+    first formula of the first reply doesn't stall a frame. Pure matplotlib (Agg): no Qt objects involved."""
+    global _prewarm_started
+    if _prewarm_started:
+        return
+    _prewarm_started = True
+    import threading
+
+    threading.Thread(target=lambda: render_png("x^2", "#000000", 14.0, 1.0), name="r1desk-math-prewarm",
+                     daemon=True).start()

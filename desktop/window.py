@@ -180,6 +180,9 @@ class MainWindow(QMainWindow):
         self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
 
+        from desktop.mathimg import prewarm_in_background
+
+        prewarm_in_background()
         self._build()
         self._shortcuts()
         self.save_timer = QTimer(self)
@@ -299,7 +302,8 @@ class MainWindow(QMainWindow):
         self.chat.message_action.connect(self._on_message_action)
         p_lay.addWidget(self.chat, 1)
         self.composer = Composer()
-        self.composer.send_requested.connect(self.send_or_stop)
+        # Enter only ever sends (typing the next message during a reply must not stop it); the button toggles.
+        self.composer.send_requested.connect(self.send)
         self.composer.send_btn.clicked.connect(self.send_or_stop)
         self.composer.stop_thinking_btn.clicked.connect(self.stop_thinking)
         comp_row = QHBoxLayout()
@@ -385,12 +389,13 @@ class MainWindow(QMainWindow):
             self.host = EngineHost(self)
             self.host.worker.engine_factory = self.engine_factory
             w = self.host.worker
-            w.stage.connect(self._on_stage)
-            w.progress.connect(self._on_progress)
-            w.ready.connect(self._on_ready)
-            w.delta.connect(self._on_delta)
-            w.finished.connect(self._on_finished)
-            w.failed.connect(self._on_failed)
+            q = Qt.QueuedConnection  # explicit: these slots must run on the GUI thread, whatever wraps them
+            w.stage.connect(self._on_stage, q)
+            w.progress.connect(self._on_progress, q)
+            w.ready.connect(self._on_ready, q)
+            w.delta.connect(self._on_delta, q)
+            w.finished.connect(self._on_finished, q)
+            w.failed.connect(self._on_failed, q)
         if not self.settings.model_path:
             self.stack.setCurrentWidget(self.welcome)
             self.welcome.scan()

@@ -41,9 +41,9 @@ def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_wi
     qtbot.waitUntil(lambda: len(block.reasoning) > 40, timeout=10000)
     assert block.expanded() and block.toggle.text().startswith("Thinking")
     assert win.composer.stop_thinking_btn.isVisible()
-    assert block.text.toPlainText().strip()  # painted, not only buffered
+    assert block.visible_text().strip()  # painted, not only buffered
     qtbot.waitUntil(lambda: bool(win.stream and win.stream.answer) and win.stream.frames > 0 and
-                    widget.body.isVisible(), timeout=10000)
+                    (widget.stream_body.isVisible() or widget.body.isVisible()), timeout=10000)
     assert not block.expanded() and block.toggle.text().startswith("Thought for")
     assert not win.composer.stop_thinking_btn.isVisible()
     with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
@@ -53,7 +53,7 @@ def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_wi
     assert msg["stats"]["thinking_s"] > 0
     qtbot.mouseClick(block.toggle, Qt.LeftButton)  # click to expand the folded reasoning
     assert block.expanded() and block.body.isVisible()
-    assert "perfect squares" in block.text.toPlainText()
+    assert "perfect squares" in block.visible_text()
 
 
 def test_deltas_are_coalesced_into_frames(qtbot, make_window):

@@ -93,7 +93,7 @@ def test_stored_messages_render_reasoning_folded_or_open(qtbot, make_window):
                                          "stats": {"thinking_s": 30.0, "finish_reason": "max_new_tokens"}})
     block = never_closed.reasoning_block
     assert block.expanded() and "no answer (hit the token limit while thinking)" in block.toggle.text()
-    assert "still thinking" in block.text.toPlainText() and not never_closed.body.isVisible()
+    assert "still thinking" in block.visible_text() and not never_closed.body.isVisible()
     crashed = win.chat.add_message({"id": 3, "role": "assistant", "content": "half", "reasoning": "half",
                                     "answer": "", "complete": False, "stats": None})
     assert "interrupted" in crashed.reasoning_block.toggle.text() and crashed.meta.text() == "interrupted"

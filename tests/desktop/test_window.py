@@ -22,6 +22,8 @@ def _reply(qtbot, win, text):
 
 def test_keyboard(qtbot, make_window):
     win = make_window(engine=FakeEngine(token_s=0.0))
+    win.activateWindow()  # window shortcuts need the active window
+    qtbot.waitUntil(win.isActiveWindow)
     edit = win.composer.edit
     edit.setFocus()
     qtbot.keyClicks(edit, "line one")
@@ -31,6 +33,8 @@ def test_keyboard(qtbot, make_window):
     with qtbot.waitSignal(win.reply_finished, timeout=20000):
         qtbot.keyClick(edit, Qt.Key_Return)
     assert win.store.messages(win.conv_id)[0]["content"] == "line one\nline two" and edit.toPlainText() == ""
+    assert [w for w in QApplication.topLevelWidgets() if w.isVisible()] == [win]  # nothing orphaned shows up
+    qtbot.waitUntil(win.isActiveWindow)
     qtbot.keyClick(win, Qt.Key_N, Qt.ControlModifier)
     assert win.conv_id is None and not win.chat.widgets
     for key in (Qt.Key_K, Qt.Key_F):
