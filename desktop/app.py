@@ -135,7 +135,7 @@ def main(argv=None) -> int:
 
     from desktop.gcguard import GuiThreadGC
 
-    gc_guard = GuiThreadGC(parent=app)  # noqa: F841 (lives as long as the app: collects on the GUI thread)
+    app._r1desk_gc = GuiThreadGC(parent=app)  # lives as long as the app: collects on the GUI thread
     win = build_window(args)
     win.hard_exit_on_stuck_thread = True
     win.show()

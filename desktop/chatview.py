@@ -3,10 +3,11 @@
 Streaming rules (why the code looks like this):
 - deltas arrive hundreds of times a second; they are buffered and the view is updated by a single-shot
   timer at most once a frame (ReplyStream), never per token;
-- reasoning text is appended to its document (cheap, no re-layout of what is above); the answer is
-  re-rendered as markdown each frame because markdown structure can change with every token; if rendering
-  gets slow (a long answer) the frame interval stretches to keep the UI responsive;
-- the scroll stays pinned to the bottom while the user hasn't scrolled up (ChatView._stick).
+- reasoning and answer are rendered as markdown (with math) while they stream, piece by piece
+  (StreamingText): finished blocks are rendered once, only the block being written is redone each frame;
+  if a frame still gets slow the interval stretches so the UI keeps responding;
+- the scroll stays pinned to the bottom while the user hasn't scrolled up (ChatView._stick);
+- when the reply is finished it is rendered once more as a single document (exact spacing, selection).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import math
 import time
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 

@@ -10,9 +10,7 @@ decode loop checks before every token, called directly (the worker's event queue
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut

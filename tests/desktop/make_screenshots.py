@@ -58,7 +58,7 @@ def shoot(win, path: Path) -> None:
 def main(out: str) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    _app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841
     tmp = Path(tempfile.mkdtemp())
     for theme in ("light", "dark"):
         engine = FakeEngine(token_s=0.002)

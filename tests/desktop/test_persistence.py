@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QSettings
-
 from desktop.store import Store
 from fakes import ANSWER, REASONING, FakeEngine
 
