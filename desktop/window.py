@@ -226,9 +226,11 @@ class MainWindow(QMainWindow):
         s_lay.addWidget(self.search)
         self.conv_list = QListWidget()
         self.conv_list.setAccessibleName("Conversations")
+        self.conv_list.setToolTip("Double-click or F2 to rename; right-click for export and delete")
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.conv_list.customContextMenuRequested.connect(self._list_menu)
         self.conv_list.itemSelectionChanged.connect(self._on_list_selection)
+        self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.UserRole)))
         self.conv_list.setTextElideMode(Qt.ElideRight)
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setWordWrap(False)
@@ -339,6 +341,7 @@ class MainWindow(QMainWindow):
         sc("Ctrl+F", self.focus_search)
         sc("Ctrl+,", self.open_settings)
         sc("Ctrl+I", lambda: self.live_btn.toggle())
+        sc("F2", lambda: self.rename_conversation(self.conv_id) if self.conv_id is not None else None)
         sc("Escape", self.escape)
 
     def _make_renderer(self) -> MarkdownRenderer:

@@ -138,13 +138,15 @@ class FakeEngine:
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 
 
-def factory(engine: FakeEngine, fail_load: Exception | None = None):
-    """An engine_factory for MainWindow/EngineWorker: reports load progress, then returns `engine`."""
+def factory(engine: FakeEngine, fail_load: Exception | None = None, chunk_s: float = 0.0, chunks: int = 4):
+    """An engine_factory for MainWindow/EngineWorker: reports load progress (a chunk every chunk_s, like
+    reading shards from a slow disk), then returns `engine`."""
 
     def make(request, progress):
         total = engine.info.weights_bytes
-        for k in range(1, 5):
-            progress(total * k // 4, total)
+        for k in range(1, chunks + 1):
+            time.sleep(chunk_s)
+            progress(total * k // chunks, total)
         if fail_load is not None:
             raise fail_load
         return engine

@@ -157,3 +157,14 @@ def test_ui_keeps_up_and_stays_responsive_at_hundreds_of_tokens_per_second(qtbot
     # the GUI kept up: the last delta was painted and saved about when the engine produced it
     assert done - first[0] < stats["total_s"] + 1.0
     assert max(gaps) < 0.5  # never frozen: the event loop kept turning all along
+
+
+def test_loading_shows_progress_and_closing_mid_load_exits_quickly(qtbot, make_window):
+    win = make_window(engine=FakeEngine(), wait_ready=False, load_chunk_s=0.05)  # a 10 s load
+    qtbot.waitUntil(lambda: win.progress.isVisible() and win.progress.maximum() == 1000 and
+                    win.progress.value() > 0, timeout=10000)
+    assert win.status_label.text().startswith("Loading model…") and "GB" in win.status_label.text()
+    assert not win.composer.send_btn.isEnabled()  # nothing to send to yet
+    t0 = time.monotonic()
+    win.close()
+    assert time.monotonic() - t0 < 2.0 and win.host.thread.isFinished()  # the load stopped at its next chunk
