@@ -107,6 +107,7 @@ class StreamingText(QWidget):
         self.pieces: list[RichText] = []
         self._done = 0
         self.tail: RichText | None = None
+        self.piece_font = None  # the reasoning block's pieces use its smaller font
 
     def reset(self) -> None:
         for w in self.pieces:
@@ -119,6 +120,8 @@ class StreamingText(QWidget):
         w = RichText()
         if palette is not None:
             w.setPalette(palette)
+        if self.piece_font is not None:
+            w.setFont(self.piece_font)
         self.lay.addWidget(w)
         self.pieces.append(w)
         return w
@@ -198,6 +201,7 @@ class ReasoningBlock(QWidget):
         self.text.setAccessibleName("Reasoning")
         body_lay.addWidget(self.text)
         self.stream_text = StreamingText()
+        self.stream_text.piece_font = f
         self.stream_text.hide()
         body_lay.addWidget(self.stream_text)
         lay.addWidget(self.body)

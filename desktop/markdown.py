@@ -122,12 +122,12 @@ class MarkdownRenderer:
         result = Rendered("", env["code"])
         color = self.theme.faint if quiet else self.theme.text
         # mathtext's italic letters come out a little smaller than the body font's: scale up to match.
-        size = self.font_px * (0.95 if quiet else 1.0) * 1.08
+        size = self.font_px * (0.91 if quiet else 1.0) * 1.08
 
         def image_html(n: int) -> str:
             tex, display = formulas[n]
             img = render_image(tex, color, size * (1.1 if display else 1.0), self.dpr,
-                               self.x_height * (0.95 if quiet else 1.0))
+                               self.x_height * (0.91 if quiet else 1.0))
             if img is None:  # mathtext can't parse it: show the source rather than nothing
                 src = f"$${tex}$$" if display else f"${tex}$"
                 return f"<code>{html.escape(src)}</code>"
