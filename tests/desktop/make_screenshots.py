@@ -3,7 +3,7 @@
     QT_QPA_PLATFORM=offscreen python tests/desktop/make_screenshots.py docs
 
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
-open), the reasoning streaming live, and the first-run screen.
+open), the reasoning streaming live (light and dark), and the first-run screen.
 """
 
 from __future__ import annotations
@@ -69,11 +69,9 @@ def main(out: str) -> None:
         wait_until(lambda: win.stream is None)
         engine.token_s = 0.02
         win.send("Prove that the sum of the first n odd numbers is n², and give me Python to check it.")
-        if theme == "light":
-            wait_until(lambda: win.stream is not None and len(win.stream.reasoning) > 330)
-            QTimer.singleShot(300, lambda: None)
-            wait_until(lambda: win.stream.frames > 0)
-            shoot(win, out_dir / "screenshot-thinking-light.png")
+        wait_until(lambda: win.stream is not None and len(win.stream.reasoning) > 330)
+        wait_until(lambda: win.stream.frames > 0)
+        shoot(win, out_dir / f"screenshot-thinking-{theme}.png")
         wait_until(lambda: win.stream is not None and "So for" in win.stream.answer, 60000)
         win.stream.flush()
         win.chat.scroll_to_bottom()
