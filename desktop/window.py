@@ -477,7 +477,8 @@ class MainWindow(QMainWindow):
         self.chat.clear()
         self.title_label.setText("New chat")
         self.conv_list.clearSelection()
-        self.banner.hide() if self.banner.kind == "context_full" else None
+        if self.banner.kind == "context_full":  # a new chat is the answer to a full context
+            self.banner.hide()
         self.composer.edit.setFocus()
 
     def open_conversation(self, conv_id: int, keep_scroll: bool = False) -> None:
@@ -619,7 +620,8 @@ class MainWindow(QMainWindow):
         self.live.start_reply()
         self.control = GenerationControl()
         self._last_saved = ""
-        self.banner.hide() if self.banner.kind in ("not_ready", "generate", "oom", "context_full") else None
+        if self.banner.kind in ("not_ready", "generate", "oom", "context_full"):  # stale once a new reply starts
+            self.banner.hide()
         self.gen_id = self.host.generate(history, settings, self.control)
         self.save_timer.start()
         self._update_composer()
