@@ -1,11 +1,12 @@
 """The double-click bundle, for real: build it from packaging/r1desk.spec with the torch installed here (the CPU
-wheel in CI), then run the frozen program the way a user's desktop would, offscreen, in a throw-away profile.
+wheel in CI), then run the frozen program the way a user's desktop would (offscreen, and on a virtual X11
+display), in a throw-away profile.
 
 What would break a frozen app and not the installed one is what these tests look at: Qt plugins and fonts,
-model_loader's files, the model lookup (folder, Hugging Face cache), the download child process (the frozen app
-re-runs itself), writes into the bundle's own folder, and start-up time. The build takes a minute or two, so
-the bundle is built once per session; the measurements are printed (and written to $R1DESK_PACKAGING_REPORT
-when set) for docs/BENCHMARKS.md.
+model_loader's files, the model lookup (folder, Hugging Face cache, r1desk's models folder), the download child
+process (the frozen app re-runs itself), writes into the bundle's own folder, and start-up time. The build takes
+a minute or two, so the bundle is built once per session; the measurements are printed at the end of the run
+(and written to $R1DESK_PACKAGING_REPORT when set) for docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
