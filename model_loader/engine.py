@@ -24,7 +24,7 @@ from model_loader.awq import int4pack_supported
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
-from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings
+from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader.kernels import triton_available
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
@@ -184,6 +184,9 @@ class Engine:
     def load(cls, spec, device: str | None = None, context_length: int = 4096, dtype: str | None = None,
              progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
              embed_on_host: bool | None = None) -> "Engine":
+        """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
+        this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
+        window that closes mid-load stops it). Raises ModelError (one-line message) for anything unusable."""
         t0 = time.perf_counter()
         folder = resolve_model(spec)
         dev = pick_device(device)
@@ -278,6 +281,23 @@ class Engine:
         self.info.warmup_s = time.perf_counter() - t0
         self.ready = True
 
+    def close(self) -> None:
+        """Free the model's device memory now (weights, KV cache, graphs). The engine is unusable afterwards."""
+        self.ready = False
+        self.step.graphs.clear()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.graphs.clear()
+            self.prefill_graphs.outputs.clear()
+        self.prefill_graphs = None
+        self.model.w = {"layers": []}
+        self.model.k_cache = self.model.v_cache = None
+        self._cache_tokens = []
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def memory(self):
         return memory_stats(self.model.device, self.model.weights_bytes, self.model.kv_cache_bytes)
 
@@ -286,13 +306,13 @@ class Engine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
-                 control: GenerationControl | None = None) -> Iterator[Delta | Finished]:
+                 control: GenerationControl | None = None) -> Iterator[Started | Delta | Finished]:
         prompt = self.chat.render(messages)
         yield from self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning)
 
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
                      control: GenerationControl | None = None, in_reasoning: bool = False
-                     ) -> Iterator[Delta | Finished]:
+                     ) -> Iterator[Started | Delta | Finished]:
         try:
             yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
                                       in_reasoning)
@@ -389,6 +409,7 @@ class Engine:
                 first = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.step.generator)
             if reused_total is None:
                 reused_total = reused
+                yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
             first_id = int(first.item())
             yield from emit(first_id)
             finish = done(first_id)

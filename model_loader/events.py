@@ -1,6 +1,7 @@
 """The one result/event API every consumer (CLI, bench, the desktop worker) reads.
 
-Engine.generate() yields Delta events while it decodes, then exactly one Finished event.
+Engine.generate() yields one Started event once the prompt is prefilled, Delta events while it decodes, then
+exactly one Finished event.
 All plain dataclasses of Python values: safe to pass through Qt queued signals or json.dumps(asdict(...)).
 """
 
@@ -47,6 +48,15 @@ class GenerationControl:
             self._stop_thinking.clear()
             return True
         return False
+
+
+@dataclass
+class Started:
+    """The prompt is in the KV cache; the first token follows. Lets a UI show context use during the reply."""
+
+    prompt_tokens: int
+    prefix_reused_tokens: int
+    context_length: int
 
 
 @dataclass

@@ -26,7 +26,14 @@ class ModelFolder:
 
     @property
     def name(self) -> str:
+        """The model's name: the folder's, or the repo's for a Hugging Face cache snapshot."""
+        if self.path.parent.name == "snapshots" and self.path.parent.parent.name.startswith("models--"):
+            return self.path.parent.parent.name.split("--")[-1]
         return self.path.name if self.path.name not in ("", ".") else str(self.path)
+
+    @property
+    def quantized(self) -> bool:
+        return self.config.awq is not None
 
 
 def user_models_dir() -> Path:
@@ -134,4 +141,39 @@ def find_local_models() -> list[ModelFolder]:
             found.append(validate_folder(path))
         except ModelError:
             continue
+    return found
+
+
+_VARIANT_SUFFIXES = ("-awq", "_awq", "-4bit", "_4bit", "-int4", "_int4", "-w4a16", "_w4a16")
+
+
+def _family(name: str) -> str:
+    """The name without its precision suffix: DeepSeek-R1-Distill-Qwen-1.5B-AWQ -> deepseek-r1-distill-qwen-1.5b."""
+    key = name.lower()
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _VARIANT_SUFFIXES:
+            if key.endswith(suffix):
+                key, changed = key[: -len(suffix)], True
+    return key
+
+
+def _same_shape(a: ModelFolder, b: ModelFolder) -> bool:
+    fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "vocab_size")
+    return all(getattr(a.config, f) == getattr(b.config, f) for f in fields)
+
+
+def find_variants(path, candidates: list[ModelFolder] | None = None) -> dict[str, Path | None]:
+    """The same model in the other precision, among local models: {"dense": folder, "awq": folder} (None where
+    absent; the given folder fills its own slot). Same model = same architecture shape and the same name once a
+    precision suffix (-AWQ, -4bit, -int4, ...) is dropped: what `r1desk-cli quantize --out NAME-AWQ` makes."""
+    folder = validate_folder(Path(path))
+    found: dict[str, Path | None] = {"dense": None, "awq": None}
+    found["awq" if folder.quantized else "dense"] = folder.path
+    for other in find_local_models() if candidates is None else candidates:
+        slot = "awq" if other.quantized else "dense"
+        if found[slot] is None and _family(other.name) == _family(folder.name) and _same_shape(folder, other):
+            found[slot] = other.path
     return found

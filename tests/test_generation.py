@@ -5,17 +5,21 @@ import threading
 import pytest
 
 from model_loader.errors import ContextFullError
-from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
+from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings, Started
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a robot."}]
 
 
 def run(engine, messages=MESSAGES, control=None, **settings):
+    """One reply; checks the event order (Started, Delta..., Finished) and returns (Finished, deltas)."""
     events = list(engine.generate(messages, SamplingSettings(**settings), control))
-    final = events[-1]
-    assert isinstance(final, Finished)
-    assert all(isinstance(e, Delta) for e in events[:-1])
-    return final, events[:-1]
+    started, final = events[0], events[-1]
+    assert isinstance(started, Started) and isinstance(final, Finished)
+    assert all(isinstance(e, Delta) for e in events[1:-1])
+    assert started.prompt_tokens == final.stats.prompt_tokens
+    assert started.prefix_reused_tokens == final.stats.prefix_reused_tokens
+    assert started.context_length == final.stats.context_length
+    return final, events[1:-1]
 
 
 def test_seeded_sampling_is_reproducible(cpu_engine):
@@ -137,3 +141,12 @@ def test_the_recorded_seed_replays_an_unseeded_reply(cpu_engine):
     assert first.stats.seed is not None
     again, _ = run(cpu_engine, temperature=0.9, seed=first.stats.seed, max_new_tokens=20, ignore_eos=True)
     assert again.token_ids == first.token_ids
+
+
+def test_close_frees_the_model(tiny_model):
+    from model_loader.engine import Engine
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=64)
+    run(engine, temperature=0, max_new_tokens=2)
+    engine.close()
+    assert not engine.ready and engine.model.k_cache is None and engine.model.w["layers"] == []

@@ -195,3 +195,22 @@ def test_find_local_models_lists_compatible_models_only(tiny_model, tmp_path, mo
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     names = sorted(m.path.parts[-3] if "snapshots" in m.path.parts else m.name for m in find_local_models())
     assert names == ["models--deepseek-ai--Tiny-R1", "my-awq"]
+
+
+def test_find_variants_pairs_a_model_with_its_4bit_copy(tiny_model, tmp_path, monkeypatch):
+    from model_loader.locate import find_variants
+    from model_loader.quantize import quantize
+
+    models = tmp_path / "data" / "r1desk" / "models"
+    dense = models / "Tiny-R1"
+    shutil.copytree(tiny_model, dense)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))
+    assert find_variants(dense) == {"dense": dense.resolve(), "awq": None}
+    quantize(dense, models / "Tiny-R1-AWQ", group_size=32, samples=1, seq_len=32, device="cpu", clip=False)
+    other = models / "Other-R1"
+    shutil.copytree(tiny_model, other)  # same shape, different name: not a variant
+    assert find_variants(dense) == {"dense": dense.resolve(), "awq": (models / "Tiny-R1-AWQ").resolve()}
+    assert find_variants(models / "Tiny-R1-AWQ") == {"dense": dense.resolve(),
+                                                     "awq": (models / "Tiny-R1-AWQ").resolve()}
+    assert find_variants(other)["awq"] is None
