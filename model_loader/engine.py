@@ -25,7 +25,7 @@ from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitte
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
-from model_loader.kernels import triton_available
+from model_loader.kernels import triton_available, triton_works
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
@@ -198,6 +198,8 @@ class Engine:
         interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         triton_ok = triton_available(dev) if use_triton is None else (
             use_triton and (triton_available(dev) or interpreting))
+        if triton_ok and dev.type == "cuda":
+            triton_ok = triton_works(dev)  # compiles on first use: fall back rather than fail at warm-up
         graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
         breakdown: dict[str, float] = {}
         # The tokenizer (importing transformers is most of it) loads on a helper thread while the weights copy.

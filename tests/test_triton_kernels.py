@@ -101,3 +101,12 @@ def test_single_token_gemv_matches_linear(device, n, k, config):
     ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
     torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
                                rtol=2e-2 if device == "cuda" else 1e-5)
+
+
+def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_cannot(device, monkeypatch):
+    from model_loader.kernels import triton_works
+
+    assert triton_works(device)  # GPU, or the interpreter on a CPU machine
+    # a Triton that cannot build its launcher (no C compiler, no Python headers) raises at first launch
+    monkeypatch.setattr(triton_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError("Failed to find C compiler")))
+    assert not triton_works(device)

@@ -21,3 +21,24 @@ def triton_available(device) -> bool:
     except Exception:  # not installed (Windows without triton-windows), or a broken install
         return False
     return True
+
+
+def triton_works(device) -> bool:
+    """Run one small fused kernel and compare it with the reference. Triton compiles a C launcher on first use
+    (it needs a C compiler and Python's headers) and JIT-compiles for this GPU: if any of that fails on the
+    user's machine, r1desk falls back to plain PyTorch ops instead of failing to start."""
+    import torch
+
+    try:
+        from model_loader.kernels import reference, triton_ops
+
+        x = torch.randn(2, 64, device=device, dtype=torch.float32)
+        w = torch.rand(64, device=device, dtype=torch.float32)
+        ok = torch.allclose(triton_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4)
+        if not ok:
+            log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")
+        return bool(ok)
+    except Exception as err:  # no C compiler, no Python headers, an unsupported GPU, a broken install
+        log.warning("Triton is unusable here (%s: %s); using plain PyTorch kernels", type(err).__name__,
+                    str(err).splitlines()[0] if str(err) else "")
+        return False
