@@ -127,6 +127,10 @@ def main(argv=None) -> int:
         os.environ.setdefault("R1DESK_DATA_DIR", tmp)
         os.environ.setdefault("R1DESK_CONFIG_DIR", tmp)
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    if app.windowIcon().isNull():  # the bundle's launcher has set it already
+        from desktop.appicon import install_app_icon
+
+        install_app_icon(app)
     app.setApplicationName("r1desk")
     app.setOrganizationName("r1desk")
     app.setApplicationDisplayName("r1desk")

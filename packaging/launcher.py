@@ -31,26 +31,13 @@ def prepare_frozen_environment() -> None:
         os.environ.setdefault("R1DESK_NO_TRITON", "1")
 
 
-def assets_dir() -> str:
-    """assets/ beside the frozen code (sys._MEIPASS), or the repository's when run from a checkout."""
-    base = getattr(sys, "_MEIPASS", None) or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(base, "assets")
-
-
 def make_application():
-    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from desktop.appicon import install_app_icon
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    icon = QIcon()
-    for size in (16, 24, 32, 48, 64, 128, 256, 512):  # PNGs: no SVG icon-engine plugin needed at start
-        path = os.path.join(assets_dir(), f"r1desk-{size}.png")
-        if os.path.isfile(path):
-            icon.addFile(path)
-    if icon.isNull():  # a packaging mistake, not worth stopping for; the packaging test looks for this line
-        print(f"r1desk: app icon not found in {assets_dir()}", file=sys.stderr)
-    app.setWindowIcon(icon)
-    app.setDesktopFileName("r1desk")  # Wayland app_id: the compositor finds r1desk.desktop and its icon
+    install_app_icon(app)
     return app
 
 
