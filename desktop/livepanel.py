@@ -1,8 +1,10 @@
 """The live panel: where the time and the memory go, for this reply and for the session.
 
 It is refreshed by its own timer a few times a second (never per token). While a reply streams, the numbers
-come from delta arrival times seen by the GUI (one delta is about one token); when the reply finishes, the
-engine's exact GenerationStats replace them. VRAM is split into weights / KV cache / other torch / free from
+come from what the GUI receives: the engine's Started event (prompt size, prefix reused, context length: known
+as soon as the prompt is prefilled) and each delta's token count (a delta can carry several tokens, or none
+while a multi-byte character is incomplete, so deltas are never counted as tokens) with its arrival time;
+when the reply finishes, the engine's exact GenerationStats replace them. VRAM is split into weights / KV cache / other torch / free from
 the engine's MemoryStats (torch counters + NVML); GPU utilization and free memory are polled from NVML here
 (pynvml, no torch) about once a second.
 """
@@ -40,28 +42,38 @@ class LiveReply:
         self.first_answer_t: float | None = None
         self.reasoning_n = 0
         self.answer_n = 0
-        self.recent: deque[float] = deque()
+        self.count = 0  # tokens generated so far (the engine's count)
+        self.started: dict | None = None  # prompt_tokens, prefix_reused_tokens, context_length
+        self.recent: deque[tuple[float, int]] = deque()  # (arrival time, token count) over the last second
+        self.base = 0  # token count just before the oldest entry of `recent`
         self.rate_series: list[float] = []
         self.done_stats: dict | None = None
 
-    def on_delta(self, kind: str) -> None:
+    def on_started(self, started: dict) -> None:
+        self.started = started
+
+    def on_delta(self, kind: str, token_count: int = 0) -> None:
         now = time.monotonic()
         if self.first_t is None:
             self.first_t = now
+        # token_count 0: an engine that doesn't count; then a delta is the best guess for a token
+        count = token_count if token_count > 0 else self.count + 1
+        new = max(0, count - self.count)
+        self.count = max(self.count, count)
         if kind == "answer":
-            self.answer_n += 1
+            self.answer_n += new
             if self.first_answer_t is None:
                 self.first_answer_t = now
         else:
-            self.reasoning_n += 1
-        self.recent.append(now)
+            self.reasoning_n += new
+        self.recent.append((now, self.count))
 
     def rate_now(self) -> float:
         now = time.monotonic()
-        while self.recent and now - self.recent[0] > 1.0:
-            self.recent.popleft()
+        while self.recent and now - self.recent[0][0] > 1.0:
+            self.base = self.recent.popleft()[1]
         span = min(1.0, now - (self.first_t or now))
-        return len(self.recent) / span if span > 0.05 else 0.0
+        return (self.count - self.base) / span if span > 0.05 else 0.0
 
 
 class Sparkline(QWidget):
@@ -278,9 +290,14 @@ class LivePanel(QScrollArea):
         self.reply = LiveReply()
         return self.reply
 
-    def on_delta(self, kind: str) -> None:
+    def on_started(self, started: dict) -> None:
         if self.reply is not None:
-            self.reply.on_delta(kind)
+            self.reply.on_started(started)
+            self.refresh()  # show context use now, not at the next tick
+
+    def on_delta(self, kind: str, token_count: int = 0) -> None:
+        if self.reply is not None:
+            self.reply.on_delta(kind, token_count)
 
     def finish_reply(self, stats: dict | None) -> None:
         if self.reply is None:
@@ -334,6 +351,11 @@ class LivePanel(QScrollArea):
                 v["rate"].setText(f"{rate:.0f}")
                 if r.first_t:
                     r.rate_series.append(rate)
+                if r.started:
+                    st = r.started
+                    used, ctx = st["prompt_tokens"] + r.count, st["context_length"]
+                    v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
+                    v["reused"].setText(f"{st['prefix_reused_tokens']:,} of {st['prompt_tokens']:,}")
             self.rate_plot.set_values(r.rate_series)
         p50, p95 = percentile(self.session_ttft, 50), percentile(self.session_ttft, 95)
         v["ttft_p"].setText(f"{p50:.0f} / {p95:.0f} ms" if self.session_ttft else "—")

@@ -2,7 +2,8 @@
 
 Reply lifecycle (all on the GUI thread; the worker only sees queued requests):
   send -> user row saved -> empty assistant row saved (complete=0) -> worker.generate(...)
-  deltas -> ReplyStream (paint once a frame) + LivePanel counters; the row is rewritten every Store.FLUSH_S
+  started (prompt prefilled) -> LivePanel context use; deltas -> ReplyStream (paint once a frame) + LivePanel
+  counters (the engine's token count); the row is rewritten every Store.FLUSH_S
   finished -> final text + stats + settings saved (complete=1) -> widgets show the exact stats
 Stop = GenerationControl.cancel(), stop thinking = GenerationControl.stop_thinking(): thread-safe flags the
 decode loop checks before every token, called directly (the worker's event queue is busy while it decodes).
@@ -394,6 +395,7 @@ class MainWindow(QMainWindow):
             w.stage.connect(self._on_stage, q)
             w.progress.connect(self._on_progress, q)
             w.ready.connect(self._on_ready, q)
+            w.started.connect(self._on_started, q)
             w.delta.connect(self._on_delta, q)
             w.finished.connect(self._on_finished, q)
             w.failed.connect(self._on_failed, q)
@@ -642,12 +644,16 @@ class MainWindow(QMainWindow):
             self._set_editing(None)
             self.composer.edit.clear()
 
-    def _on_delta(self, gen_id: int, text: str, kind: str) -> None:
+    def _on_started(self, gen_id: int, started: dict) -> None:
+        if gen_id == self.gen_id and self.stream is not None:
+            self.live.on_started(started)
+
+    def _on_delta(self, gen_id: int, text: str, kind: str, token_count: int) -> None:
         if gen_id != self.gen_id or self.stream is None:
             return
         was_thinking = self.stream.answer == ""
         self.stream.feed(text, kind)
-        self.live.on_delta(kind)
+        self.live.on_delta(kind, token_count)
         if was_thinking and (kind == "answer" or self.stream.reasoning == text):
             self._update_composer()
 

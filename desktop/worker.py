@@ -34,7 +34,8 @@ class EngineWorker(QObject):
     stage = Signal(str)  # "importing", "loading", "warming"
     progress = Signal(object, object)  # bytes done, bytes total (Python ints: shards exceed 2**31)
     ready = Signal(object)  # dict: EngineInfo fields + "memory"
-    delta = Signal(int, str, str)  # generation id, text, "reasoning" | "answer"
+    started = Signal(int, object)  # generation id, dict(prompt_tokens, prefix_reused_tokens, context_length)
+    delta = Signal(int, str, str, int)  # generation id, text, "reasoning" | "answer", tokens so far in this reply
     finished = Signal(int, object)  # generation id, dict(text, reasoning, answer, stats=dict)
     failed = Signal(int, str, str)  # generation id (0 = load), error kind, one-line message
 
@@ -108,7 +109,7 @@ class EngineWorker(QObject):
     @Slot(int, object, object, object)
     def generate(self, gen_id: int, messages: list, settings: dict, control) -> None:
         from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
-        from model_loader.events import Delta, Finished, SamplingSettings
+        from model_loader.events import Delta, Finished, SamplingSettings, Started
 
         if self.engine is None:
             self.failed.emit(gen_id, "not_ready", "the model is not loaded yet")
@@ -118,7 +119,9 @@ class EngineWorker(QObject):
         try:
             for event in self.engine.generate(messages, sampling, control):
                 if isinstance(event, Delta):
-                    self.delta.emit(gen_id, event.text, event.kind)
+                    self.delta.emit(gen_id, event.text, event.kind, int(event.token_count))
+                elif isinstance(event, Started):  # the prompt is prefilled: context use is known before token 1
+                    self.started.emit(gen_id, _asdict(event))
                 elif isinstance(event, Finished):
                     result = _asdict(event)
                     result.pop("token_ids", None)  # not needed by the GUI; keeps the signal payload small

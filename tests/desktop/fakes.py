@@ -1,6 +1,6 @@
 """A scripted stand-in for model_loader's Engine, for tests and screenshots where the model is beside the point.
 
-It speaks the real event API (model_loader.events: Delta, Finished, GenerationStats, MemoryStats), honours
+It speaks the real event API (model_loader.events: Started, Delta, Finished, GenerationStats, MemoryStats), honours
 GenerationControl (cancel, stop_thinking) before every "token", and paces tokens like a GPU would, so the
 GUI sees the same stream shape as with a real model: reasoning, then the answer.
 """
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from model_loader.errors import ContextFullError, OutOfMemoryError
-from model_loader.events import Delta, Finished, GenerationStats, MemoryStats
+from model_loader.events import Delta, Finished, GenerationStats, MemoryStats, Started
 
 REASONING = (
     "Okay, the user wants the sum of the first $n$ odd numbers, and code to check it. "
@@ -76,6 +76,8 @@ class FakeEngine:
     prompts: list = field(default_factory=list)
     settings_seen: list = field(default_factory=list)
     max_reasoning_tokens: int | None = None  # stop after this many reasoning tokens (cut-off reply)
+    tokens_per_delta: int = 1  # >1: each piece of text stands for several tokens, as a real multi-byte delta can
+    prefill_s: float = 0.0  # time between Started and the first token
 
     def memory(self) -> MemoryStats:
         gib = 2**30
@@ -95,6 +97,7 @@ class FakeEngine:
         t0 = time.perf_counter()
         times: list[float] = []
         parts = {"reasoning": [], "answer": []}
+        n_kind = {"reasoning": 0, "answer": 0}
         finish, stopped, first_answer = "eos", False, None
         limit = settings.max_new_tokens if settings else 4096
         plan = [("reasoning", t) for t in tokens(self.reasoning)]
@@ -103,6 +106,9 @@ class FakeEngine:
             finish = "max_new_tokens"
         else:
             plan += [("answer", t) for t in tokens(self.answer)]
+        prompt_tokens, reused = 40 + 30 * len(messages), max(0, 30 * len(messages) - 10)
+        yield Started(prompt_tokens=prompt_tokens, prefix_reused_tokens=reused, context_length=self.info.context_length)
+        time.sleep(self.prefill_s)
         i = 0
         while i < len(plan):
             kind, text = plan[i]
@@ -116,19 +122,21 @@ class FakeEngine:
             if len(times) >= limit:
                 finish = "max_new_tokens"
                 break
-            time.sleep(self.token_s)  # the simulated GPU's decode time, on the worker thread
-            times.append(time.perf_counter())
+            for _ in range(self.tokens_per_delta):
+                time.sleep(self.token_s)  # the simulated GPU's decode time, on the worker thread
+                times.append(time.perf_counter())
+                n_kind[kind] += 1
             if kind == "answer" and first_answer is None:
                 first_answer = times[-1]
             parts[kind].append(text)
-            yield Delta(text, kind)
+            yield Delta(text, kind, token_count=len(times))
             i += 1
         reasoning, answer = "".join(parts["reasoning"]), "".join(parts["answer"])
         n = len(times)
         total = time.perf_counter() - t0
         stats = GenerationStats(
-            finish_reason=finish, prompt_tokens=40 + 30 * len(messages), completion_tokens=n,
-            reasoning_tokens=len(parts["reasoning"]), prefix_reused_tokens=max(0, 30 * len(messages) - 10),
+            finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=n,
+            reasoning_tokens=n_kind["reasoning"], prefix_reused_tokens=reused,
             context_length=self.info.context_length, ttft_ms=(times[0] - t0) * 1000 if times else 0.0,
             first_answer_ms=(first_answer - t0) * 1000 if first_answer else None,
             decode_tok_s=(n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0,

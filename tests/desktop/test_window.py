@@ -151,12 +151,30 @@ def test_dark_theme(qtbot, make_window):
 
 
 def test_live_panel_numbers(qtbot, make_window):
-    win = make_window(engine=FakeEngine(token_s=0.004))
+    # 4 tokens per delta: the live counts must come from the engine's token count, not from counting deltas
+    engine = FakeEngine(token_s=0.002, tokens_per_delta=4, prefill_s=0.5)
+    win = make_window(engine=engine)
     win.live_btn.setChecked(True)
     assert win.live.timer.interval() >= 100  # a few times a second, never per token
-    win.send("hello")
+    _reply(qtbot, win, "hello")  # a first exchange, so the second reply reuses a prefix and shows it
+    deltas = []
+    win.host.worker.delta.connect(lambda *a: deltas.append(a), Qt.QueuedConnection)
+    win.send("and again")
     v = win.live.values
+    # context use shows as soon as the prompt is prefilled, before the first token and throughout the reply
+    prompt, reused = 40 + 30 * 3, 30 * 3 - 10  # the fake engine's numbers for a 3-message prompt
+    qtbot.waitUntil(lambda: v["reused"].text() == f"{reused} of {prompt}", timeout=10000)
+    assert win.stream is not None and win.live.reply.first_t is None  # still prefilling: no token yet
+    assert v["ctx"].text() == f"{prompt} / 4,096 (3%)"
+    qtbot.waitUntil(lambda: win.live.reply.count >= 60, timeout=10000)
+    assert win.stream is not None  # mid-reply
+    win.live.refresh()
+    r = win.live.reply
+    used = prompt + r.count
+    assert v["ctx"].text() == f"{used} / 4,096 ({100 * used / 4096:.0f}%)"
+    assert v["tokens"].text() == f"{r.reasoning_n} + {r.answer_n}" and r.reasoning_n + r.answer_n == r.count
     qtbot.waitUntil(lambda: v["rate"].text() not in ("—", "0"), timeout=10000)
+    assert int(v["rate"].text()) > 200  # ~450 tok/s of tokens; counting deltas would say ~115
     assert v["ttft"].text().endswith("ms")
     with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
         pass
@@ -165,9 +183,10 @@ def test_live_panel_numbers(qtbot, make_window):
     assert v["ttft"].text() == f"{s['ttft_ms']:.0f} ms"
     assert v["tokens"].text() == f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}"
     assert v["ctx"].text().endswith("/ 4,096 (" + f"{100 * (s['prompt_tokens'] + s['completion_tokens']) / 4096:.0f}%)")
-    assert v["replies"].text() == "1" and "ms" in v["ttft_p"].text()
+    assert win.live.reply.count == s["completion_tokens"] == 4 * len(deltas) and s["prompt_tokens"] == prompt
+    assert v["replies"].text() == "2" and "ms" in v["ttft_p"].text()
     assert v["weights"].text() == "3.31 GiB" and v["kv"].text() == "112 MiB"
-    assert len(win.live.rate_plot.values) > 3 and win.live.latency_plot.values == [s["ttft_ms"]]
+    assert len(win.live.rate_plot.values) > 3 and win.live.latency_plot.values[-1] == s["ttft_ms"]
 
 
 def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_window, tiny_model, tmp_path,

@@ -26,7 +26,8 @@ def _record(host):
     w.stage.connect(lambda s: events.append(("stage", s)))
     w.progress.connect(lambda d, t: events.append(("progress", d, t)))
     w.ready.connect(lambda info: events.append(("ready", info)))
-    w.delta.connect(lambda g, t, k: events.append(("delta", g, t, k)))
+    w.started.connect(lambda g, st: events.append(("started", g, st)))
+    w.delta.connect(lambda g, t, k, n: events.append(("delta", g, t, k, n)))
     w.finished.connect(lambda g, r: events.append(("finished", g, r)))
     w.failed.connect(lambda g, k, m: events.append(("failed", g, k, m)))
     # A direct connection runs in the emitting thread: tells us where the engine work happened.
@@ -53,13 +54,18 @@ def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
     settings = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=24)
     with qtbot.waitSignal(host.worker.finished, timeout=60000):
         gen = host.generate([{"role": "user", "content": "Hello"}], settings, GenerationControl())
-    assert [e[0] for e in events][-1] == "finished"
-    assert {e[0] for e in events[:-1]} == {"delta"}  # only deltas before the one finished
+    assert [e[0] for e in events][0] == "started" and [e[0] for e in events][-1] == "finished"
+    assert {e[0] for e in events[1:-1]} == {"delta"}  # one started, then only deltas before the one finished
     assert all(e[1] == gen for e in events)
     result = events[-1][2]
     streamed = "".join(e[2] for e in events if e[0] == "delta" and e[3] == "reasoning")
     assert streamed == result["reasoning"]
     assert result["stats"]["completion_tokens"] == 24
+    started = events[0][2]  # known before the first token: what the live panel shows during the reply
+    assert started == {k: result["stats"][k] for k in ("prompt_tokens", "prefix_reused_tokens", "context_length")}
+    assert started["prompt_tokens"] > 0 and started["context_length"] == 512
+    counts = [e[4] for e in events if e[0] == "delta"]
+    assert counts == sorted(counts) and counts[-1] == 24  # the engine's token count, not a count of deltas
     assert threads["delta"] != threading.get_ident()  # the engine ran on the worker thread, not the GUI's
 
 
@@ -85,7 +91,8 @@ def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
         host.load(tiny_model, "cpu", 1024, None)
     control = GenerationControl()
     kinds = []
-    host.worker.delta.connect(lambda g, t, k: (kinds.append(k), control.stop_thinking() if len(kinds) == 3 else None))
+    host.worker.delta.connect(lambda g, t, k, n: (kinds.append(k), control.stop_thinking() if len(kinds) == 3
+                                                   else None))
     with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
         host.generate([{"role": "user", "content": "Think hard"}], dict(temperature=0.0, max_new_tokens=80), control)
     stats = blocker.args[1]["stats"]
