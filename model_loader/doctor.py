@@ -51,7 +51,7 @@ def collect() -> dict:
     import torch
 
     from model_loader.kernels import triton_available
-    from model_loader.locate import find_local_models, user_models_dir
+    from model_loader.locate import find_local_models, hf_cache_dir, user_models_dir
 
     info = {
         "os": platform.platform(),
@@ -77,9 +77,7 @@ def collect() -> dict:
         info["transformers"] = transformers.__version__
     except Exception:
         info["transformers"] = None
-    hf_home = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
-    info["model_folders_searched"] = [str(user_models_dir()), hf_home]
+    info["model_folders_searched"] = [str(user_models_dir()), str(hf_cache_dir())]
     info["models_found"] = [
         {"name": m.name, "path": str(m.path), "layers": m.config.num_hidden_layers, "hidden": m.config.hidden_size}
         for m in find_local_models()

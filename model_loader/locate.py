@@ -43,6 +43,15 @@ def user_models_dir() -> Path:
     return Path(user_data_dir("r1desk", appauthor=False)) / "models"
 
 
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, read now (not when huggingface_hub was first imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                     os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return Path(home) / "hub"
+
+
 def _looks_like_repo_id(spec: str) -> bool:
     parts = spec.split("/")
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "~")) and "\\" not in spec
@@ -68,7 +77,7 @@ def _from_hf_cache(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
+        return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=str(hf_cache_dir())))
     except Exception as err:  # LocalEntryNotFoundError, RepositoryNotFoundError, invalid id...
         raise ModelError(
             f"{repo_id}: not found in the local Hugging Face cache (r1desk never downloads at load time; "
@@ -129,7 +138,7 @@ def find_local_models() -> list[ModelFolder]:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from huggingface_hub import scan_cache_dir
 
-        for repo in scan_cache_dir().repos:
+        for repo in scan_cache_dir(cache_dir=hf_cache_dir()).repos:
             if repo.repo_type != "model":
                 continue
             for rev in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)[:1]:

@@ -159,9 +159,6 @@ def test_repo_id_found_in_the_local_cache(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
-    import huggingface_hub.constants as c
-
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     assert resolve_model("deepseek-ai/Tiny-R1").path == snap.resolve()
 
 
@@ -176,8 +173,6 @@ def test_cuda_requested_without_cuda(folder):
 def test_find_local_models_lists_compatible_models_only(tiny_model, tmp_path, monkeypatch):
     """What doctor and the first-run screen list: r1desk's own models folder and the HF cache, compatible
     folders only, offline."""
-    import huggingface_hub.constants as c
-
     from model_loader.locate import find_local_models
 
     cache = tmp_path / "hub"
@@ -191,7 +186,6 @@ def test_find_local_models_lists_compatible_models_only(tiny_model, tmp_path, mo
     own = tmp_path / "data" / "r1desk" / "models" / "my-awq"
     shutil.copytree(tiny_model, own)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     names = sorted(m.path.parts[-3] if "snapshots" in m.path.parts else m.name for m in find_local_models())
     assert names == ["models--deepseek-ai--Tiny-R1", "my-awq"]
