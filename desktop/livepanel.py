@@ -369,7 +369,8 @@ class LivePanel(QScrollArea):
         v, m, t = self.values, self.memory, self.theme
         if self.info:
             i = self.info
-            self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')} · "
+            quant = f" · 4-bit {i['quantization']}" if i.get("quantization") else ""  # which AWQ path runs
+            self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
                                       f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}")
         if not m:
             return

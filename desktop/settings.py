@@ -3,6 +3,10 @@
 Defaults follow DeepSeek's advice for R1: temperature 0.6, top-p 0.95, and no system prompt.
 Settings that change the loaded model (path, device, precision, context length) trigger a reload; sampling
 settings apply to the next reply.
+
+Precision covers 4-bit too: a 4-bit (AWQ) model is a separate folder, so picking "4-bit (AWQ)" switches the
+model folder to the AWQ sibling of the current model, and picking a dense precision switches back. The worker
+finds the siblings (model_loader.locate.find_variants) after each load; the list offers only what exists.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 class AppSettings:
     model_path: str = ""
     device: str = "cuda"  # "cuda" | "cpu" (CPU mode is offered when no GPU is usable)
-    precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32"
+    precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32" | "awq" (the model folder is the 4-bit one)
     context_length: int = 4096
     temperature: float = 0.6
     top_p: float = 0.95
@@ -55,12 +59,20 @@ class AppSettings:
                     max_new_tokens=self.max_new_tokens)
 
     def dtype(self) -> str | None:
-        return None if self.precision == "auto" else self.precision
+        return None if self.precision in ("auto", "awq") else self.precision  # AWQ: the engine picks
+
+
+DENSE_PRECISIONS = [("Automatic", "auto"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")]
+AWQ_PRECISION = ("4-bit (AWQ)", "awq")
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: AppSettings, parent=None):
+    def __init__(self, settings: AppSettings, parent=None, variants: dict | None = None, quantized: bool = False):
+        """variants: {"dense": folder | None, "awq": folder | None} for the loaded model (None: unknown);
+        quantized: the loaded model is the 4-bit one."""
         super().__init__(parent)
+        self._variants = variants or {}
+        self._quantized = quantized
         self.setWindowTitle("Settings")
         self.setAccessibleName("Settings")
         self.setMinimumWidth(520)
@@ -83,8 +95,10 @@ class SettingsDialog(QDialog):
 
         self.device = self._combo([("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")], settings.device, "Device")
         form.addRow("Device", self.device)
-        self.precision = self._combo([("Automatic", "auto"), ("bfloat16", "bf16"), ("float16", "fp16"),
-                                      ("float32", "fp32")], settings.precision, "Precision")
+        self.precision = self._combo(self._precisions(variants, quantized, settings.precision),
+                                     "awq" if quantized else settings.precision, "Precision")
+        self.precision.setToolTip("4-bit (AWQ) needs about half the GPU memory and is faster on laptop GPUs; "
+                                  "it is offered when a 4-bit copy of this model is on this computer")
         form.addRow("Precision", self.precision)
         self.context = self._spin(QSpinBox(), 256, 131072, settings.context_length, "Context length", step=1024)
         form.addRow("Context length (tokens)", self.context)
@@ -121,6 +135,23 @@ class SettingsDialog(QDialog):
         lay.addWidget(buttons)
         self._base = settings
 
+    @staticmethod
+    def _precisions(variants: dict | None, quantized: bool, current: str) -> list[tuple[str, str]]:
+        if not variants:  # nothing known about siblings: the loaded model's own precisions only
+            return [AWQ_PRECISION] if quantized or current == "awq" else list(DENSE_PRECISIONS)
+        items = list(DENSE_PRECISIONS) if variants.get("dense") else []
+        if variants.get("awq"):
+            items.append(AWQ_PRECISION)
+        return items
+
+    def _model_path_for(self, precision: str) -> str:
+        """Picking 4-bit (or back to a dense precision) switches to that variant's folder, unless the user has
+        typed another folder."""
+        path = self.model_path.text().strip()
+        if path != self._base.model_path.strip() or (precision == "awq") == self._quantized:
+            return path  # another folder typed in, or the same kind as the loaded model: keep the folder
+        return self._variants.get("awq" if precision == "awq" else "dense") or path
+
     def _combo(self, items, current, name) -> QComboBox:
         c = QComboBox()
         c.setAccessibleName(name)
@@ -144,7 +175,8 @@ class SettingsDialog(QDialog):
     def _defaults(self) -> None:
         d = AppSettings(model_path=self.model_path.text())
         self.device.setCurrentIndex(self.device.findData(d.device))
-        self.precision.setCurrentIndex(self.precision.findData(d.precision))
+        if self.precision.findData(d.precision) >= 0:  # a 4-bit-only model keeps its one entry
+            self.precision.setCurrentIndex(self.precision.findData(d.precision))
         self.context.setValue(d.context_length)
         self.temperature.setValue(d.temperature)
         self.top_p.setValue(d.top_p)
@@ -156,7 +188,7 @@ class SettingsDialog(QDialog):
 
     def result_settings(self) -> AppSettings:
         return AppSettings(
-            model_path=self.model_path.text().strip(), device=self.device.currentData(),
+            model_path=self._model_path_for(self.precision.currentData()), device=self.device.currentData(),
             precision=self.precision.currentData(), context_length=self.context.value(),
             temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
             top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),

@@ -1,5 +1,8 @@
 """First run: no model configured (or the configured one failed). Pick a folder or a model found locally.
 
+The download can be followed by a 4-bit copy (AWQ): the window runs model_loader.quantize on the engine
+worker's thread (it needs torch) and reports progress back here; Cancel stops it between layers.
+
 Finding models scans r1desk's models folder and the Hugging Face cache (model_loader.locate, which never
 touches the network and never imports torch); it runs on a pool thread so a large cache can't freeze the
 window, and reports back through a queued signal.
@@ -10,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
-from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QProgressBar,
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QProgressBar,
                                QPushButton, QSizePolicy, QVBoxLayout, QWidget)
 
 from desktop.download import ModelDownload, default_destination
@@ -52,6 +55,8 @@ def _pretty_name(path) -> str:
 
 class WelcomePage(QWidget):
     model_chosen = Signal(str)
+    quantize_requested = Signal(str)  # a downloaded dense folder to make a 4-bit copy of
+    quantize_cancel_requested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -133,6 +138,12 @@ class WelcomePage(QWidget):
         self.download_btn.setSizePolicy(QSizePolicy.Maximum, QSizePolicy.Fixed)
         dl_row.addStretch(1)
         lay.addLayout(dl_row)
+        self.quantize_box = QCheckBox("…and make a 4-bit copy (AWQ, ~1.2 GB, half the VRAM, faster on laptop GPUs)")
+        self.quantize_box.setAccessibleName("Also make a 4-bit copy")
+        self.quantize_box.setToolTip("After the download, quantize the model to 4-bit AWQ on this computer "
+                                     "(a few minutes on a GPU) and use that copy")
+        lay.addWidget(self.quantize_box)
+        self.quantizing = False
         self.download_status = QLabel(f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
                                       "An interrupted download resumes where it stopped.")
         self.download_status.setObjectName("Meta")
@@ -200,15 +211,50 @@ class WelcomePage(QWidget):
         return self.download.start(DOWNLOAD_REPO, self.download_dest)
 
     def cancel_download(self) -> None:
-        self.download.cancel()
+        if self.quantizing:
+            self.cancel_btn.setEnabled(False)  # stops at the next layer step
+            self.download_status.setText("Cancelling…")
+            self.quantize_cancel_requested.emit()
+        else:
+            self.download.cancel()
 
     def _on_download_progress(self, done: int, total: int) -> None:
         self.download_progress.setValue(int(1000 * done / total) if total else 0)
         self.download_status.setText(f"Downloading… {done / 2**30:.2f} of {total / 2**30:.2f} GB")
 
     def _on_download_finished(self, path: str) -> None:
+        if self.quantize_box.isChecked():
+            self.quantize_requested.emit(path)
+            return
         self._download_idle("Download complete.")
         self.model_chosen.emit(path)
+
+    # ---- the 4-bit copy (run by the engine worker; the window relays its signals here)
+    def quantize_started(self) -> None:
+        self.quantizing = True
+        self.download_btn.setEnabled(False)
+        self.quantize_box.setEnabled(False)
+        self.download_progress.show()
+        self.download_progress.setValue(0)
+        self.cancel_btn.show()
+        self.cancel_btn.setEnabled(True)
+        self.cancel_btn.setAccessibleName("Cancel the 4-bit copy")
+        self.download_status.setText("Making the 4-bit copy: starting the engine…")
+
+    def on_quantize_progress(self, index: int, layers: int, what: str) -> None:
+        self.download_progress.setValue(int(1000 * index / layers) if layers else 0)
+        if index < layers:
+            self.download_status.setText(f"Making the 4-bit copy: layer {index + 1}/{layers} ({what})…")
+        else:
+            self.download_status.setText(f"Making the 4-bit copy: {layers}/{layers} layers done.")
+
+    def quantize_finished(self, message: str) -> None:
+        self.quantizing = False
+        self.quantize_box.setEnabled(True)
+        self.cancel_btn.setAccessibleName("Cancel download")
+        self.cancel_btn.setEnabled(True)
+        self._download_idle(message)
+        self.download_progress.hide()
 
     def _on_download_failed(self, kind: str, message: str) -> None:
         self._download_idle(message)

@@ -12,6 +12,7 @@ decode loop checks before every token, called directly (the worker's event queue
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -166,6 +167,7 @@ class MainWindow(QMainWindow):
 
         self.host: EngineHost | None = None
         self.engine_factory = None  # tests: a callable(request, progress) -> engine, instead of Engine.load
+        self.quantize_options = dict(group_size=128)  # the 4-bit copy; tests use 32 (the tiny model is 64 wide)
         self.engine_state = "none"  # none | loading | warming | ready | failed
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
@@ -287,6 +289,8 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.welcome = WelcomePage()
         self.welcome.model_chosen.connect(self.use_model)
+        self.welcome.quantize_requested.connect(self.quantize_model)
+        self.welcome.quantize_cancel_requested.connect(self.cancel_quantize)
         self.stack.addWidget(self.welcome)
         chat_page = QWidget()
         chat_page.setObjectName("ChatPage")
@@ -387,6 +391,18 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ engine
     def start_engine(self) -> None:
         """Create the worker thread (cheap) and load the configured model; torch is imported over there."""
+        self._ensure_host()
+        if not self.settings.model_path:
+            self.stack.setCurrentWidget(self.welcome)
+            self.welcome.scan()
+            return
+        self.stack.setCurrentWidget(self.chat_page)
+        self.engine_state = "loading"
+        self._set_status("Starting…", busy=True)
+        self.host.load(self.settings.model_path, self.settings.device, self.settings.context_length,
+                       self.settings.dtype())
+
+    def _ensure_host(self) -> None:
         if self.host is None:
             self.host = EngineHost(self)
             self.host.worker.engine_factory = self.engine_factory
@@ -399,15 +415,36 @@ class MainWindow(QMainWindow):
             w.delta.connect(self._on_delta, q)
             w.finished.connect(self._on_finished, q)
             w.failed.connect(self._on_failed, q)
-        if not self.settings.model_path:
-            self.stack.setCurrentWidget(self.welcome)
-            self.welcome.scan()
-            return
-        self.stack.setCurrentWidget(self.chat_page)
-        self.engine_state = "loading"
-        self._set_status("Starting…", busy=True)
-        self.host.load(self.settings.model_path, self.settings.device, self.settings.context_length,
-                       self.settings.dtype())
+            w.quantize_progress.connect(self.welcome.on_quantize_progress, q)
+            w.quantized.connect(self._on_quantized, q)
+            w.quantize_failed.connect(self._on_quantize_failed, q)
+
+    # ------------------------------------------------------------------ 4-bit copy (first run)
+    def quantize_model(self, src: str) -> None:
+        """Make a 4-bit AWQ copy of `src` in r1desk's models folder on the engine thread, then load it."""
+        from model_loader.locate import user_models_dir  # plain paths: no torch
+
+        self._ensure_host()
+        out = user_models_dir() / f"{Path(src).name}-AWQ"  # the -AWQ name is how find_variants pairs them
+        self.welcome.quantize_started()
+        self.host.quantize(src, str(out), **self.quantize_options)
+
+    def cancel_quantize(self) -> None:
+        if self.host is not None:
+            self.host.worker.abort_quantize()  # a thread-safe flag: the worker's queue is busy quantizing
+
+    def _on_quantized(self, path: str) -> None:
+        self.welcome.quantize_finished("4-bit copy made.")
+        self.settings.precision = "awq"
+        self.use_model(path)
+
+    def _on_quantize_failed(self, kind: str, message: str) -> None:
+        if kind == "cancelled":
+            text = "Cancelled: no 4-bit copy was made. The downloaded model is listed above, ready to use."
+        else:
+            text = f"Could not make the 4-bit copy: {message}. The downloaded model is listed above, ready to use."
+        self.welcome.quantize_finished(text)
+        self.welcome.scan()
 
     def use_model(self, path: str) -> None:
         self.settings.model_path = path
@@ -431,6 +468,10 @@ class MainWindow(QMainWindow):
     def _on_ready(self, info: dict) -> None:
         self.engine_state = "ready"
         self.engine_info = info
+        quantized = bool(info.get("quantization"))
+        if quantized != (self.settings.precision == "awq"):  # keep Precision true to the folder in use
+            self.settings.precision = "awq" if quantized else "auto"
+            self.settings.save(self.qs)
         self.chat.assistant_name = _model_title(info.get("model_name", "Assistant"))
         dev = "CPU" if info.get("device") == "cpu" else info.get("device_name", "GPU")
         self._set_status(f"Ready · {self.chat.assistant_name} · {dev}", busy=False)
@@ -800,7 +841,9 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ settings / panel
     def open_settings(self) -> None:
-        dlg = SettingsDialog(self.settings, self)
+        info = self.engine_info or {}
+        dlg = SettingsDialog(self.settings, self, variants=info.get("variants"),
+                             quantized=bool(info.get("quantization")))
         if dlg.exec() != SettingsDialog.Accepted:
             return
         self.apply_settings(dlg.result_settings())

@@ -24,6 +24,17 @@ class LoadAborted(Exception):
     """Raised from the load progress callback when the window closes mid-load."""
 
 
+class QuantizeCancelled(Exception):
+    """Raised from quantize's progress callback: model_loader.quantize stops at the next layer step."""
+
+
+# What model_loader.quantize writes into its output folder (config.json last): a folder holding only these
+# is an unfinished copy and may be removed.
+_QUANTIZE_WRITES = {"model.safetensors", "model.safetensors.partial", "tokenizer.json", "tokenizer_config.json",
+                    "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                    "chat_template.jinja", "chat_template.json", "LICENSE"}
+
+
 def _asdict(obj):
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
@@ -38,12 +49,16 @@ class EngineWorker(QObject):
     delta = Signal(int, str, str, int)  # generation id, text, "reasoning" | "answer", tokens so far in this reply
     finished = Signal(int, object)  # generation id, dict(text, reasoning, answer, stats=dict)
     failed = Signal(int, str, str)  # generation id (0 = load), error kind, one-line message
+    quantize_progress = Signal(int, int, str)  # layer index, layers, what ("searching scales", ...)
+    quantized = Signal(str)  # the new 4-bit model folder
+    quantize_failed = Signal(str, str)  # kind ("cancelled" | "error"), one-line message
 
     def __init__(self):
         super().__init__()
         self.engine = None
         self.engine_factory = None  # tests/screenshots: callable(request, progress) -> engine-like object
         self._abort_load = threading.Event()
+        self._abort_quantize = threading.Event()
 
     # ------------------------------------------------------------------ load
     @Slot(object)
@@ -99,11 +114,78 @@ class EngineWorker(QObject):
         self.engine = engine
         info = _asdict(engine.info)
         info["memory"] = _asdict(engine.memory())
+        info["variants"] = self._variants(info.get("model_path"))
         self.ready.emit(info)
+
+    @staticmethod
+    def _variants(model_path) -> dict | None:
+        """The same model in the other precision (dense / AWQ), for the settings' Precision list. Scans the
+        models folder and the HF cache, so it runs here rather than on the GUI thread."""
+        try:
+            from model_loader.locate import find_variants
+
+            return {k: str(v) if v else None for k, v in find_variants(model_path).items()}
+        except Exception:  # not a local folder (a scripted engine), an unreadable cache: offer no variants
+            return None
 
     def abort_load(self) -> None:
         """Thread-safe: make a load in progress stop at its next progress callback."""
         self._abort_load.set()
+
+    # ------------------------------------------------------------------ quantize
+    @Slot(object)
+    def quantize(self, request: dict) -> None:
+        """request: src (a dense model folder), out (the new folder), group_size. Makes a 4-bit AWQ copy with
+        model_loader.quantize (torch, hence this thread), on the GPU when there is one.
+        A cancelled or failed run removes what it wrote, so no half-made model is ever listed."""
+        import shutil
+        from pathlib import Path
+
+        self._abort_quantize.clear()
+        out = Path(request["out"])
+        if (out / "config.json").is_file():  # made by an earlier run (config.json is written last): reuse it
+            self.quantized.emit(str(out))
+            return
+        if out.is_dir() and all(p.is_file() and p.name in _QUANTIZE_WRITES for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)  # debris of a run that died before writing config.json
+        ours = not out.exists()  # never delete a folder someone else made (quantize refuses a non-empty one)
+        try:
+            from model_loader.errors import ModelError
+            from model_loader.quantize import quantize
+
+            device = "cuda" if self._cuda_available() else "cpu"
+        except Exception as err:
+            self.quantize_failed.emit("error", f"could not import the model engine: {err}")
+            return
+
+        def on_progress(index: int, layers: int, what: str) -> None:
+            if self._abort_quantize.is_set():
+                raise QuantizeCancelled()
+            self.quantize_progress.emit(int(index), int(layers), str(what))
+
+        options = {k: request[k] for k in ("group_size", "samples", "seq_len") if request.get(k)}
+        try:
+            quantize(request["src"], str(out), device=device, progress=on_progress, **options)
+        except QuantizeCancelled:
+            if ours:
+                shutil.rmtree(out, ignore_errors=True)
+            self._free_device_memory()
+            self.quantize_failed.emit("cancelled", "Making the 4-bit copy was cancelled.")
+            return
+        except Exception as err:  # ModelError (one line), out of memory, a full disk...
+            if ours:
+                shutil.rmtree(out, ignore_errors=True)
+            self._free_device_memory()
+            if not isinstance(err, ModelError):
+                traceback.print_exc()
+            self.quantize_failed.emit("error", (str(err).splitlines() or [type(err).__name__])[0])
+            return
+        self._free_device_memory()
+        self.quantized.emit(str(out))
+
+    def abort_quantize(self) -> None:
+        """Thread-safe: make a quantize in progress stop at its next progress callback."""
+        self._abort_quantize.set()
 
     # ------------------------------------------------------------------ generate
     @Slot(int, object, object, object)
@@ -170,6 +252,7 @@ class EngineHost(QObject):
 
     _load_requested = Signal(object)
     _generate_requested = Signal(int, object, object, object)
+    _quantize_requested = Signal(object)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -179,6 +262,7 @@ class EngineHost(QObject):
         self.worker.moveToThread(self.thread)
         self._load_requested.connect(self.worker.load, Qt.QueuedConnection)
         self._generate_requested.connect(self.worker.generate, Qt.QueuedConnection)
+        self._quantize_requested.connect(self.worker.quantize, Qt.QueuedConnection)
         self.thread.start()
         self._next_id = 0
 
@@ -190,8 +274,13 @@ class EngineHost(QObject):
         self._generate_requested.emit(self._next_id, messages, settings, control)
         return self._next_id
 
+    def quantize(self, src: str, out: str, **options) -> None:
+        """options: group_size (128 in the app; tests use 32 for the tiny model), samples, seq_len."""
+        self._quantize_requested.emit(dict(src=src, out=out, **options))
+
     def shutdown(self, timeout_ms: int = 1500) -> bool:
         """Stop the thread's event loop after its current job; True if it finished within the timeout."""
         self.worker.abort_load()
+        self.worker.abort_quantize()
         self.thread.quit()
         return self.thread.wait(timeout_ms)

@@ -90,3 +90,29 @@ def make_window(qtbot, profile):
         if not win._closing:
             win.close()
         win.store.close()
+
+
+@pytest.fixture
+def aio(qapp):
+    """An asyncio loop run by Qt (qasync), as in the app: the download is asyncio code."""
+    import asyncio
+
+    import qasync
+
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+@pytest.fixture
+def hub(tiny_model, tmp_path, monkeypatch):
+    """A loopback Hugging Face hub serving the tiny model as deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B."""
+    from fakehub import FakeHub
+
+    h = FakeHub("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", tiny_model)
+    monkeypatch.setenv("HF_ENDPOINT", h.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    yield h
+    h.close()

@@ -6,32 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from desktop.download import OFFLINE_MESSAGE
-from fakehub import FakeHub
-
-REPO = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
-
-
-@pytest.fixture
-def aio(qapp):
-    import qasync
-
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.set_event_loop(None)
-    loop.close()
-
-
-@pytest.fixture
-def hub(tiny_model, tmp_path, monkeypatch):
-    h = FakeHub(REPO, tiny_model)
-    monkeypatch.setenv("HF_ENDPOINT", h.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    yield h
-    h.close()
 
 
 def _same_files(a, b):
