@@ -99,6 +99,7 @@ class SettingsDialog(QDialog):
                                      "awq" if quantized else settings.precision, "Precision")
         self.precision.setToolTip("4-bit (AWQ) needs about half the GPU memory and is faster on laptop GPUs; "
                                   "it is offered when a 4-bit copy of this model is on this computer")
+        self.precision.currentIndexChanged.connect(self._on_precision)
         form.addRow("Precision", self.precision)
         self.context = self._spin(QSpinBox(), 256, 131072, settings.context_length, "Context length", step=1024)
         form.addRow("Context length (tokens)", self.context)
@@ -144,13 +145,18 @@ class SettingsDialog(QDialog):
             items.append(AWQ_PRECISION)
         return items
 
-    def _model_path_for(self, precision: str) -> str:
-        """Picking 4-bit (or back to a dense precision) switches to that variant's folder, unless the user has
-        typed another folder."""
+    def _on_precision(self) -> None:
+        """Picking 4-bit (or back to a dense precision) switches the folder field to that variant, in view,
+        unless the user has typed another folder."""
         path = self.model_path.text().strip()
-        if path != self._base.model_path.strip() or (precision == "awq") == self._quantized:
-            return path  # another folder typed in, or the same kind as the loaded model: keep the folder
-        return self._variants.get("awq" if precision == "awq" else "dense") or path
+        known = {self._base.model_path.strip()} | {v for v in self._variants.values() if v}
+        if path not in known:
+            return
+        awq = self.precision.currentData() == "awq"
+        if awq == self._quantized:  # the loaded model's own kind: its folder as configured
+            self.model_path.setText(self._base.model_path)
+        else:
+            self.model_path.setText(self._variants.get("awq" if awq else "dense") or path)
 
     def _combo(self, items, current, name) -> QComboBox:
         c = QComboBox()
@@ -175,7 +181,7 @@ class SettingsDialog(QDialog):
     def _defaults(self) -> None:
         d = AppSettings(model_path=self.model_path.text())
         self.device.setCurrentIndex(self.device.findData(d.device))
-        if self.precision.findData(d.precision) >= 0:  # a 4-bit-only model keeps its one entry
+        if not self._quantized:  # restoring defaults never swaps the 4-bit model for the full-size one
             self.precision.setCurrentIndex(self.precision.findData(d.precision))
         self.context.setValue(d.context_length)
         self.temperature.setValue(d.temperature)
@@ -188,7 +194,7 @@ class SettingsDialog(QDialog):
 
     def result_settings(self) -> AppSettings:
         return AppSettings(
-            model_path=self._model_path_for(self.precision.currentData()), device=self.device.currentData(),
+            model_path=self.model_path.text().strip(), device=self.device.currentData(),
             precision=self.precision.currentData(), context_length=self.context.value(),
             temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
             top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),

@@ -82,6 +82,7 @@ def test_precision_offers_4bit_only_when_a_4bit_copy_exists_and_switches_to_it(q
         assert _precisions(dlg) == ["auto", "bf16", "fp16", "fp32", "awq"]
         assert dlg.precision.itemText(4) == "4-bit (AWQ)"
         dlg.precision.setCurrentIndex(4)
+        assert dlg.model_path.text() == str(awq)  # the folder switches to the 4-bit copy, in view
         dlg.accept()
 
     with qtbot.waitSignal(win.engine_ready, timeout=60000) as blocker:  # picking it reloads, from the AWQ folder
@@ -99,6 +100,7 @@ def test_precision_offers_4bit_only_when_a_4bit_copy_exists_and_switches_to_it(q
     def back_to_bf16(dlg):
         assert dlg.precision.currentData() == "awq"  # the loaded model is the 4-bit one
         dlg.precision.setCurrentIndex(dlg.precision.findData("bf16"))
+        assert dlg.model_path.text() == str(dense)
         dlg.accept()
 
     with qtbot.waitSignal(win.engine_ready, timeout=60000) as blocker:
