@@ -2,11 +2,11 @@
 
 It is refreshed by its own timer a few times a second (never per token). While a reply streams, the numbers
 come from what the GUI receives: the engine's Started event (prompt size, prefix reused, context length: known
-as soon as the prompt is prefilled) and each delta's token count (a delta can carry several tokens, or none
-while a multi-byte character is incomplete, so deltas are never counted as tokens) with its arrival time;
-when the reply finishes, the engine's exact GenerationStats replace them. VRAM is split into weights / KV cache / other torch / free from
-the engine's MemoryStats (torch counters + NVML); GPU utilization and free memory are polled from NVML here
-(pynvml, no torch) about once a second.
+as soon as the prompt is prefilled) and each delta's token count with its arrival time (a delta can carry
+several tokens: one that ends mid-character yields no text of its own, so deltas are never counted as tokens).
+When the reply finishes, the engine's exact GenerationStats replace them. VRAM is split into weights / KV cache /
+other torch / free from the engine's MemoryStats (torch counters + NVML); GPU utilization and free memory are
+polled from NVML here (pynvml, no torch) about once a second.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QProgressBar,
-                               QPushButton, QSizePolicy, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
+                               QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget)
 
 from desktop.download import ModelDownload, default_destination
 
@@ -232,8 +232,9 @@ class WelcomePage(QWidget):
     # ---- the 4-bit copy (run by the engine worker; the window relays its signals here)
     def quantize_started(self) -> None:
         self.quantizing = True
-        self.download_btn.setEnabled(False)
-        self.quantize_box.setEnabled(False)
+        # One job at a time on the engine thread: a model picked now would load only after the copy anyway.
+        for w in (self.download_btn, self.quantize_box, self.use_btn, self.folder_btn, self.found):
+            w.setEnabled(False)
         self.download_progress.show()
         self.download_progress.setValue(0)
         self.cancel_btn.show()
@@ -250,7 +251,9 @@ class WelcomePage(QWidget):
 
     def quantize_finished(self, message: str) -> None:
         self.quantizing = False
-        self.quantize_box.setEnabled(True)
+        for w in (self.quantize_box, self.folder_btn, self.found):
+            w.setEnabled(True)
+        self.use_btn.setEnabled(bool(self.found.selectedItems()))
         self.cancel_btn.setAccessibleName("Cancel download")
         self.cancel_btn.setEnabled(True)
         self._download_idle(message)

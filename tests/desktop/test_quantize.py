@@ -131,7 +131,7 @@ def test_first_run_download_then_4bit_copy_loads_and_replies(qtbot, aio, hub, ma
         dest = aio.run_until_complete(asyncio.wait_for(task, 120))
         qtbot.waitUntil(lambda: "layer 1/2" in welcome.download_status.text(), timeout=30000)  # layer i/N
         assert welcome.cancel_btn.isVisible() and welcome.download_progress.isVisible()
-        assert not welcome.download_btn.isEnabled()
+        assert not welcome.download_btn.isEnabled() and not welcome.use_btn.isEnabled()
         shown.set()
     info = blocker.args[0]
     assert dest == str(models_dir / "DeepSeek-R1-Distill-Qwen-1.5B")
@@ -174,7 +174,7 @@ def test_cancelling_the_4bit_copy_leaves_no_half_made_model(qtbot, make_window, 
     assert not (models_dir / "tiny-r1-AWQ").exists()
     qtbot.waitUntil(lambda: "Cancelled" in welcome.download_status.text(), timeout=10000)
     assert not welcome.cancel_btn.isVisible()
-    assert welcome.download_btn.isEnabled() and welcome.quantize_box.isEnabled()
+    assert welcome.download_btn.isEnabled() and welcome.quantize_box.isEnabled() and welcome.folder_btn.isEnabled()
     assert win.engine_state == "none" and win.stack.currentWidget() is welcome
     qtbot.waitUntil(lambda: not welcome.scanning, timeout=30000)
     paths = [welcome.found.item(i).data(Qt.UserRole) for i in range(welcome.found.count())]
