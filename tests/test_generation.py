@@ -150,3 +150,36 @@ def test_close_frees_the_model(tiny_model):
     run(engine, temperature=0, max_new_tokens=2)
     engine.close()
     assert not engine.ready and engine.model.k_cache is None and engine.model.w["layers"] == []
+
+
+def test_out_of_gpu_memory_while_generating_is_reported_and_the_engine_stays_usable(cpu_engine, monkeypatch):
+    import torch
+
+    from model_loader.errors import OutOfMemoryError
+
+    real = cpu_engine.model.prefill
+
+    def exhausted(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(cpu_engine.model, "prefill", exhausted)
+    with pytest.raises(OutOfMemoryError, match="out of GPU memory while generating; try a shorter context"):
+        run(cpu_engine, temperature=0, max_new_tokens=3)
+    monkeypatch.setattr(cpu_engine.model, "prefill", real)
+    final, _ = run(cpu_engine, temperature=0, max_new_tokens=3)
+    assert final.stats.completion_tokens == 3 and final.stats.prefix_reused_tokens == 0
+
+
+def test_out_of_gpu_memory_while_loading_gives_advice(tiny_model, monkeypatch):
+    import torch
+
+    from model_loader import engine as engine_module
+    from model_loader.errors import OutOfMemoryError
+
+    def exhausted(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(engine_module, "load_weights", exhausted)
+    with pytest.raises(OutOfMemoryError, match="out of GPU memory while loading tiny-r1; try a shorter context "
+                                               "length or 4-bit"):
+        engine_module.Engine.load(tiny_model, device="cpu")
