@@ -144,3 +144,11 @@ def stylesheet(t: Theme, font_pt: int) -> str:
     QStatusBar {{ color: {t.muted}; }}
     QSplitter::handle {{ background: {t.border}; }}
     """
+
+
+def make_heading(label, scale: float) -> None:
+    """Bold, and `scale` times the base font size: the app's title labels."""
+    f = label.font()
+    f.setPointSizeF(f.pointSizeF() * scale)
+    f.setBold(True)
+    label.setFont(f)

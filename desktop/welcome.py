@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLab
                                QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget)
 
 from desktop.download import ModelDownload, default_destination
+from desktop.theme import make_heading
 
 DOWNLOAD_REPO = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"  # == model_loader.locate.DEFAULT_REPO
 
@@ -71,10 +72,7 @@ class WelcomePage(QWidget):
         lay = QVBoxLayout(card)
         lay.setSpacing(12)
         title = QLabel("Welcome to r1desk")
-        f = title.font()
-        f.setPointSizeF(f.pointSizeF() * 1.6)
-        f.setBold(True)
-        title.setFont(f)
+        make_heading(title, 1.6)
         lay.addWidget(title)
         self.message = QLabel("r1desk runs DeepSeek-R1-Distill-Qwen (and other Qwen2 models) on your own GPU, "
                               "offline. Choose the model to use.")

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from model_loader.chat_template import R1_CHAT_TEMPLATE
 from model_loader.errors import ModelError
-from model_loader.tokenizer import load_tokenizer  # noqa: F401  (re-exported)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -230,7 +230,6 @@ class Engine:
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
         except torch.cuda.OutOfMemoryError as err:
-            weights = model = None
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
         finally:

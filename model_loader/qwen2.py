@@ -96,20 +96,24 @@ class Qwen2Model:
     def kv_cache_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
-    def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend) -> torch.Tensor:
-        """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H]."""
+    def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H], or only the given rows
+        (a device index tensor) through the final norm."""
         cfg, ops = self.cfg, self.ops
         eps = cfg.rms_norm_eps
         residual = None
+        g = self.gemv_choice
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
-            g = self.gemv_choice
             qkv = linear(x, layer["qkv_w"], g)  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
             h = linear(attend(q, i), layer["o_w"], g)
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
             h = linear(ops.silu_mul(linear(x, layer["gate_up_w"], g)), layer["down_w"], g)
+        if rows is not None:
+            h, residual = h.index_select(0, rows), residual.index_select(0, rows)
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
 
@@ -158,22 +162,9 @@ class Qwen2Model:
         first, any padding after: causal attention keeps padding out of the real rows), last_t [1] int64 = index
         of the last real token, zero_t [1] int32 zeros. Writes K/V for all B positions (those past the prompt
         are overwritten before they are ever read) and returns the last real token's logits [1, V] fp32."""
-        t = tokens.numel()
         h = F.embedding(tokens, self.w["embed"])
-        cfg, ops = self.cfg, self.ops
-        eps = cfg.rms_norm_eps
-        attend = self._prefill_attention(0, t)
-        residual = None
-        for i, layer in enumerate(self.w["layers"]):
-            x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
-            qkv = linear(x, layer["qkv_w"])
-            q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
-                                    zero_t, 0, cfg.num_attention_heads, cfg.num_key_value_heads)
-            h = linear(attend(q, i), layer["o_w"])
-            x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
-            h = linear(ops.silu_mul(linear(x, layer["gate_up_w"])), layer["down_w"])
         # only the last real row goes through the final norm and the LM head
-        x, _ = ops.add_rms_norm(h.index_select(0, last_t), residual.index_select(0, last_t), self.w["norm"], eps)
+        x = self._layers(h, zero_t, 0, self._prefill_attention(0, tokens.numel()), rows=last_t)
         return F.linear(x, self.w["lm_head"]).float()
 
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:
