@@ -5,9 +5,12 @@ AWQ ("gemm" version, 4 bits, zero point) stores each linear layer W [out, in] as
   qzeros   int32 [in/group, out/8]  the zero points, packed the same way
   scales   fp16  [in/group, out]
 with W[o, i] = (q[i, o] - z[i // group, o]) * s[i // group, o]. We read and write that format ourselves
-(AutoAWQ is deprecated upstream and does not work with transformers 5). At load it becomes either
+(AutoAWQ is deprecated upstream and does not work with transformers 5). At load it becomes one of
+  - RowPackedInt4: our Triton kernels' layout (any CUDA GPU where Triton runs): each output row's ints packed
+    along the input, so a single-token GEMV streams whole rows, and prefill dequantises into a scratch
+    buffer for cuBLAS;
   - torch's int4 weight-only kernel (aten._weight_int4pack_mm: CUDA sm80+, bf16 activations), whose
-    dequantisation is (q - 8) * s + zero, so zero = (8 - z) * s; or
+    dequantisation is (q - 8) * s + zero, so zero = (8 - z) * s, where Triton can't run; or
   - a dense weight (dequantised once at load) everywhere else.
 """
 
@@ -51,6 +54,57 @@ def dequantize_ints(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_siz
 def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """Packed AWQ tensors -> dense W [out, in] in fp32."""
     return dequantize_ints(unpack(qweight), unpack(qzeros), scales, group_size)
+
+
+@dataclass
+class RowPackedInt4:
+    """A linear weight W [n_out, k_in] for our Triton int4 kernels (kernels/int4_triton.py):
+      qweight int32 [n_out, k_in/8]  nibble j (bits 4j..4j+3) of qweight[n, p] is q[n, 8p + j]
+      scales  fp16  [n_out, k_in/group]
+      zeros   uint8 [n_out, k_in/group]
+    with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1] * 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
+
+
+def to_row_packed(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size: int) -> RowPackedInt4:
+    """AWQ ints q [in, out], zeros z [in/group, out], scales s [in/group, out] -> RowPackedInt4 (same device)."""
+    k_in, n_out = q.shape
+    rows = q.t().contiguous().view(n_out, k_in // 8, 8).to(torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    shifted = rows << shifts  # nibble 7 wraps into the sign bit, as in pack(); kernels mask after shifting
+    packed = shifted[..., 0].clone()
+    for j in range(1, 8):
+        packed |= shifted[..., j]
+    return RowPackedInt4(packed, s.t().to(torch.float16).contiguous(), z.t().to(torch.uint8).contiguous(),
+                         group_size)
+
+
+def dequantize_row_packed(w: RowPackedInt4) -> torch.Tensor:
+    """RowPackedInt4 -> dense W [out, in] fp32 (the reference the Triton kernels are tested against)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=w.qweight.device)
+    q = ((w.qweight[:, :, None] >> shifts) & 0xF).reshape(w.out_features, w.in_features).float()
+    z = w.zeros.float().repeat_interleave(w.group_size, dim=1)
+    s = w.scales.float().repeat_interleave(w.group_size, dim=1)
+    return (q - z) * s
 
 
 @dataclass

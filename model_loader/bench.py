@@ -147,12 +147,14 @@ def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ou
 
 
 def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device, context: int,
-              temperature: float, use_triton, dtype) -> tuple[Engine, dict, list[int], list[int]]:
+              temperature: float, use_triton, dtype, int4_kernel: str | None = None
+              ) -> tuple[Engine, dict, list[int], list[int]]:
     """Load + warm up (timed: time to ready) and the timed runs, for one model folder."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    engine = Engine.load(model, device=device, context_length=context, use_triton=use_triton, dtype=dtype)
+    engine = Engine.load(model, device=device, context_length=context, use_triton=use_triton, dtype=dtype,
+                         int4_kernel=int4_kernel)
     t_load = time.perf_counter() - t0
     engine.warm_up()
     ready = time.perf_counter() - t0
@@ -169,6 +171,7 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
         "load_s": t_load, "load_breakdown": engine.info.load_breakdown, "warmup_s": engine.info.warmup_s,
         "ready_s": ready,
         "weights_gib": mem.weights_bytes / 2**30, "kv_cache_gib": mem.kv_cache_bytes / 2**30,
+        "int4_scratch_gib": engine.model.linear.scratch_bytes / 2**30,
         "peak_vram_gib": mem.peak_allocated_bytes / 2**30, "reserved_vram_gib": mem.torch_reserved_bytes / 2**30,
     }
     token_ids = ours.pop("token_ids")
@@ -178,7 +181,8 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
 
 def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs: int = 5, device: str | None = None,
               context: int = 4096, compare: str | None = None, temperature: float = 0.0,
-              use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None) -> dict:
+              use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None,
+              int4_kernel: str | None = None) -> dict:
     engine, result, prompt, token_ids = bench_one(model, prompt_tokens, new_tokens, runs, device, context,
                                                   temperature, use_triton, dtype)
     if compare == "hf":
@@ -194,7 +198,7 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         engine, q, _, _ = bench_one(awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton,
-                                    None)
+                                    None, int4_kernel)
         q["decode_speedup_vs_dense"] = q["decode_tok_s_p50"] / result["decode_tok_s_p50"]
         q["weights_ratio_vs_dense"] = q["weights_gib"] / result["weights_gib"]
         result["awq"] = q
@@ -220,7 +224,8 @@ def format_bench(r: dict) -> str:
                      f"{q['ttft_ms_p50']:.1f} ms, decode P50 {q['decode_tok_s_p50']:.1f} tok/s = "
                      f"{q['decode_speedup_vs_dense']:.2f}x {r['dtype']}; weights {q['weights_gib']:.2f} GiB = "
                      f"{q['weights_ratio_vs_dense']:.1%} of {r['dtype']} in VRAM"
-                     f"{' (embedding table in host memory)' if q.get('embed_on_host') else ''}")
+                     f"{' (embedding table in host memory)' if q.get('embed_on_host') else ''}"
+                     f"{'; prefill scratch %.2f GiB' % q['int4_scratch_gib'] if q.get('int4_scratch_gib') else ''}")
     hf = r.get("compare_hf")
     if hf:
         lines.append(f"logits vs transformers ({hf['logits_positions_compared']} positions, max |logit| "

@@ -104,7 +104,7 @@ def cmd_bench(args) -> int:
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
                        device=args.device, context=args.context, compare=args.compare,
                        temperature=args.temperature, dtype=args.dtype, awq=args.awq,
-                       use_triton=False if args.no_triton else None)
+                       use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0
 
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", choices=["hf"], help="also time transformers' generate() on the same weights")
     bench.add_argument("--awq", metavar="AWQ_DIR", help="also bench this AWQ folder (the same model quantized) "
                        "and report its speed and memory relative to --model")
+    bench.add_argument("--int4-kernel", choices=["triton", "torch", "dequantize"], default=None,
+                       help="with --awq: force this 4-bit path (default: the fastest that runs here)")
     bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)

@@ -67,9 +67,13 @@ def collect() -> dict:
     info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
     from model_loader.awq import int4pack_supported
 
-    info["awq_path"] = ("int4 kernel (torch _weight_int4pack_mm)"
-                        if torch.cuda.is_available() and int4pack_supported(torch.device("cuda"))
-                        else "dequantized to dense at load (needs an NVIDIA GPU of compute capability 8.0+ for 4-bit)")
+    if info["kernels"] == "triton":
+        info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)"
+    elif torch.cuda.is_available() and int4pack_supported(torch.device("cuda")):
+        info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)"
+    else:
+        info["awq_path"] = ("dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or "
+                            "compute capability 8.0+)")
     try:
         import transformers
 

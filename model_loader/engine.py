@@ -148,6 +148,24 @@ class PrefillGraphs:
         return self.outputs[bucket]
 
 
+INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}
+
+
+def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None) -> str | None:
+    """Which int4 path an AWQ checkpoint runs on: our Triton kernels wherever Triton runs (fastest, any CUDA
+    GPU it supports); torch's int4 kernel on sm80+ with bf16 otherwise; else None (dequantised at load)."""
+    possible = {"dequantize": None}
+    if triton_ok:
+        possible["triton"] = "triton"
+    if dtype == torch.bfloat16 and int4pack_supported(dev):
+        possible["torch"] = "torch"
+    if forced is not None:
+        if forced not in possible:
+            raise ModelError(f"the {forced} int4 path can't run here (available: {', '.join(possible)})")
+        return possible[forced]
+    return possible.get("triton", possible.get("torch"))
+
+
 @dataclass
 class EngineInfo:
     model_path: str
@@ -183,10 +201,12 @@ class Engine:
     @classmethod
     def load(cls, spec, device: str | None = None, context_length: int = 4096, dtype: str | None = None,
              progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
-             embed_on_host: bool | None = None) -> "Engine":
+             embed_on_host: bool | None = None, int4_kernel: str | None = None) -> "Engine":
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
-        window that closes mid-load stops it). Raises ModelError (one-line message) for anything unusable."""
+        window that closes mid-load stops it). int4_kernel forces an AWQ path ("triton", "torch" or
+        "dequantize"; by default the fastest that runs here). Raises ModelError (one-line message) for anything
+        unusable."""
         t0 = time.perf_counter()
         folder = resolve_model(spec)
         dev = pick_device(device)
@@ -222,10 +242,10 @@ class Engine:
                 torch.empty(1, device=dev)  # create the CUDA context now, so it is timed on its own
             breakdown["device_init_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            int4 = cfg.awq is not None and torch_dtype == torch.bfloat16 and int4pack_supported(dev)
+            int4 = choose_int4_layout(dev, torch_dtype, triton_ok, int4_kernel) if cfg.awq else None
             # 4-bit users are saving VRAM: keep their embedding table in host memory (see host_mapped_alias)
             on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
-            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, use_int4pack=int4,
+            weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
                                    embed_on_host=on_host)
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
@@ -244,8 +264,8 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            quantization=("awq-int4 (torch int4 kernel)" if int4 else "awq (dequantized to "
-                          f"{str(torch_dtype).replace('torch.', '')})") if cfg.awq else None,
+            quantization=INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})")
+            if cfg.awq else None,
             embed_on_host=model.embed_on_host,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
         )
@@ -264,8 +284,7 @@ class Engine:
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
             if self.info.cuda_graphs:  # before any capture: the graphs record whichever GEMV wins
                 tuned = self.model.tune_gemv()
-                self.info.gemv = {f"{n}x{k}": ("cuBLAS" if c is None else f"triton {c}")
-                                  for (n, k), c in tuned["choice"].items()}
+                self.info.gemv = {f"{n}x{k}": label for (n, k), label in tuned["choice"].items()}
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)

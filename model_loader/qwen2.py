@@ -11,23 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model_loader.awq import Int4Weight, int4_linear
+from model_loader.awq import Int4Weight, RowPackedInt4
 from model_loader.config import Qwen2Config
 from model_loader.kernels import reference
-
-
-def linear(x: torch.Tensor, w, gemv_choice: dict | None = None) -> torch.Tensor:
-    """x @ W.T for a dense weight [out, in] (cuBLAS, or our single-token GEMV where warm-up measured it faster)
-    or an AWQ weight on the int4 kernel."""
-    if isinstance(w, Int4Weight):
-        return int4_linear(x, w)
-    if gemv_choice and x.shape[0] == 1:
-        config = gemv_choice.get(tuple(w.shape))
-        if config is not None:
-            from model_loader.kernels.triton_ops import gemv
-
-            return gemv(x, w, config)
-    return F.linear(x, w)
+from model_loader.linears import Linears
 
 
 def rope_tables(cfg: Qwen2Config, max_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +37,7 @@ class Qwen2Model:
         self.k_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
         self.use_triton = use_triton
-        self.gemv_choice: dict = {}  # weight shape -> our GEMV config; filled by tune_gemv() at warm-up
+        self.linear = Linears(weights, device, dtype)  # kernel per weight kind/shape; tuned by tune_gemv()
         if use_triton:
             from model_loader.kernels import triton_ops
 
@@ -62,17 +49,8 @@ class Qwen2Model:
             self.decode_attention = reference.decode_attention
 
     def tune_gemv(self) -> dict:
-        """Time cuBLAS against our Triton GEMV for each dense weight shape (single token) and keep the faster."""
-        from model_loader.kernels.triton_ops import gemv_autotune
-
-        shapes: dict[tuple[int, int], list[torch.Tensor]] = {}
-        for layer in self.w["layers"]:
-            for key in ("qkv_w", "o_w", "gate_up_w", "down_w"):
-                if isinstance(layer[key], torch.Tensor):
-                    shapes.setdefault(tuple(layer[key].shape), []).append(layer[key])
-        result = gemv_autotune(shapes)
-        self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
-        return result
+        """Measure the single-token kernels per weight shape on this GPU and keep the fastest (Linears.tune)."""
+        return self.linear.tune(self.w, self.dtype)
 
     @property
     def embed_on_host(self) -> bool:
@@ -85,7 +63,7 @@ class Qwen2Model:
         tensors = [self.w["norm"], self.w["lm_head"]] + ([] if self.embed_on_host else [self.w["embed"]])
         tensors += [t for layer in self.w["layers"] for t in layer.values()]
         for t in tensors:
-            if isinstance(t, Int4Weight):
+            if isinstance(t, (Int4Weight, RowPackedInt4)):
                 total += t.nbytes()
             elif t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
@@ -103,15 +81,15 @@ class Qwen2Model:
         cfg, ops = self.cfg, self.ops
         eps = cfg.rms_norm_eps
         residual = None
-        g = self.gemv_choice
+        linear = self.linear
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
-            qkv = linear(x, layer["qkv_w"], g)  # bias is added inside the RoPE kernel
+            qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
-            h = linear(attend(q, i), layer["o_w"], g)
+            h = linear(attend(q, i), layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
-            h = linear(ops.silu_mul(linear(x, layer["gate_up_w"], g)), layer["down_w"], g)
+            h = linear(ops.silu_mul(linear(x, layer["gate_up_w"])), layer["down_w"])
         if rows is not None:
             h, residual = h.index_select(0, rows), residual.index_select(0, rows)
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)

@@ -228,10 +228,11 @@ def host_mapped_alias(pinned):
 
 
 def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None,
-                 awq: AwqConfig | None = None, use_int4pack: bool = False, embed_on_host: bool = False):
+                 awq: AwqConfig | None = None, int4_layout: str | None = None, embed_on_host: bool = False):
     """Read the checkpoint into fused device tensors: a dict with embed, norm, lm_head and per-layer ln1, ln2,
-    qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors, or awq.Int4Weight for
-    AWQ checkpoints on the int4 kernel path (dequantised to dense otherwise)."""
+    qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors; an AWQ checkpoint's
+    become awq.RowPackedInt4 (int4_layout "triton"), awq.Int4Weight ("torch": torch's int4 kernel) or dense
+    (None: dequantised once here)."""
     import torch
 
     entries = index_checkpoint(cfg, shards, awq)
@@ -304,7 +305,7 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
         if alias is None:
             del out["embed_host"]
     if awq is not None:
-        _fuse_awq_linears(cfg, awq, raw, out, dtype, use_int4pack)
+        _fuse_awq_linears(cfg, awq, raw, out, dtype, int4_layout)
     return out
 
 
@@ -316,9 +317,10 @@ FUSED_GROUPS = {  # our fused weight -> the checkpoint's linears, concatenated a
 }
 
 
-def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dtype, use_int4pack: bool) -> None:
+def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dtype,
+                      int4_layout: str | None) -> None:
     """Unpack each layer's AWQ tensors on the device, fuse QKV and gate/up along `out`, then convert to the
-    int4 kernel's layout (or dequantise to dense where that kernel can't run or a member is unquantized)."""
+    int4 kernels' layout (or dequantise to dense where no int4 kernel can run or a member is unquantized)."""
     import torch
 
     from model_loader import awq as fmt
@@ -331,7 +333,9 @@ def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dt
                 q = torch.cat([fmt.unpack(raw.pop(n + ".qweight")) for n in names], dim=1)
                 z = torch.cat([fmt.unpack(raw.pop(n + ".qzeros")) for n in names], dim=1)
                 s = torch.cat([raw.pop(n + ".scales") for n in names], dim=1)
-                if use_int4pack and fmt.int4pack_ok(q.shape[0], q.shape[1], g):
+                if int4_layout == "triton":  # any shape AWQ allows (widths are multiples of 8 and of g)
+                    layer[fused] = fmt.to_row_packed(q, z, s, g)
+                elif int4_layout == "torch" and fmt.int4pack_ok(q.shape[0], q.shape[1], g):
                     layer[fused] = fmt.to_int4pack(q, z, s, g)
                 else:
                     layer[fused] = fmt.dequantize_ints(q, z, s, g).to(dtype)

@@ -79,9 +79,9 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
     from model_loader.kernels.triton_ops import GEMV_CONFIGS
 
     # decode through our single-token GEMV too (on a GPU, warm-up picks it per shape where it beats cuBLAS)
-    engine.model.gemv_choice = {tuple(w.shape): GEMV_CONFIGS[i % len(GEMV_CONFIGS)]
+    engine.model.linear.gemv_choice = {tuple(w.shape): GEMV_CONFIGS[i % len(GEMV_CONFIGS)]
                                 for i, w in enumerate(engine.model.w["layers"][0].values()) if w.dim() == 2}
-    assert len(engine.model.gemv_choice) == 4
+    assert len(engine.model.linear.gemv_choice) == 4
     messages = PROMPTS["multi_turn"]
     ids = engine.chat.render(messages).ids
     ours = _greedy(engine, messages, 10).token_ids

@@ -1,0 +1,79 @@
+"""y = x @ W.T for every kind of weight the loader produces, with the kernel chosen per weight kind, per
+shape and per row count:
+
+  dense [out, in]        cuBLAS, or (one token) our Triton GEMV where warm-up measured it faster
+  awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up);
+                         several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
+  awq.Int4Weight         torch's int4 kernel (CUDA sm80+ where Triton can't run)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model_loader.awq import Int4Weight, RowPackedInt4, int4_linear
+
+
+class Linears:
+    def __init__(self, weights: dict, device, dtype):
+        self.gemv_choice: dict = {}  # dense shape -> our GEMV config (absent: cuBLAS); see tune()
+        self.int4_choice: dict = {}  # int4 shape -> our int4 GEMV config; see tune()
+        # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
+        # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
+        sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
+        self.scratch = torch.empty(max(sizes), device=device, dtype=dtype) if sizes else None
+
+    @staticmethod
+    def _int4_weights(weights: dict) -> list[RowPackedInt4]:
+        return [w for layer in weights["layers"] for w in layer.values() if isinstance(w, RowPackedInt4)]
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0 if self.scratch is None else self.scratch.numel() * self.scratch.element_size()
+
+    def __call__(self, x: torch.Tensor, w) -> torch.Tensor:
+        if isinstance(w, RowPackedInt4):
+            from model_loader.kernels import int4_triton
+
+            if x.shape[0] == 1:
+                return int4_triton.int4_gemv(x, w, self.int4_choice.get(w.shape, int4_triton.DEFAULT_INT4_GEMV))
+            return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
+        if isinstance(w, Int4Weight):
+            return int4_linear(x, w)
+        if self.gemv_choice and x.shape[0] == 1:
+            config = self.gemv_choice.get(tuple(w.shape))
+            if config is not None:
+                from model_loader.kernels.triton_ops import gemv
+
+                return gemv(x, w, config)
+        return F.linear(x, w)
+
+    def tune(self, weights: dict, dtype) -> dict:
+        """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
+        configs against each other; keep the fastest. Returns {"choice": {shape: label}, "timings_us": ...}."""
+        from model_loader.kernels.triton_ops import gemv_autotune
+
+        dense: dict[tuple[int, int], list[torch.Tensor]] = {}
+        int4: dict[tuple[int, int], list[RowPackedInt4]] = {}
+        for layer in weights["layers"]:
+            for key in ("qkv_w", "o_w", "gate_up_w", "down_w"):
+                w = layer[key]
+                if isinstance(w, torch.Tensor):
+                    dense.setdefault(tuple(w.shape), []).append(w)
+                elif isinstance(w, RowPackedInt4):
+                    int4.setdefault(w.shape, []).append(w)
+        choice, timings = {}, {}
+        if dense:
+            result = gemv_autotune(dense)
+            self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
+            choice.update({s: "cuBLAS" if c is None else f"triton {c}" for s, c in result["choice"].items()})
+            timings.update(result["timings_us"])
+        if int4:
+            from model_loader.kernels.int4_triton import int4_gemv_autotune
+
+            result = int4_gemv_autotune(int4, dtype)
+            self.int4_choice = dict(result["choice"])
+            choice.update({s: f"triton int4 {c}" for s, c in result["choice"].items()})
+            timings.update(result["timings_us"])
+        return {"choice": choice, "timings_us": timings}

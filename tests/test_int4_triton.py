@@ -1,0 +1,98 @@
+"""Our Triton int4 kernels (row-packed AWQ weights) against the dequantised reference, and the engine's 4-bit
+Triton path end to end. Without a GPU the kernels run in Triton's interpreter (see conftest.py)."""
+
+import pytest
+import torch
+
+from model_loader import awq as fmt
+from model_loader.engine import Engine, choose_int4_layout
+from model_loader.errors import ModelError
+from model_loader.kernels import int4_triton
+from model_loader.quantize import quantize
+
+
+def _random_awq(n_out: int, k_in: int, group: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k_in, n_out), generator=g)
+    z = torch.randint(0, 16, (k_in // group, n_out), generator=g)
+    s = (torch.rand(k_in // group, n_out, generator=g) * 0.05 + 0.001).half()
+    return q, z, s
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (64, 1024, 32), (24, 512, 256)])
+def test_row_packed_layout_holds_awqs_numbers(n_out, k_in, group):
+    q, z, s = _random_awq(n_out, k_in, group)
+    w = fmt.to_row_packed(q, z, s, group)
+    assert w.qweight.dtype == torch.int32 and w.qweight.shape == (n_out, k_in // 8)
+    assert w.shape == (n_out, k_in)
+    # the same numbers as AWQ's own packing, unpacked by the AWQ formula
+    expected = fmt.dequantize(fmt.pack(q), fmt.pack(z), s, group)
+    assert torch.equal(fmt.dequantize_row_packed(w), expected)
+    assert w.nbytes() == n_out * k_in // 2 + 3 * n_out * (k_in // group)
+
+
+@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (64, 1024, 32)])
+@pytest.mark.parametrize("config", int4_triton.INT4_GEMV_CONFIGS)
+def test_int4_gemv_matches_the_dequantized_weight(device, n_out, k_in, group, config):
+    """Every config the autotuner may pick, including K splits and widths that aren't a multiple of the tile."""
+    q, z, s = _random_awq(n_out, k_in, group)
+    w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), group)
+    x = torch.randn(1, k_in, generator=torch.Generator().manual_seed(1)).to(device, _dtype(device))
+    dense = fmt.dequantize_row_packed(w)
+    expected = x.float() @ dense.t()
+    got = int4_triton.int4_gemv(x, w, config)
+    assert got.shape == (1, n_out) and got.dtype == x.dtype
+    tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.float(), expected, **tol)
+
+
+@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (2048 + 8, 1536, 128)])
+def test_int4_dequantize_writes_the_dense_weight(device, n_out, k_in, group):
+    q, z, s = _random_awq(n_out, k_in, group)
+    w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), group)
+    scratch = torch.full((n_out * k_in + 100,), float("nan"), device=device, dtype=_dtype(device))
+    dense = int4_triton.int4_dequantize(w, scratch)
+    assert dense.shape == (n_out, k_in)
+    torch.testing.assert_close(dense, fmt.dequantize_row_packed(w).to(dense.dtype), atol=0, rtol=0)
+    assert torch.isnan(scratch[n_out * k_in:]).all()  # nothing written past the weight
+
+
+@pytest.fixture(scope="module")
+def tiny_awq(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "tiny-awq"
+    quantize(tiny_model, out, group_size=32, samples=2, seq_len=64, device="cpu", clip=False)
+    return out
+
+
+def test_engine_runs_awq_on_the_triton_int4_kernels(tiny_awq, device):
+    """Prefill (dequantise + matmul) and single-token decode (int4 GEMV) on the Triton path give the logits of
+    the same checkpoint dequantised to dense at load."""
+    triton_engine = Engine.load(tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256)
+    assert triton_engine.info.quantization == "awq-int4 (Triton int4 kernels)"
+    layer = triton_engine.model.w["layers"][0]
+    assert all(isinstance(layer[k], fmt.RowPackedInt4) for k in ("qkv_w", "o_w", "gate_up_w", "down_w"))
+    dense_engine = Engine.load(tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256,
+                               int4_kernel="dequantize")
+    assert dense_engine.info.quantization == "awq (dequantized to float32)"
+    assert isinstance(dense_engine.model.w["layers"][0]["qkv_w"], torch.Tensor)
+    # 4-bit weights + their scales and zeros: well under half of the dense fp32 linears
+    assert triton_engine.model.weights_bytes < dense_engine.model.weights_bytes
+    ids = torch.tensor(triton_engine.chat.render([{"role": "user", "content": "Hello there"}]).ids, device=device)
+    n = ids.numel()
+    for engine in (triton_engine, dense_engine):
+        engine.prefill_logits = engine.model.prefill(ids, 0, all_logits=True)
+        pos_t = torch.tensor([n], device=device, dtype=torch.int32)
+        engine.decode_logits = engine.model.decode(ids[-1:], pos_t, n)
+    torch.testing.assert_close(triton_engine.prefill_logits, dense_engine.prefill_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(triton_engine.decode_logits, dense_engine.decode_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
+    with pytest.raises(ModelError, match="the torch int4 path can't run here"):
+        choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced="torch")
+    assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced=None) is None
+    assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
