@@ -20,7 +20,7 @@ import triton.language as tl
 from model_loader.awq import RowPackedInt4
 from model_loader.kernels.triton_ops import _graph_time_us
 
-MAGIC = 8388608.0  # 2**23: the float whose mantissa holds a small int exactly
+MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
 
 
 @triton.jit

@@ -1,0 +1,156 @@
+"""Every Triton kernel, as the engine actually launches it, compiles for a real NVIDIA GPU.
+
+Triton's interpreter (how the CPU tests run our kernels) executes the Python source with numpy and accepts code
+the GPU compiler rejects (a plain Python global read inside a kernel, say). So we record each launch made while
+running the kernels in the interpreter and compile it, ahead of time and without a GPU, down to a cubin for an
+RTX 30-series GPU (sm_86), the low end of what r1desk supports: the same front end and back end the app uses at
+first start on the user's machine."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="records launches through Triton's interpreter (a GPU compiles for real)")
+
+_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
+                  torch.int64: "*i64", torch.uint8: "*u8"}
+_LAUNCH_OPTIONS = ("num_warps", "num_stages")
+
+
+def _spec(fn, args, kwargs) -> dict:
+    """A launch as JSON: where the kernel lives, its argument types and constexpr values, launch options."""
+    params = inspect.signature(fn).parameters
+    bound = dict(zip(params, args))
+    bound.update({k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS})
+    signature, constexprs = {}, {}
+    for name, p in params.items():
+        value = bound[name]
+        if "constexpr" in str(p.annotation):
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = _POINTER_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            signature[name] = "fp32"
+    return {"module": fn.__module__, "file": inspect.getsourcefile(fn), "name": fn.__name__,
+            "signature": signature, "constexprs": constexprs,
+            "options": {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS}}
+
+
+# Runs in a fresh interpreter: once the interpreter has run kernels in a process, Triton's language module is
+# patched for numpy and its compiler no longer works there.
+_COMPILER = """
+import importlib.util, json, sys
+import triton
+from triton import JITFunction
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+for spec in json.load(sys.stdin):
+    try:
+        module = importlib.import_module(spec["module"])
+    except ImportError:
+        loader = importlib.util.spec_from_file_location(spec["module"], spec["file"])
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    kernel = getattr(module, spec["name"])
+    kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(getattr(kernel, "fn", kernel))
+    try:
+        compiled = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"]),
+                                  target=GPUTarget("cuda", 86, 32), options=spec["options"])
+        assert compiled.asm["cubin"]
+    except Exception as err:
+        sys.exit(spec["name"] + ": " + str(err))
+    print(spec["name"])
+"""
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    recorded = {}
+    original = InterpretedFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        spec = _spec(self.fn, args, kwargs)
+        recorded.setdefault(json.dumps(spec, sort_keys=True), spec)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", record)
+    return recorded
+
+
+def _compile_all(launches) -> set[str]:
+    """Compile every recorded launch for sm_86; the kernel names that compiled, or AssertionError with the
+    compiler's message."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(list(launches.values())),
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    return set(done.stdout.split())
+
+
+def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
+    """bf16 prefill + decode on the fused kernels, plus our dense GEMV configs."""
+    from model_loader.engine import Engine
+    from model_loader.kernels import triton_ops
+
+    engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=64)
+    ids = torch.tensor(engine.chat.encode_plain("Hello, compile."))
+    engine.model.prefill(ids, 0)
+    engine.model.decode(ids[-1:], torch.tensor([ids.numel()], dtype=torch.int32), ids.numel())
+    w = torch.randn(40, 256, dtype=torch.bfloat16)
+    for config in triton_ops.GEMV_CONFIGS:
+        triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config)
+    names = _compile_all(launches)
+    assert {"_add_rms_norm_kernel", "_rope_bias_cache_kernel", "_silu_mul_kernel", "_decode_attn_split_kernel",
+            "_decode_attn_reduce_kernel", "_gemv_kernel"} <= names
+
+
+def test_the_int4_kernels_compile_for_a_gpu(launches):
+    """Every int4 GEMV config the warm-up may pick (with and without K splits) and the prefill dequantiser."""
+    from model_loader import awq as fmt
+    from model_loader.kernels import int4_triton
+
+    q = torch.randint(0, 16, (1024, 48))  # wide enough for every K split to happen
+    w = fmt.to_row_packed(q, torch.randint(0, 16, (8, 48)), torch.rand(8, 48).half(), 128)
+    x = torch.randn(1, 1024, dtype=torch.bfloat16)
+    for config in int4_triton.INT4_GEMV_CONFIGS:
+        int4_triton.int4_gemv(x, w, config)
+    int4_triton.int4_dequantize(w, torch.empty(48 * 1024, dtype=torch.bfloat16))
+    names = _compile_all(launches)
+    assert {"_int4_gemv_kernel", "_sum_splits_kernel", "_int4_dequantize_kernel"} <= names
+
+
+def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeypatch):
+    """The check itself: a kernel reading a plain Python global runs in the interpreter but must not compile."""
+    (tmp_path / "r1desk_bad_kernel.py").write_text(inspect.cleandoc('''
+        import triton
+        import triton.language as tl
+        SCALE = 2.0
+
+        @triton.jit
+        def scale_kernel(x_ptr, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs) * SCALE)
+        '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import r1desk_bad_kernel
+
+    x = torch.ones(16)
+    r1desk_bad_kernel.scale_kernel[(1,)](x, BLOCK=16)
+    assert torch.equal(x, torch.full((16,), 2.0))  # the interpreter ran it
+    with pytest.raises(AssertionError, match="global variable SCALE"):
+        _compile_all(launches)
