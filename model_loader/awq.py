@@ -58,8 +58,11 @@ def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 
 @dataclass
 class RowPackedInt4:
-    """A linear weight W [n_out, k_in] for our Triton int4 kernels (kernels/int4_triton.py):
-      qweight int32 [n_out, k_in/8]  nibble j (bits 4j..4j+3) of qweight[n, p] is q[n, 8p + j]
+    """A linear weight W [n_out, k_in] for our Triton int4 kernels (kernels/int4_triton.py). Each row's ints
+    are packed along the input in blocks of 8 * interleave values: in block b, nibble j (bits 4j..4j+3) of
+    int32 number i holds q[n, 8*interleave*b + interleave*j + i]. So for every nibble j a tile of packed ints
+    needs a contiguous run of the activations (one vector load), and a group's scale is constant per nibble.
+      qweight int32 [n_out, k_in/8]
       scales  fp16  [n_out, k_in/group]
       zeros   uint8 [n_out, k_in/group]
     with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers."""
@@ -68,6 +71,7 @@ class RowPackedInt4:
     scales: torch.Tensor
     zeros: torch.Tensor
     group_size: int
+    interleave: int
 
     @property
     def out_features(self) -> int:
@@ -85,23 +89,30 @@ class RowPackedInt4:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
 
 
+def row_pack_interleave(k_in: int) -> int:
+    """The widest interleave (32 ints = 256 inputs per block) that tiles the input width; AWQ widths are
+    multiples of the group size (>= 32), so 8 always does. Each one divides every supported group size."""
+    return next(i for i in (32, 16, 8) if k_in % (8 * i) == 0)
+
+
 def to_row_packed(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size: int) -> RowPackedInt4:
     """AWQ ints q [in, out], zeros z [in/group, out], scales s [in/group, out] -> RowPackedInt4 (same device)."""
     k_in, n_out = q.shape
-    rows = q.t().contiguous().view(n_out, k_in // 8, 8).to(torch.int32)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
-    shifted = rows << shifts  # nibble 7 wraps into the sign bit, as in pack(); kernels mask after shifting
-    packed = shifted[..., 0].clone()
+    inter = row_pack_interleave(k_in)
+    blocks = q.t().contiguous().view(n_out, k_in // (8 * inter), 8, inter).to(torch.int32)
+    packed = blocks[:, :, 0].clone()
     for j in range(1, 8):
-        packed |= shifted[..., j]
-    return RowPackedInt4(packed, s.t().to(torch.float16).contiguous(), z.t().to(torch.uint8).contiguous(),
-                         group_size)
+        packed |= blocks[:, :, j] << (4 * j)  # nibble 7 wraps into the sign bit; kernels mask after shifting
+    return RowPackedInt4(packed.view(n_out, k_in // 8), s.t().to(torch.float16).contiguous(),
+                         z.t().to(torch.uint8).contiguous(), group_size, inter)
 
 
 def dequantize_row_packed(w: RowPackedInt4) -> torch.Tensor:
     """RowPackedInt4 -> dense W [out, in] fp32 (the reference the Triton kernels are tested against)."""
+    n, k, inter = w.out_features, w.in_features, w.interleave
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=w.qweight.device)
-    q = ((w.qweight[:, :, None] >> shifts) & 0xF).reshape(w.out_features, w.in_features).float()
+    packed = w.qweight.view(n, k // (8 * inter), 1, inter)
+    q = ((packed >> shifts[:, None]) & 0xF).reshape(n, k).float()  # [n, block, nibble j, i] -> input order
     z = w.zeros.float().repeat_interleave(w.group_size, dim=1)
     s = w.scales.float().repeat_interleave(w.group_size, dim=1)
     return (q - z) * s

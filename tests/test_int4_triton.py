@@ -23,19 +23,24 @@ def _dtype(device):
     return torch.bfloat16 if device == "cuda" else torch.float32
 
 
-@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (64, 1024, 32), (24, 512, 256)])
+# input widths that take each interleave (32: 256-wide blocks, 16, 8) with groups smaller, equal and larger
+SHAPES = [(48, 256, 64), (40, 384, 128), (64, 1024, 32), (24, 768, 256), (16, 192, 64), (32, 896, 128),
+          (24, 384, 32)]
+
+
+@pytest.mark.parametrize("n_out,k_in,group", SHAPES)
 def test_row_packed_layout_holds_awqs_numbers(n_out, k_in, group):
     q, z, s = _random_awq(n_out, k_in, group)
     w = fmt.to_row_packed(q, z, s, group)
     assert w.qweight.dtype == torch.int32 and w.qweight.shape == (n_out, k_in // 8)
-    assert w.shape == (n_out, k_in)
+    assert w.shape == (n_out, k_in) and w.interleave == fmt.row_pack_interleave(k_in)
     # the same numbers as AWQ's own packing, unpacked by the AWQ formula
     expected = fmt.dequantize(fmt.pack(q), fmt.pack(z), s, group)
     assert torch.equal(fmt.dequantize_row_packed(w), expected)
     assert w.nbytes() == n_out * k_in // 2 + 3 * n_out * (k_in // group)
 
 
-@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (64, 1024, 32)])
+@pytest.mark.parametrize("n_out,k_in,group", SHAPES)
 @pytest.mark.parametrize("config", int4_triton.INT4_GEMV_CONFIGS)
 def test_int4_gemv_matches_the_dequantized_weight(device, n_out, k_in, group, config):
     """Every config the autotuner may pick, including K splits and widths that aren't a multiple of the tile."""
@@ -50,7 +55,7 @@ def test_int4_gemv_matches_the_dequantized_weight(device, n_out, k_in, group, co
     torch.testing.assert_close(got.float(), expected, **tol)
 
 
-@pytest.mark.parametrize("n_out,k_in,group", [(48, 256, 64), (40, 384, 128), (2048 + 8, 1536, 128)])
+@pytest.mark.parametrize("n_out,k_in,group", SHAPES + [(2048 + 8, 1536, 128)])
 def test_int4_dequantize_writes_the_dense_weight(device, n_out, k_in, group):
     q, z, s = _random_awq(n_out, k_in, group)
     w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), group)
