@@ -64,7 +64,7 @@ class RowPackedInt4:
     needs a contiguous run of the activations (one vector load), and a group's scale is constant per nibble.
       qweight int32 [n_out, k_in/8]
       scales  fp16  [n_out, k_in/group]
-      zeros   uint8 [n_out, k_in/group]
+      zeros   fp16  [n_out, k_in/group]  (small ints, exact; fp16 so kernels convert them with a cheap op)
     with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers."""
 
     qweight: torch.Tensor
@@ -104,7 +104,7 @@ def to_row_packed(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size:
     for j in range(1, 8):
         packed |= blocks[:, :, j] << (4 * j)  # nibble 7 wraps into the sign bit; kernels mask after shifting
     return RowPackedInt4(packed.view(n_out, k_in // 8), s.t().to(torch.float16).contiguous(),
-                         z.t().to(torch.uint8).contiguous(), group_size, inter)
+                         z.t().to(torch.float16).contiguous(), group_size, inter)
 
 
 def dequantize_row_packed(w: RowPackedInt4) -> torch.Tensor:

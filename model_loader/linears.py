@@ -23,6 +23,10 @@ class Linears:
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
         self.scratch = torch.empty(max(sizes), device=device, dtype=dtype) if sizes else None
+        if sizes and torch.device(device).type == "cuda":
+            from model_loader.kernels.int4_triton import split_counters
+
+            split_counters(device)  # before any graph capture
 
     @staticmethod
     def _int4_weights(weights: dict) -> list[RowPackedInt4]:

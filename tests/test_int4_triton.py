@@ -37,7 +37,7 @@ def test_row_packed_layout_holds_awqs_numbers(n_out, k_in, group):
     # the same numbers as AWQ's own packing, unpacked by the AWQ formula
     expected = fmt.dequantize(fmt.pack(q), fmt.pack(z), s, group)
     assert torch.equal(fmt.dequantize_row_packed(w), expected)
-    assert w.nbytes() == n_out * k_in // 2 + 3 * n_out * (k_in // group)
+    assert w.nbytes() == n_out * k_in // 2 + 4 * n_out * (k_in // group)
 
 
 @pytest.mark.parametrize("n_out,k_in,group", SHAPES)

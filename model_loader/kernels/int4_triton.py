@@ -2,15 +2,16 @@
 
 Decoding reads every weight once per token, so a single-token GEMV on packed ints is where 4-bit pays off:
   int4_gemv      out[n] = sum_k x[k] * (q[n,k] - z[n,k/G]) * s[n,k/G], optionally split along K across
-                 programs (fp32 partials + a small reduce) so short, wide matrices still fill the GPU.
+                 programs (fp32 partials, summed by the last split to finish) so short, wide matrices still
+                 fill the GPU.
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; scales and zeros are read once per row and group.
 Prefill multiplies many rows by the same weights; there cuBLAS on a dense copy wins by far, so
   int4_dequantize writes W as bf16/fp16 into a reusable scratch buffer (cost: one write of W per linear).
 
-Ints become floats with the exponent trick (q | 0x4B000000 is the float 2**23 + q), not an int->float
-conversion, whose throughput is a fraction of an FMA's: per weight that leaves a shift, a logic op, a
-subtract and an FMA.
+Ints become floats with exponent tricks, not int->float conversions (a fraction of an FMA's throughput):
+the GEMV moves each nibble under the exponent of 1.0f (1 + q/16: a shift, an and-or, then the FMA); the
+dequantiser uses q | 0x4B000000 = 2**23 + q, exact.
 """
 
 from __future__ import annotations
@@ -26,50 +27,64 @@ MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, N, K, GROUPS, K_PER_SPLIT,
-                      GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr):
-    # Program (r, c) owns rows r*BLOCK_N.. over the K range c*K_PER_SPLIT.. (a whole number of 8*IB blocks).
-    # Per block: one [BLOCK_N, IB] tile of packed ints; nibble j pairs with the contiguous activations
-    # x[k0 + j*IB : k0 + (j+1)*IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x), so the
-    # scale and zero are applied once per row and group, not per weight.
+def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
+                      NUM_BLOCKS, SPLITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
+    # IB ints per row). Per block: one [BLOCK_N, IB] tile of packed ints; nibble j pairs with the contiguous
+    # activations x[8*IB*b + j*IB : ... + IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x),
+    # so the scale and zero are applied once per row and group, not per weight. KP = K/8 is its own argument
+    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     i = tl.arange(0, IB)
-    k_begin = tl.program_id(1) * K_PER_SPLIT
-    k_end = tl.minimum(k_begin + K_PER_SPLIT, K)
+    b_begin = tl.program_id(1) * BLOCKS_PER_SPLIT
+    b_end = tl.minimum(b_begin + BLOCKS_PER_SPLIT, NUM_BLOCKS)
+    w_ptrs = qw_ptr + rows[:, None] * KP + b_begin * IB + i[None, :]
+    x_ptrs = x_ptr + b_begin * 8 * IB + i
     acc = tl.zeros([BLOCK_N, IB], tl.float32)
-    for k0 in range(k_begin, k_end, 8 * IB):
-        packed = tl.load(qw_ptr + rows[:, None] * (K // 8) + (k0 // 8 + i)[None, :], mask=row_mask[:, None],
-                         other=0)
+    # the next block's ints are requested before this block's arithmetic, so the load latency overlaps it
+    upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
+    for b in range(b_begin, b_end):
+        packed = upcoming
+        w_ptrs += tl.where(b + 1 < b_end, IB, 0)  # the last turn re-reads its own block (cached), unmasked
+        upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
         a = tl.zeros([BLOCK_N, IB], tl.float32)
         xs = tl.zeros([IB], tl.float32)
         for j in tl.static_range(8):
-            xj = tl.load(x_ptr + k0 + j * IB + i).to(tl.float32)
-            qj = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - MAGIC
+            xj = tl.load(x_ptrs + j * IB).to(tl.float32)
+            # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
+            # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
+            if j <= 4:
+                moved = packed << (19 - 4 * j)
+            else:
+                moved = packed >> (4 * j - 19)
+            qj = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
             a += qj * xj[None, :]
             xs += xj
             if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
-                g = (k0 + j * IB) // GROUP
+                g = (b * 8 * IB + j * IB) // GROUP
                 s = tl.load(s_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
-                z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0).to(tl.float32)
-                acc += s[:, None] * (a - z[:, None] * xs[None, :])
+                z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
+                # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
+                acc += (16.0 * s)[:, None] * a - (s * (16.0 + z))[:, None] * xs[None, :]
                 a = tl.zeros([BLOCK_N, IB], tl.float32)
                 xs = tl.zeros([IB], tl.float32)
+        x_ptrs += 8 * IB
     total = tl.sum(acc, axis=1)
-    if PARTIAL:
-        tl.store(out_ptr + tl.program_id(1) * N + rows, total, mask=row_mask)
+    if SPLITS > 1:
+        # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
+        # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
+        tl.store(part_ptr + tl.program_id(1) * N + rows, total, mask=row_mask)
+        tl.debug_barrier()  # every thread's partials are written before the arrival is counted
+        arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
+        if arrived == SPLITS - 1:
+            total = tl.zeros([BLOCK_N], tl.float32)
+            for c in range(0, SPLITS):
+                total += tl.load(part_ptr + c * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+            tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
     else:
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    total = tl.zeros([BLOCK], tl.float32)
-    for i in tl.static_range(SPLITS):
-        total += tl.load(part_ptr + i * N + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -93,8 +108,8 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 
 # (BLOCK_N, num_warps, splits along K): tried for each weight shape at warm-up (int4_gemv_autotune)
 INT4_GEMV_CONFIGS = (
-    (8, 4, 1), (16, 4, 1), (32, 4, 1), (64, 8, 1),
-    (16, 4, 2), (32, 4, 2), (16, 4, 4), (32, 4, 4), (32, 8, 8),
+    (16, 4, 1), (32, 4, 1), (64, 4, 1), (16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 4, 4), (32, 4, 4),
+    (64, 4, 4), (16, 4, 8), (32, 4, 8), (64, 8, 8), (32, 4, 16), (64, 8, 16),
 )
 DEFAULT_INT4_GEMV = (16, 4, 1)
 
@@ -104,18 +119,31 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int] = 
     """x [1, K] -> x @ W.T [1, N] in x's dtype."""
     n, k = w.shape
     block_n, warps, splits = config
-    block_k = 8 * w.interleave
-    # every split covers a whole number of packed blocks; a split past K would do nothing
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    splits = triton.cdiv(k, k_per_split)
+    blocks = k // (8 * w.interleave)
+    per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
+    splits = triton.cdiv(blocks, per_split)
+    if triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
+        raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    target = out if splits == 1 else torch.empty((splits, n), dtype=torch.float32, device=x.device)
+    partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
-        x, w.qweight, w.scales, w.zeros, target, n, k, w.scales.shape[1], k_per_split,
-        GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, PARTIAL=splits > 1, num_warps=warps)
-    if splits > 1:
-        _sum_splits_kernel[(triton.cdiv(n, 1024),)](target, out, n, SPLITS=splits, BLOCK=1024, num_warps=4)
+        x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
+        per_split, blocks, splits, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, num_warps=warps)
     return out
+
+
+_COUNTERS: dict = {}
+MAX_ROW_BLOCKS = 1 << 16
+
+
+def split_counters(device) -> torch.Tensor:
+    """Arrival counts for the split GEMV, one per row block, zero between calls (the last split resets its
+    own). Made once per device, before any CUDA-graph capture uses it (Linears does so at load); kernels on
+    one stream run one at a time, so every GEMV can share it."""
+    device = torch.device(device)
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:
