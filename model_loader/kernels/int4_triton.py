@@ -28,7 +28,8 @@ MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
-                      NUM_BLOCKS, SPLITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr):
+                      NUM_BLOCKS, SPLITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PAIRS: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
     # IB ints per row). Per block: one [BLOCK_N, IB] tile of packed ints; nibble j pairs with the contiguous
     # activations x[8*IB*b + j*IB : ... + IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x),
@@ -42,6 +43,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     w_ptrs = qw_ptr + rows[:, None] * KP + b_begin * IB + i[None, :]
     x_ptrs = x_ptr + b_begin * 8 * IB + i
     acc = tl.zeros([BLOCK_N, IB], tl.float32)
+    acc_rows = tl.zeros([BLOCK_N], tl.float32)
     # the next block's ints are requested before this block's arithmetic, so the load latency overlaps it
     upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
     for b in range(b_begin, b_end):
@@ -50,27 +52,52 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
         a = tl.zeros([BLOCK_N, IB], tl.float32)
         xs = tl.zeros([IB], tl.float32)
+        xr = tl.zeros([IB], tl.float32)
         for j in tl.static_range(8):
             xj = tl.load(x_ptrs + j * IB).to(tl.float32)
-            # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
-            # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
-            if j <= 4:
-                moved = packed << (19 - 4 * j)
+            if PAIRS:
+                # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
+                # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
+                # (1 + q*2^-e) * x * 2^e = x' + q*x, so sum q*x = a - sum x'. One and-or per weight, a shift per two.
+                if j % 2 == 0:
+                    if 15 - 4 * j >= 0:
+                        word = packed << (15 - 4 * j)
+                    else:
+                        word = packed >> (4 * j - 15)
+                    xj_scaled = xj * 256.0
+                    qj = ((word & 0x00078000) | 0x3F800000).to(tl.float32, bitcast=True)
+                else:
+                    xj_scaled = xj * 16.0
+                    qj = ((word & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                a += qj * xj_scaled[None, :]
+                xs += xj_scaled
+                xr += xj
             else:
-                moved = packed >> (4 * j - 19)
-            qj = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
-            a += qj * xj[None, :]
-            xs += xj
+                # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
+                # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
+                if j <= 4:
+                    moved = packed << (19 - 4 * j)
+                else:
+                    moved = packed >> (4 * j - 19)
+                qj = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                a += qj * xj[None, :]
+                xs += xj
             if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
                 g = (b * 8 * IB + j * IB) // GROUP
                 s = tl.load(s_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
                 z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
-                # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
-                acc += (16.0 * s)[:, None] * a - (s * (16.0 + z))[:, None] * xs[None, :]
+                if PAIRS:
+                    # sum (q - z) * s * x = s * (a - xs) - s * z * sum x; the last term is one number per row
+                    acc += s[:, None] * (a - xs[None, :])
+                    acc_rows -= s * z * tl.sum(xr, axis=0)
+                    xr = tl.zeros([IB], tl.float32)
+                else:
+                    # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
+                    acc += (16.0 * s)[:, None] * a - (s * (16.0 + z))[:, None] * xs[None, :]
                 a = tl.zeros([BLOCK_N, IB], tl.float32)
                 xs = tl.zeros([IB], tl.float32)
         x_ptrs += 8 * IB
-    total = tl.sum(acc, axis=1)
+    total = tl.sum(acc, axis=1) + acc_rows
     if SPLITS > 1:
         # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
         # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
@@ -107,18 +134,17 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 
 
 # (BLOCK_N, num_warps, splits along K): tried for each weight shape at warm-up (int4_gemv_autotune)
-INT4_GEMV_CONFIGS = (
+INT4_GEMV_CONFIGS = tuple((bn, warps, splits, pairs) for pairs in (False, True) for bn, warps, splits in (
     (16, 4, 1), (32, 4, 1), (64, 4, 1), (16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 4, 4), (32, 4, 4),
-    (64, 4, 4), (16, 4, 8), (32, 4, 8), (64, 8, 8), (32, 4, 16), (64, 8, 16),
-)
-DEFAULT_INT4_GEMV = (16, 4, 1)
+    (64, 4, 4), (16, 4, 8), (32, 4, 8), (64, 8, 8), (32, 4, 16), (64, 8, 16)))
+DEFAULT_INT4_GEMV = (16, 4, 1, False)
 
 
-def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int] = DEFAULT_INT4_GEMV
+def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bool] = DEFAULT_INT4_GEMV
               ) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype."""
     n, k = w.shape
-    block_n, warps, splits = config
+    block_n, warps, splits, pairs = config
     blocks = k // (8 * w.interleave)
     per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
     splits = triton.cdiv(blocks, per_split)
@@ -128,7 +154,8 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int] = 
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        per_split, blocks, splits, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, num_warps=warps)
+        per_split, blocks, splits, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, PAIRS=pairs,
+        num_warps=warps)
     return out
 
 
