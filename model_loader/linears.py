@@ -2,7 +2,8 @@
 shape and per row count:
 
   dense [out, in]        cuBLAS, or (one token) our Triton GEMV where warm-up measured it faster
-  awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up);
+  awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up; the MLP's
+                         SiLU(gate) * up is folded into the down projection's GEMV);
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
   awq.Int4Weight         torch's int4 kernel (CUDA sm80+ where Triton can't run)
 """
@@ -52,6 +53,15 @@ class Linears:
 
                 return gemv(x, w, config)
         return F.linear(x, w)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, w, silu_mul) -> torch.Tensor:
+        """SiLU(gate) * up, then @ W.T: one kernel for a single token on int4 weights, else silu_mul + linear."""
+        if isinstance(w, RowPackedInt4) and gate_up.shape[0] == 1:
+            from model_loader.kernels import int4_triton
+
+            return int4_triton.int4_gemv(gate_up, w, self.int4_choice.get(w.shape, int4_triton.DEFAULT_INT4_GEMV),
+                                         silu_input=True)
+        return self(silu_mul(gate_up), w)
 
     def tune(self, weights: dict, dtype) -> dict:
         """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV

@@ -101,3 +101,19 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
         choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced="torch")
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced=None) is None
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
+
+
+@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 4, 4, True), (32, 4, 8, False)])
+def test_int4_gemv_folds_silu_mul_into_its_input(device, config):
+    """The MLP's down projection takes [gate | up] and multiplies by SiLU(gate) * up: the same numbers as the
+    separate SiLU kernel followed by the GEMV."""
+    from model_loader.kernels import reference
+
+    q, z, s = _random_awq(40, 768, 128)
+    w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), 128)
+    gate_up = torch.randn(1, 2 * 768, generator=torch.Generator().manual_seed(2)).to(device, _dtype(device))
+    expected = int4_triton.int4_gemv(reference.silu_mul(gate_up), w, config)
+    got = int4_triton.int4_gemv(gate_up, w, config, silu_input=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="input width 768 for a weight of 768 inputs"):
+        int4_triton.int4_gemv(gate_up[:, :768], w, config, silu_input=True)

@@ -130,6 +130,7 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
     for config in int4_triton.INT4_GEMV_CONFIGS:
         int4_triton.int4_gemv(x, w, config)
     int4_triton.int4_dequantize(w, torch.empty(48 * 1024, dtype=torch.bfloat16))
+    int4_triton.int4_gemv(torch.randn(1, 2048, dtype=torch.bfloat16), w, silu_input=True)  # MLP down projection
     # a narrower interleave and a group per nibble (Qwen2-0.5B's width 896 takes interleave 16)
     narrow = fmt.to_row_packed(torch.randint(0, 16, (896, 32)), torch.randint(0, 16, (28, 32)),
                                torch.rand(28, 32).half(), 32)

@@ -29,12 +29,14 @@ MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
                       NUM_BLOCKS, SPLITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PAIRS: tl.constexpr):
+                      PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
     # IB ints per row). Per block: one [BLOCK_N, IB] tile of packed ints; nibble j pairs with the contiguous
     # activations x[8*IB*b + j*IB : ... + IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x),
     # so the scale and zero are applied once per row and group, not per weight. KP = K/8 is its own argument
-    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads.
+    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads. SILU_INPUT: x is the
+    # gate/up projection [gate | up] and the input is SiLU(gate) * up, made here (the MLP's down projection
+    # then needs no separate SiLU kernel), rounded to x's dtype as the separate kernel would.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     i = tl.arange(0, IB)
@@ -54,7 +56,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         xs = tl.zeros([IB], tl.float32)
         xr = tl.zeros([IB], tl.float32)
         for j in tl.static_range(8):
-            xj = tl.load(x_ptrs + j * IB).to(tl.float32)
+            if SILU_INPUT:
+                gate = tl.load(x_ptrs + j * IB).to(tl.float32)
+                up = tl.load(x_ptrs + KP * 8 + j * IB).to(tl.float32)
+                xj = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                xj = tl.load(x_ptrs + j * IB).to(tl.float32)
             if PAIRS:
                 # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
                 # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
@@ -140,10 +147,13 @@ INT4_GEMV_CONFIGS = tuple((bn, warps, splits, pairs) for pairs in (False, True) 
 DEFAULT_INT4_GEMV = (16, 4, 1, False)
 
 
-def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bool] = DEFAULT_INT4_GEMV
-              ) -> torch.Tensor:
-    """x [1, K] -> x @ W.T [1, N] in x's dtype."""
+def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bool] = DEFAULT_INT4_GEMV,
+              silu_input: bool = False) -> torch.Tensor:
+    """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_input: x is [1, 2K] = [gate | up] and the product is taken
+    with SiLU(gate) * up (what kernels.*.silu_mul computes)."""
     n, k = w.shape
+    if x.shape[-1] != (2 * k if silu_input else k):
+        raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
     block_n, warps, splits, pairs = config
     blocks = k // (8 * w.interleave)
     per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
@@ -155,7 +165,7 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bo
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         per_split, blocks, splits, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, PAIRS=pairs,
-        num_warps=warps)
+        SILU_INPUT=silu_input, num_warps=warps)
     return out
 
 
