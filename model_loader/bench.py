@@ -184,7 +184,7 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
               use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None,
               int4_kernel: str | None = None) -> dict:
     engine, result, prompt, token_ids = bench_one(model, prompt_tokens, new_tokens, runs, device, context,
-                                                  temperature, use_triton, dtype)
+                                                  temperature, use_triton, dtype, int4_kernel)
     if compare == "hf":
         hf = compare_hf(engine, prompt, new_tokens, runs, token_ids)
         result["compare_hf"] = hf

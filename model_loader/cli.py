@@ -13,6 +13,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--context", type=int, default=4096, help="context length (KV cache size), tokens")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
+                   help="4-bit (AWQ) models: force this path. Default: torch's int4 kernel on RTX 30xx and newer "
+                        "(fastest decoding), our Triton kernels on older GPUs; triton prefills long prompts "
+                        "~10x faster but decodes slower")
 
 
 def _progress_bar(stream):
@@ -30,7 +34,7 @@ def cmd_chat(args) -> int:
     from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 
     engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
-                         progress=None if args.json else _progress_bar(sys.stderr))
+                         progress=None if args.json else _progress_bar(sys.stderr), int4_kernel=args.int4_kernel)
     engine.warm_up()
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -168,8 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", choices=["hf"], help="also time transformers' generate() on the same weights")
     bench.add_argument("--awq", metavar="AWQ_DIR", help="also bench this AWQ folder (the same model quantized) "
                        "and report its speed and memory relative to --model")
-    bench.add_argument("--int4-kernel", choices=["triton", "torch", "dequantize"], default=None,
-                       help="with --awq: force this 4-bit path (default: the fastest that runs here)")
     bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)

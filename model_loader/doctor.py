@@ -67,10 +67,13 @@ def collect() -> dict:
     info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
     from model_loader.awq import int4pack_supported
 
-    if info["kernels"] == "triton":
+    gpu = torch.device("cuda") if torch.cuda.is_available() else None
+    if gpu is not None and int4pack_supported(gpu):
+        info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)" + (
+            "; Triton int4 kernels with --int4-kernel triton (faster prefill, slower decode)"
+            if info["kernels"] == "triton" else "")
+    elif info["kernels"] == "triton":
         info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)"
-    elif torch.cuda.is_available() and int4pack_supported(torch.device("cuda")):
-        info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)"
     else:
         info["awq_path"] = ("dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or "
                             "compute capability 8.0+)")

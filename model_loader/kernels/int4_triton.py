@@ -140,10 +140,13 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
                  mask=row_mask[:, None])
 
 
-# (BLOCK_N, num_warps, splits along K): tried for each weight shape at warm-up (int4_gemv_autotune)
-INT4_GEMV_CONFIGS = tuple((bn, warps, splits, pairs) for pairs in (False, True) for bn, warps, splits in (
-    (16, 4, 1), (32, 4, 1), (64, 4, 1), (16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 4, 4), (32, 4, 4),
-    (64, 4, 4), (16, 4, 8), (32, 4, 8), (64, 8, 8), (32, 4, 16), (64, 8, 16)))
+# (BLOCK_N, num_warps, splits along K, paired nibbles): tried for each weight shape at warm-up
+# (int4_gemv_autotune). The ones that won a shape of the 1.5B on an H200 among 28 tried (2026-12-02:
+# benchmarks/profile_int4.py): wide K splits for the short matrices, 64-row tiles for gate/up.
+INT4_GEMV_CONFIGS = (
+    (32, 4, 16, False), (32, 4, 8, False), (16, 4, 8, False), (16, 4, 4, False), (32, 4, 4, False),
+    (64, 8, 16, False), (64, 4, 1, True), (64, 4, 4, True),
+)
 DEFAULT_INT4_GEMV = (16, 4, 1, False)
 
 
