@@ -133,6 +133,26 @@ class Int4Weight:
                 + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size())
 
 
+def cuda_int4pack_layout(w_uint8: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
+    """What torch's _convert_weight_to_int4pack does on CUDA (tinygemm's tensor-core tile layout), written
+    out from its source (aten/src/ATen/native/cuda/int4mm.cu, matrix_to_m16n8k16_Bint4_layout), so CPU tests
+    can exercise our dequantiser of that layout: uint8 [n, k/2] (even k in the high nibble) ->
+    int32 [n/8, k/(16*inner_k_tiles), 32, inner_k_tiles/2]. Lane t of an 8-row tile holds row t//4; its int32
+    for two k-tiles carries bytes kb = base + t%4 + 4i (i = 0..3, base advancing 8 bytes after i = 1):
+    the high nibbles (even k) in bits 4i, the low nibbles (odd k) in bits 16 + 4i."""
+    n, half_k = w_uint8.shape
+    k_outer = 2 * half_k // (16 * inner_k_tiles)
+    n_tile, k_o, lane, inner = torch.meshgrid(torch.arange(n // 8), torch.arange(k_outer), torch.arange(32),
+                                              torch.arange(inner_k_tiles // 2), indexing="ij")
+    row = n_tile * 8 + lane // 4
+    base = (k_o * inner_k_tiles + 2 * inner) * 8
+    packed = torch.zeros(n_tile.shape, dtype=torch.int64)
+    for i, offset in enumerate((0, 4, 8, 12)):
+        v = w_uint8.to(torch.int64)[row, base + offset + lane % 4]
+        packed |= ((v >> 4) << (4 * i)) | ((v & 0xF) << (16 + 4 * i))
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
 def int4pack_inputs(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """AWQ ints q [in, out], zeros z [in/group, out], scales s [in/group, out] ->
     (uint8 [out, in/2] two nibbles per byte, high nibble first; scales_and_zeros [in/group, out, 2] bf16)."""

@@ -14,9 +14,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=4096, help="context length (KV cache size), tokens")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
-                   help="4-bit (AWQ) models: force this path. Default: torch's int4 kernel on RTX 30xx and newer "
-                        "(fastest decoding), our Triton kernels on older GPUs; triton prefills long prompts "
-                        "~10x faster but decodes slower")
+                   help="4-bit (AWQ) models: force this path. Default: torch's int4 kernel for decoding on RTX "
+                        "30xx and newer (the fastest measured), our Triton kernels on older GPUs")
 
 
 def _progress_bar(stream):

@@ -153,9 +153,9 @@ INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (t
 
 def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None) -> str | None:
     """Which int4 path an AWQ checkpoint runs on. By default torch's int4 kernel where it runs (CUDA sm80+,
-    bf16): it decodes fastest (H200, 2026-12-02: 787 tok/s against 660 for our Triton GEMV), though its
-    prefill is slow (TTFT 49 ms for 512 tokens against 4.7 ms). Else our Triton int4 kernels (older GPUs, fp16),
-    else None: dequantised at load. forced ("torch", "triton", "dequantize") picks one; ModelError if it can't
+    bf16): it decodes fastest (H200, 2026-12-02: 787 tok/s against 660 for our Triton GEMV); its slow prefill
+    (TTFT 49 ms for 512 tokens) is replaced by our dequantiser + cuBLAS where Triton runs (Linears).
+    Else our Triton int4 kernels (older GPUs, fp16), else None: dequantised at load. forced ("torch", "triton", "dequantize") picks one; ModelError if it can't
     run here."""
     possible = {"dequantize": None}
     if triton_ok:
@@ -252,6 +252,11 @@ class Engine:
                                    embed_on_host=on_host)
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
+            if int4 == "torch" and triton_ok:
+                fast_prefill = model.linear.enable_int4pack_prefill(weights, dev, torch_dtype)
+                log.log(logging.INFO if fast_prefill else logging.WARNING,
+                        "4-bit prefill: %s", "our dequantiser + cuBLAS" if fast_prefill else
+                        "torch's int4 kernel (our dequantiser of its layout did not match it on this GPU)")
         except torch.cuda.OutOfMemoryError as err:
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
@@ -267,7 +272,8 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            quantization=INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})")
+            quantization=(INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})")
+                          + ("; prefill: dequantise + cuBLAS" if model.linear.int4pack_prefill else ""))
             if cfg.awq else None,
             embed_on_host=model.embed_on_host,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,

@@ -5,7 +5,9 @@ shape and per row count:
   awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up; the MLP's
                          SiLU(gate) * up is folded into the down projection's GEMV);
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
-  awq.Int4Weight         torch's int4 kernel (CUDA sm80+ where Triton can't run)
+  awq.Int4Weight         one token: torch's int4 kernel (CUDA sm80+); several rows: our dequantiser of its
+                         tile layout + cuBLAS once enable_int4pack_prefill() has checked it against torch's
+                         kernel on this GPU (torch's kernel is ~20x slower than cuBLAS for a 512-token prompt)
 """
 
 from __future__ import annotations
@@ -29,9 +31,25 @@ class Linears:
 
             split_counters(device)  # before any graph capture
 
+        self.int4pack_prefill = False  # see enable_int4pack_prefill
+
     @staticmethod
-    def _int4_weights(weights: dict) -> list[RowPackedInt4]:
-        return [w for layer in weights["layers"] for w in layer.values() if isinstance(w, RowPackedInt4)]
+    def _int4_weights(weights: dict, kind=RowPackedInt4) -> list:
+        return [w for layer in weights["layers"] for w in layer.values() if isinstance(w, kind)]
+
+    def enable_int4pack_prefill(self, weights: dict, device, dtype, reference_linear=int4_linear) -> bool:
+        """Prefill AWQ weights held in torch's int4 layout through our dequantiser + cuBLAS, if it reproduces
+        torch's own kernel on this GPU (checked on one weight; the layout is torch's internal one)."""
+        from model_loader.kernels import int4_triton
+
+        packed = self._int4_weights(weights, Int4Weight)
+        if not packed:
+            return False
+        size = max(w.out_features * w.in_features for w in packed)
+        if self.scratch is None or self.scratch.numel() < size:
+            self.scratch = torch.empty(size, device=device, dtype=dtype)
+        self.int4pack_prefill = int4_triton.int4pack_dequantize_matches(packed[0], self.scratch, reference_linear)
+        return self.int4pack_prefill
 
     @property
     def scratch_bytes(self) -> int:
@@ -45,6 +63,10 @@ class Linears:
                 return int4_triton.int4_gemv(x, w, self.int4_choice.get(w.shape, int4_triton.DEFAULT_INT4_GEMV))
             return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
         if isinstance(w, Int4Weight):
+            if self.int4pack_prefill and x.shape[0] > 1:
+                from model_loader.kernels import int4_triton
+
+                return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))
             return int4_linear(x, w)
         if self.gemv_choice and x.shape[0] == 1:
             config = self.gemv_choice.get(tuple(w.shape))

@@ -117,3 +117,54 @@ def test_int4_gemv_folds_silu_mul_into_its_input(device, config):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="input width 768 for a weight of 768 inputs"):
         int4_triton.int4_gemv(gate_up[:, :768], w, config, silu_input=True)
+
+
+@pytest.mark.parametrize("n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4),
+                                                             (8, 768, 256, 8)])
+def test_dequantizer_of_torchs_cuda_int4_layout(n_out, k_in, group, inner_k_tiles):
+    """Prefill on torch's int4 path dequantises its tile layout into the scratch buffer for cuBLAS. The layout
+    comes from torch's CUDA source (awq.cuda_int4pack_layout); on a GPU the engine checks it against torch's
+    own kernel at load (test below), here against the AWQ formula with the scales rounded as torch stores them."""
+    q, z, s = _random_awq(n_out, k_in, group)
+    w_uint8, sz = fmt.int4pack_inputs(q, z, s)
+    packed = fmt.cuda_int4pack_layout(w_uint8, inner_k_tiles)
+    assert packed.shape == (n_out // 8, k_in // (16 * inner_k_tiles), 32, inner_k_tiles // 2)
+    weight = fmt.Int4Weight(packed, sz, group, n_out, k_in)
+    dense = int4_triton.int4pack_dequantize(weight, torch.empty(n_out * k_in, dtype=torch.float32))
+    scale = sz[..., 0].float().repeat_interleave(group, dim=0).t()
+    zero = sz[..., 1].float().repeat_interleave(group, dim=0).t()
+    torch.testing.assert_close(dense, (q.t().float() - 8) * scale + zero, atol=0, rtol=0)
+    # and that is AWQ's weight, up to storing scale and zero in bf16
+    reference = fmt.dequantize_ints(q, z, s, group)
+    assert (dense - reference).abs().max() <= 0.02 * reference.abs().max()
+
+
+def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout():
+    """On a GPU the engine runs torch's int4 kernel on identity rows and only prefills through our dequantiser
+    when it reproduces them. Here torch's kernel is stood in for by the AWQ formula; a layout with two lanes
+    swapped must be refused, the right one accepted."""
+    from model_loader.linears import Linears
+
+    q, z, s = _random_awq(16, 512, 128)
+    w_uint8, sz = fmt.int4pack_inputs(q, z, s)
+    good = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 16, 512)
+    swapped = good.packed.clone()
+    swapped[:, :, [0, 1]] = swapped[:, :, [1, 0]]
+    bad = fmt.Int4Weight(swapped, sz, 128, 16, 512)
+    dense = ((q.t().float() - 8) * sz[..., 0].float().repeat_interleave(128, 0).t()
+             + sz[..., 1].float().repeat_interleave(128, 0).t())
+
+    def torch_kernel(x, w):  # what aten._weight_int4pack_mm computes, from the unpermuted numbers
+        return x @ dense.t()
+
+    def engine_with(weight):
+        linears = Linears({"layers": [{"qkv_w": weight}]}, "cpu", torch.float32)
+        return linears, linears.enable_int4pack_prefill({"layers": [{"qkv_w": weight}]}, "cpu", torch.float32,
+                                                        reference_linear=torch_kernel)
+
+    linears, ok = engine_with(good)
+    assert ok and linears.int4pack_prefill
+    x = torch.randn(5, 512)
+    torch.testing.assert_close(linears(x, good), x @ dense.t(), atol=1e-4, rtol=1e-4)  # prefill through cuBLAS
+    linears, ok = engine_with(bad)
+    assert not ok and not linears.int4pack_prefill

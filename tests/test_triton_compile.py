@@ -131,13 +131,17 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
         int4_triton.int4_gemv(x, w, config)
     int4_triton.int4_dequantize(w, torch.empty(48 * 1024, dtype=torch.bfloat16))
     int4_triton.int4_gemv(torch.randn(1, 2048, dtype=torch.bfloat16), w, silu_input=True)  # MLP down projection
+    # the dequantiser of torch's CUDA int4 layout (prefill on the default 4-bit path)
+    w_uint8, sz = fmt.int4pack_inputs(q, torch.randint(0, 16, (8, 48)), torch.rand(8, 48).half())
+    packed = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 48, 1024)
+    int4_triton.int4pack_dequantize(packed, torch.empty(48 * 1024, dtype=torch.bfloat16))
     # a narrower interleave and a group per nibble (Qwen2-0.5B's width 896 takes interleave 16)
     narrow = fmt.to_row_packed(torch.randint(0, 16, (896, 32)), torch.randint(0, 16, (28, 32)),
                                torch.rand(28, 32).half(), 32)
     int4_triton.int4_gemv(torch.randn(1, 896, dtype=torch.bfloat16), narrow)
     int4_triton.int4_dequantize(narrow, torch.empty(32 * 896, dtype=torch.bfloat16))
     names = _compile_all(launches)
-    assert {"_int4_gemv_kernel", "_int4_dequantize_kernel"} <= names
+    assert {"_int4_gemv_kernel", "_int4_dequantize_kernel", "_int4pack_dequantize_kernel"} <= names
 
 
 def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeypatch):

@@ -197,6 +197,50 @@ def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:
     return dense
 
 
+@triton.jit
+def _int4pack_dequantize_kernel(packed_ptr, sz_ptr, w_ptr, N, K, K_OUTER, IKT2,
+                                GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Dense W [N, K] from torch's CUDA int4 tile layout (see awq.cuda_int4pack_layout): each output element
+    # finds its int32 and nibble; the 8 rows of a tile and their k bytes are spread over the 32 lanes.
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (n < N)[:, None] & (k < K)[None, :]
+    kb = k // 2  # the byte of the [n, k/2] matrix torch packed from
+    chunk = kb // 16  # 16 bytes = two k-tiles = one int32 per lane
+    lane = (n % 8)[:, None] * 4 + (kb % 4)[None, :]
+    word = (((n // 8)[:, None] * K_OUTER + (chunk // IKT2)[None, :]) * 32 + lane) * IKT2 + (chunk % IKT2)[None, :]
+    shift = (((kb % 16) // 4) * 4 + (k % 2) * 16)[None, :]  # even k: high nibble -> bits 4i; odd: bits 16 + 4i
+    q = (tl.load(packed_ptr + word, mask=mask, other=0) >> shift) & 0xF
+    sz = sz_ptr + ((k // GROUP)[None, :] * N + n[:, None]) * 2
+    s = tl.load(sz, mask=mask, other=0.0).to(tl.float32)
+    zero = tl.load(sz + 1, mask=mask, other=0.0).to(tl.float32)
+    w = (q.to(tl.float32) - 8.0) * s + zero  # torch's int4 kernel: (q - 8) * scale + zero
+    tl.store(w_ptr + n[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+def int4pack_dequantize(w, out: torch.Tensor) -> torch.Tensor:
+    """W [N, K] of an awq.Int4Weight (torch's CUDA int4 layout) into out, a buffer of at least N*K elements."""
+    n, k = w.out_features, w.in_features
+    dense = out.view(-1)[: n * k].view(n, k)
+    block_n, block_k = 16, 128
+    _int4pack_dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        w.packed, w.scales_and_zeros, dense, n, k, w.packed.shape[1], w.packed.shape[3],
+        GROUP=w.group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    return dense
+
+
+def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> bool:
+    """Does int4pack_dequantize reproduce reference_linear (torch's int4 kernel) on this weight? Runs the
+    kernel on rows of the identity (giving W's first columns) and accepts differences below half a
+    quantisation step (rounding), which any misplaced nibble exceeds."""
+    rows = min(w.in_features, 256)  # spans every lane, nibble and inner k-tile of the layout
+    eye = torch.eye(w.in_features, device=scratch.device, dtype=scratch.dtype)[:rows]
+    expected = reference_linear(eye, w).float()  # [rows, N] = W[:, :rows].T
+    got = int4pack_dequantize(w, scratch)[:, :rows].float().t()
+    step = w.scales_and_zeros[..., 0].float().repeat_interleave(w.group_size, dim=0)[:rows].abs()
+    return bool(((got - expected).abs() <= 0.5 * step).all())
+
+
 def int4_gemv_autotune(weights_by_shape: dict[tuple[int, int], list[RowPackedInt4]], dtype) -> dict:
     """For each weight shape, the fastest GEMV config on this GPU, timed in a CUDA graph over the model's own
     weights of that shape (so reads come from HBM, as when decoding). Returns {"choice": {shape: config},
