@@ -253,10 +253,16 @@ class Engine:
             breakdown["weights_s"] = time.perf_counter() - t
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
             if int4 == "torch" and triton_ok:
-                fast_prefill = model.linear.enable_int4pack_prefill(weights, dev, torch_dtype)
+                try:
+                    fast_prefill = model.linear.enable_int4pack_prefill(weights, dev, torch_dtype)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as err:  # a kernel that fails to build here: keep torch's kernel for prefill
+                    log.warning("4-bit prefill dequantiser unusable (%s: %s)", type(err).__name__, err)
+                    model.linear.int4pack_prefill = fast_prefill = False
                 log.log(logging.INFO if fast_prefill else logging.WARNING,
                         "4-bit prefill: %s", "our dequantiser + cuBLAS" if fast_prefill else
-                        "torch's int4 kernel (our dequantiser of its layout did not match it on this GPU)")
+                        "torch's int4 kernel (our dequantiser of its layout is not usable on this GPU)")
         except torch.cuda.OutOfMemoryError as err:
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
