@@ -7,7 +7,9 @@ Decoding reads every weight once per token, so a single-token GEMV on packed int
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; scales and zeros are read once per row and group.
 Prefill multiplies many rows by the same weights; there cuBLAS on a dense copy wins by far, so
-  int4_dequantize writes W as bf16/fp16 into a reusable scratch buffer (cost: one write of W per linear).
+  int4_dequantize      writes W as bf16/fp16 into a reusable scratch buffer (one write of W per linear);
+  int4pack_dequantize  does the same from torch's int4 tile layout (the default decode path on sm80+), once
+                       int4pack_dequantize_matches has checked it against torch's kernel on the GPU.
 
 Ints become floats with exponent tricks, not int->float conversions (a fraction of an FMA's throughput):
 the GEMV moves each nibble under the exponent of 1.0f (1 + q/16: a shift, an and-or, then the FMA); the
@@ -147,7 +149,7 @@ INT4_GEMV_CONFIGS = (
     (32, 4, 16, False), (32, 4, 8, False), (16, 4, 8, False), (16, 4, 4, False), (32, 4, 4, False),
     (64, 8, 16, False), (64, 4, 1, True), (64, 4, 4, True),
 )
-DEFAULT_INT4_GEMV = (16, 4, 1, False)
+DEFAULT_INT4_GEMV = (32, 4, 8, False)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bool] = DEFAULT_INT4_GEMV,
