@@ -278,8 +278,8 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            quantization=(INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})")
-                          + ("; prefill: dequantise + cuBLAS" if model.linear.int4pack_prefill else ""))
+            quantization=("awq-int4 (torch int4 kernel + cuBLAS prefill)" if model.linear.int4pack_prefill else
+                          INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})"))
             if cfg.awq else None,
             embed_on_host=model.embed_on_host,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
