@@ -30,7 +30,6 @@ class Linears:
             from model_loader.kernels.int4_triton import split_counters
 
             split_counters(device)  # before any graph capture
-
         self.int4pack_prefill = False  # see enable_int4pack_prefill
 
     @staticmethod
@@ -49,6 +48,8 @@ class Linears:
         if self.scratch is None or self.scratch.numel() < size:
             self.scratch = torch.empty(size, device=device, dtype=dtype)
         self.int4pack_prefill = int4_triton.int4pack_dequantize_matches(packed[0], self.scratch, reference_linear)
+        if not self.int4pack_prefill and not self._int4_weights(weights):
+            self.scratch = None  # not needed after all: give the memory back
         return self.int4pack_prefill
 
     @property

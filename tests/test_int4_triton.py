@@ -167,4 +167,4 @@ def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout():
     x = torch.randn(5, 512)
     torch.testing.assert_close(linears(x, good), x @ dense.t(), atol=1e-4, rtol=1e-4)  # prefill through cuBLAS
     linears, ok = engine_with(bad)
-    assert not ok and not linears.int4pack_prefill
+    assert not ok and not linears.int4pack_prefill and linears.scratch is None  # its memory given back
