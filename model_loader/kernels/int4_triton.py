@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from model_loader.awq import RowPackedInt4
-from model_loader.kernels.triton_ops import _graph_time_us
+from model_loader.kernels.triton_ops import time_configs
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
 
@@ -245,25 +245,12 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
 
 
 def int4_gemv_autotune(weights_by_shape: dict[tuple[int, int], list[RowPackedInt4]], dtype) -> dict:
-    """For each weight shape, the fastest GEMV config on this GPU, timed in a CUDA graph over the model's own
-    weights of that shape (so reads come from HBM, as when decoding). Returns {"choice": {shape: config},
-    "timings_us": {shape: {config: us}}}."""
+    """For each weight shape, the fastest GEMV config on this GPU (triton_ops.time_configs). Returns
+    {"choice": {shape: config}, "timings_us": {shape: {config: us}}}."""
     choice, timings = {}, {}
     for shape, ws in weights_by_shape.items():
         x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-
-        def run(config):
-            def fn():
-                for w in ws:
-                    int4_gemv(x, w, config)
-            return fn
-
-        results = {}
-        for config in INT4_GEMV_CONFIGS:
-            try:
-                results[config] = _graph_time_us(run(config), len(ws))
-            except Exception:  # a config this GPU can't run (shared memory, registers): skip it
-                continue
+        results = time_configs(ws, INT4_GEMV_CONFIGS, lambda w, config: int4_gemv(x, w, config))
         choice[shape] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
         timings[shape] = results
     return {"choice": choice, "timings_us": timings}

@@ -238,29 +238,32 @@ def _graph_time_us(fn, calls: int) -> float:
     return start.elapsed_time(end) * 1000.0 / (5 * calls)
 
 
+def time_configs(ws: list, configs, call) -> dict:
+    """GPU microseconds per call of call(w, config) for each config, timed in a CUDA graph over all the weights
+    ws (one per layer, so each read comes from HBM as in decoding, not from L2). Configs this GPU can't run
+    (shared memory, registers) are left out."""
+    results = {}
+    for config in configs:
+        def fn(config=config):
+            for w in ws:
+                call(w, config)
+        try:
+            results[config] = _graph_time_us(fn, len(ws))
+        except Exception:
+            continue
+    return results
+
+
 def gemv_autotune(weights_by_shape: dict[tuple[int, int], list[torch.Tensor]]) -> dict:
-    """For each weight shape, the fastest of cuBLAS and our GEMV configs on this GPU, timed over the model's own
-    weights of that shape (one per layer, so each read comes from HBM as in decoding, not from L2).
+    """For each weight shape, the fastest of cuBLAS (config None) and our GEMV configs on this GPU.
     Returns {shape: config or None (cuBLAS)} and the timings, for the log."""
     import torch.nn.functional as F
 
     choice, timings = {}, {}
     for shape, ws in weights_by_shape.items():
         x = torch.randn(1, shape[1], device=ws[0].device, dtype=ws[0].dtype)
-
-        def run(config):
-            def fn():
-                for w in ws:
-                    F.linear(x, w) if config is None else gemv(x, w, config)
-            return fn
-
-        results = {None: _graph_time_us(run(None), len(ws))}
-        for config in GEMV_CONFIGS:
-            try:
-                results[config] = _graph_time_us(run(config), len(ws))
-            except Exception:  # a config this GPU can't run (shared memory, registers): skip it
-                continue
-        best = min(results, key=results.get)
-        choice[shape] = best
+        results = time_configs(ws, (None,) + GEMV_CONFIGS,
+                               lambda w, config: F.linear(x, w) if config is None else gemv(x, w, config))
+        choice[shape] = min(results, key=results.get)
         timings[shape] = results
     return {"choice": choice, "timings_us": timings}
