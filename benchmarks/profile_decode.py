@@ -2,7 +2,7 @@
 
 Prints the pure GPU time of the captured decode graph (replays back to back, no host sync per token), the
 same step run eagerly, and torch.profiler's per-kernel totals for one eager step.
-usage: python benchmarks/profile_decode.py MODEL_DIR
+usage: python benchmarks/profile_decode.py MODEL_DIR [torch|triton|dequantize]  (the 4-bit kernel, for AWQ models)
 """
 
 import sys
@@ -12,8 +12,8 @@ import torch
 from model_loader.engine import Engine
 
 
-def main(model: str) -> None:
-    engine = Engine.load(model, device="cuda", context_length=4096)
+def main(model: str, int4_kernel: str | None = None) -> None:
+    engine = Engine.load(model, device="cuda", context_length=4096, int4_kernel=int4_kernel)
     engine.warm_up()
     step = engine.step
     with torch.inference_mode():
@@ -50,4 +50,4 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

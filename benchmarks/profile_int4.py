@@ -1,14 +1,19 @@
 """Per-shape timing of the 4-bit kernels on a CUDA GPU (a development tool, not part of the app).
 
 For each linear shape of DeepSeek-R1-Distill-Qwen-1.5B, over 28 random weights (one per layer, so reads come
-from HBM as when decoding): single-token time of bf16 cuBLAS, our dense GEMV, torch's int4 kernel and each of
-our int4 GEMV configs; 512-row (prefill) time of bf16 cuBLAS, torch's int4 kernel and our dequantise + cuBLAS.
-Also checks our kernels against the dequantised weight in bf16. Prints one JSON object.
-usage: python benchmarks/profile_int4.py [GROUP_SIZE]
+from HBM as when decoding): single-token time of bf16 cuBLAS, torch's int4 kernel and each of our int4 GEMV
+configs (the down projection also with its SiLU(gate) * up input, as the decoder calls it); 512-row (prefill)
+time of bf16 cuBLAS, torch's int4 kernel and our dequantise + cuBLAS. Also checks our kernels against the
+dequantised weight. Prints one JSON object.
+usage: python benchmarks/profile_int4.py [--group 128] [--sweep] [--precompile PROCESSES]
+  --sweep       time a wide grid of GEMV configs instead of the autotuner's list (to choose that list)
+  --precompile  compile every config first in that many processes (Triton caches them on disk)
 """
 
+import argparse
+import itertools
 import json
-import sys
+import multiprocessing
 
 import torch
 import torch.nn.functional as F
@@ -20,15 +25,51 @@ SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "dow
 LAYERS = 28
 
 
-def main(group: int) -> None:
+def sweep_configs() -> list:
+    """(BLOCK_N, NB, warps, splits, pairs): NB blocks per load with warps = 2 * NB keeps the activations' tile
+    smaller than the thread count (Triton then loads it straight in the layout the products need)."""
+    grid = [(bn, nb, 2 * nb, splits, False) for bn, nb, splits in
+            itertools.product((16, 32, 64), (1, 2, 4), (1, 2, 3, 6, 9, 18))]
+    grid += [(8, nb, 2 * nb, splits, False) for nb, splits in itertools.product((1, 2), (3, 6, 9, 18))]
+    grid += [(32, nb, 2 * nb, splits, True) for nb, splits in itertools.product((1, 2, 4), (1, 3, 6, 9, 18))]
+    return grid
+
+
+def _random_weights(n: int, k: int, group: int, count: int, dev) -> tuple[list, list]:
+    g = torch.Generator(device=dev).manual_seed(0)
+    raw = [(torch.randint(0, 16, (k, n), device=dev, generator=g),
+            torch.randint(0, 16, (k // group, n), device=dev, generator=g),
+            (torch.rand(k // group, n, device=dev, generator=g) * 0.02).half()) for _ in range(count)]
+    return [fmt.to_row_packed(q, z, s, group) for q, z, s in raw], raw
+
+
+def _compile(job) -> int:
+    configs, group = job
+    dev = torch.device("cuda")
+    for name, (n, k) in SHAPES.items():
+        w = _random_weights(n, k, group, 1, dev)[0][0]
+        for config in configs:
+            for silu in ((False, True) if name == "down" else (False,)):
+                x = torch.randn(1, k * (2 if silu else 1), device=dev, dtype=torch.bfloat16)
+                try:
+                    int4_triton.int4_gemv(x, w, config, silu_input=silu)
+                except Exception:  # left to the timing run, which skips configs that can't run
+                    pass
+    torch.cuda.synchronize()
+    return len(configs)
+
+
+def precompile(configs: list, group: int, processes: int) -> None:
+    jobs = [(configs[i::processes], group) for i in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pool.map(_compile, jobs)
+
+
+def main(group: int, configs: list) -> None:
     dev = torch.device("cuda")
     report = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "group_size": group}
     for name, (n, k) in SHAPES.items():
-        g = torch.Generator(device=dev).manual_seed(0)
-        raw = [(torch.randint(0, 16, (k, n), device=dev, generator=g),
-                torch.randint(0, 16, (k // group, n), device=dev, generator=g),
-                (torch.rand(k // group, n, device=dev, generator=g) * 0.02).half()) for _ in range(LAYERS)]
-        rows = [fmt.to_row_packed(q, z, s, group) for q, z, s in raw]
+        rows, raw = _random_weights(n, k, group, LAYERS, dev)
         packs = [fmt.to_int4pack(q, z, s, group) for q, z, s in raw]
         dense = [fmt.dequantize_row_packed(w).to(torch.bfloat16) for w in rows[:4]] * (LAYERS // 4)
         del raw
@@ -39,28 +80,35 @@ def main(group: int) -> None:
         def t(fn, ws):
             return round(triton_ops._graph_time_us(lambda: [fn(w) for w in ws], len(ws)), 2)
 
+        def timed(silu: bool) -> dict:
+            x = torch.randn(1, 2 * k, device=dev, dtype=torch.bfloat16) if silu else x1
+            results = triton_ops.time_configs(rows, configs, lambda w, c: int4_triton.int4_gemv(x, w, c, silu))
+            return {str(c): round(us, 2) for c, us in sorted(results.items(), key=lambda item: item[1])}
+
         entry = {
             "decode_bf16_cublas_us": t(lambda w: F.linear(x1, w), dense),
             "decode_torch_int4_us": t(lambda w: fmt.int4_linear(x1, w), packs),
-            "decode_triton_int4_us": {str(c): t(lambda w, c=c: int4_triton.int4_gemv(x1, w, c), rows)
-                                      for c in int4_triton.INT4_GEMV_CONFIGS},
+            "decode_triton_int4_us": timed(False),
             "prefill512_bf16_cublas_us": t(lambda w: F.linear(x512, w), dense),
             "prefill512_torch_int4_us": t(lambda w: fmt.int4_linear(x512, w), packs),
             "prefill512_dequant_cublas_us": t(lambda w: F.linear(x512, int4_triton.int4_dequantize(w, scratch)),
                                               rows),
-            "dequantize_only_us": t(lambda w: int4_triton.int4_dequantize(w, scratch), rows),
+            "prefill512_int4pack_dequant_cublas_us": t(
+                lambda w: F.linear(x512, int4_triton.int4pack_dequantize(w, scratch)), packs),
         }
-        for c in triton_ops.GEMV_CONFIGS:
-            entry[f"decode_bf16_triton_gemv_{c}_us"] = t(lambda w, c=c: triton_ops.gemv(x1, w, c), dense)
-        best = min(entry["decode_triton_int4_us"], key=entry["decode_triton_int4_us"].get)
-        entry["decode_triton_int4_best"] = [best, entry["decode_triton_int4_us"][best]]
+        if name == "down":
+            gate_up = torch.randn(1, 2 * k, device=dev, dtype=torch.bfloat16)
+            entry["decode_silu_mul_kernel_us"] = t(lambda w: triton_ops.silu_mul(gate_up), rows)
+            entry["decode_triton_int4_silu_input_us"] = timed(True)
         ref = x1.float() @ fmt.dequantize_row_packed(rows[0]).t()
         entry["gemv_max_abs_err"] = max((int4_triton.int4_gemv(x1, rows[0], c).float() - ref).abs().max().item()
-                                        for c in int4_triton.INT4_GEMV_CONFIGS)
+                                        for c in configs)
         entry["torch_int4_max_abs_err"] = (fmt.int4_linear(x1, packs[0]).float() - ref).abs().max().item()
         entry["ref_max_abs"] = ref.abs().max().item()
         d = int4_triton.int4_dequantize(rows[0], scratch)
         entry["dequant_exact"] = bool(torch.equal(d, fmt.dequantize_row_packed(rows[0]).to(torch.bfloat16)))
+        entry["int4pack_dequant_matches"] = int4_triton.int4pack_dequantize_matches(packs[0], scratch,
+                                                                                    fmt.int4_linear)
         entry["bytes_int4_mb"] = rows[0].nbytes() / 1e6
         report[name] = entry
         del rows, packs, dense, scratch
@@ -69,4 +117,12 @@ def main(group: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 128)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--precompile", type=int, default=0)
+    args = parser.parse_args()
+    chosen = sweep_configs() if args.sweep else list(int4_triton.INT4_GEMV_CONFIGS)
+    if args.precompile:
+        precompile(chosen, args.group, args.precompile)
+    main(args.group, chosen)

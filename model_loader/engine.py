@@ -182,7 +182,7 @@ class EngineInfo:
     reasons: bool
     quantization: str | None = None  # None (dense), or which AWQ path is in use
     embed_on_host: bool = False  # the embedding table is read from host memory (saves its VRAM)
-    gemv: dict = field(default_factory=dict)  # weight shape -> "cuBLAS" or our Triton GEMV config (measured)
+    gemv: dict = field(default_factory=dict)  # "NxK" weight shape -> "cuBLAS" or our Triton GEMV config (measured)
     load_s: float = 0.0
     load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
@@ -299,7 +299,7 @@ class Engine:
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
             if self.info.cuda_graphs:  # before any capture: the graphs record whichever GEMV wins
                 tuned = self.model.tune_gemv()
-                self.info.gemv = {f"{n}x{k}": label for (n, k), label in tuned["choice"].items()}
+                self.info.gemv = dict(tuned["choice"])
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)

@@ -21,7 +21,7 @@ from model_loader.awq import Int4Weight, RowPackedInt4, int4_linear
 class Linears:
     def __init__(self, weights: dict, device, dtype):
         self.gemv_choice: dict = {}  # dense shape -> our GEMV config (absent: cuBLAS); see tune()
-        self.int4_choice: dict = {}  # int4 shape -> our int4 GEMV config; see tune()
+        self.int4_choice: dict = {}  # (int4 shape, SiLU input?) -> our int4 GEMV config; see tune()
         # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
@@ -61,7 +61,7 @@ class Linears:
             from model_loader.kernels import int4_triton
 
             if x.shape[0] == 1:
-                return int4_triton.int4_gemv(x, w, self.int4_choice.get(w.shape, int4_triton.DEFAULT_INT4_GEMV))
+                return int4_triton.int4_gemv(x, w, self.int4_choice.get((w.shape, False), int4_triton.DEFAULT_INT4_GEMV))
             return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
         if isinstance(w, Int4Weight):
             if self.int4pack_prefill and x.shape[0] > 1:
@@ -82,35 +82,39 @@ class Linears:
         if isinstance(w, RowPackedInt4) and gate_up.shape[0] == 1:
             from model_loader.kernels import int4_triton
 
-            return int4_triton.int4_gemv(gate_up, w, self.int4_choice.get(w.shape, int4_triton.DEFAULT_INT4_GEMV),
-                                         silu_input=True)
+            config = self.int4_choice.get((w.shape, True), int4_triton.DEFAULT_INT4_GEMV)
+            return int4_triton.int4_gemv(gate_up, w, config, silu_input=True)
         return self(silu_mul(gate_up), w)
 
     def tune(self, weights: dict, dtype) -> dict:
         """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
-        configs against each other; keep the fastest. Returns {"choice": {shape: label}, "timings_us": ...}."""
+        configs against each other (the down projection's with its SiLU input, as it runs); keep the fastest.
+        Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
         from model_loader.kernels.triton_ops import gemv_autotune
 
         dense: dict[tuple[int, int], list[torch.Tensor]] = {}
-        int4: dict[tuple[int, int], list[RowPackedInt4]] = {}
+        int4: dict[tuple[tuple[int, int], bool], list[RowPackedInt4]] = {}
         for layer in weights["layers"]:
             for key in ("qkv_w", "o_w", "gate_up_w", "down_w"):
                 w = layer[key]
                 if isinstance(w, torch.Tensor):
                     dense.setdefault(tuple(w.shape), []).append(w)
                 elif isinstance(w, RowPackedInt4):
-                    int4.setdefault(w.shape, []).append(w)
+                    int4.setdefault((w.shape, key == "down_w"), []).append(w)
         choice, timings = {}, {}
         if dense:
             result = gemv_autotune(dense)
             self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
-            choice.update({s: "cuBLAS" if c is None else f"triton {c}" for s, c in result["choice"].items()})
-            timings.update(result["timings_us"])
+            for (n, k), c in result["choice"].items():
+                choice[f"{n}x{k}"] = "cuBLAS" if c is None else f"triton {c}"
+                timings[f"{n}x{k}"] = result["timings_us"][(n, k)]
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv_autotune
 
             result = int4_gemv_autotune(int4, dtype)
             self.int4_choice = dict(result["choice"])
-            choice.update({s: f"triton int4 {c}" for s, c in result["choice"].items()})
-            timings.update(result["timings_us"])
+            for ((n, k), silu), c in result["choice"].items():
+                label = f"{n}x{k}" + (" (SiLU input)" if silu else "")
+                choice[label] = f"triton int4 {c}"
+                timings[label] = result["timings_us"][((n, k), silu)]
         return {"choice": choice, "timings_us": timings}

@@ -103,7 +103,7 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
 
 
-@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 4, 4, True), (32, 4, 8, False)])
+@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 4, 1, True), (32, 4, 8, 9, False)])
 def test_int4_gemv_folds_silu_mul_into_its_input(device, config):
     """The MLP's down projection takes [gate | up] and multiplies by SiLU(gate) * up: the same numbers as the
     separate SiLU kernel followed by the GEMV."""

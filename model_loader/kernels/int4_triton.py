@@ -26,87 +26,114 @@ from model_loader.awq import RowPackedInt4
 from model_loader.kernels.triton_ops import time_configs
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
+# The bits of 1.0f, passed to the GEMV as a run-time argument: with two constants, (q & mask) | 0x3F800000
+# compiles to two logic ops; with one in a register, ptxas makes it a single three-input LOP3.
+ONE_BITS = 0x3F800000
+
+
+@triton.jit
+def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
+                      one_bits,
+                      GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                      PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
+    # packed: the [BLOCK_N, NB, IB] ints of blocks blk (those at or past b_end are masked to 0) -> acc with
+    # their products added.
+    in_split = blk < b_end
+    x_runs = x_ptr + (blk * 8 * IB)[:, None] + i[None, :]  # [NB, IB]: nibble j's activations at + j*IB
+    x_mask = in_split[:, None]
+    sz_ptrs = rows[:, None] * GROUPS + ((blk * 8 * IB) // GROUP)[None, :]  # [BLOCK_N, NB]: the block's group
+    sz_mask = row_mask[:, None] & in_split[None, :]
+    a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
+    xs = tl.zeros([NB, IB], tl.float32)
+    xr = tl.zeros([NB, IB], tl.float32)
+    for j in tl.static_range(8):
+        if j == 0 or (j * IB) % GROUP == 0:  # a group starts: request its scale and zero now, use them at its end
+            s = tl.load(s_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
+        if SILU_INPUT:
+            gate = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_runs + KP * 8 + j * IB, mask=x_mask, other=0.0).to(tl.float32)
+            xj = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            xj = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
+        if PAIRS:
+            # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
+            # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
+            # (1 + q*2^-e) * x * 2^e = x' + q*x, so sum q*x = a - sum x'. One and-or per weight, a shift per two.
+            if j % 2 == 0:
+                if 15 - 4 * j >= 0:
+                    word = packed << (15 - 4 * j)
+                else:
+                    word = packed >> (4 * j - 15)
+                xj_scaled = xj * 256.0
+                qj = ((word & 0x00078000) | one_bits).to(tl.float32, bitcast=True)
+            else:
+                xj_scaled = xj * 16.0
+                qj = ((word & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
+            a += qj * xj_scaled[None, :, :]
+            xs += xj_scaled
+            xr += xj
+        else:
+            # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
+            # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
+            if j <= 4:
+                moved = packed << (19 - 4 * j)
+            else:
+                moved = packed >> (4 * j - 19)
+            qj = ((moved & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
+            a += qj * xj[None, :, :]
+            xs += xj
+        if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
+            if PAIRS:
+                # sum (q - z) * s * x = s * (a - xs) - s * z * sum x
+                acc += s[:, :, None] * (a - xs[None, :, :]) - (s * z)[:, :, None] * xr[None, :, :]
+                xr = tl.zeros([NB, IB], tl.float32)
+            else:
+                # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
+                acc += (16.0 * s)[:, :, None] * a - (s * (16.0 + z))[:, :, None] * xs[None, :, :]
+            a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
+            xs = tl.zeros([NB, IB], tl.float32)
+    return acc
 
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
-                      NUM_BLOCKS, SPLITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
+                      NUM_BLOCKS, SPLITS, ONE_BITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
+                      NB: tl.constexpr, CHUNKED: tl.constexpr, PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
-    # IB ints per row). Per block: one [BLOCK_N, IB] tile of packed ints; nibble j pairs with the contiguous
+    # IB ints per row), NB blocks at a time: one [BLOCK_N, NB, IB] load of packed ints, issued whole, so each
+    # program keeps many bytes in flight (a single token's GEMV is bound by memory latency, not arithmetic:
+    # one block per load left the H200 waiting on round trips). Nibble j of block b pairs with the contiguous
     # activations x[8*IB*b + j*IB : ... + IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x),
     # so the scale and zero are applied once per row and group, not per weight. KP = K/8 is its own argument
-    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads. SILU_INPUT: x is the
-    # gate/up projection [gate | up] and the input is SiLU(gate) * up, made here (the MLP's down projection
-    # then needs no separate SiLU kernel), rounded to x's dtype as the separate kernel would.
+    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads. CHUNKED: the split
+    # spans more than NB blocks, so it loops, requesting the next NB blocks before working on these.
+    # SILU_INPUT: x is the gate/up projection [gate | up] and the input is SiLU(gate) * up, made here (the
+    # MLP's down projection then needs no separate SiLU kernel), rounded to x's dtype as that kernel would.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
+    nb = tl.arange(0, NB)
     i = tl.arange(0, IB)
     b_begin = tl.program_id(1) * BLOCKS_PER_SPLIT
     b_end = tl.minimum(b_begin + BLOCKS_PER_SPLIT, NUM_BLOCKS)
-    w_ptrs = qw_ptr + rows[:, None] * KP + b_begin * IB + i[None, :]
-    x_ptrs = x_ptr + b_begin * 8 * IB + i
-    acc = tl.zeros([BLOCK_N, IB], tl.float32)
-    acc_rows = tl.zeros([BLOCK_N], tl.float32)
-    # the next block's ints are requested before this block's arithmetic, so the load latency overlaps it
-    upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
-    for b in range(b_begin, b_end):
-        packed = upcoming
-        w_ptrs += tl.where(b + 1 < b_end, IB, 0)  # the last turn re-reads its own block (cached), unmasked
-        upcoming = tl.load(w_ptrs, mask=row_mask[:, None], other=0)
-        a = tl.zeros([BLOCK_N, IB], tl.float32)
-        xs = tl.zeros([IB], tl.float32)
-        xr = tl.zeros([IB], tl.float32)
-        for j in tl.static_range(8):
-            if SILU_INPUT:
-                gate = tl.load(x_ptrs + j * IB).to(tl.float32)
-                up = tl.load(x_ptrs + KP * 8 + j * IB).to(tl.float32)
-                xj = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                xj = tl.load(x_ptrs + j * IB).to(tl.float32)
-            if PAIRS:
-                # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
-                # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
-                # (1 + q*2^-e) * x * 2^e = x' + q*x, so sum q*x = a - sum x'. One and-or per weight, a shift per two.
-                if j % 2 == 0:
-                    if 15 - 4 * j >= 0:
-                        word = packed << (15 - 4 * j)
-                    else:
-                        word = packed >> (4 * j - 15)
-                    xj_scaled = xj * 256.0
-                    qj = ((word & 0x00078000) | 0x3F800000).to(tl.float32, bitcast=True)
-                else:
-                    xj_scaled = xj * 16.0
-                    qj = ((word & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                a += qj * xj_scaled[None, :]
-                xs += xj_scaled
-                xr += xj
-            else:
-                # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
-                # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
-                if j <= 4:
-                    moved = packed << (19 - 4 * j)
-                else:
-                    moved = packed >> (4 * j - 19)
-                qj = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                a += qj * xj[None, :]
-                xs += xj
-            if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
-                g = (b * 8 * IB + j * IB) // GROUP
-                s = tl.load(s_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
-                z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
-                if PAIRS:
-                    # sum (q - z) * s * x = s * (a - xs) - s * z * sum x; the last term is one number per row
-                    acc += s[:, None] * (a - xs[None, :])
-                    acc_rows -= s * z * tl.sum(xr, axis=0)
-                    xr = tl.zeros([IB], tl.float32)
-                else:
-                    # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
-                    acc += (16.0 * s)[:, None] * a - (s * (16.0 + z))[:, None] * xs[None, :]
-                a = tl.zeros([BLOCK_N, IB], tl.float32)
-                xs = tl.zeros([IB], tl.float32)
-        x_ptrs += 8 * IB
-    total = tl.sum(acc, axis=1) + acc_rows
+    acc = tl.zeros([BLOCK_N, NB, IB], tl.float32)
+    w_rows = qw_ptr + rows[:, None, None] * KP + i[None, None, :]
+    blk = b_begin + nb
+    packed = tl.load(w_rows + (blk * IB)[None, :, None], mask=row_mask[:, None, None] & (blk < b_end)[None, :, None],
+                     other=0)
+    if CHUNKED:
+        for c in range(b_begin, b_end, NB):
+            blk = c + nb
+            ahead = blk + NB  # the next NB blocks are requested before these are worked on
+            upcoming = tl.load(w_rows + (ahead * IB)[None, :, None],
+                               mask=row_mask[:, None, None] & (ahead < b_end)[None, :, None], other=0)
+            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr,
+                                              z_ptr, KP, GROUPS, ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS, SILU_INPUT)
+            packed = upcoming
+    else:  # straight-line code, so every load of the program can be issued before any arithmetic
+        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr,
+                                          KP, GROUPS, ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS, SILU_INPUT)
+    total = tl.sum(tl.sum(acc, axis=2), axis=1)
     if SPLITS > 1:
         # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
         # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
@@ -142,24 +169,25 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
                  mask=row_mask[:, None])
 
 
-# (BLOCK_N, num_warps, splits along K, paired nibbles): tried for each weight shape at warm-up
-# (int4_gemv_autotune). The ones that won a shape of the 1.5B on an H200 among 28 tried (2026-12-02:
-# benchmarks/profile_int4.py): wide K splits for the short matrices, 64-row tiles for gate/up.
+# (BLOCK_N rows, NB blocks per load, num_warps, splits along K, paired nibbles): tried for each weight shape at
+# warm-up (int4_gemv_autotune). warps = 2 * NB keeps the activations' [NB, IB] tile below the thread count, so
+# Triton loads it directly in the layout the products use (otherwise it goes through shared memory).
 INT4_GEMV_CONFIGS = (
-    (32, 4, 16, False), (32, 4, 8, False), (16, 4, 8, False), (16, 4, 4, False), (32, 4, 4, False),
-    (64, 8, 16, False), (64, 4, 1, True), (64, 4, 4, True),
+    (32, 2, 4, 3, False), (16, 2, 4, 3, False), (64, 2, 4, 3, False), (32, 4, 8, 2, False), (32, 1, 2, 6, False),
+    (16, 1, 2, 6, False), (32, 2, 4, 1, False), (32, 2, 4, 3, True), (16, 2, 4, 18, False), (32, 2, 4, 18, False),
+    (16, 4, 8, 9, False), (32, 4, 8, 9, False), (8, 2, 4, 18, False), (16, 2, 4, 6, False), (32, 2, 4, 9, False),
 )
-DEFAULT_INT4_GEMV = (32, 4, 8, False)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (32, 2, 4, 3, False)  # when warm-up did not tune (no CUDA graphs)
 
 
-def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bool] = DEFAULT_INT4_GEMV,
+def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
               silu_input: bool = False) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_input: x is [1, 2K] = [gate | up] and the product is taken
     with SiLU(gate) * up (what kernels.*.silu_mul computes)."""
     n, k = w.shape
     if x.shape[-1] != (2 * k if silu_input else k):
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
-    block_n, warps, splits, pairs = config
+    block_n, nb, warps, splits, pairs = config
     blocks = k // (8 * w.interleave)
     per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
     splits = triton.cdiv(blocks, per_split)
@@ -169,8 +197,8 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple[int, int, int, bo
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        per_split, blocks, splits, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, PAIRS=pairs,
-        SILU_INPUT=silu_input, num_warps=warps)
+        per_split, blocks, splits, ONE_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
+        CHUNKED=per_split > nb, PAIRS=pairs, SILU_INPUT=silu_input, num_warps=warps)
     return out
 
 
@@ -244,13 +272,14 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
     return bool(((got - expected).abs() <= 0.5 * step).all())
 
 
-def int4_gemv_autotune(weights_by_shape: dict[tuple[int, int], list[RowPackedInt4]], dtype) -> dict:
-    """For each weight shape, the fastest GEMV config on this GPU (triton_ops.time_configs). Returns
-    {"choice": {shape: config}, "timings_us": {shape: {config: us}}}."""
+def int4_gemv_autotune(weights_by_use: dict, dtype, configs=INT4_GEMV_CONFIGS) -> dict:
+    """weights_by_use: {(shape, silu_input): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this GPU
+    (triton_ops.time_configs), timed on the call the decoder makes. Returns {"choice": {(shape, silu_input):
+    config}, "timings_us": {(shape, silu_input): {config: us}}}."""
     choice, timings = {}, {}
-    for shape, ws in weights_by_shape.items():
-        x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-        results = time_configs(ws, INT4_GEMV_CONFIGS, lambda w, config: int4_gemv(x, w, config))
-        choice[shape] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
-        timings[shape] = results
+    for (shape, silu), ws in weights_by_use.items():
+        x = torch.randn(1, shape[1] * (2 if silu else 1), device=ws[0].qweight.device, dtype=dtype)
+        results = time_configs(ws, configs, lambda w, config: int4_gemv(x, w, config, silu_input=silu))
+        choice[(shape, silu)] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
+        timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}
