@@ -2,7 +2,7 @@
 
 For each linear shape of DeepSeek-R1-Distill-Qwen-1.5B, over 28 random weights (one per layer, so reads come
 from HBM as when decoding): single-token time of bf16 cuBLAS, torch's int4 kernel and each of our int4 GEMV
-configs (the down projection also with its SiLU(gate) * up input, as the decoder calls it); 512-row (prefill)
+configs (gate/up also with its rows in pairs and its SiLU(gate) * up output, as the decoder calls it); 512-row (prefill)
 time of bf16 cuBLAS, torch's int4 kernel and our dequantise + cuBLAS. Also checks our kernels against the
 dequantised weight. Prints one JSON object.
 usage: python benchmarks/profile_int4.py [--group 128] [--sweep] [--precompile PROCESSES]
@@ -47,12 +47,12 @@ def _compile(job) -> int:
     configs, group = job
     dev = torch.device("cuda")
     for name, (n, k) in SHAPES.items():
-        w = _random_weights(n, k, group, 1, dev)[0][0]
+        plain = _random_weights(n, k, group, 1, dev)[0][0]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         for config in configs:
-            for silu in ((False, True) if name == "down" else (False,)):
-                x = torch.randn(1, k * (2 if silu else 1), device=dev, dtype=torch.bfloat16)
+            for w in ((plain, fmt.pair_gate_up(plain)) if name == "gate_up" else (plain,)):
                 try:
-                    int4_triton.int4_gemv(x, w, config, silu_input=silu)
+                    int4_triton.int4_gemv(x, w, config, silu_output=w.gate_up_pairs)
                 except Exception:  # left to the timing run, which skips configs that can't run
                     pass
     torch.cuda.synchronize()
@@ -80,15 +80,15 @@ def main(group: int, configs: list) -> None:
         def t(fn, ws):
             return round(triton_ops._graph_time_us(lambda: [fn(w) for w in ws], len(ws)), 2)
 
-        def timed(silu: bool) -> dict:
-            x = torch.randn(1, 2 * k, device=dev, dtype=torch.bfloat16) if silu else x1
-            results = triton_ops.time_configs(rows, configs, lambda w, c: int4_triton.int4_gemv(x, w, c, silu))
+        def timed(ws: list) -> dict:
+            results = triton_ops.time_configs(ws, configs, lambda w, c: int4_triton.int4_gemv(x1, w, c,
+                                                                                            w.gate_up_pairs))
             return {str(c): round(us, 2) for c, us in sorted(results.items(), key=lambda item: item[1])}
 
         entry = {
             "decode_bf16_cublas_us": t(lambda w: F.linear(x1, w), dense),
             "decode_torch_int4_us": t(lambda w: fmt.int4_linear(x1, w), packs),
-            "decode_triton_int4_us": timed(False),
+            "decode_triton_int4_us": timed(rows),
             "prefill512_bf16_cublas_us": t(lambda w: F.linear(x512, w), dense),
             "prefill512_torch_int4_us": t(lambda w: fmt.int4_linear(x512, w), packs),
             "prefill512_dequant_cublas_us": t(lambda w: F.linear(x512, int4_triton.int4_dequantize(w, scratch)),
@@ -96,10 +96,10 @@ def main(group: int, configs: list) -> None:
             "prefill512_int4pack_dequant_cublas_us": t(
                 lambda w: F.linear(x512, int4_triton.int4pack_dequantize(w, scratch)), packs),
         }
-        if name == "down":
-            gate_up = torch.randn(1, 2 * k, device=dev, dtype=torch.bfloat16)
+        if name == "gate_up":
+            gate_up = torch.randn(1, n, device=dev, dtype=torch.bfloat16)
             entry["decode_silu_mul_kernel_us"] = t(lambda w: triton_ops.silu_mul(gate_up), rows)
-            entry["decode_triton_int4_silu_input_us"] = timed(True)
+            entry["decode_triton_int4_silu_output_us"] = timed([fmt.pair_gate_up(w) for w in rows])
         ref = x1.float() @ fmt.dequantize_row_packed(rows[0]).t()
         entry["gemv_max_abs_err"] = max((int4_triton.int4_gemv(x1, rows[0], c).float() - ref).abs().max().item()
                                         for c in configs)

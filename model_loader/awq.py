@@ -65,13 +65,17 @@ class RowPackedInt4:
       qweight int32 [n_out, k_in/8]
       scales  fp16  [n_out, k_in/group]
       zeros   fp16  [n_out, k_in/group]  (small ints, exact; fp16 so kernels convert them with a cheap op)
-    with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers."""
+    with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers.
+    gate_up_pairs: the MLP's fused [gate; up] weight with its rows stored in pairs (gate row i, then up row i;
+    see pair_gate_up), so one GEMV program holds both halves of a pair and can output SiLU(gate) * up. W and
+    every dense copy of it keep the [gate; up] row order."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     group_size: int
     interleave: int
+    gate_up_pairs: bool = False
 
     @property
     def out_features(self) -> int:
@@ -115,7 +119,18 @@ def dequantize_row_packed(w: RowPackedInt4) -> torch.Tensor:
     q = ((packed >> shifts[:, None]) & 0xF).reshape(n, k).float()  # [n, block, nibble j, i] -> input order
     z = w.zeros.float().repeat_interleave(w.group_size, dim=1)
     s = w.scales.float().repeat_interleave(w.group_size, dim=1)
-    return (q - z) * s
+    dense = (q - z) * s
+    if w.gate_up_pairs:  # stored rows (gate 0, up 0, gate 1, ...) -> [gate; up]
+        dense = torch.cat([dense[0::2], dense[1::2]])
+    return dense
+
+
+def pair_gate_up(w: RowPackedInt4) -> RowPackedInt4:
+    """The fused [gate; up] weight with its rows reordered to gate 0, up 0, gate 1, up 1, ... (gate_up_pairs)."""
+    half = w.out_features // 2
+    order = torch.stack([torch.arange(half), torch.arange(half, 2 * half)], dim=1).reshape(-1).to(w.qweight.device)
+    return RowPackedInt4(w.qweight[order].contiguous(), w.scales[order].contiguous(), w.zeros[order].contiguous(),
+                         w.group_size, w.interleave, gate_up_pairs=True)
 
 
 @dataclass

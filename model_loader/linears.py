@@ -3,7 +3,7 @@ shape and per row count:
 
   dense [out, in]        cuBLAS, or (one token) our Triton GEMV where warm-up measured it faster
   awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up; the MLP's
-                         SiLU(gate) * up is folded into the down projection's GEMV);
+                         gate/up GEMV outputs SiLU(gate) * up);
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
   awq.Int4Weight         one token: torch's int4 kernel (CUDA sm80+); several rows: our dequantiser of its
                          tile layout + cuBLAS once enable_int4pack_prefill() has checked it against torch's
@@ -21,7 +21,7 @@ from model_loader.awq import Int4Weight, RowPackedInt4, int4_linear
 class Linears:
     def __init__(self, weights: dict, device, dtype):
         self.gemv_choice: dict = {}  # dense shape -> our GEMV config (absent: cuBLAS); see tune()
-        self.int4_choice: dict = {}  # (int4 shape, SiLU input?) -> our int4 GEMV config; see tune()
+        self.int4_choice: dict = {}  # (int4 shape, SiLU output?) -> our int4 GEMV config; see tune()
         # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
@@ -77,18 +77,19 @@ class Linears:
                 return gemv(x, w, config)
         return F.linear(x, w)
 
-    def silu_mul_linear(self, gate_up: torch.Tensor, w, silu_mul) -> torch.Tensor:
-        """SiLU(gate) * up, then @ W.T: one kernel for a single token on int4 weights, else silu_mul + linear."""
-        if isinstance(w, RowPackedInt4) and gate_up.shape[0] == 1:
+    def mlp(self, x: torch.Tensor, gate_up_w, down_w, silu_mul) -> torch.Tensor:
+        """down(SiLU(gate(x)) * up(x)). For one token on paired int4 gate/up weights, the gate/up GEMV outputs
+        SiLU(gate) * up itself (no [gate | up] round trip through memory, no separate SiLU kernel)."""
+        if isinstance(gate_up_w, RowPackedInt4) and gate_up_w.gate_up_pairs and x.shape[0] == 1:
             from model_loader.kernels import int4_triton
 
-            config = self.int4_choice.get((w.shape, True), int4_triton.DEFAULT_INT4_GEMV)
-            return int4_triton.int4_gemv(gate_up, w, config, silu_input=True)
-        return self(silu_mul(gate_up), w)
+            config = self.int4_choice.get((gate_up_w.shape, True), int4_triton.DEFAULT_INT4_GEMV)
+            return self(int4_triton.int4_gemv(x, gate_up_w, config, silu_output=True), down_w)
+        return self(silu_mul(self(x, gate_up_w)), down_w)
 
     def tune(self, weights: dict, dtype) -> dict:
         """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
-        configs against each other (the down projection's with its SiLU input, as it runs); keep the fastest.
+        configs against each other (the gate/up one with its SiLU output, as it runs); keep the fastest.
         Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
         from model_loader.kernels.triton_ops import gemv_autotune
 
@@ -100,7 +101,7 @@ class Linears:
                 if isinstance(w, torch.Tensor):
                     dense.setdefault(tuple(w.shape), []).append(w)
                 elif isinstance(w, RowPackedInt4):
-                    int4.setdefault((w.shape, key == "down_w"), []).append(w)
+                    int4.setdefault((w.shape, w.gate_up_pairs), []).append(w)
         choice, timings = {}, {}
         if dense:
             result = gemv_autotune(dense)
@@ -114,7 +115,7 @@ class Linears:
             result = int4_gemv_autotune(int4, dtype)
             self.int4_choice = dict(result["choice"])
             for ((n, k), silu), c in result["choice"].items():
-                label = f"{n}x{k}" + (" (SiLU input)" if silu else "")
+                label = f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
                 choice[label] = f"triton int4 {c}"
                 timings[label] = result["timings_us"][((n, k), silu)]
         return {"choice": choice, "timings_us": timings}

@@ -89,7 +89,7 @@ class Qwen2Model:
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
             h = linear(attend(q, i), layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
-            h = linear.silu_mul_linear(linear(x, layer["gate_up_w"]), layer["down_w"], ops.silu_mul)
+            h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
         if rows is not None:
             h, residual = h.index_select(0, rows), residual.index_select(0, rows)
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)

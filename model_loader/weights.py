@@ -335,6 +335,8 @@ def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dt
                 s = torch.cat([raw.pop(n + ".scales") for n in names], dim=1)
                 if int4_layout == "triton":  # any shape AWQ allows (widths are multiples of 8 and of g)
                     layer[fused] = fmt.to_row_packed(q, z, s, g)
+                    if fused == "gate_up_w":  # the GEMV then outputs the MLP's SiLU(gate) * up directly
+                        layer[fused] = fmt.pair_gate_up(layer[fused])
                 elif int4_layout == "torch" and fmt.int4pack_ok(q.shape[0], q.shape[1], g):
                     layer[fused] = fmt.to_int4pack(q, z, s, g)
                 else:

@@ -104,24 +104,30 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
 
 
 @pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 4, 1, True), (32, 4, 8, 9, False)])
-def test_int4_gemv_folds_silu_mul_into_its_input(device, config):
-    """The MLP's down projection takes [gate | up] and multiplies by SiLU(gate) * up: the same numbers as the
-    separate SiLU kernel followed by the GEMV."""
+def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
+    """The MLP's gate/up weight is stored with its rows in (gate, up) pairs, so its GEMV outputs SiLU(gate) * up:
+    the numbers of the plain GEMV followed by the separate SiLU kernel; its dense copy keeps [gate; up]."""
     from model_loader.kernels import reference
 
-    q, z, s = _random_awq(40, 768, 128)
-    w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), 128)
-    gate_up = torch.randn(1, 2 * 768, generator=torch.Generator().manual_seed(2)).to(device, _dtype(device))
-    expected = int4_triton.int4_gemv(reference.silu_mul(gate_up), w, config)
-    got = int4_triton.int4_gemv(gate_up, w, config, silu_input=True)
+    q, z, s = _random_awq(2 * 40, 768, 128)
+    plain = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), 128)
+    paired = fmt.pair_gate_up(plain)
+    assert paired.gate_up_pairs and torch.equal(fmt.dequantize_row_packed(paired), fmt.dequantize_row_packed(plain))
+    x = torch.randn(1, 768, generator=torch.Generator().manual_seed(2)).to(device, _dtype(device))
+    expected = reference.silu_mul(int4_triton.int4_gemv(x, plain, config))
+    got = int4_triton.int4_gemv(x, paired, config, silu_output=True)
+    assert got.shape == (1, 40)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="input width 768 for a weight of 768 inputs"):
-        int4_triton.int4_gemv(gate_up[:, :768], w, config, silu_input=True)
+    scratch = torch.empty(80 * 768, device=device, dtype=_dtype(device))
+    torch.testing.assert_close(int4_triton.int4_dequantize(paired, scratch), fmt.dequantize_row_packed(plain).to(
+        scratch.dtype), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="rows in pairs"):
+        int4_triton.int4_gemv(x, plain, config, silu_output=True)
 
 
 @pytest.mark.parametrize("n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4),
                                                              (8, 768, 256, 8)])
-def test_dequantizer_of_torchs_cuda_int4_layout(n_out, k_in, group, inner_k_tiles):
+def test_dequantizer_of_torchs_cuda_int4_layout(device, n_out, k_in, group, inner_k_tiles):
     """Prefill on torch's int4 path dequantises its tile layout into the scratch buffer for cuBLAS. The layout
     comes from torch's CUDA source (awq.cuda_int4pack_layout); on a GPU the engine checks it against torch's
     own kernel at load (test below), here against the AWQ formula with the scales rounded as torch stores them."""
@@ -129,8 +135,8 @@ def test_dequantizer_of_torchs_cuda_int4_layout(n_out, k_in, group, inner_k_tile
     w_uint8, sz = fmt.int4pack_inputs(q, z, s)
     packed = fmt.cuda_int4pack_layout(w_uint8, inner_k_tiles)
     assert packed.shape == (n_out // 8, k_in // (16 * inner_k_tiles), 32, inner_k_tiles // 2)
-    weight = fmt.Int4Weight(packed, sz, group, n_out, k_in)
-    dense = int4_triton.int4pack_dequantize(weight, torch.empty(n_out * k_in, dtype=torch.float32))
+    weight = fmt.Int4Weight(packed.to(device), sz.to(device), group, n_out, k_in)
+    dense = int4_triton.int4pack_dequantize(weight, torch.empty(n_out * k_in, dtype=torch.float32, device=device)).cpu()
     scale = sz[..., 0].float().repeat_interleave(group, dim=0).t()
     zero = sz[..., 1].float().repeat_interleave(group, dim=0).t()
     torch.testing.assert_close(dense, (q.t().float() - 8) * scale + zero, atol=0, rtol=0)

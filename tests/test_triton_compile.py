@@ -67,7 +67,7 @@ for spec in json.load(sys.stdin):
     kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(getattr(kernel, "fn", kernel))
     try:
         compiled = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"]),
-                                  target=GPUTarget("cuda", 86, 32), options=spec["options"])
+                                  target=GPUTarget("cuda", spec.get("arch", 86), 32), options=spec["options"])
         assert compiled.asm["cubin"]
     except Exception as err:
         sys.exit(spec["name"] + ": " + str(err))
@@ -92,8 +92,15 @@ def launches(monkeypatch):
 
 
 def _compile_all(launches) -> set[str]:
-    """Compile every recorded launch for sm_86; the kernel names that compiled, or AssertionError with the
-    compiler's message."""
+    """Compile every recorded launch for sm_86, and the launches with programmatic dependent launch switched on
+    (PDL / TRIGGER, what the app does on Hopper) for sm_90; the kernel names that compiled, or AssertionError
+    with the compiler's message."""
+    launches = dict(launches)
+    for key, spec in list(launches.items()):
+        flags = {k: True for k in ("PDL", "TRIGGER") if k in spec["constexprs"]}
+        if flags:
+            hopper = dict(spec, constexprs={**spec["constexprs"], **flags}, arch=90)
+            launches[json.dumps(hopper, sort_keys=True)] = hopper
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(list(launches.values())),
@@ -120,7 +127,8 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
 
 
 def test_the_int4_kernels_compile_for_a_gpu(launches):
-    """Every int4 GEMV config the warm-up may pick (with and without K splits) and the prefill dequantiser."""
+    """Every int4 GEMV config the warm-up may pick (with and without K splits), the gate/up GEMV with its SiLU
+    output, and the prefill dequantisers."""
     from model_loader import awq as fmt
     from model_loader.kernels import int4_triton
 
@@ -130,7 +138,9 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
     for config in int4_triton.INT4_GEMV_CONFIGS:
         int4_triton.int4_gemv(x, w, config)
     int4_triton.int4_dequantize(w, torch.empty(48 * 1024, dtype=torch.bfloat16))
-    int4_triton.int4_gemv(torch.randn(1, 2048, dtype=torch.bfloat16), w, silu_input=True)  # MLP down projection
+    gate_up = fmt.pair_gate_up(w)  # the MLP's gate/up GEMV, which outputs SiLU(gate) * up
+    int4_triton.int4_gemv(x, gate_up, silu_output=True)
+    int4_triton.int4_dequantize(gate_up, torch.empty(48 * 1024, dtype=torch.bfloat16))
     # the dequantiser of torch's CUDA int4 layout (prefill on the default 4-bit path)
     w_uint8, sz = fmt.int4pack_inputs(q, torch.randint(0, 16, (8, 48)), torch.rand(8, 48).half())
     packed = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 48, 1024)

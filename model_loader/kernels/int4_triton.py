@@ -33,9 +33,8 @@ ONE_BITS = 0x3F800000
 
 @triton.jit
 def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
-                      one_bits,
-                      GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                      PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
+                      one_bits, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                      PAIRS: tl.constexpr):
     # packed: the [BLOCK_N, NB, IB] ints of blocks blk (those at or past b_end are masked to 0) -> acc with
     # their products added.
     in_split = blk < b_end
@@ -50,12 +49,7 @@ def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, 
         if j == 0 or (j * IB) % GROUP == 0:  # a group starts: request its scale and zero now, use them at its end
             s = tl.load(s_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
-        if SILU_INPUT:
-            gate = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_runs + KP * 8 + j * IB, mask=x_mask, other=0.0).to(tl.float32)
-            xj = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            xj = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
+        xj = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
         if PAIRS:
             # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
             # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
@@ -97,9 +91,24 @@ def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, 
 
 
 @triton.jit
+def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr):
+    # total [BLOCK_N] fp32 -> out. SILU_OUTPUT: rows come in (gate, up) pairs (awq.pair_gate_up); store
+    # SiLU(gate) * up at the pair's index, each rounded to the output dtype first as the separate kernels would.
+    if SILU_OUTPUT:
+        gate, up = tl.split(tl.reshape(total.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_N // 2, 2]))
+        pair_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        pair_mask = tl.max(tl.reshape(row_mask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0
+        tl.store(out_ptr + pair_rows, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
+                 mask=pair_mask)
+    else:
+        tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
                       NUM_BLOCKS, SPLITS, ONE_BITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      NB: tl.constexpr, CHUNKED: tl.constexpr, PAIRS: tl.constexpr, SILU_INPUT: tl.constexpr):
+                      NB: tl.constexpr, CHUNKED: tl.constexpr, PAIRS: tl.constexpr, SILU_OUTPUT: tl.constexpr,
+                      PDL: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
     # IB ints per row), NB blocks at a time: one [BLOCK_N, NB, IB] load of packed ints, issued whole, so each
     # program keeps many bytes in flight (a single token's GEMV is bound by memory latency, not arithmetic:
@@ -108,8 +117,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     # so the scale and zero are applied once per row and group, not per weight. KP = K/8 is its own argument
     # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads. CHUNKED: the split
     # spans more than NB blocks, so it loops, requesting the next NB blocks before working on these.
-    # SILU_INPUT: x is the gate/up projection [gate | up] and the input is SiLU(gate) * up, made here (the
-    # MLP's down projection then needs no separate SiLU kernel), rounded to x's dtype as that kernel would.
+    # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
+    # requests its weights (never written by anyone) at once and waits for the previous kernel only before
+    # reading x, so the weights' DRAM latency overlaps the previous kernel's tail. It also lets the next
+    # kernel start early. Nothing is written before the wait.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     nb = tl.arange(0, NB)
@@ -121,19 +134,30 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     blk = b_begin + nb
     packed = tl.load(w_rows + (blk * IB)[None, :, None], mask=row_mask[:, None, None] & (blk < b_end)[None, :, None],
                      other=0)
+    if PDL:
+        # the first chunk's scales and zeros, requested before the wait too (read again, cached, per group;
+        # adding 0 * their sum keeps the compiler from dropping this load)
+        g0 = (b_begin * 8 * IB) // GROUP
+        gn = tl.arange(0, NB * ((8 * IB + GROUP - 1) // GROUP))
+        g_mask = row_mask[:, None] & (g0 + gn < tl.cdiv(b_end * 8 * IB, GROUP))[None, :]
+        early = tl.load(s_ptr + rows[:, None] * GROUPS + g0 + gn[None, :], mask=g_mask, other=0.0).to(tl.float32)
+        early += tl.load(z_ptr + rows[:, None] * GROUPS + g0 + gn[None, :], mask=g_mask, other=0.0).to(tl.float32)
+        tl.extra.cuda.gdc_wait()
     if CHUNKED:
         for c in range(b_begin, b_end, NB):
             blk = c + nb
             ahead = blk + NB  # the next NB blocks are requested before these are worked on
             upcoming = tl.load(w_rows + (ahead * IB)[None, :, None],
                                mask=row_mask[:, None, None] & (ahead < b_end)[None, :, None], other=0)
-            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr,
-                                              z_ptr, KP, GROUPS, ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS, SILU_INPUT)
+            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
+                                    ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS)
             packed = upcoming
     else:  # straight-line code, so every load of the program can be issued before any arithmetic
-        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr,
-                                          KP, GROUPS, ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS, SILU_INPUT)
+        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
+                                ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS)
     total = tl.sum(tl.sum(acc, axis=2), axis=1)
+    if PDL:
+        total += 0.0 * tl.sum(early, axis=1)
     if SPLITS > 1:
         # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
         # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
@@ -144,18 +168,23 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
             total = tl.zeros([BLOCK_N], tl.float32)
             for c in range(0, SPLITS):
                 total += tl.load(part_ptr + c * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+            _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
             tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
     else:
-        tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+        _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
 
 
 @triton.jit
 def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
-                            GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr):
-    # One packed block of BLOCK_N rows -> 8 contiguous runs of IB outputs per row.
+                            GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP_PAIRS: tl.constexpr):
+    # One packed block of BLOCK_N rows -> 8 contiguous runs of IB outputs per row. GATE_UP_PAIRS: stored rows
+    # (gate i, up i) go back to rows i and N/2 + i of the dense [gate; up] weight.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
+    if GATE_UP_PAIRS:
+        dense_rows = rows // 2 + (rows % 2) * (N // 2)
+    else:
+        dense_rows = rows
     i = tl.arange(0, IB)
     k0 = tl.program_id(1) * 8 * IB
     packed = tl.load(qw_ptr + rows[:, None] * (K // 8) + (k0 // 8 + i)[None, :], mask=row_mask[:, None], other=0)
@@ -165,7 +194,7 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
         z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0).to(tl.float32)
         q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
         w = (q - (z + MAGIC)[:, None]) * s[:, None]
-        tl.store(w_ptr + rows[:, None] * K + (k0 + j * IB + i)[None, :], w.to(w_ptr.dtype.element_ty),
+        tl.store(w_ptr + dense_rows[:, None] * K + (k0 + j * IB + i)[None, :], w.to(w_ptr.dtype.element_ty),
                  mask=row_mask[:, None])
 
 
@@ -181,25 +210,46 @@ DEFAULT_INT4_GEMV = (32, 2, 4, 3, False)  # when warm-up did not tune (no CUDA g
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
-              silu_input: bool = False) -> torch.Tensor:
-    """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_input: x is [1, 2K] = [gate | up] and the product is taken
-    with SiLU(gate) * up (what kernels.*.silu_mul computes)."""
+              silu_output: bool = False) -> torch.Tensor:
+    """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
+    awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up]."""
     n, k = w.shape
-    if x.shape[-1] != (2 * k if silu_input else k):
+    if x.shape[-1] != k:
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
+    if silu_output != w.gate_up_pairs:
+        raise ValueError("int4 GEMV: SiLU(gate) * up output needs (and a paired gate/up weight gives) rows in pairs")
     block_n, nb, warps, splits, pairs = config
     blocks = k // (8 * w.interleave)
     per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
     splits = triton.cdiv(blocks, per_split)
     if triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    pdl = pdl_supported(x.device)
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         per_split, blocks, splits, ONE_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
-        CHUNKED=per_split > nb, PAIRS=pairs, SILU_INPUT=silu_input, num_warps=warps)
+        CHUNKED=per_split > nb, PAIRS=pairs, SILU_OUTPUT=silu_output, PDL=pdl, num_warps=warps,
+        **({"launch_pdl": True} if pdl else {}))
     return out
+
+
+_PDL: dict = {}
+
+
+def pdl_supported(device) -> bool:
+    """Programmatic dependent launch: Hopper or newer, a Triton that exposes it, not the CPU interpreter.
+    R1DESK_NO_PDL=1 turns it off (to rule it out when chasing a problem)."""
+    device = torch.device(device)
+    if device not in _PDL:
+        import os
+
+        _PDL[device] = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+                        and os.environ.get("R1DESK_NO_PDL") != "1"
+                        and torch.cuda.get_device_capability(device) >= (9, 0)
+                        and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait"))
+    return _PDL[device]
 
 
 _COUNTERS: dict = {}
@@ -223,7 +273,7 @@ def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:
     block_n = 16
     _int4_dequantize_kernel[(triton.cdiv(n, block_n), k // (8 * w.interleave))](
         w.qweight, w.scales, w.zeros, dense, n, k, w.scales.shape[1],
-        GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, num_warps=4)
+        GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, GATE_UP_PAIRS=w.gate_up_pairs, num_warps=4)
     return dense
 
 
@@ -273,13 +323,13 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
 
 
 def int4_gemv_autotune(weights_by_use: dict, dtype, configs=INT4_GEMV_CONFIGS) -> dict:
-    """weights_by_use: {(shape, silu_input): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this GPU
-    (triton_ops.time_configs), timed on the call the decoder makes. Returns {"choice": {(shape, silu_input):
-    config}, "timings_us": {(shape, silu_input): {config: us}}}."""
+    """weights_by_use: {(shape, silu_output): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this
+    GPU (triton_ops.time_configs), timed on the call the decoder makes. Returns {"choice": {(shape, silu_output):
+    config}, "timings_us": {(shape, silu_output): {config: us}}}."""
     choice, timings = {}, {}
     for (shape, silu), ws in weights_by_use.items():
-        x = torch.randn(1, shape[1] * (2 if silu else 1), device=ws[0].qweight.device, dtype=dtype)
-        results = time_configs(ws, configs, lambda w, config: int4_gemv(x, w, config, silu_input=silu))
+        x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
+        results = time_configs(ws, configs, lambda w, config: int4_gemv(x, w, config, silu_output=silu))
         choice[(shape, silu)] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
         timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}

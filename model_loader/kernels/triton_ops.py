@@ -17,8 +17,18 @@ import triton
 import triton.language as tl
 
 
+def _trigger(device) -> bool:
+    """Whether kernels that precede an int4 GEMV signal programmatic dependent launch (int4_triton.pdl_supported)."""
+    from model_loader.kernels.int4_triton import pdl_supported
+
+    return pdl_supported(device)
+
+
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                         TRIGGER: tl.constexpr):
+    if TRIGGER:  # a following kernel launched with PDL (the int4 GEMV) may start now and fetch its weights
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -42,7 +52,7 @@ def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
         residual = residual_out if residual_out is not None else torch.empty_like(x)
     out = torch.empty_like(x) if out is None else out
     _add_rms_norm_kernel[(t,)](x, residual, weight, out, h, eps, HAS_RES=has_res,
-                               BLOCK=triton.next_power_of_2(h), num_warps=4)
+                               BLOCK=triton.next_power_of_2(h), TRIGGER=_trigger(x.device), num_warps=4)
     return out, residual
 
 
@@ -51,7 +61,7 @@ def rms_norm(x, weight, eps):
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
     _add_rms_norm_kernel[(x.shape[0],)](x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
-                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4)
+                                        BLOCK=triton.next_power_of_2(x.shape[1]), TRIGGER=False, num_warps=4)
     return out
 
 
@@ -152,7 +162,10 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
 
 
 @triton.jit
-def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                               TRIGGER: tl.constexpr):
+    if TRIGGER:  # see _add_rms_norm_kernel
+        tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     s = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, D)
@@ -184,7 +197,8 @@ class DecodeAttention:
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4)
         _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
-                                                      NUM_SPLITS=self.NUM_SPLITS, num_warps=4)
+                                                      NUM_SPLITS=self.NUM_SPLITS, TRIGGER=_trigger(q.device),
+                                                      num_warps=4)
         return self.out
 
 
