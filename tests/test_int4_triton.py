@@ -145,7 +145,7 @@ def test_dequantizer_of_torchs_cuda_int4_layout(device, n_out, k_in, group, inne
     assert (dense - reference).abs().max() <= 0.02 * reference.abs().max()
 
 
-def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout():
+def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout(device):
     """On a GPU the engine runs torch's int4 kernel on identity rows and only prefills through our dequantiser
     when it reproduces them. Here torch's kernel is stood in for by the AWQ formula; a layout with two lanes
     swapped must be refused, the right one accepted."""
@@ -153,24 +153,24 @@ def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout():
 
     q, z, s = _random_awq(16, 512, 128)
     w_uint8, sz = fmt.int4pack_inputs(q, z, s)
-    good = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 16, 512)
+    good = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8).to(device), sz.to(device), 128, 16, 512)
     swapped = good.packed.clone()
     swapped[:, :, [0, 1]] = swapped[:, :, [1, 0]]
-    bad = fmt.Int4Weight(swapped, sz, 128, 16, 512)
+    bad = fmt.Int4Weight(swapped, good.scales_and_zeros, 128, 16, 512)
     dense = ((q.t().float() - 8) * sz[..., 0].float().repeat_interleave(128, 0).t()
-             + sz[..., 1].float().repeat_interleave(128, 0).t())
+             + sz[..., 1].float().repeat_interleave(128, 0).t()).to(device)
 
     def torch_kernel(x, w):  # what aten._weight_int4pack_mm computes, from the unpermuted numbers
         return x @ dense.t()
 
     def engine_with(weight):
-        linears = Linears({"layers": [{"qkv_w": weight}]}, "cpu", torch.float32)
-        return linears, linears.enable_int4pack_prefill({"layers": [{"qkv_w": weight}]}, "cpu", torch.float32,
+        linears = Linears({"layers": [{"qkv_w": weight}]}, device, torch.float32)
+        return linears, linears.enable_int4pack_prefill({"layers": [{"qkv_w": weight}]}, device, torch.float32,
                                                         reference_linear=torch_kernel)
 
     linears, ok = engine_with(good)
     assert ok and linears.int4pack_prefill
-    x = torch.randn(5, 512)
+    x = torch.randn(5, 512, device=device)
     torch.testing.assert_close(linears(x, good), x @ dense.t(), atol=1e-4, rtol=1e-4)  # prefill through cuBLAS
     linears, ok = engine_with(bad)
     assert not ok and not linears.int4pack_prefill and linears.scratch is None  # its memory given back

@@ -3,7 +3,10 @@
 Decoding reads every weight once per token, so a single-token GEMV on packed ints is where 4-bit pays off:
   int4_gemv      out[n] = sum_k x[k] * (q[n,k] - z[n,k/G]) * s[n,k/G], optionally split along K across
                  programs (fp32 partials, summed by the last split to finish) so short, wide matrices still
-                 fill the GPU.
+                 fill the GPU. Each program loads its weights in one go ([rows, blocks, ints] tiles) and, on
+                 Hopper, before the previous kernel has finished (programmatic dependent launch): at batch 1
+                 the time goes on latency, not arithmetic. For the MLP's gate/up weight (rows stored in
+                 pairs) it outputs SiLU(gate) * up directly.
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; scales and zeros are read once per row and group.
 Prefill multiplies many rows by the same weights; there cuBLAS on a dense copy wins by far, so
@@ -201,12 +204,11 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 # (BLOCK_N rows, NB blocks per load, num_warps, splits along K, paired nibbles): tried for each weight shape at
 # warm-up (int4_gemv_autotune). warps = 2 * NB keeps the activations' [NB, IB] tile below the thread count, so
 # Triton loads it directly in the layout the products use (otherwise it goes through shared memory).
-INT4_GEMV_CONFIGS = (
-    (32, 2, 4, 3, False), (16, 2, 4, 3, False), (64, 2, 4, 3, False), (32, 4, 8, 2, False), (32, 1, 2, 6, False),
-    (16, 1, 2, 6, False), (32, 2, 4, 1, False), (32, 2, 4, 3, True), (16, 2, 4, 18, False), (32, 2, 4, 18, False),
-    (16, 4, 8, 9, False), (32, 4, 8, 9, False), (8, 2, 4, 18, False), (16, 2, 4, 6, False), (32, 2, 4, 9, False),
+INT4_GEMV_CONFIGS = (  # the per-shape winners of 77 on an H200 (python benchmarks/profile_int4.py --sweep)
+    (16, 4, 8, 1, False), (32, 4, 8, 1, False), (32, 2, 4, 1, False), (32, 1, 2, 6, False), (64, 2, 4, 3, False),
+    (16, 1, 2, 18, False), (64, 2, 4, 18, False), (8, 2, 4, 3, False),
 )
-DEFAULT_INT4_GEMV = (32, 2, 4, 3, False)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (32, 2, 4, 1, False)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,

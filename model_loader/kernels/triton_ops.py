@@ -8,6 +8,9 @@ GPU the kernel count, not the FLOPs, sets the speed). Each one replaces several 
 
 Positions are read from a device tensor (pos_t), never baked in, so one captured CUDA graph serves every
 step. Shapes and semantics are those of kernels.reference, which the tests compare against.
+On Hopper (sm90+) every kernel here and in int4_triton is launched with programmatic dependent launch (_pdl):
+a kernel's grid is set up while the previous one finishes, which at ~10 small kernels per layer is a large
+share of a decode step.
 """
 
 from __future__ import annotations
@@ -17,21 +20,30 @@ import triton
 import triton.language as tl
 
 
-def _trigger(device) -> bool:
-    """Whether kernels that precede an int4 GEMV signal programmatic dependent launch (int4_triton.pdl_supported)."""
+def _pdl(device) -> dict:
+    """Launch arguments for programmatic dependent launch (int4_triton.pdl_supported): each decode kernel lets
+    the next one start as soon as it has started itself, and waits for the previous one before reading what it
+    wrote (weights and tables, never written, may be read before). On older GPUs: plain launches."""
     from model_loader.kernels.int4_triton import pdl_supported
 
-    return pdl_supported(device)
+    return {"PDL": True, "launch_pdl": True} if pdl_supported(device) else {"PDL": False}
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                         TRIGGER: tl.constexpr):
-    if TRIGGER:  # a following kernel launched with PDL (the int4 GEMV) may start now and fetch its weights
-        tl.extra.cuda.gdc_launch_dependents()
+                         PDL: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    _pdl_start(PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         x += tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
@@ -39,7 +51,6 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: t
     # Normalise the rounded residual, exactly what the reference (and HF) sees.
     x = x.to(res_ptr.dtype.element_ty).to(tl.float32)
     var = tl.sum(x * x, axis=0) / n_cols
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * tl.rsqrt(var + eps) * w
     tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -52,7 +63,7 @@ def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
         residual = residual_out if residual_out is not None else torch.empty_like(x)
     out = torch.empty_like(x) if out is None else out
     _add_rms_norm_kernel[(t,)](x, residual, weight, out, h, eps, HAS_RES=has_res,
-                               BLOCK=triton.next_power_of_2(h), TRIGGER=_trigger(x.device), num_warps=4)
+                               BLOCK=triton.next_power_of_2(h), num_warps=4, **_pdl(x.device))
     return out, residual
 
 
@@ -61,13 +72,15 @@ def rms_norm(x, weight, eps):
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
     _add_rms_norm_kernel[(x.shape[0],)](x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
-                                        BLOCK=triton.next_power_of_2(x.shape[1]), TRIGGER=False, num_warps=4)
+                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4, **_pdl(x.device))
     return out
 
 
 @triton.jit
 def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr):
+                            max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
+                            PDL: tl.constexpr):
+    _pdl_start(PDL)
     tok = tl.program_id(0)
     head = tl.program_id(1)  # 0..Hq-1: q heads, then Hkv k heads, then Hkv v heads
     pos = tl.load(pos_ptr) + tok
@@ -98,12 +111,13 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     _rope_bias_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, k_cache.shape[1],
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1)
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1, **_pdl(qkv.device))
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -118,14 +132,15 @@ def silu_mul(gate_up, out=None):
     i = two_i // 2
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4, **_pdl(gate_up.device))
     return out
 
 
 @triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+    _pdl_start(PDL)
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # the current token is already in the cache
@@ -163,9 +178,8 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
 
 @triton.jit
 def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                               TRIGGER: tl.constexpr):
-    if TRIGGER:  # see _add_rms_norm_kernel
-        tl.extra.cuda.gdc_launch_dependents()
+                               PDL: tl.constexpr):
+    _pdl_start(PDL)
     head = tl.program_id(0)
     s = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, D)
@@ -195,17 +209,17 @@ class DecodeAttention:
         _decode_attn_split_kernel[(self.num_kv_heads, self.NUM_SPLITS)](
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4)
+            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **_pdl(q.device))
         _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
-                                                      NUM_SPLITS=self.NUM_SPLITS, TRIGGER=_trigger(q.device),
-                                                      num_warps=4)
+                                                      NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **_pdl(q.device))
         return self.out
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # One token: out[n] = sum_k x[k] * W[n, k]. Each program owns BLOCK_N rows of W and streams them once;
     # partial products stay in registers and are reduced once at the end.
+    _pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -228,7 +242,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     n, k = w.shape
     block_n, block_k, warps = config
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                                             **_pdl(x.device))
     return out
 
 
