@@ -70,13 +70,17 @@ def collect() -> dict:
     gpu = torch.device("cuda") if torch.cuda.is_available() else None
     if gpu is not None and int4pack_supported(gpu):
         info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)" + (
-            "; Triton int4 kernels with --int4-kernel triton (faster prefill, slower decode)"
+            "; Triton int4 kernels with --int4-kernel triton (faster prompts; compare decoding with bench)"
             if info["kernels"] == "triton" else "")
     elif info["kernels"] == "triton":
         info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)"
     else:
         info["awq_path"] = ("dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or "
                             "compute capability 8.0+)")
+    if info["kernels"] == "triton" and gpu is not None:
+        from model_loader.kernels.int4_triton import pdl_supported
+
+        info["programmatic_launch"] = pdl_supported(gpu)  # sm90+: kernels overlap their neighbours' set-up
     try:
         import transformers
 
