@@ -212,9 +212,10 @@ DEFAULT_INT4_GEMV = (32, 2, 4, 1, False)  # when warm-up did not tune (no CUDA g
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
-              silu_output: bool = False) -> torch.Tensor:
+              silu_output: bool = False, maxnreg: int | None = None) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
-    awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up]."""
+    awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up].
+    maxnreg: a register cap per thread (for experiments; benchmarks/int4_registers.py found none that helps)."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
@@ -233,7 +234,7 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         per_split, blocks, splits, ONE_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
         CHUNKED=per_split > nb, PAIRS=pairs, SILU_OUTPUT=silu_output, PDL=pdl, num_warps=warps,
-        **({"launch_pdl": True} if pdl else {}))
+        **({"launch_pdl": True} if pdl else {}), **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 
