@@ -11,7 +11,7 @@ import torch
 from model_loader import awq as fmt
 from model_loader.kernels import int4_triton
 
-CONFIGS = [(32, 2, 4, 1, False), (32, 1, 2, 6, False)]
+CONFIGS = [(32, 2, 4, 1), (32, 1, 2, 6)]
 
 
 def main() -> None:

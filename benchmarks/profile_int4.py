@@ -26,12 +26,11 @@ LAYERS = 28
 
 
 def sweep_configs() -> list:
-    """(BLOCK_N, NB, warps, splits, pairs): NB blocks per load with warps = 2 * NB keeps the activations' tile
-    smaller than the thread count (Triton then loads it straight in the layout the products need)."""
-    grid = [(bn, nb, 2 * nb, splits, False) for bn, nb, splits in
+    """(BLOCK_N, NB, warps, splits): NB blocks per load with warps = 2 * NB keeps the activations' tile smaller
+    than the thread count (Triton then loads it straight in the layout the products need)."""
+    grid = [(bn, nb, 2 * nb, splits) for bn, nb, splits in
             itertools.product((16, 32, 64), (1, 2, 4), (1, 2, 3, 6, 9, 18))]
-    grid += [(8, nb, 2 * nb, splits, False) for nb, splits in itertools.product((1, 2), (3, 6, 9, 18))]
-    grid += [(32, nb, 2 * nb, splits, True) for nb, splits in itertools.product((1, 2, 4), (1, 3, 6, 9, 18))]
+    grid += [(8, nb, 2 * nb, splits) for nb, splits in itertools.product((1, 2), (3, 6, 9, 18))]
     return grid
 
 

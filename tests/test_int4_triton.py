@@ -103,7 +103,7 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
 
 
-@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 4, 1, True), (32, 4, 8, 9, False)])
+@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 4, 1), (32, 4, 8, 9)])
 def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
     """The MLP's gate/up weight is stored with its rows in (gate, up) pairs, so its GEMV outputs SiLU(gate) * up:
     the numbers of the plain GEMV followed by the separate SiLU kernel; its dense copy keeps [gate; up]."""

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from model_loader.awq import RowPackedInt4
-from model_loader.kernels.triton_ops import time_configs
+from model_loader.kernels.triton_ops import pdl_launch_args, time_configs
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
 # The bits of 1.0f, passed to the GEMV as a run-time argument: with two constants, (q & mask) | 0x3F800000
@@ -35,9 +35,8 @@ ONE_BITS = 0x3F800000
 
 
 @triton.jit
-def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
-                      one_bits, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                      PAIRS: tl.constexpr):
+def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS, one_bits,
+                      GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr):
     # packed: the [BLOCK_N, NB, IB] ints of blocks blk (those at or past b_end are masked to 0) -> acc with
     # their products added.
     in_split = blk < b_end
@@ -47,47 +46,23 @@ def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, 
     sz_mask = row_mask[:, None] & in_split[None, :]
     a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
     xs = tl.zeros([NB, IB], tl.float32)
-    xr = tl.zeros([NB, IB], tl.float32)
     for j in tl.static_range(8):
         if j == 0 or (j * IB) % GROUP == 0:  # a group starts: request its scale and zero now, use them at its end
             s = tl.load(s_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
         xj = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
-        if PAIRS:
-            # Nibbles 2m and 2m+1 share one shift that puts them at bits 15-18 and 19-22: under the exponent
-            # of 1.0f they read 1 + q/256 and 1 + q/16. Scaling x by 256 or 16 (exact) makes both
-            # (1 + q*2^-e) * x * 2^e = x' + q*x, so sum q*x = a - sum x'. One and-or per weight, a shift per two.
-            if j % 2 == 0:
-                if 15 - 4 * j >= 0:
-                    word = packed << (15 - 4 * j)
-                else:
-                    word = packed >> (4 * j - 15)
-                xj_scaled = xj * 256.0
-                qj = ((word & 0x00078000) | one_bits).to(tl.float32, bitcast=True)
-            else:
-                xj_scaled = xj * 16.0
-                qj = ((word & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
-            a += qj * xj_scaled[None, :, :]
-            xs += xj_scaled
-            xr += xj
+        # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one and-or;
+        # its product with x keeps full precision (16a - 16xs recovers sum q*x below)
+        if j <= 4:
+            moved = packed << (19 - 4 * j)
         else:
-            # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one
-            # and-or; its product with x keeps full precision (16a - 16xs recovers sum q*x below)
-            if j <= 4:
-                moved = packed << (19 - 4 * j)
-            else:
-                moved = packed >> (4 * j - 19)
-            qj = ((moved & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
-            a += qj * xj[None, :, :]
-            xs += xj
+            moved = packed >> (4 * j - 19)
+        qj = ((moved & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
+        a += qj * xj[None, :, :]
+        xs += xj
         if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
-            if PAIRS:
-                # sum (q - z) * s * x = s * (a - xs) - s * z * sum x
-                acc += s[:, :, None] * (a - xs[None, :, :]) - (s * z)[:, :, None] * xr[None, :, :]
-                xr = tl.zeros([NB, IB], tl.float32)
-            else:
-                # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
-                acc += (16.0 * s)[:, :, None] * a - (s * (16.0 + z))[:, :, None] * xs[None, :, :]
+            # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
+            acc += (16.0 * s)[:, :, None] * a - (s * (16.0 + z))[:, :, None] * xs[None, :, :]
             a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
             xs = tl.zeros([NB, IB], tl.float32)
     return acc
@@ -110,7 +85,7 @@ def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTP
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
                       NUM_BLOCKS, SPLITS, ONE_BITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      NB: tl.constexpr, CHUNKED: tl.constexpr, PAIRS: tl.constexpr, SILU_OUTPUT: tl.constexpr,
+                      NB: tl.constexpr, CHUNKED: tl.constexpr, SILU_OUTPUT: tl.constexpr,
                       PDL: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
     # IB ints per row), NB blocks at a time: one [BLOCK_N, NB, IB] load of packed ints, issued whole, so each
@@ -152,12 +127,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
             ahead = blk + NB  # the next NB blocks are requested before these are worked on
             upcoming = tl.load(w_rows + (ahead * IB)[None, :, None],
                                mask=row_mask[:, None, None] & (ahead < b_end)[None, :, None], other=0)
-            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
-                                    ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS)
+            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS,
+                                    ONE_BITS, GROUP, IB, BLOCK_N, NB)
             packed = upcoming
     else:  # straight-line code, so every load of the program can be issued before any arithmetic
-        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, KP, GROUPS,
-                                ONE_BITS, GROUP, IB, BLOCK_N, NB, PAIRS)
+        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS,
+                                ONE_BITS, GROUP, IB, BLOCK_N, NB)
     total = tl.sum(tl.sum(acc, axis=2), axis=1)
     if PDL:
         total += 0.0 * tl.sum(early, axis=1)
@@ -201,14 +176,16 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
                  mask=row_mask[:, None])
 
 
-# (BLOCK_N rows, NB blocks per load, num_warps, splits along K, paired nibbles): tried for each weight shape at
-# warm-up (int4_gemv_autotune). warps = 2 * NB keeps the activations' [NB, IB] tile below the thread count, so
-# Triton loads it directly in the layout the products use (otherwise it goes through shared memory).
-INT4_GEMV_CONFIGS = (  # the per-shape winners of 77 on an H200 (python benchmarks/profile_int4.py --sweep)
-    (16, 4, 8, 1, False), (32, 4, 8, 1, False), (32, 2, 4, 1, False), (32, 1, 2, 6, False), (64, 2, 4, 3, False),
-    (16, 1, 2, 18, False), (64, 2, 4, 18, False), (8, 2, 4, 3, False),
+# (BLOCK_N rows, NB blocks per load, num_warps, splits along K): tried for each weight shape at warm-up
+# (int4_gemv_autotune). warps = 2 * NB keeps the activations' [NB, IB] tile below the thread count, so Triton
+# loads it directly in the layout the products use (otherwise it goes through shared memory). The per-shape
+# winners on an H200 of `python benchmarks/profile_int4.py --sweep` (77 configs then, 15 of them with a
+# paired-nibble variant that never won and was dropped).
+INT4_GEMV_CONFIGS = (
+    (16, 4, 8, 1), (32, 4, 8, 1), (32, 2, 4, 1), (32, 1, 2, 6), (64, 2, 4, 3), (16, 1, 2, 18), (64, 2, 4, 18),
+    (8, 2, 4, 3),
 )
-DEFAULT_INT4_GEMV = (32, 2, 4, 1, False)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (32, 2, 4, 1)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
@@ -221,7 +198,7 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
     if silu_output != w.gate_up_pairs:
         raise ValueError("int4 GEMV: SiLU(gate) * up output needs (and a paired gate/up weight gives) rows in pairs")
-    block_n, nb, warps, splits, pairs = config
+    block_n, nb, warps, splits = config
     blocks = k // (8 * w.interleave)
     per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
     splits = triton.cdiv(blocks, per_split)
@@ -229,30 +206,12 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
     out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    pdl = pdl_supported(x.device)
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         per_split, blocks, splits, ONE_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
-        CHUNKED=per_split > nb, PAIRS=pairs, SILU_OUTPUT=silu_output, PDL=pdl, num_warps=warps,
-        **({"launch_pdl": True} if pdl else {}), **({"maxnreg": maxnreg} if maxnreg else {}))
+        CHUNKED=per_split > nb, SILU_OUTPUT=silu_output, num_warps=warps, **pdl_launch_args(x.device),
+        **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
-
-
-_PDL: dict = {}
-
-
-def pdl_supported(device) -> bool:
-    """Programmatic dependent launch: Hopper or newer, a Triton that exposes it, not the CPU interpreter.
-    R1DESK_NO_PDL=1 turns it off (to rule it out when chasing a problem)."""
-    device = torch.device(device)
-    if device not in _PDL:
-        import os
-
-        _PDL[device] = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-                        and os.environ.get("R1DESK_NO_PDL") != "1"
-                        and torch.cuda.get_device_capability(device) >= (9, 0)
-                        and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait"))
-    return _PDL[device]
 
 
 _COUNTERS: dict = {}

@@ -8,24 +8,38 @@ GPU the kernel count, not the FLOPs, sets the speed). Each one replaces several 
 
 Positions are read from a device tensor (pos_t), never baked in, so one captured CUDA graph serves every
 step. Shapes and semantics are those of kernels.reference, which the tests compare against.
-On Hopper (sm90+) every kernel here and in int4_triton is launched with programmatic dependent launch (_pdl):
+On Hopper (sm90+) every kernel here and in int4_triton is launched with programmatic dependent launch (pdl_launch_args):
 a kernel's grid is set up while the previous one finishes, which at ~10 small kernels per layer is a large
 share of a decode step.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+_PDL_OK: dict = {}
 
-def _pdl(device) -> dict:
-    """Launch arguments for programmatic dependent launch (int4_triton.pdl_supported): each decode kernel lets
-    the next one start as soon as it has started itself, and waits for the previous one before reading what it
-    wrote (weights and tables, never written, may be read before). On older GPUs: plain launches."""
-    from model_loader.kernels.int4_triton import pdl_supported
 
+def pdl_supported(device) -> bool:
+    """Programmatic dependent launch: Hopper or newer, a Triton that exposes it, not the CPU interpreter.
+    R1DESK_NO_PDL=1 turns it off (to rule it out when chasing a problem)."""
+    device = torch.device(device)
+    if device not in _PDL_OK:
+        _PDL_OK[device] = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+                           and os.environ.get("R1DESK_NO_PDL") != "1"
+                           and torch.cuda.get_device_capability(device) >= (9, 0)
+                           and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait"))
+    return _PDL_OK[device]
+
+
+def pdl_launch_args(device) -> dict:
+    """Launch arguments for programmatic dependent launch: each decode kernel lets the next one start as soon as
+    it has started itself, and waits for the previous one before reading what it wrote (weights and tables,
+    never written, may be read before). Where pdl_supported is false: plain launches."""
     return {"PDL": True, "launch_pdl": True} if pdl_supported(device) else {"PDL": False}
 
 
@@ -63,7 +77,7 @@ def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
         residual = residual_out if residual_out is not None else torch.empty_like(x)
     out = torch.empty_like(x) if out is None else out
     _add_rms_norm_kernel[(t,)](x, residual, weight, out, h, eps, HAS_RES=has_res,
-                               BLOCK=triton.next_power_of_2(h), num_warps=4, **_pdl(x.device))
+                               BLOCK=triton.next_power_of_2(h), num_warps=4, **pdl_launch_args(x.device))
     return out, residual
 
 
@@ -72,7 +86,7 @@ def rms_norm(x, weight, eps):
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
     _add_rms_norm_kernel[(x.shape[0],)](x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
-                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4, **_pdl(x.device))
+                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4, **pdl_launch_args(x.device))
     return out
 
 
@@ -111,7 +125,7 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     _rope_bias_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, k_cache.shape[1],
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1, **_pdl(qkv.device))
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1, **pdl_launch_args(qkv.device))
     return q
 
 
@@ -132,7 +146,7 @@ def silu_mul(gate_up, out=None):
     i = two_i // 2
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4, **_pdl(gate_up.device))
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4, **pdl_launch_args(gate_up.device))
     return out
 
 
@@ -209,9 +223,9 @@ class DecodeAttention:
         _decode_attn_split_kernel[(self.num_kv_heads, self.NUM_SPLITS)](
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **_pdl(q.device))
+            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **pdl_launch_args(q.device))
         _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
-                                                      NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **_pdl(q.device))
+                                                      NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **pdl_launch_args(q.device))
         return self.out
 
 
@@ -243,7 +257,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     block_n, block_k, warps = config
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-                                             **_pdl(x.device))
+                                             **pdl_launch_args(x.device))
     return out
 
 
