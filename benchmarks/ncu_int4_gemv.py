@@ -11,7 +11,7 @@ import torch
 from model_loader import awq as fmt
 from model_loader.kernels import int4_triton
 
-CONFIGS = [(32, 2, 4, 1), (32, 1, 2, 6)]
+CONFIGS = [(128, 4, 4), (64, 4, 4)]
 
 
 def main() -> None:

@@ -26,12 +26,9 @@ LAYERS = 28
 
 
 def sweep_configs() -> list:
-    """(BLOCK_N, NB, warps, splits): NB blocks per load with warps = 2 * NB keeps the activations' tile smaller
-    than the thread count (Triton then loads it straight in the layout the products need)."""
-    grid = [(bn, nb, 2 * nb, splits) for bn, nb, splits in
-            itertools.product((16, 32, 64), (1, 2, 4), (1, 2, 3, 6, 9, 18))]
-    grid += [(8, nb, 2 * nb, splits) for nb, splits in itertools.product((1, 2), (3, 6, 9, 18))]
-    return grid
+    """(BLOCK_N, NB, warps): rows per program, packed blocks per program (K splits follow), warps."""
+    return [(bn, nb, warps) for bn, nb, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8), (2, 4, 8))
+            if bn * nb * 4 >= 32 * warps] + [(16, 2, 1), (16, 4, 2), (32, 1, 1), (32, 2, 1)]
 
 
 def _random_weights(n: int, k: int, group: int, count: int, dev) -> tuple[list, list]:

@@ -93,16 +93,17 @@ class RowPackedInt4:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
 
 
-def row_pack_interleave(k_in: int) -> int:
-    """The widest interleave (32 ints = 256 inputs per block) that tiles the input width; AWQ widths are
-    multiples of the group size (>= 32), so 8 always does. Each one divides every supported group size."""
-    return next(i for i in (32, 16, 8) if k_in % (8 * i) == 0)
+def row_pack_interleave(group_size: int) -> int:
+    """Ints per row in a packed block: 16 (128 inputs), fewer for groups under 128, so that a block never
+    spans two groups (the GEMV applies one scale and zero per row and block). Input widths are multiples of
+    the group size, so the blocks tile them."""
+    return min(16, group_size // 8)
 
 
 def to_row_packed(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size: int) -> RowPackedInt4:
     """AWQ ints q [in, out], zeros z [in/group, out], scales s [in/group, out] -> RowPackedInt4 (same device)."""
     k_in, n_out = q.shape
-    inter = row_pack_interleave(k_in)
+    inter = row_pack_interleave(group_size)
     blocks = q.t().contiguous().view(n_out, k_in // (8 * inter), 8, inter).to(torch.int32)
     packed = blocks[:, :, 0].clone()
     for j in range(1, 8):

@@ -29,43 +29,9 @@ from model_loader.awq import RowPackedInt4
 from model_loader.kernels.triton_ops import pdl_launch_args, time_configs
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
-# The bits of 1.0f, passed to the GEMV as a run-time argument: with two constants, (q & mask) | 0x3F800000
-# compiles to two logic ops; with one in a register, ptxas makes it a single three-input LOP3.
-ONE_BITS = 0x3F800000
-
-
-@triton.jit
-def _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS, one_bits,
-                      GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr):
-    # packed: the [BLOCK_N, NB, IB] ints of blocks blk (those at or past b_end are masked to 0) -> acc with
-    # their products added.
-    in_split = blk < b_end
-    x_runs = x_ptr + (blk * 8 * IB)[:, None] + i[None, :]  # [NB, IB]: nibble j's activations at + j*IB
-    x_mask = in_split[:, None]
-    sz_ptrs = rows[:, None] * GROUPS + ((blk * 8 * IB) // GROUP)[None, :]  # [BLOCK_N, NB]: the block's group
-    sz_mask = row_mask[:, None] & in_split[None, :]
-    a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
-    xs = tl.zeros([NB, IB], tl.float32)
-    for j in tl.static_range(8):
-        if j == 0 or (j * IB) % GROUP == 0:  # a group starts: request its scale and zero now, use them at its end
-            s = tl.load(s_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + sz_ptrs + (j * IB) // GROUP, mask=sz_mask, other=0.0).to(tl.float32)
-        xj = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
-        # nibble j moved to the top four mantissa bits of 1.0f: the float 1 + q/16, in one shift and one and-or;
-        # its product with x keeps full precision (16a - 16xs recovers sum q*x below)
-        if j <= 4:
-            moved = packed << (19 - 4 * j)
-        else:
-            moved = packed >> (4 * j - 19)
-        qj = ((moved & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
-        a += qj * xj[None, :, :]
-        xs += xj
-        if ((j + 1) * IB) % GROUP == 0 or j == 7:  # a group ends here (or the block does): apply s and z
-            # sum (q - z) * s * x = 16s * sum (1 + q/16) * x - s * (16 + z) * sum x
-            acc += (16.0 * s)[:, :, None] * a - (s * (16.0 + z))[:, :, None] * xs[None, :, :]
-            a = tl.zeros([BLOCK_N, NB, IB], tl.float32)
-            xs = tl.zeros([NB, IB], tl.float32)
-    return acc
+# The bits of 16.0f and 256.0f, passed to the GEMV as run-time arguments: with two constants,
+# (q & mask) | bits compiles to two logic ops; with one in a register, ptxas makes it one three-input LOP3.
+SIXTEEN_BITS, TWO_FIFTY_SIX_BITS = 0x41800000, 0x43800000
 
 
 @triton.jit
@@ -83,59 +49,73 @@ def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTP
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, BLOCKS_PER_SPLIT,
-                      NUM_BLOCKS, SPLITS, ONE_BITS, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      NB: tl.constexpr, CHUNKED: tl.constexpr, SILU_OUTPUT: tl.constexpr,
+def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
+                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
+                      BLOCK_N: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr, SILU_OUTPUT: tl.constexpr,
                       PDL: tl.constexpr):
-    # Program (r, c) owns rows r*BLOCK_N.. over packed blocks c*BLOCKS_PER_SPLIT.. (one block = 8*IB inputs,
-    # IB ints per row), NB blocks at a time: one [BLOCK_N, NB, IB] load of packed ints, issued whole, so each
-    # program keeps many bytes in flight (a single token's GEMV is bound by memory latency, not arithmetic:
-    # one block per load left the H200 waiting on round trips). Nibble j of block b pairs with the contiguous
-    # activations x[8*IB*b + j*IB : ... + IB]. Within a group, sum (q - z) * s * x = s * (sum q*x - z * sum x),
-    # so the scale and zero are applied once per row and group, not per weight. KP = K/8 is its own argument
-    # so Triton sees it divisible by 16 and the tile loads become 16-byte vector loads. CHUNKED: the split
-    # spans more than NB blocks, so it loops, requesting the next NB blocks before working on these.
+    # Program (r, c) owns rows r*BLOCK_N.. over the NB packed blocks c*NB.. (one block = 8*IB inputs, IB ints
+    # per row, inside one group) and loads all of its weights as one [NB, BLOCK_N, IB] tile before any
+    # arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM bandwidth. This
+    # dimension order makes Triton give each thread one block of many rows (4 ints = a 16-byte load per row),
+    # so the activations a thread converts and sums serve all its rows. Nibble j of block b pairs with the
+    # contiguous activations x[8*IB*b + j*IB : ... + IB].
+    # One shift serves two nibbles: nibble j lands under the exponent of 16.0f, giving the float 16 + q[j], and
+    # nibble j-1 four bits lower, under the exponent of 256.0f: 256 + q[j-1]; each is one and-or (LOP3) away.
+    # So one accumulator per (block, row, int) gets sum q*x + 16*sum x_odd + 256*sum x_even, and per row and
+    # block  sum (q - z) * s * x = s * (sum over the block's ints - known - z * sum x),  with known and sum x
+    # the same for every row: nothing but the shift, the and-ors and the FMAs is done per weight.
+    # KP = K/8 is its own argument so Triton sees it divisible by 16 (16-byte vector loads). EVEN: whole
+    # tiles, no masks. Splits along K (c > 0): fp32 partial sums, added up by the last split of a row block.
     # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
-    # requests its weights (never written by anyone) at once and waits for the previous kernel only before
-    # reading x, so the weights' DRAM latency overlaps the previous kernel's tail. It also lets the next
-    # kernel start early. Nothing is written before the wait.
+    # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
+    # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
+    # the next kernel start early. Nothing is written before the wait.
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    nb = tl.arange(0, NB)
+    blk = tl.program_id(1) * NB + tl.arange(0, NB)
     i = tl.arange(0, IB)
-    b_begin = tl.program_id(1) * BLOCKS_PER_SPLIT
-    b_end = tl.minimum(b_begin + BLOCKS_PER_SPLIT, NUM_BLOCKS)
-    acc = tl.zeros([BLOCK_N, NB, IB], tl.float32)
-    w_rows = qw_ptr + rows[:, None, None] * KP + i[None, None, :]
-    blk = b_begin + nb
-    packed = tl.load(w_rows + (blk * IB)[None, :, None], mask=row_mask[:, None, None] & (blk < b_end)[None, :, None],
-                     other=0)
+    row_mask = rows < N
+    tile_mask = (blk < NUM_BLOCKS)[:, None] & row_mask[None, :]  # [NB, BLOCK_N]
+    w_ptrs = qw_ptr + rows[None, :, None] * KP + (blk * IB)[:, None, None] + i[None, None, :]
+    sz_ptrs = rows[None, :] * GROUPS + ((blk * 8 * IB) // GROUP)[:, None]
+    if EVEN:
+        packed = tl.load(w_ptrs)
+        s = tl.load(s_ptr + sz_ptrs).to(tl.float32)
+        z = tl.load(z_ptr + sz_ptrs).to(tl.float32)
+    else:
+        packed = tl.load(w_ptrs, mask=tile_mask[:, :, None], other=0)
+        s = tl.load(s_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
     if PDL:
-        # the first chunk's scales and zeros, requested before the wait too (read again, cached, per group;
-        # adding 0 * their sum keeps the compiler from dropping this load)
-        g0 = (b_begin * 8 * IB) // GROUP
-        gn = tl.arange(0, NB * ((8 * IB + GROUP - 1) // GROUP))
-        g_mask = row_mask[:, None] & (g0 + gn < tl.cdiv(b_end * 8 * IB, GROUP))[None, :]
-        early = tl.load(s_ptr + rows[:, None] * GROUPS + g0 + gn[None, :], mask=g_mask, other=0.0).to(tl.float32)
-        early += tl.load(z_ptr + rows[:, None] * GROUPS + g0 + gn[None, :], mask=g_mask, other=0.0).to(tl.float32)
         tl.extra.cuda.gdc_wait()
-    if CHUNKED:
-        for c in range(b_begin, b_end, NB):
-            blk = c + nb
-            ahead = blk + NB  # the next NB blocks are requested before these are worked on
-            upcoming = tl.load(w_rows + (ahead * IB)[None, :, None],
-                               mask=row_mask[:, None, None] & (ahead < b_end)[None, :, None], other=0)
-            acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS,
-                                    ONE_BITS, GROUP, IB, BLOCK_N, NB)
-            packed = upcoming
-    else:  # straight-line code, so every load of the program can be issued before any arithmetic
-        acc = _int4_gemv_blocks(acc, packed, blk, b_end, rows, row_mask, i, x_ptr, s_ptr, z_ptr, GROUPS,
-                                ONE_BITS, GROUP, IB, BLOCK_N, NB)
-    total = tl.sum(tl.sum(acc, axis=2), axis=1)
-    if PDL:
-        total += 0.0 * tl.sum(early, axis=1)
+    x_runs = x_ptr + (blk * 8 * IB)[:, None] + i[None, :]  # [NB, IB]: nibble j's activations at + j*IB
+    a = tl.zeros([NB, BLOCK_N, IB], tl.float32)
+    x_odd = tl.zeros([NB, IB], tl.float32)
+    x_even = tl.zeros([NB, IB], tl.float32)
+    for p in tl.static_range(4):
+        j = 2 * p + 1  # nibbles j and j - 1
+        if EVEN:
+            x_j = tl.load(x_runs + j * IB).to(tl.float32)
+            x_before = tl.load(x_runs + (j - 1) * IB).to(tl.float32)
+        else:
+            x_mask = (blk < NUM_BLOCKS)[:, None]
+            x_j = tl.load(x_runs + j * IB, mask=x_mask, other=0.0).to(tl.float32)
+            x_before = tl.load(x_runs + (j - 1) * IB, mask=x_mask, other=0.0).to(tl.float32)
+        if j * 4 <= 19:
+            moved = packed << (19 - 4 * j)
+        else:
+            moved = packed >> (4 * j - 19)  # arithmetic for nibble 7 (the sign bit): the masks drop the copies
+        q_j = ((moved & 0x00780000) | SIXTEEN_BITS).to(tl.float32, bitcast=True)  # 16 + q[j]
+        q_before = ((moved & 0x00078000) | TWO_FIFTY_SIX_BITS).to(tl.float32, bitcast=True)  # 256 + q[j-1]
+        a += q_j * x_j[:, None, :]
+        a += q_before * x_before[:, None, :]
+        x_odd += x_j
+        x_even += x_before
+    known = tl.sum(16.0 * x_odd + 256.0 * x_even, axis=1)  # [NB]
+    x_sum = tl.sum(x_odd + x_even, axis=1)
+    per_block = s * (tl.sum(a, axis=2) - (known[:, None] + z * x_sum[:, None]))  # [NB, BLOCK_N]
+    total = tl.sum(per_block, axis=0)
     if SPLITS > 1:
         # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
         # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
@@ -176,16 +156,12 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
                  mask=row_mask[:, None])
 
 
-# (BLOCK_N rows, NB blocks per load, num_warps, splits along K): tried for each weight shape at warm-up
-# (int4_gemv_autotune). warps = 2 * NB keeps the activations' [NB, IB] tile below the thread count, so Triton
-# loads it directly in the layout the products use (otherwise it goes through shared memory). The per-shape
-# winners on an H200 of `python benchmarks/profile_int4.py --sweep` (77 configs then, 15 of them with a
-# paired-nibble variant that never won and was dropped).
+# (BLOCK_N rows, NB blocks per program, num_warps): tried for each weight shape at warm-up (int4_gemv_autotune);
+# K is split into as many programs as NB blocks take to cover it.
 INT4_GEMV_CONFIGS = (
-    (16, 4, 8, 1), (32, 4, 8, 1), (32, 2, 4, 1), (32, 1, 2, 6), (64, 2, 4, 3), (16, 1, 2, 18), (64, 2, 4, 18),
-    (8, 2, 4, 3),
+    (128, 4, 4), (64, 4, 4), (128, 2, 4), (64, 2, 2), (32, 4, 2), (32, 2, 2), (128, 8, 8), (256, 2, 8),
 )
-DEFAULT_INT4_GEMV = (32, 2, 4, 1)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (64, 4, 4)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
@@ -198,19 +174,18 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
     if silu_output != w.gate_up_pairs:
         raise ValueError("int4 GEMV: SiLU(gate) * up output needs (and a paired gate/up weight gives) rows in pairs")
-    block_n, nb, warps, splits = config
+    block_n, nb, warps = config
     blocks = k // (8 * w.interleave)
-    per_split = triton.cdiv(blocks, splits)  # every split covers whole packed blocks; none is left empty
-    splits = triton.cdiv(blocks, per_split)
+    splits = triton.cdiv(blocks, nb)
     if triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
     out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        per_split, blocks, splits, ONE_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
-        CHUNKED=per_split > nb, SILU_OUTPUT=silu_output, num_warps=warps, **pdl_launch_args(x.device),
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
+        EVEN=blocks % nb == 0 and n % block_n == 0, SILU_OUTPUT=silu_output, num_warps=warps,
+        **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 
