@@ -26,9 +26,12 @@ LAYERS = 28
 
 
 def sweep_configs() -> list:
-    """(BLOCK_N, NB, warps): rows per program, packed blocks per program (K splits follow), warps."""
-    return [(bn, nb, warps) for bn, nb, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8), (2, 4, 8))
-            if bn * nb * 4 >= 32 * warps] + [(16, 2, 1), (16, 4, 2), (32, 1, 1), (32, 2, 1)]
+    """(BLOCK_N, NB, warps, CHUNKS): rows per program, packed blocks per tile (K splits follow), warps, tiles
+    per program."""
+    grid = [(bn, nb, warps, 1) for bn, nb, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8), (2, 4, 8))
+            if bn * nb * 4 >= 32 * warps] + [(16, 2, 1, 1), (16, 4, 2, 1), (32, 1, 1, 1), (32, 2, 1, 1)]
+    return grid + [(bn, nb, warps, chunks) for bn, nb, warps, chunks in
+                   itertools.product((32, 64, 128), (2, 4), (2, 4, 8), (2, 3, 4)) if bn * nb * 4 >= 32 * warps]
 
 
 def _random_weights(n: int, k: int, group: int, count: int, dev) -> tuple[list, list]:

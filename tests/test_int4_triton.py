@@ -94,7 +94,9 @@ def test_engine_runs_awq_on_the_triton_int4_kernels(tiny_awq, device):
         pos_t = torch.tensor([n], device=device, dtype=torch.int32)
         engine.decode_logits = engine.model.decode(ids[-1:], pos_t, n)
     torch.testing.assert_close(triton_engine.prefill_logits, dense_engine.prefill_logits, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(triton_engine.decode_logits, dense_engine.decode_logits, atol=1e-4, rtol=1e-4)
+    # the GEMV's float-exponent trick keeps about 15 bits of each product sum (int4_triton._int4_dot_blocks):
+    # on a GPU (fp32 FMAs, not the interpreter's numpy) that shows at 1e-4; a misplaced nibble is 100x more
+    torch.testing.assert_close(triton_engine.decode_logits, dense_engine.decode_logits, atol=1e-3, rtol=1e-3)
 
 
 def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
@@ -104,7 +106,7 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
 
 
-@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 1), (32, 8, 8)])
+@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 1, 1), (32, 8, 8, 1), (16, 1, 2, 4)])
 def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
     """The MLP's gate/up weight is stored with its rows in (gate, up) pairs, so its GEMV outputs SiLU(gate) * up:
     the numbers of the plain GEMV followed by the separate SiLU kernel; its dense copy keeps [gate; up]."""

@@ -49,34 +49,9 @@ def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTP
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
-                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
-                      BLOCK_N: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr, SILU_OUTPUT: tl.constexpr,
-                      PDL: tl.constexpr):
-    # Program (r, c) owns rows r*BLOCK_N.. over the NB packed blocks c*NB.. (one block = 8*IB inputs, IB ints
-    # per row, inside one group) and loads all of its weights as one [NB, BLOCK_N, IB] tile before any
-    # arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM bandwidth. This
-    # dimension order makes Triton give each thread one block of many rows (4 ints = a 16-byte load per row),
-    # so the activations a thread converts and sums serve all its rows. Nibble j of block b pairs with the
-    # contiguous activations x[8*IB*b + j*IB : ... + IB].
-    # One shift serves two nibbles: nibble j lands under the exponent of 16.0f, giving the float 16 + q[j], and
-    # nibble j-1 four bits lower, under the exponent of 256.0f: 256 + q[j-1]; each is one and-or (LOP3) away.
-    # So one accumulator per (block, row, int) gets sum q*x + 16*sum x_odd + 256*sum x_even, and per row and
-    # block  sum (q - z) * s * x = s * (sum over the block's ints - known - z * sum x),  with known and sum x
-    # the same for every row: nothing but the shift, the and-ors and the FMAs is done per weight.
-    # KP = K/8 is its own argument so Triton sees it divisible by 16 (16-byte vector loads). EVEN: whole
-    # tiles, no masks. Splits along K (c > 0): fp32 partial sums, added up by the last split of a row block.
-    # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
-    # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
-    # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
-    # the next kernel start early. Nothing is written before the wait.
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    blk = tl.program_id(1) * NB + tl.arange(0, NB)
-    i = tl.arange(0, IB)
-    row_mask = rows < N
-    tile_mask = (blk < NUM_BLOCKS)[:, None] & row_mask[None, :]  # [NB, BLOCK_N]
+def _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk, i, KP, GROUPS, NUM_BLOCKS,
+                      GROUP: tl.constexpr, IB: tl.constexpr, EVEN: tl.constexpr):
+    # The [NB, BLOCK_N, IB] packed ints of blocks blk for these rows, and each (block, row)'s scale and zero.
     w_ptrs = qw_ptr + rows[None, :, None] * KP + (blk * IB)[:, None, None] + i[None, None, :]
     sz_ptrs = rows[None, :] * GROUPS + ((blk * 8 * IB) // GROUP)[:, None]
     if EVEN:
@@ -84,11 +59,23 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         s = tl.load(s_ptr + sz_ptrs).to(tl.float32)
         z = tl.load(z_ptr + sz_ptrs).to(tl.float32)
     else:
+        tile_mask = (blk < NUM_BLOCKS)[:, None] & row_mask[None, :]  # [NB, BLOCK_N]
         packed = tl.load(w_ptrs, mask=tile_mask[:, :, None], other=0)
         s = tl.load(s_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    return packed, s, z
+
+
+@triton.jit
+def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS,
+                     IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
+    # -> [NB, BLOCK_N]: each row's dot product with x over each block, scale and zero applied.
+    # One shift serves two nibbles: nibble j lands under the exponent of 16.0f, giving the float 16 + q[j], and
+    # nibble j-1 four bits lower, under the exponent of 256.0f: 256 + q[j-1]; each is one and-or (LOP3) away.
+    # So one accumulator per (block, row, int) gets sum q*x + 16*sum x_odd + 256*sum x_even, and per row and
+    # block  sum (q - z) * s * x = s * (sum over the block's ints - known - z * sum x),  with known and sum x
+    # the same for every row: nothing but the shift, the and-ors and the FMAs is done per weight. (The sums
+    # carry the 256s, so about 15 bits of each product sum survive: far below bf16/fp16 output rounding.)
     x_runs = x_ptr + (blk * 8 * IB)[:, None] + i[None, :]  # [NB, IB]: nibble j's activations at + j*IB
     a = tl.zeros([NB, BLOCK_N, IB], tl.float32)
     x_odd = tl.zeros([NB, IB], tl.float32)
@@ -114,7 +101,57 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         x_even += x_before
     known = tl.sum(16.0 * x_odd + 256.0 * x_even, axis=1)  # [NB]
     x_sum = tl.sum(x_odd + x_even, axis=1)
-    per_block = s * (tl.sum(a, axis=2) - (known[:, None] + z * x_sum[:, None]))  # [NB, BLOCK_N]
+    return s * (tl.sum(a, axis=2) - (known[:, None] + z * x_sum[:, None]))
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
+                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
+                      BLOCK_N: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr,
+                      SILU_OUTPUT: tl.constexpr, PDL: tl.constexpr):
+    # Program (r, c) owns rows r*BLOCK_N.. over the CHUNKS*NB packed blocks from c*CHUNKS*NB (one block =
+    # 8*IB inputs, IB ints per row, inside one group), as CHUNKS [NB, BLOCK_N, IB] tiles, and requests all of
+    # them before any arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM
+    # bandwidth. This dimension order makes Triton give each thread one block of many rows (4 ints = a 16-byte
+    # load per row), so the activations a thread converts and sums serve all its rows. Nibble j of block b
+    # pairs with the contiguous activations x[8*IB*b + j*IB : ... + IB]. KP = K/8 is its own argument so
+    # Triton sees it divisible by 16 (16-byte vector loads). EVEN: whole tiles, no masks. Chunks (up to 4,
+    # written out: Triton has no lists of tiles) let one program cover a K that isn't a power of two of blocks
+    # (1536 = 3 x 512) without a split. Splits along K (c > 0): fp32 partial sums, added up by the last split.
+    # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
+    # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
+    # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
+    # the next kernel start early. Nothing is written before the wait.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    i = tl.arange(0, IB)
+    blk0 = tl.program_id(1) * (CHUNKS * NB) + tl.arange(0, NB)
+    packed0, s0, z0 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0, i, KP, GROUPS, NUM_BLOCKS,
+                                        GROUP, IB, EVEN)
+    if CHUNKS > 1:
+        packed1, s1, z1 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + NB, i, KP, GROUPS,
+                                            NUM_BLOCKS, GROUP, IB, EVEN)
+    if CHUNKS > 2:
+        packed2, s2, z2 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 2 * NB, i, KP, GROUPS,
+                                            NUM_BLOCKS, GROUP, IB, EVEN)
+    if CHUNKS > 3:
+        packed3, s3, z3 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 3 * NB, i, KP, GROUPS,
+                                            NUM_BLOCKS, GROUP, IB, EVEN)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    per_block = _int4_dot_blocks(packed0, s0, z0, x_ptr, blk0, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS,
+                                 IB, BLOCK_N, NB, EVEN)
+    if CHUNKS > 1:
+        per_block += _int4_dot_blocks(packed1, s1, z1, x_ptr, blk0 + NB, i, NUM_BLOCKS, SIXTEEN_BITS,
+                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
+    if CHUNKS > 2:
+        per_block += _int4_dot_blocks(packed2, s2, z2, x_ptr, blk0 + 2 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
+                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
+    if CHUNKS > 3:
+        per_block += _int4_dot_blocks(packed3, s3, z3, x_ptr, blk0 + 3 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
+                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
     total = tl.sum(per_block, axis=0)
     if SPLITS > 1:
         # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
@@ -156,12 +193,14 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
                  mask=row_mask[:, None])
 
 
-# (BLOCK_N rows, NB blocks per program, num_warps): tried for each weight shape at warm-up (int4_gemv_autotune);
-# K is split into as many programs as NB blocks take to cover it.
+# (BLOCK_N rows, NB blocks per tile, num_warps, CHUNKS tiles per program): tried for each weight shape at
+# warm-up (int4_gemv_autotune); K is split into as many programs as it takes to cover it. From an H200 sweep
+# (benchmarks/profile_int4.py --sweep): the best few per shape of the R1-1.5B model.
 INT4_GEMV_CONFIGS = (
-    (128, 4, 4), (64, 4, 4), (128, 2, 4), (64, 2, 2), (32, 4, 2), (32, 2, 2), (128, 8, 8), (256, 2, 8),
+    (64, 4, 4, 1), (64, 8, 8, 1), (64, 2, 4, 1), (256, 4, 8, 1), (128, 2, 4, 1), (64, 4, 4, 3), (32, 4, 2, 3),
+    (64, 2, 2, 3),
 )
-DEFAULT_INT4_GEMV = (64, 4, 4)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (64, 4, 4, 1)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
@@ -174,18 +213,18 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
     if silu_output != w.gate_up_pairs:
         raise ValueError("int4 GEMV: SiLU(gate) * up output needs (and a paired gate/up weight gives) rows in pairs")
-    block_n, nb, warps = config
+    block_n, nb, warps, chunks = config
     blocks = k // (8 * w.interleave)
-    splits = triton.cdiv(blocks, nb)
+    splits = triton.cdiv(blocks, nb * chunks)
     if triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
     out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb,
-        EVEN=blocks % nb == 0 and n % block_n == 0, SILU_OUTPUT=silu_output, num_warps=warps,
-        **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
+        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n,
+        NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
+        num_warps=warps, **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 
