@@ -11,7 +11,7 @@ import torch
 from model_loader import awq as fmt
 from model_loader.kernels import int4_triton
 
-CONFIGS = [(256, 4, 8, 1), (64, 4, 4, 3)]
+CONFIGS = [(32, 4, 4, 3), (64, 4, 4, 3)]
 
 
 def main() -> None:

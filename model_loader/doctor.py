@@ -66,14 +66,16 @@ def collect() -> dict:
         info["triton"] = None
     info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
     from model_loader.awq import int4pack_supported
+    from model_loader.engine import choose_int4_layout
 
     gpu = torch.device("cuda") if torch.cuda.is_available() else None
-    if gpu is not None and int4pack_supported(gpu):
+    path = choose_int4_layout(gpu or torch.device("cpu"), torch.bfloat16, info["kernels"] == "triton", None)
+    if path == "torch":
         info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)" + (
-            "; Triton int4 kernels with --int4-kernel triton (faster prompts; compare decoding with bench)"
-            if info["kernels"] == "triton" else "")
-    elif info["kernels"] == "triton":
-        info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)"
+            "; our Triton int4 kernels with --int4-kernel triton" if info["kernels"] == "triton" else "")
+    elif path == "triton":
+        info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)" + (
+            "; torch's int4 kernel with --int4-kernel torch" if gpu is not None and int4pack_supported(gpu) else "")
     else:
         info["awq_path"] = ("dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or "
                             "compute capability 8.0+)")

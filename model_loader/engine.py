@@ -151,12 +151,16 @@ class PrefillGraphs:
 INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}
 
 
-def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None) -> str | None:
-    """Which int4 path an AWQ checkpoint runs on. By default torch's int4 kernel where it runs (CUDA sm80+,
-    bf16): it decodes fastest (H200, 2026-12-02: 787 tok/s against 660 for our Triton GEMV); its slow prefill
-    (TTFT 49 ms for 512 tokens) is replaced by our dequantiser + cuBLAS where Triton runs (Linears).
-    Else our Triton int4 kernels (older GPUs, fp16), else None: dequantised at load. forced ("torch", "triton", "dequantize") picks one; ModelError if it can't
-    run here."""
+def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None,
+                       capability: tuple | None = None) -> str | None:
+    """Which int4 path an AWQ checkpoint runs on. capability: the CUDA GPU's (major, minor), read from dev when
+    not given. By default:
+      - our Triton int4 kernels on Hopper and newer (sm90+) where Triton runs: fastest where measured (H200,
+        2026-12-02: 1004 tok/s against 814 for torch's int4 kernel, TTFT 5 vs 6 ms; docs/BENCHMARKS.md);
+      - torch's int4 kernel on sm80-89 in bf16 (what the 4-bit issue specifies; ours is not measured on those
+        GPUs), its prefill replaced by our dequantiser + cuBLAS where Triton runs (Linears);
+      - our Triton kernels on older GPUs and in fp16; else None: dequantised to dense at load.
+    forced ("torch", "triton", "dequantize") picks one; ModelError if it can't run here."""
     possible = {"dequantize": None}
     if triton_ok:
         possible["triton"] = "triton"
@@ -166,6 +170,10 @@ def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, f
         if forced not in possible:
             raise ModelError(f"the {forced} int4 path can't run here (available: {', '.join(possible)})")
         return possible[forced]
+    if capability is None and dev.type == "cuda":
+        capability = torch.cuda.get_device_capability(dev)
+    if capability is not None and capability >= (9, 0) and "triton" in possible:
+        return "triton"
     return possible.get("torch", possible.get("triton"))
 
 

@@ -106,6 +106,21 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
     assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
 
 
+def test_default_int4_path_follows_the_gpu_generation(monkeypatch):
+    """Hopper and newer: our Triton kernels (measured fastest there); sm80-89: torch's int4 kernel; either
+    can still be forced, and without Triton torch's kernel runs everywhere it can."""
+    import model_loader.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "int4pack_supported", lambda dev: True)  # as on any CUDA sm80+ GPU
+    gpu, bf16 = torch.device("cuda"), torch.bfloat16
+    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(9, 0)) == "triton"
+    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(8, 6)) == "torch"
+    assert choose_int4_layout(gpu, bf16, triton_ok=False, forced=None, capability=(9, 0)) == "torch"
+    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="torch", capability=(9, 0)) == "torch"
+    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="triton", capability=(8, 6)) == "triton"
+    assert choose_int4_layout(gpu, torch.float16, triton_ok=True, forced=None, capability=(8, 6)) == "triton"
+
+
 @pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 1, 1), (32, 8, 8, 1), (16, 1, 2, 4)])
 def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
     """The MLP's gate/up weight is stored with its rows in (gate, up) pairs, so its GEMV outputs SiLU(gate) * up:

@@ -1,22 +1,25 @@
 """Triton kernels for 4-bit AWQ weights in our row-packed layout (awq.RowPackedInt4).
 
 Decoding reads every weight once per token, so a single-token GEMV on packed ints is where 4-bit pays off:
-  int4_gemv      out[n] = sum_k x[k] * (q[n,k] - z[n,k/G]) * s[n,k/G], optionally split along K across
-                 programs (fp32 partials, summed by the last split to finish) so short, wide matrices still
-                 fill the GPU. Each program loads its weights in one go ([rows, blocks, ints] tiles) and, on
-                 Hopper, before the previous kernel has finished (programmatic dependent launch): at batch 1
-                 the time goes on latency, not arithmetic. For the MLP's gate/up weight (rows stored in
+  int4_gemv      out[n] = sum_k x[k] * (q[n,k] - z[n,k/G]) * s[n,k/G]. Each program requests all of its
+                 weights at once (up to 4 [blocks, rows, ints] tiles) and, on Hopper, before the previous kernel
+                 has finished (programmatic dependent launch); K is split across programs only when that
+                 doesn't cover it (fp32 partials, summed by the last split to finish). At batch 1 on a big GPU
+                 the time goes on latency and instruction issue, so the arithmetic is cut to a shift per two
+                 weights, an and-or and an FMA per weight (about 3.5 instructions per weight in all, against 7
+                 for our first version; Nsight Compute, H200). For the MLP's gate/up weight (rows stored in
                  pairs) it outputs SiLU(gate) * up directly.
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
-                 per nibble a run of activations; scales and zeros are read once per row and group.
+                 per nibble a run of activations; a packed block lies inside one group, so scales and zeros
+                 are read once per row and block.
 Prefill multiplies many rows by the same weights; there cuBLAS on a dense copy wins by far, so
   int4_dequantize      writes W as bf16/fp16 into a reusable scratch buffer (one write of W per linear);
-  int4pack_dequantize  does the same from torch's int4 tile layout (the default decode path on sm80+), once
-                       int4pack_dequantize_matches has checked it against torch's kernel on the GPU.
+  int4pack_dequantize  does the same from torch's int4 tile layout (torch's int4 decode path),
+                       once int4pack_dequantize_matches has checked it against torch's kernel on the GPU.
 
 Ints become floats with exponent tricks, not int->float conversions (a fraction of an FMA's throughput):
-the GEMV moves each nibble under the exponent of 1.0f (1 + q/16: a shift, an and-or, then the FMA); the
-dequantiser uses q | 0x4B000000 = 2**23 + q, exact.
+the GEMV puts nibbles under the exponents of 16.0f and 256.0f (16 + q, 256 + q: one and-or each, see
+_int4_dot_blocks); the dequantiser uses q | 0x4B000000 = 2**23 + q, exact.
 """
 
 from __future__ import annotations
@@ -196,11 +199,8 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 # (BLOCK_N rows, NB blocks per tile, num_warps, CHUNKS tiles per program): tried for each weight shape at
 # warm-up (int4_gemv_autotune); K is split into as many programs as it takes to cover it. From an H200 sweep
 # (benchmarks/profile_int4.py --sweep): the best few per shape of the R1-1.5B model.
-INT4_GEMV_CONFIGS = (
-    (64, 4, 4, 1), (64, 8, 8, 1), (64, 2, 4, 1), (256, 4, 8, 1), (128, 2, 4, 1), (64, 4, 4, 3), (32, 4, 2, 3),
-    (64, 2, 2, 3),
-)
-DEFAULT_INT4_GEMV = (64, 4, 4, 1)  # when warm-up did not tune (no CUDA graphs)
+INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3), (64, 2, 4, 1), (64, 4, 4, 3))
+DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # when warm-up did not tune (no CUDA graphs)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
