@@ -14,9 +14,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=4096, help="context length (KV cache size), tokens")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
-                   help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper and "
-                        "newer (the fastest measured), torch's int4 kernel on RTX 30xx/40xx, our Triton "
-                        "kernels on older GPUs")
+                   help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper "
+                        "(the fastest measured there), torch's int4 kernel on the other GPUs of compute "
+                        "capability 8.0+, our Triton kernels on older GPUs")
 
 
 def _progress_bar(stream):

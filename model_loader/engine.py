@@ -155,10 +155,10 @@ def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, f
                        capability: tuple | None = None) -> str | None:
     """Which int4 path an AWQ checkpoint runs on. capability: the CUDA GPU's (major, minor), read from dev when
     not given. By default:
-      - our Triton int4 kernels on Hopper and newer (sm90+) where Triton runs: fastest where measured (H200,
-        2026-12-02: 1004 tok/s against 814 for torch's int4 kernel, TTFT 5 vs 6 ms; docs/BENCHMARKS.md);
-      - torch's int4 kernel on sm80-89 in bf16 (what the 4-bit issue specifies; ours is not measured on those
-        GPUs), its prefill replaced by our dequantiser + cuBLAS where Triton runs (Linears);
+      - our Triton int4 kernels on Hopper (sm90) where Triton runs: fastest there (H200, 2026-12-02: 970
+        tok/s against 813 for torch's int4 kernel, TTFT 5.1 vs 6.1 ms; docs/BENCHMARKS.md);
+      - torch's int4 kernel on the other sm80+ GPUs in bf16 (what the 4-bit issue specifies; ours is not
+        measured on them yet), its prefill replaced by our dequantiser + cuBLAS where Triton runs (Linears);
       - our Triton kernels on older GPUs and in fp16; else None: dequantised to dense at load.
     forced ("torch", "triton", "dequantize") picks one; ModelError if it can't run here."""
     possible = {"dequantize": None}
@@ -172,7 +172,7 @@ def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, f
         return possible[forced]
     if capability is None and dev.type == "cuda":
         capability = torch.cuda.get_device_capability(dev)
-    if capability is not None and capability >= (9, 0) and "triton" in possible:
+    if capability is not None and capability[0] == 9 and "triton" in possible:
         return "triton"
     return possible.get("torch", possible.get("triton"))
 

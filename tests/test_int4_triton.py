@@ -107,14 +107,15 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
 
 
 def test_default_int4_path_follows_the_gpu_generation(monkeypatch):
-    """Hopper and newer: our Triton kernels (measured fastest there); sm80-89: torch's int4 kernel; either
-    can still be forced, and without Triton torch's kernel runs everywhere it can."""
+    """Hopper: our Triton kernels (measured fastest there); other sm80+ GPUs: torch's int4 kernel (the issue's
+    default, ours unmeasured there); either can be forced; without Triton torch's kernel runs where it can."""
     import model_loader.engine as engine_module
 
     monkeypatch.setattr(engine_module, "int4pack_supported", lambda dev: True)  # as on any CUDA sm80+ GPU
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(9, 0)) == "triton"
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(8, 6)) == "torch"
+    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(12, 0)) == "torch"
     assert choose_int4_layout(gpu, bf16, triton_ok=False, forced=None, capability=(9, 0)) == "torch"
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="torch", capability=(9, 0)) == "torch"
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="triton", capability=(8, 6)) == "triton"
