@@ -21,7 +21,6 @@ from typing import Iterator
 import torch
 
 from model_loader.awq import int4pack_supported
-from model_loader.linears import refine_in_step
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
@@ -74,11 +73,13 @@ class DecodeStep:
         self.token.copy_(nxt)
         self.pos.add_(1)
 
-    def _captured(self, mode: str, warm_steps: int = 2) -> torch.cuda.CUDAGraph:
+    def capture(self, mode: str) -> None:
+        if not self.use_graphs or mode in self.graphs:
+            return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(warm_steps):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
+            for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
                 self.pos.zero_()
                 self._step(mode, 0)
         torch.cuda.current_stream().wait_stream(stream)
@@ -86,31 +87,7 @@ class DecodeStep:
         self.pos.zero_()
         with torch.cuda.graph(graph), torch.inference_mode():
             self._step(mode, 0)
-        return graph
-
-    def capture(self, mode: str) -> None:
-        if not self.use_graphs or mode in self.graphs:
-            return
-        self.graphs[mode] = self._captured(mode)
-
-    def time_us(self, replays: int = 16, repeats: int = 2) -> float:
-        """GPU time of one greedy decode step with the kernels chosen now (a throwaway graph, replayed from
-        position 0 each repeat so every candidate sees the same attention lengths; the best repeat). Every
-        kernel it runs was compiled by the tuning before, so one eager step is warm-up enough."""
-        graph = self._captured("greedy", warm_steps=1)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        best = float("inf")
-        for _ in range(repeats):
-            self.pos.zero_()
-            graph.replay()  # settles clocks and caches after the capture
-            start.record()
-            for _ in range(replays):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1000.0 / replays)
-        del graph
-        return best
+        self.graphs[mode] = graph
 
     def run(self, mode: str, pos: int) -> None:
         graph = self.graphs.get(mode)
@@ -330,13 +307,8 @@ class Engine:
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
             if self.info.cuda_graphs:  # before any capture: the graphs record whichever GEMV wins
                 tuned = self.model.tune_gemv()
-                log.info("single-token GEMV per weight shape, timed alone: %s (us: %s)", tuned["choice"],
-                         tuned["timings_us"])
-                refined = refine_in_step(self.model.linear, self.step.time_us)
-                self.info.gemv = self.model.linear.choice_labels()
-                log.info("in the decode step: %.1f -> %.1f us per step (%s); GEMVs: %s",
-                         refined["step_us_before"], refined["step_us_after"], refined["changed"] or "no change",
-                         self.info.gemv)
+                self.info.gemv = dict(tuned["choice"])
+                log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)
             if self.prefill_graphs is not None:

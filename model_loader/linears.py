@@ -31,7 +31,6 @@ class Linears:
 
             split_counters(device)  # before any graph capture
         self.int4pack_prefill = False  # see enable_int4pack_prefill
-        self.alone_us: dict = {}  # (table, key) -> {config: us per call, timed alone}; see tune()
 
     @staticmethod
     def _int4_weights(weights: dict, kind=RowPackedInt4) -> list:
@@ -103,73 +102,20 @@ class Linears:
                     dense.setdefault(tuple(w.shape), []).append(w)
                 elif isinstance(w, RowPackedInt4):
                     int4.setdefault((w.shape, w.gate_up_pairs), []).append(w)
-        self.alone_us = {}
+        choice, timings = {}, {}
         if dense:
             result = gemv_autotune(dense)
             self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
-            self.alone_us.update({("dense", s): t for s, t in result["timings_us"].items()})
+            for (n, k), c in result["choice"].items():
+                choice[f"{n}x{k}"] = "cuBLAS" if c is None else f"triton {c}"
+                timings[f"{n}x{k}"] = result["timings_us"][(n, k)]
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv_autotune
 
             result = int4_gemv_autotune(int4, dtype)
             self.int4_choice = dict(result["choice"])
-            self.alone_us.update({("int4", key): t for key, t in result["timings_us"].items()})
-        return {"choice": self.choice_labels(),
-                "timings_us": {self._label(table, key): t for (table, key), t in self.alone_us.items()}}
-
-    @staticmethod
-    def _label(table: str, key) -> str:
-        if table == "dense":
-            return f"{key[0]}x{key[1]}"
-        (n, k), silu = key
-        return f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
-
-    def choice_labels(self) -> dict:
-        """{"NxK": "cuBLAS" / "triton CONFIG" / "triton int4 CONFIG"} for every tuned weight use."""
-        labels = {}
-        for table, key in self.alone_us:
-            config = self.get_choice(table, key)
-            labels[self._label(table, key)] = ("cuBLAS" if config is None else f"triton {config}") \
-                if table == "dense" else f"triton int4 {config}"
-        return labels
-
-    def get_choice(self, table: str, key):
-        """The config in use for a weight use: table "dense" (key: shape; None = cuBLAS) or "int4" (key:
-        (shape, SiLU output?))."""
-        return (self.gemv_choice if table == "dense" else self.int4_choice).get(key)
-
-    def set_choice(self, table: str, key, config) -> None:
-        choices = self.gemv_choice if table == "dense" else self.int4_choice
-        if config is None and table == "dense":
-            choices.pop(key, None)  # cuBLAS
-        else:
-            choices[key] = config
-
-    def runner_ups(self, top: int = 3) -> dict:
-        """{(table, key): the `top` fastest configs of that weight use when timed alone, fastest first}: the
-        candidates refine_in_step tries inside the whole decode step, biggest weights first."""
-        ranked = {use: sorted(t, key=t.get)[:top] for use, t in self.alone_us.items() if len(t) > 1}
-        return dict(sorted(ranked.items(), key=lambda item: -min(self.alone_us[item[0]].values())))
-
-
-def refine_in_step(linear: Linears, step_us, top: int = 3, min_gain: float = 0.005) -> dict:
-    """Each kernel was tuned alone, back to back with itself; inside the decode step it runs between other
-    kernels (and overlaps them under programmatic launch), where another config can be faster (H200: the
-    fastest gate/up config alone made the whole 4-bit step 3% slower). One pass of coordinate descent over
-    the runner-ups of each weight use, scored by step_us() (GPU time of one whole decode step with the
-    choices in force); a change is kept when it saves more than min_gain of the step, so noise doesn't
-    flip choices. Returns {"step_us_before", "step_us_after", "changed": {(table, key): config}}."""
-    best = before = step_us()
-    changed = {}
-    for (table, key), configs in linear.runner_ups(top).items():
-        current = linear.get_choice(table, key)
-        for config in configs:
-            if config == current:
-                continue
-            linear.set_choice(table, key, config)
-            us = step_us()
-            if us < best * (1.0 - min_gain):
-                best, current = us, config
-                changed[(table, key)] = config
-        linear.set_choice(table, key, current)
-    return {"step_us_before": before, "step_us_after": best, "changed": changed}
+            for ((n, k), silu), c in result["choice"].items():
+                label = f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
+                choice[label] = f"triton int4 {c}"
+                timings[label] = result["timings_us"][((n, k), silu)]
+        return {"choice": choice, "timings_us": timings}
