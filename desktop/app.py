@@ -52,16 +52,28 @@ def make_qsettings() -> QSettings:
     return QSettings()
 
 
-def build_window(args: argparse.Namespace):
-    from desktop.store import Store
+def build_window(args: argparse.Namespace, crash_log=None):
+    """The main window over the user's conversations. A database that can't be opened or fails its check is
+    moved aside (kept, never deleted) and a new one started; the window says where the old one went. With a
+    crash log, a run that ended without closing is reported in a banner too."""
+    from desktop.store import open_store
     from desktop.window import MainWindow
 
-    store = Store(data_dir() / "conversations.sqlite3")
+    previous = crash_log.collect_previous() if crash_log is not None else None
+    if crash_log is not None:
+        crash_log.start()
+    store, moved_aside = open_store(data_dir() / "conversations.sqlite3")
     qs = make_qsettings()
     if args.theme:
         qs.setValue("settings/theme", args.theme)
     max_new = args.max_new_tokens or (256 if args.self_test else None)
-    return MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new)
+    win = MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new)
+    win.crash_log = crash_log
+    if moved_aside is not None:
+        win.show_database_moved(moved_aside)
+    if previous is not None:
+        win.show_previous_crash(previous)
+    return win
 
 
 class SelfTest:
@@ -137,10 +149,17 @@ def main(argv=None) -> int:
 
     import qasync
 
+    from desktop.crashlog import CrashLog
     from desktop.gcguard import GuiThreadGC
 
+    # The GUI thread holds the GIL for every Python line and every Qt call it makes; the engine thread needs it
+    # for a moment between tokens (1-1.5 ms apart on a fast GPU). Python hands the GIL over only after the
+    # switch interval (5 ms by default) of the other thread's bytecode: shorten it so rendering can never hold
+    # the decode loop back by more than about a token.
+    sys.setswitchinterval(0.0005)
     app._r1desk_gc = GuiThreadGC(parent=app)  # lives as long as the app: collects on the GUI thread
-    win = build_window(args)
+    crash_log = CrashLog(data_dir() / "logs")
+    win = build_window(args, crash_log)
     win.hard_exit_on_stuck_thread = True
     win.show()
     test = SelfTest(win, args) if args.self_test else None
@@ -153,6 +172,7 @@ def main(argv=None) -> int:
     with loop:
         loop.run_until_complete(done.wait())
     win.store.close()
+    crash_log.stop()
     if test is not None:
         return test.code if test.code is not None else 1
     return 0

@@ -8,6 +8,7 @@ last commits. So a kill mid-reply loses at most the last second of that reply an
 
 from __future__ import annotations
 
+import datetime
 import json
 import sqlite3
 import time
@@ -48,6 +49,10 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
+        check = self.db.execute("PRAGMA quick_check").fetchone()[0]  # O(size); milliseconds for a chat history
+        if check != "ok":
+            self.db.close()
+            raise CorruptDatabaseError(f"the conversations database failed its check: {check}")
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:
@@ -142,6 +147,40 @@ class Store:
                     out += ["<details><summary>Reasoning</summary>", "", quoted, "", "</details>", ""]
                 out += [m["answer"] if (m["answer"] or m["reasoning"]) else m["content"], ""]
         return "\n".join(out).rstrip() + "\n"
+
+
+class CorruptDatabaseError(sqlite3.DatabaseError):
+    """The file is not a SQLite database, or its pages are damaged."""
+
+
+def _is_corrupt(err: sqlite3.Error) -> bool:
+    # SQLITE_CORRUPT (11) or SQLITE_NOTADB (26); not "can't open" or "disk full", which moving aside won't fix
+    return isinstance(err, CorruptDatabaseError) or getattr(err, "sqlite_errorcode", None) in (11, 26) or (
+        type(err) is sqlite3.DatabaseError)
+
+
+def open_store(path: str | Path) -> tuple[Store, Path | None]:
+    """Store(path), or, when that file is corrupt, a new empty Store after moving the damaged file (and its
+    -wal/-shm companions) aside as conversations-corrupt-<time>.sqlite3: (store, where it went | None).
+    Other errors (no permission, a full disk) propagate: moving the file would not help."""
+    path = Path(path)
+    try:
+        return Store(path), None
+    except sqlite3.DatabaseError as err:
+        if not _is_corrupt(err):
+            raise
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.stem}-corrupt-{stamp}{path.suffix}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.stem}-corrupt-{stamp}-{n}{path.suffix}")
+    path.rename(aside)
+    for extra in ("-wal", "-shm"):
+        companion = Path(str(path) + extra)
+        if companion.exists():
+            companion.rename(Path(str(aside) + extra))
+    return Store(path), aside
 
 
 def _json(value) -> str | None:

@@ -5,14 +5,17 @@ worker's thread (it needs torch) and reports progress back here; Cancel stops it
 
 Finding models scans r1desk's models folder and the Hugging Face cache (model_loader.locate, which never
 touches the network and never imports torch); it runs on a pool thread so a large cache can't freeze the
-window, and reports back through a queued signal.
+window, and reports back through a queued signal. It is a plain Python thread, not a QThreadPool job: a pool
+thread runs Python only inside short-lived thread states (see desktop/worker.py for why that is dangerous).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
+import threading
+
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget)
 
@@ -26,24 +29,20 @@ class _ScanSignals(QObject):
     done = Signal(object)  # list of (path, label)
 
 
-class _Scan(QRunnable):
-    def __init__(self, signals: _ScanSignals):
-        super().__init__()
-        self.signals = signals
+def _scan(signals: _ScanSignals) -> None:
+    """Runs on its own thread; the result reaches the GUI through the queued `done` signal."""
+    found = []
+    try:
+        from model_loader.locate import find_local_models
 
-    def run(self) -> None:
-        found = []
-        try:
-            from model_loader.locate import find_local_models
-
-            for m in find_local_models():
-                cfg = m.config
-                size = sum(s.stat().st_size for s in m.shards) / 2**30
-                layers = getattr(cfg, "num_hidden_layers", "?")
-                found.append((str(m.path), f"{_pretty_name(m.path)}  ·  {layers} layers  ·  {size:.1f} GB",))
-        except Exception:  # an unreadable cache is "nothing found", not a crash
-            pass
-        self.signals.done.emit(found)
+        for m in find_local_models():
+            cfg = m.config
+            size = sum(s.stat().st_size for s in m.shards) / 2**30
+            layers = getattr(cfg, "num_hidden_layers", "?")
+            found.append((str(m.path), f"{_pretty_name(m.path)}  ·  {layers} layers  ·  {size:.1f} GB",))
+    except Exception:  # an unreadable cache is "nothing found", not a crash
+        pass
+    signals.done.emit(found)
 
 
 def _pretty_name(path) -> str:
@@ -181,7 +180,7 @@ class WelcomePage(QWidget):
         placeholder = QListWidgetItem("Searching…")
         placeholder.setFlags(Qt.NoItemFlags)
         self.found.addItem(placeholder)
-        QThreadPool.globalInstance().start(_Scan(self._signals))
+        threading.Thread(target=_scan, args=(self._signals,), name="r1desk-model-scan", daemon=True).start()
 
     def _on_found(self, found: list) -> None:
         self.scanning = False

@@ -12,10 +12,11 @@ decode loop checks before every token, called directly (the worker's event queue
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
                                QProgressBar, QPushButton, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
@@ -180,6 +181,10 @@ class MainWindow(QMainWindow):
         self._closing = False
         self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
+        self.crash_log = None  # app.main's CrashLog: stopped (a clean exit) before a hard exit too
+        # Reply fields the store could not write (a full disk): msg id -> fields, retried until they are saved.
+        # The window shows them meanwhile, also when the conversation is opened again.
+        self.unsaved: dict[int, dict] = {}
 
         from desktop.mathimg import prewarm_in_background
 
@@ -189,6 +194,9 @@ class MainWindow(QMainWindow):
         self.save_timer = QTimer(self)
         self.save_timer.setInterval(int(Store.FLUSH_S * 1000))
         self.save_timer.timeout.connect(self._save_partial)
+        self.retry_timer = QTimer(self)
+        self.retry_timer.setInterval(2000)
+        self.retry_timer.timeout.connect(self._retry_unsaved)
         self.apply_theme()
         hints = QGuiApplication.styleHints()
         if hasattr(hints, "colorSchemeChanged"):
@@ -534,7 +542,7 @@ class MainWindow(QMainWindow):
         self.chat.clear()
         for m in self.store.messages(conv_id):
             if m["role"] != "system":
-                self.chat.add_message(m)
+                self.chat.add_message({**m, **self.unsaved.get(m["id"], {})})
         if keep_scroll:
             QTimer.singleShot(0, lambda: self.chat.verticalScrollBar().setValue(pos))
         else:
@@ -619,12 +627,17 @@ class MainWindow(QMainWindow):
             self.store.delete_from(self.conv_id, self.editing_msg_id)  # edit & resend replaces the tail
             self.chat.remove_from(self.editing_msg_id)
             self._set_editing(None)
-        if self.conv_id is None:
-            title = " ".join(text.split())[:48] + ("…" if len(text) > 48 else "")
-            self.conv_id = self.store.create_conversation(title)
-            self.title_label.setText(title)
-            self.qs.setValue("window/last_conversation", self.conv_id)
-        msg_id = self.store.add_message(self.conv_id, "user", text)
+        try:
+            if self.conv_id is None:
+                title = " ".join(text.split())[:48] + ("…" if len(text) > 48 else "")
+                self.conv_id = self.store.create_conversation(title)
+                self.title_label.setText(title)
+                self.qs.setValue("window/last_conversation", self.conv_id)
+            msg_id = self.store.add_message(self.conv_id, "user", text)
+        except sqlite3.Error as err:  # a full disk, a read-only folder: nothing is lost, nothing is sent
+            self.banner.show_message("save_failed", f"Could not save your message ({err}), so it was not sent. "
+                                                     "It is still in the box; free some disk space and send again.")
+            return False
         self.chat.add_message(self.store.message(msg_id))
         self.composer.edit.clear()
         self.refresh_list()
@@ -653,7 +666,13 @@ class MainWindow(QMainWindow):
 
         history = self._history()
         settings = self.sampling()
-        self.reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", complete=False, settings=settings)
+        try:
+            self.reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", complete=False,
+                                                       settings=settings)
+        except sqlite3.Error as err:
+            self.banner.show_message("save_failed", f"Could not start the reply: saving it failed ({err}). Free "
+                                                     "some disk space, then use Regenerate or send again.")
+            return
         widget = self.chat.add_message(self.store.message(self.reply_msg_id))
         self.chat.scroll_to_bottom()
         self.stream = ReplyStream(widget)
@@ -701,8 +720,8 @@ class MainWindow(QMainWindow):
             return
         content = _content(s.reasoning, s.answer)
         if content != self._last_saved:
-            self.store.update_message(self.reply_msg_id, content=content, reasoning=s.reasoning, answer=s.answer)
             self._last_saved = content
+            self._write_reply(self.reply_msg_id, dict(content=content, reasoning=s.reasoning, answer=s.answer))
 
     def _on_finished(self, gen_id: int, result: dict) -> None:
         if gen_id != self.gen_id or self.stream is None:
@@ -714,10 +733,10 @@ class MainWindow(QMainWindow):
         if self.engine_info:
             stats["model"] = self.engine_info.get("model_name")
             stats["device"] = self.engine_info.get("device_name")
-        self.store.update_message(self.reply_msg_id, content=result["text"], reasoning=result["reasoning"],
-                                  answer=result["answer"], complete=True, stats=stats)
-        self.store.touch(self.conv_id)
-        msg = self.store.message(self.reply_msg_id)
+        fields = dict(content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True,
+                      stats=stats)
+        self._write_reply(self.reply_msg_id, fields, touch=self.conv_id)
+        msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}), **fields}
         self._end_reply(msg)
         self.live.finish_reply(stats)
         if stats.get("finish_reason") == "context_full":
@@ -731,12 +750,16 @@ class MainWindow(QMainWindow):
             return
         s = self.stream
         if s.reasoning or s.answer:  # keep what was written; say why it stopped
-            self.store.update_message(self.reply_msg_id, content=_content(s.reasoning, s.answer),
-                                      reasoning=s.reasoning, answer=s.answer, complete=True,
-                                      stats={"finish_reason": "error", "error": message})
-            msg = self.store.message(self.reply_msg_id)
+            fields = dict(content=_content(s.reasoning, s.answer), reasoning=s.reasoning, answer=s.answer,
+                          complete=True, stats={"finish_reason": "error", "error": message})
+            self._write_reply(self.reply_msg_id, fields)
+            msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}),
+                   **fields}
         else:
-            self.store.delete_message(self.reply_msg_id)
+            try:
+                self.store.delete_message(self.reply_msg_id)
+            except sqlite3.Error:
+                pass  # an empty, incomplete row: harmless if it stays
             self.chat.remove(self.reply_msg_id)
             msg = None
         self._end_reply(msg)
@@ -750,6 +773,52 @@ class MainWindow(QMainWindow):
         else:
             self.banner.show_message("generate", f"The reply failed: {message}")
         self.reply_failed.emit(kind, message)
+
+    # ------------------------------------------------------------------ saving replies
+    def _write_reply(self, msg_id: int, fields: dict, touch: int | None = None) -> bool:
+        """Write a reply's fields (with any that an earlier write could not save); on failure keep them for
+        the retry timer and say so. The reply stays in the window either way."""
+        pending = {**self.unsaved.get(msg_id, {}), **fields}
+        try:
+            columns = {k: v for k, v in pending.items() if k != "touch"}
+            if columns:
+                self.store.update_message(msg_id, **columns)
+            if touch is not None or pending.get("touch") is not None:
+                self.store.touch(touch if touch is not None else pending["touch"])
+        except sqlite3.Error as err:
+            if touch is not None:
+                pending["touch"] = touch
+            self.unsaved[msg_id] = pending
+            if self.banner.kind != "save_failed" or not self.banner.isVisible():
+                self.banner.show_message("save_failed", f"Could not save the reply ({err}). It stays in this "
+                                                         "window and r1desk keeps trying; free some disk space.")
+            self.retry_timer.start()
+            return False
+        if self.unsaved.pop(msg_id, None) is not None and not self.unsaved and self.banner.kind == "save_failed":
+            self.banner.show_message("saved", "Saved: the reply that could not be written earlier is stored now.")
+        return True
+
+    def _retry_unsaved(self) -> None:
+        for msg_id in list(self.unsaved):
+            if not self._write_reply(msg_id, {}):
+                return
+        self.retry_timer.stop()
+
+    def show_previous_crash(self, crash) -> None:
+        """The last run ended without closing (desktop.crashlog): say so, where the log is, and that the
+        conversations are intact (the store writes a reply as it grows)."""
+        how = "crashed" if crash.fatal else "closed unexpectedly"
+        when = crash.when.strftime("%Y-%m-%d %H:%M")
+        self.banner.show_message(
+            "crash", f"r1desk {how} last time ({when}). Your conversations were kept, including the reply that "
+                     f"was being written. The crash log is at {crash.log_path}.",
+            [("Open log folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(crash.log_path.parent))))])
+
+    def show_database_moved(self, aside: Path) -> None:
+        self.banner.show_message(
+            "database", f"The conversations database was damaged, so r1desk started a new one. The old file is "
+                        f"kept at {aside}.",
+            [("Open folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(aside.parent))))])
 
     def _context_full_banner(self, text: str) -> None:
         self.banner.show_message("context_full", text + " Start a new chat to continue.",
@@ -891,16 +960,20 @@ class MainWindow(QMainWindow):
             QApplication.processEvents()
         if self.stream is not None and self.reply_msg_id is not None:
             s = self.stream
-            self.store.update_message(self.reply_msg_id, content=_content(s.reasoning, s.answer),
-                                      reasoning=s.reasoning, answer=s.answer, complete=True,
-                                      stats={"finish_reason": "cancelled"})
+            self._write_reply(self.reply_msg_id, dict(content=_content(s.reasoning, s.answer), reasoning=s.reasoning,
+                                                      answer=s.answer, complete=True,
+                                                      stats={"finish_reason": "cancelled"}))
             self._end_reply(None)
+        self._retry_unsaved()  # a last try for anything a full disk held back
+        self.retry_timer.stop()
         self.live.timer.stop()
         event.accept()
         if not joined and self.hard_exit_on_stuck_thread:
             # A load that can't be interrupted (a slow disk read, a warm-up) must not keep the process alive:
             # everything is saved, so leave now rather than hang.
             self.store.close()
+            if self.crash_log is not None:
+                self.crash_log.stop()  # this is a deliberate exit, not a crash
             os._exit(0)
 
 

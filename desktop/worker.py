@@ -5,6 +5,22 @@ Why only queued signals: the GUI thread owns all widgets and the SQLite connecti
 The worker imports model_loader (and so torch) lazily inside its slots, on its own thread, so the window is
 on screen before the multi-second torch import starts.
 
+Why the thread's event loop is started from Python (EngineThread.run): a plain QThread runs its loop in C++, so
+every queued slot call enters Python through PyGILState_Ensure and leaves through PyGILState_Release, which
+creates a Python thread state before the call and frees it after. Anything that keeps that thread state between
+calls then holds a dangling pointer. pybind11 without its PR #5870 (the one bundled with torch 2.11) does exactly
+that: the thread whose thread state first initialises pybind11's internals (here `import torch`, inside the first
+load) has it stored in pybind11's thread-local slot, and every later gil_scoped_acquire on that thread (torch
+releasing a tensor's Python object, among many) uses the freed thread state: heap corruption ("double free or
+corruption", "smallbin double linked list corrupted") at random places in both threads (pybind11 issue #2888,
+fixed by PR #5870). Python-level thread-locals were also wiped between jobs. A run() written in Python holds one
+thread state for the thread's whole life; queued slot calls then nest inside it. run() also pins that thread
+state past its own return, because C++ thread-local destructors (torch's) may still take the GIL through the
+stored pointer while the thread exits.
+
+Deltas are coalesced here (DeltaCoalescer): at 700-1,000 tokens/s one queued signal per token costs both threads
+GIL time for nothing, since the window paints at most once a frame.
+
 Cancel and stop-thinking do not go through the event queue (the worker is busy in the decode loop and would
 never see a queued call): the GUI calls GenerationControl.cancel()/stop_thinking() directly; both are
 thread-safe flags the engine checks before every token.
@@ -18,6 +34,62 @@ import time
 import traceback
 
 from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+
+
+DELTA_INTERVAL_S = 1 / 240  # the worker joins deltas arriving closer than this into one signal
+
+
+class EngineThread(QThread):
+    """The engine's QThread, its event loop run from Python so that one Python thread state lives as long as
+    the thread (see the module docstring: pybind11 keeps a pointer to it)."""
+
+    def run(self) -> None:
+        _pin_thread_state()
+        self.exec()
+
+
+def _pin_thread_state() -> None:
+    """Take this thread's GIL state once more without ever giving it back, so Python does not free the thread
+    state when run() returns: it outlives the thread's C++ thread-local destructors, which may still use it.
+    Costs one thread state (a few KB) per engine thread, freed when the interpreter exits."""
+    import ctypes
+
+    ctypes.pythonapi.PyGILState_Ensure.restype = ctypes.c_int
+    ctypes.pythonapi.PyGILState_Ensure()
+
+
+class DeltaCoalescer:
+    """Joins consecutive text deltas of one kind so the GUI gets at most one signal per `interval_s`.
+
+    The first delta of a reply goes out at once (time to first token is visible), a change of kind flushes
+    (the GUI folds reasoning when the answer starts), and flush() sends whatever is left before Finished or
+    an error, so no text is ever held back or lost."""
+
+    def __init__(self, emit, interval_s: float = DELTA_INTERVAL_S, clock=time.monotonic):
+        self.emit = emit  # emit(text, kind, token_count)
+        self.interval_s = interval_s
+        self.clock = clock
+        self.parts: list[str] = []
+        self.kind: str | None = None
+        self.token_count = 0
+        self.last = float("-inf")
+
+    def add(self, text: str, kind: str, token_count: int) -> None:
+        if self.parts and kind != self.kind:
+            self.flush()
+        self.parts.append(text)
+        self.kind = kind
+        self.token_count = token_count
+        now = self.clock()
+        if now - self.last >= self.interval_s:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if self.parts:
+            text = self.parts[0] if len(self.parts) == 1 else "".join(self.parts)
+            self.parts = []
+            self.emit(text, self.kind, self.token_count)
+            self.last = self.clock() if now is None else now
 
 
 class LoadAborted(Exception):
@@ -57,6 +129,7 @@ class EngineWorker(QObject):
         super().__init__()
         self.engine = None
         self.engine_factory = None  # tests/screenshots: callable(request, progress) -> engine-like object
+        self.delta_interval_s = DELTA_INTERVAL_S  # 0: one signal per engine delta (the stress test's setting)
         self._abort_load = threading.Event()
         self._abort_quantize = threading.Event()
 
@@ -198,24 +271,31 @@ class EngineWorker(QObject):
             return
         fields = {f.name for f in dataclasses.fields(SamplingSettings)}
         sampling = SamplingSettings(**{k: v for k, v in settings.items() if k in fields})
+        coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
+                                   self.delta_interval_s)
         try:
             for event in self.engine.generate(messages, sampling, control):
                 if isinstance(event, Delta):
-                    self.delta.emit(gen_id, event.text, event.kind, int(event.token_count))
+                    coalescer.add(event.text, event.kind, int(event.token_count))
                 elif isinstance(event, Started):  # the prompt is prefilled: context use is known before token 1
                     self.started.emit(gen_id, _asdict(event))
                 elif isinstance(event, Finished):
+                    coalescer.flush()
                     result = _asdict(event)
                     result.pop("token_ids", None)  # not needed by the GUI; keeps the signal payload small
                     self.finished.emit(gen_id, result)
         except ContextFullError as err:
+            coalescer.flush()  # the text written so far reaches the window before the error does
             self.failed.emit(gen_id, "context_full", str(err))
         except OutOfMemoryError as err:
+            coalescer.flush()
             self._free_device_memory()
             self.failed.emit(gen_id, "oom", str(err))
         except ModelError as err:
+            coalescer.flush()
             self.failed.emit(gen_id, "generate", str(err))
         except Exception as err:
+            coalescer.flush()
             traceback.print_exc()
             self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
 
@@ -256,7 +336,7 @@ class EngineHost(QObject):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.thread = QThread()
+        self.thread = EngineThread()
         self.thread.setObjectName("r1desk-engine")
         self.worker = EngineWorker()
         self.worker.moveToThread(self.thread)

@@ -35,6 +35,10 @@ from model_loader.weights import load_weights
 log = logging.getLogger(__name__)
 
 STOP_THINKING_TEXT = "\n</think>\n\n"
+# Decode steps kept queued on the GPU while the host waits for the oldest: each one is ~1-1.5 ms of GPU work
+# that covers a host stall (the GIL held by another thread, a slow detokenizer step) without the GPU idling.
+# A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens.
+QUEUED_STEPS = 3
 OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
 
@@ -463,13 +467,14 @@ class Engine:
             launched = 0
             received = 1  # tokens of this pass on the host (the first came from prefill)
             pending: collections.deque = collections.deque()
-            ring = torch.empty(4, dtype=torch.int64, pin_memory=on_cuda)
-            events = [torch.cuda.Event() for _ in range(4)] if on_cuda else []
+            ring_size = QUEUED_STEPS + 2  # a slot is rewritten only after the host has read it
+            ring = torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+            events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
             inject = False
 
             def launch():
                 nonlocal launched
-                slot = launched % 4
+                slot = launched % ring_size
                 self.step.run(mode, n_seq + launched)
                 ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
                 if on_cuda:
@@ -479,7 +484,7 @@ class Engine:
 
             while finish is None:
                 # Keep one step queued beyond the one we wait for, so the GPU never waits on the host.
-                while launched < limit and len(pending) < 2:
+                while launched < limit and len(pending) < QUEUED_STEPS:
                     launch()
                 if control.cancelled:
                     finish = "cancelled"

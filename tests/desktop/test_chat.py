@@ -59,6 +59,7 @@ def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_wi
 def test_deltas_are_coalesced_into_frames(qtbot, make_window):
     engine = FakeEngine(token_s=0.0002)  # ~5000 tok/s: far more deltas than frames
     win = make_window(engine=engine)
+    win.host.worker.delta_interval_s = 0  # one signal per engine delta: the GUI alone must coalesce them
     deltas = []
     win.host.worker.delta.connect(lambda *a: deltas.append(a))
     with qtbot.waitSignal(win.reply_finished, timeout=20000):
