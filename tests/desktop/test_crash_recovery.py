@@ -1,0 +1,208 @@
+"""If it ever crashes anyway: the crash log and the notice on the next start; a corrupt conversations database
+moved aside; a full disk while a reply is saved."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _child(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=dict(os.environ, QT_QPA_PLATFORM="offscreen", **env))
+
+
+SEGFAULT_IN_A_FUNCTION = """
+    import faulthandler
+    from PySide6.QtCore import QCoreApplication
+    from desktop.crashlog import CrashLog
+    app = QCoreApplication([])
+    log = CrashLog({folder!r})
+    log.start()
+    def deep_inside_a_reply():
+        faulthandler._sigsegv()
+    deep_inside_a_reply()
+"""
+
+
+def test_a_crash_leaves_a_log_and_the_next_start_says_where(qtbot, profile):
+    from desktop.app import build_window, parse_args
+    from desktop.crashlog import CrashLog
+
+    logs = profile / "data" / "logs"
+    out = _child(SEGFAULT_IN_A_FUNCTION.format(folder=str(logs)))
+    assert out.returncode != 0  # it really died
+    (session_log,) = logs.glob("session-*.log")
+    text = session_log.read_text()
+    assert "Segmentation fault" in text and "deep_inside_a_reply" in text  # faulthandler's Python stack
+
+    crash_log = CrashLog(logs)
+    win = build_window(parse_args([]), crash_log)
+    qtbot.addWidget(win)
+    try:
+        (kept,) = logs.glob("crash-*.log")  # renamed so the next start does not report it again
+        assert kept.read_text() == text
+        assert [p.name for p in logs.glob("session-*.log")] == [crash_log.path.name]  # this run's own log
+        assert win.banner.kind == "crash" and not win.banner.isHidden()
+        message = win.banner.label.text()
+        assert "crashed last time" in message and str(kept) in message and "conversations were kept" in message
+        assert [b.text() for b in win.banner.action_buttons()] == ["Open log folder"]
+    finally:
+        win.close()
+        win.store.close()
+        crash_log.stop()
+    assert not list(logs.glob("session-*"))  # a clean exit leaves nothing behind
+    assert CrashLog(logs).collect_previous() is None  # and the crash is reported once only
+
+
+def test_a_running_window_is_not_mistaken_for_a_crash(profile):
+    """Two windows at once: the second must not report the first (whose lock is held) as crashed."""
+    from desktop.crashlog import CrashLog
+
+    logs = profile / "data" / "logs"
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from PySide6.QtCore import QCoreApplication
+        from desktop.crashlog import CrashLog
+        app = QCoreApplication([])
+        log = CrashLog({str(logs)!r}); log.start()
+        print("started", flush=True)
+        sys.stdin.readline()
+        log.stop()
+        print("stopped", flush=True)
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdout.readline().strip() == "started"
+        assert CrashLog(logs).collect_previous() is None
+        assert len(list(logs.glob("session-*.log"))) == 1  # untouched
+    finally:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "stopped"
+        child.wait(30)
+    assert child.returncode == 0 and not list(logs.iterdir())
+
+
+def test_a_killed_run_is_reported_as_closed_unexpectedly(profile):
+    from desktop.crashlog import CrashLog
+
+    logs = profile / "data" / "logs"
+    out = _child(f"""
+        import os, signal
+        from PySide6.QtCore import QCoreApplication
+        from desktop.crashlog import CrashLog
+        app = QCoreApplication([])
+        CrashLog({str(logs)!r}).start()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert out.returncode == -9
+    crash = CrashLog(logs).collect_previous()
+    assert crash is not None and not crash.fatal and crash.log_path.name.startswith("crash-")
+
+
+# ---------------------------------------------------------------------------------------------- the database
+def test_a_database_that_is_not_one_is_moved_aside_and_the_app_starts(qtbot, profile):
+    from desktop.app import build_window, parse_args
+
+    db = profile / "data" / "conversations.sqlite3"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a database " * 200)
+    win = build_window(parse_args([]))
+    qtbot.addWidget(win)
+    try:
+        (aside,) = db.parent.glob("conversations-corrupt-*.sqlite3")
+        assert aside.read_bytes() == b"this is not a database " * 200  # kept as it was
+        assert win.banner.kind == "database" and str(aside) in win.banner.label.text()
+        assert win.store.conversations() == []
+        win.store.create_conversation("works")  # a usable, new database
+    finally:
+        win.close()
+        win.store.close()
+
+
+def test_a_database_with_damaged_pages_is_moved_aside(tmp_path):
+    from desktop.store import Store, open_store
+
+    path = tmp_path / "conversations.sqlite3"
+    store = Store(path)
+    cid = store.create_conversation("x")
+    for i in range(300):
+        store.add_message(cid, "user", f"message {i} " * 40)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    raw = bytearray(path.read_bytes())
+    page = 4096
+    for p in range(2, len(raw) // page):  # scribble over every page's header after the first two
+        raw[p * page:p * page + 16] = b"\xde\xad\xbe\xef" * 4
+    path.write_bytes(bytes(raw))
+    store, aside = open_store(path)
+    assert aside is not None and aside.exists() and store.conversations() == []
+    store.close()
+
+
+def test_a_database_that_cannot_be_opened_is_not_moved(tmp_path):
+    """No permission is not corruption: moving the file would hide the user's history for nothing."""
+    from desktop.store import open_store
+
+    folder = tmp_path / "data"
+    (folder / "conversations.sqlite3").mkdir(parents=True)  # a directory where the file should be
+    try:
+        open_store(folder / "conversations.sqlite3")
+    except sqlite3.OperationalError:
+        pass
+    else:
+        raise AssertionError("opening a directory as the database should fail")
+    assert not list(folder.glob("*corrupt*"))
+
+
+# ---------------------------------------------------------------------------------------------- a full disk
+def test_a_full_disk_while_a_reply_is_saved_keeps_it_in_the_window(qtbot, make_window):
+    """SQLite's own limit (max_page_count) makes every write that grows the file fail with 'database or disk is
+    full', as a full disk does. The reply goes on, stays in the window, a banner says why; when there is room
+    again it is saved."""
+    from fakes import ANSWER, REASONING, FakeEngine
+
+    engine = FakeEngine(token_s=0.002)
+    win = make_window(engine=engine)
+    with qtbot.waitSignal(win.reply_finished, timeout=20000):
+        assert win.send("first")  # the conversation and its rows exist before the disk fills
+    pages = win.store.db.execute("PRAGMA page_count").fetchone()[0]
+    win.store.db.execute(f"PRAGMA max_page_count = {pages}")
+    engine.reasoning = REASONING * 6  # a reply that can't fit in the pages that are left
+    with qtbot.waitSignal(win.reply_finished, timeout=30000) as blocker:
+        assert win.send("second")
+    msg = blocker.args[0]
+    assert msg["reasoning"] == REASONING * 6 and msg["answer"] == ANSWER  # the window has all of it
+    assert win.banner.kind == "save_failed" and "disk is full" in win.banner.label.text()
+    assert msg["id"] in win.unsaved
+    stored = win.store.message(msg["id"])
+    assert len(stored["reasoning"]) < len(REASONING * 6)  # the disk really refused it
+    shown = win.chat.widget_for(msg["id"])
+    assert shown is not None and shown.answer == ANSWER
+    win.open_conversation(win.conv_id)  # reopening the chat shows the reply from memory, not the stale row
+    assert win.chat.widget_for(msg["id"]).answer == ANSWER
+
+    win.store.db.execute("PRAGMA max_page_count = 1073741823")  # room again
+    qtbot.waitUntil(lambda: not win.unsaved, timeout=10000)  # the retry timer writes it
+    stored = win.store.message(msg["id"])
+    assert stored["complete"] and stored["reasoning"] == REASONING * 6 and stored["answer"] == ANSWER
+    assert win.banner.kind == "saved"
+
+
+def test_a_full_disk_when_sending_keeps_the_message_in_the_box(qtbot, make_window):
+    from fakes import FakeEngine
+
+    win = make_window(engine=FakeEngine(token_s=0.002))
+    pages = win.store.db.execute("PRAGMA page_count").fetchone()[0]
+    win.store.db.execute(f"PRAGMA max_page_count = {pages}")
+    text = "a question that will not fit " * 200
+    win.composer.set_text(text)
+    assert not win.send()
+    assert win.composer.text() == text and win.stream is None
+    assert win.banner.kind == "save_failed" and "still in the box" in win.banner.label.text()
