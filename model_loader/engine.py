@@ -37,8 +37,12 @@ log = logging.getLogger(__name__)
 STOP_THINKING_TEXT = "\n</think>\n\n"
 # Decode steps kept queued on the GPU while the host waits for the oldest: each one is ~1-1.5 ms of GPU work
 # that covers a host stall (the GIL held by another thread, a slow detokenizer step) without the GPU idling.
-# A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens.
-QUEUED_STEPS = 3
+# A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens. Four
+# (not two) because the window's GUI thread takes the GIL for up to a few ms at a time (a Qt call such as
+# setHtml holds it throughout): measured with benchmarks/window_overhead.py, 2 -> 94%, 3 -> 98%, 4 -> 99.6% of
+# the decode speed without a window at 1.4 ms a step. Cancel and stop-thinking wait for the queued steps
+# (4 x 1-1.5 ms) before they take effect.
+QUEUED_STEPS = 4
 OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
 
