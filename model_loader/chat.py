@@ -127,7 +127,9 @@ class ReasoningSplitter:
                 return []
             if stripped.startswith(THINK_OPEN):
                 buf = stripped[len(THINK_OPEN):]
-            self._seen_text = bool(buf)
+                self._seen_text = True  # only one leading tag is dropped, however the deltas are cut
+            else:
+                self._seen_text = bool(buf)
         out: list[tuple[str, str]] = []
         idx = buf.find(THINK_CLOSE)
         if idx >= 0:

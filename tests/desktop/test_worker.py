@@ -132,3 +132,28 @@ win.close()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "torch imported at show: False" in out.stdout, out.stdout + out.stderr
     assert "ready: ready torch imported: True" in out.stdout, out.stdout + out.stderr
+
+
+def test_deltas_are_joined_per_interval_without_losing_or_reordering_text():
+    from desktop.worker import DeltaCoalescer
+
+    now = [0.0]
+    sent = []
+    c = DeltaCoalescer(lambda text, kind, n: sent.append((text, kind, n)), interval_s=0.01, clock=lambda: now[0])
+    c.add("a", "reasoning", 1)  # the first goes out at once: time to first token stays visible
+    assert sent == [("a", "reasoning", 1)]
+    for i, piece in enumerate("bcd"):
+        now[0] += 0.001
+        c.add(piece, "reasoning", 2 + i)
+    assert len(sent) == 1  # held: within the interval
+    now[0] += 0.001
+    c.add("X", "answer", 5)  # a change of kind sends what was held, then holds the new kind
+    assert sent[-1] == ("bcd", "reasoning", 4)
+    now[0] += 0.02
+    c.add("Y", "answer", 6)  # past the interval: out with what was held
+    assert sent[-1] == ("XY", "answer", 6)
+    c.add("Z", "answer", 7)
+    c.flush()
+    assert sent[-1] == ("Z", "answer", 7)
+    c.flush()
+    assert "".join(t for t, _, _ in sent) == "abcdXYZ" and len(sent) == 4
