@@ -135,3 +135,34 @@ def test_old_r1_template_without_think_gets_it_appended(tiny_model, tmp_path):
 
 def test_stop_ids_include_end_of_sentence(chat):
     assert 151643 in chat.stop_ids
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # the classic escape to every class in the process
+    "{{ raise_exception.__globals__ }}",  # a function's globals: the module, its imports, os
+    "{{ messages.__class__.__init__ }}",
+    "{% set _ = messages.append({'role': 'user', 'content': 'x'}) %}{{ messages }}",  # mutating the input
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+])
+def test_a_chat_template_reaching_outside_its_sandbox_is_refused(tiny_model, tmp_path, template):
+    """Chat templates come with downloaded models: untrusted input. The Jinja sandbox must refuse attribute
+    walks to Python internals (an error, or nothing rendered where they would be) and mutation of what it is
+    given. A plain jinja2.Environment renders a function's globals, lists every class, even runs `id`."""
+    import re
+
+    from model_loader.errors import ModelError
+
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    shutil.copy(tiny_model / "tokenizer.json", folder)
+    shutil.copy(tiny_model / "tokenizer_config.json", folder)
+    (folder / "chat_template.jinja").write_text(template)
+    fmt = ChatFormat(FolderTokenizer(folder), [151643])
+    messages = [{"role": "user", "content": "Hi"}]
+    try:
+        prompt = fmt.render(messages)
+    except ModelError as err:
+        assert "chat template failed" in str(err)
+    else:
+        assert not re.search(r"<(class|function|module|built-in|bound method)|__|uid=", prompt.text), prompt.text
+    assert messages == [{"role": "user", "content": "Hi"}]

@@ -110,3 +110,26 @@ def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_c
     # a Triton that cannot build its launcher (no C compiler, no Python headers) raises at first launch
     monkeypatch.setattr(triton_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError("Failed to find C compiler")))
     assert not triton_works(device)
+
+
+@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
+def test_rope_bias_cache_takes_the_position_from_the_device_tensor(device, hq, hkv, d, hidden):
+    """One CUDA graph serves every decode step, so the kernel must read the position from pos_t (updated on
+    the device each step), never from the host `start` that was current when the graph was captured. Here
+    the host value is stale and only pos_t is right: rotation and cache slot must follow pos_t."""
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(3)
+    max_ctx, live, stale = 32, 9, 2
+    qkv = torch.randn(1, (hq + 2 * hkv) * d, generator=g).to(device, dt)
+    bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, dt)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max_ctx).float(), inv)
+    cos, sin = freqs.cos().to(device), freqs.sin().to(device)
+    caches = [torch.zeros(hkv, max_ctx, d, device=device, dtype=dt) for _ in range(4)]
+    pos_t = torch.tensor([live], device=device, dtype=torch.int32)
+    q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, live, hq, hkv)
+    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, stale, hq, hkv)
+    torch.testing.assert_close(q, q_ref, **_tol(device))
+    torch.testing.assert_close(caches[2], caches[0], **_tol(device))
+    torch.testing.assert_close(caches[3], caches[1], **_tol(device))
+    assert caches[2][:, stale].abs().sum() == 0 and caches[3][:, stale].abs().sum() == 0
