@@ -3,7 +3,8 @@
 Crash safety: a reply's row is inserted when generation starts and rewritten as it grows (at most every
 `Store.FLUSH_S`) and once at the end, each write its own committed transaction. WAL + synchronous=NORMAL
 means a committed write survives the process being killed (kill -9, a crash); only a power cut can lose the
-last commits. So a kill mid-reply loses at most the last second of that reply and never anything earlier.
+last commits. So a kill mid-reply loses at most the last half second of that reply (FLUSH_S) and never anything
+earlier.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ MESSAGE_FIELDS = ("content", "reasoning", "answer", "complete", "stats", "settin
 
 
 class Store:
-    FLUSH_S = 0.5  # how often a growing reply is written: well inside the one-second loss budget
+    FLUSH_S = 0.5  # how often a growing reply is written: the README promises at most half a second lost
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
