@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
@@ -51,12 +52,19 @@ class RichText(QTextBrowser):
             return self._images.get(url.toString())
         return super().loadResource(kind, url)
 
-    def set_rendered(self, rendered: Rendered, css: str) -> None:
+    def set_rendered(self, rendered: Rendered, css: str, again=None) -> None:
+        """again: a callable that renders the same text anew, called when formulas this rendering still shows
+        as source (drawn on the math thread) are ready."""
         self._images.update(rendered.images)
         self.code_blocks = rendered.code_blocks
         self.document().setDefaultStyleSheet(css)
         self.setHtml(rendered.html)
         self._fit()
+        self._again, self._css = (again, css) if rendered.pending_math and again is not None else (None, css)
+        if self._again is not None:
+            _WAITING_FOR_MATH.add(self)
+        else:
+            _WAITING_FOR_MATH.discard(self)
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == "copy":
@@ -82,6 +90,20 @@ class RichText(QTextBrowser):
 
     def sizeHint(self) -> QSize:
         return QSize(400, self.height())
+
+
+_WAITING_FOR_MATH: "weakref.WeakSet[RichText]" = weakref.WeakSet()
+
+
+def refresh_waiting_math() -> None:
+    """Render again every RichText that showed a formula as source while the math thread drew it."""
+    import shiboken6
+
+    for w in list(_WAITING_FOR_MATH):
+        _WAITING_FOR_MATH.discard(w)
+        again = getattr(w, "_again", None)
+        if again is not None and shiboken6.isValid(w):
+            w.set_rendered(again(), w._css, again)
 
 
 def _discard(w: QWidget) -> None:
@@ -148,11 +170,12 @@ class StreamingText(QWidget):
         if rest:
             if self.tail is None:
                 self.tail = self._piece(palette)
-            self.tail.set_rendered(render(self._reopen + rest), css)
+            text = self._reopen + rest
+            self.tail.set_rendered(render(text), css, lambda: render(text))
 
     def _finish_piece(self, piece: str, render, css: str, palette) -> None:
         stable = self.tail or self._piece(palette)
-        stable.set_rendered(render(piece), css)
+        stable.set_rendered(render(piece), css, lambda: render(piece))
         self.tail = None
 
 
@@ -336,8 +359,8 @@ class ReasoningBlock(QWidget):
         self.stream_text.hide()
         self.text.show()
         self._apply_quiet_format()
-        self.text.set_rendered(self.view.renderer.render(self.reasoning.strip(), quiet=True),
-                               self.view.renderer.stylesheet(quiet=True))
+        r, text = self.view.renderer, self.reasoning.strip()
+        self.text.set_rendered(r.render(text, quiet=True), r.stylesheet(quiet=True), lambda: r.render(text, quiet=True))
         self._rendered_for = self.reasoning
 
 
@@ -410,8 +433,9 @@ class MessageWidget(QFrame):
         """Show a stored (finished or interrupted) message."""
         self.msg_id = msg.get("id") or self.msg_id
         if self.role == "user":
-            self.answer = msg["content"]
-            self.body.set_rendered(self.view.renderer.render(self.answer), self.view.renderer.stylesheet())
+            self.answer = text = msg["content"]
+            r = self.view.renderer
+            self.body.set_rendered(r.render(text), r.stylesheet(), lambda: r.render(text))
             return
         reasoning, answer = msg.get("reasoning") or "", msg.get("answer") or ""
         if not reasoning and not answer:
@@ -433,7 +457,8 @@ class MessageWidget(QFrame):
             self.stream_body.hide()
         self.body.setVisible(bool(answer.strip()))
         if answer.strip():
-            self.body.set_rendered(self.view.renderer.render(answer), self.view.renderer.stylesheet())
+            r = self.view.renderer
+            self.body.set_rendered(r.render(answer), r.stylesheet(), lambda: r.render(answer))
 
     def stream_answer(self, answer: str) -> None:
         """The answer while it streams (incremental: see StreamingText); set_content() renders it whole once
@@ -492,10 +517,17 @@ class ChatView(QScrollArea):
 
     message_action = Signal(str, int)
 
+    def _on_math_ready(self) -> None:
+        refresh_waiting_math()
+
     def __init__(self, renderer: MarkdownRenderer, theme, parent=None):
         super().__init__(parent)
         self.renderer, self.theme = renderer, theme
         self.assistant_name = "Assistant"
+        from desktop.mathimg import math_ready_signal
+
+        # Formulas are drawn on the math thread; when some are ready, texts that showed them as source are redone.
+        math_ready_signal().connect(self._on_math_ready, Qt.QueuedConnection)
         self.setObjectName("ChatArea")
         self.setAccessibleName("Conversation")
         self.setWidgetResizable(True)

@@ -19,7 +19,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
-from desktop.mathimg import _balanced, render_image
+from desktop.mathimg import PENDING, _balanced, render_image
 from desktop.theme import Theme
 
 # Code (fenced or inline) is protected from math extraction. An unclosed fence runs to the end of the text,
@@ -37,11 +37,37 @@ _BOXED = re.compile(r"\\boxed\s*\{")
 _PLACEHOLDER = re.compile(r"R1MATH(\d+)Z")
 
 
+# Languages whose pygments lexers are loaded and compiled before the first reply (prewarm_rendering).
+WARM_LANGUAGES = ("python", "bash", "javascript", "typescript", "c", "cpp", "java", "rust", "go", "json", "sql",
+                  "html", "latex", "text")
+
+
+def warm_up_highlighting() -> None:
+    """Import all of pygments' lexers (guess_lexer does, ~0.7 s the first time) and compile the common ones
+    (10-100 ms each, the first time), so the first code block of a reply doesn't freeze a frame."""
+    formatter = HtmlFormatter(nowrap=True, noclasses=True)
+    guess_lexer("def f(x):\n    return x\n")
+    for lang in WARM_LANGUAGES:
+        try:
+            highlight("x = 1\n", get_lexer_by_name(lang), formatter)
+        except ClassNotFound:
+            pass
+
+
+def prewarm_rendering() -> None:
+    """Off the GUI thread, at start: matplotlib's math fonts and pygments' lexers (desktop.mathimg's thread)."""
+    from desktop.mathimg import prewarm_in_background, run_on_math_thread
+
+    prewarm_in_background()
+    run_on_math_thread(warm_up_highlighting)
+
+
 @dataclass
 class Rendered:
     html: str
     code_blocks: list[str] = field(default_factory=list)  # for the Copy links: href "copy:<index>"
     images: dict[str, object] = field(default_factory=dict)  # "math:<n>" -> QImage, for loadResource
+    pending_math: bool = False  # some formulas show as source until the math thread has drawn them
 
 
 def split_math(text: str) -> tuple[str, list[tuple[str, bool]]]:
@@ -84,8 +110,12 @@ def split_math(text: str) -> tuple[str, list[tuple[str, bool]]]:
 class MarkdownRenderer:
     """One per theme and font size; render() is pure apart from the math image cache."""
 
-    def __init__(self, theme: Theme, font_px: float, dpr: float = 1.0, mono: str = "monospace"):
+    def __init__(self, theme: Theme, font_px: float, dpr: float = 1.0, mono: str = "monospace",
+                 math_wait: bool = True):
+        """math_wait=False (the window): formulas not drawn yet come out as their source and the Rendered says
+        pending_math; render again after desktop.mathimg.math_ready_signal() fires."""
         self.theme, self.font_px, self.dpr, self.mono = theme, font_px, dpr, mono
+        self.math_wait = math_wait
         self._formatter = HtmlFormatter(nowrap=True, noclasses=True, style=theme.pygments)
         from PySide6.QtGui import QFont, QFontMetricsF
         from PySide6.QtWidgets import QApplication
@@ -127,8 +157,11 @@ class MarkdownRenderer:
         def image_html(n: int) -> str:
             tex, display = formulas[n]
             img = render_image(tex, color, size * (1.1 if display else 1.0), self.dpr,
-                               self.x_height * (0.91 if quiet else 1.0))
-            if img is None:  # mathtext can't parse it: show the source rather than nothing
+                               self.x_height * (0.91 if quiet else 1.0), wait=self.math_wait)
+            if img is PENDING:
+                result.pending_math = True
+                img = None
+            if img is None:  # mathtext can't parse it (or hasn't yet): show the source rather than nothing
                 src = f"$${tex}$$" if display else f"${tex}$"
                 return f"<code>{html.escape(src)}</code>"
             # The URL names the image's content: QTextDocument caches resources by URL across setHtml calls.

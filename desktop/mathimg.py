@@ -3,15 +3,26 @@
 mathtext covers what R1 writes most (fractions, roots, sums, Greek, sub/superscripts). What it cannot parse
 comes back as None and the caller shows the source in a code span instead: never a crash, never a blank.
 Results are cached by (tex, color, size, dpr) because a streaming reply re-renders the same formulas every frame.
+
+Drawing a formula takes mathtext 20-50 ms (pyparsing + Agg), far more than a frame, so the window never draws
+one on the GUI thread: `render_image(..., wait=False)` returns PENDING for a formula not drawn yet and queues
+it for the one math thread (matplotlib is not thread-safe: only that thread ever uses it). When formulas are
+ready, `math_ready` (a Qt signal, delivered on the GUI thread) fires and the text is rendered again.
 """
 
 from __future__ import annotations
 
 import io
+import queue
 import re
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 
+from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QImage
+
+PENDING = object()  # render_image(wait=False): the formula is being drawn on the math thread
 
 # Commands R1 uses that mathtext does not know, mapped to ones it does.
 _REPLACEMENTS = [
@@ -82,10 +93,18 @@ def render_png(tex: str, color: str, font_px: float, dpr: float) -> tuple[bytes,
     return buf.getvalue(), boxed, float(parsed.height), float(parsed.depth)
 
 
-def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: float | None = None) -> QImage | None:
+def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: float | None = None,
+                 wait: bool = True):
     """The formula as an image padded so that, placed with QTextDocument's "vertical-align: middle", its
-    baseline sits on the text's baseline (Qt centres such images x_height/4 above the baseline)."""
-    got = render_png(tex, color, font_px, dpr)
+    baseline sits on the text's baseline (Qt centres such images x_height/4 above the baseline).
+    None if mathtext can't draw it; with wait=False, PENDING while the math thread draws it."""
+    key = (tex, color, font_px, dpr)
+    if wait:
+        got = render_png(*key)
+    else:
+        got = _math_thread().result(key)
+        if got is PENDING:
+            return PENDING
     if got is None:
         return None
     png, boxed, height, depth = got
@@ -107,6 +126,86 @@ def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: flo
     img = _pad(img, top=max(0.0, -diff) * dpr, bottom=max(0.0, diff) * dpr)
     img.setDevicePixelRatio(dpr)
     return img
+
+
+class MathSignals(QObject):
+    ready = Signal()  # some queued formulas are drawn: render again whatever showed them as pending
+
+
+class MathThread:
+    """One daemon thread drawing queued formulas, newest first (the one the reader is looking at), each once.
+    Results are kept (bounded) for result() to hand out; `signals.ready` is emitted after each batch. It also
+    runs other slow first-use work handed to run_soon() (the warm-up of code highlighting)."""
+
+    KEEP = 2048
+
+    def __init__(self):
+        self.signals = MathSignals()  # created on the GUI thread: its signal is delivered there
+        self._lock = threading.Lock()
+        self._done: OrderedDict = OrderedDict()
+        self._queued: set = set()
+        self._jobs: queue.LifoQueue = queue.LifoQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        threading.Thread(target=self._run, name="r1desk-math", daemon=True).start()
+
+    def result(self, key):
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key]
+            if key not in self._queued:
+                self._queued.add(key)
+                self._idle.clear()
+                self._jobs.put(key)
+        return PENDING
+
+    def run_soon(self, fn) -> None:
+        with self._lock:
+            self._idle.clear()
+            self._jobs.put(fn)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once nothing is queued or running (tests; the app never waits for this thread)."""
+        return self._idle.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if callable(job):
+                try:
+                    job()
+                except Exception:  # a warm-up that fails only means the first use is slower
+                    pass
+                got = None
+            else:
+                got = render_png(*job)
+            with self._lock:
+                if not callable(job):
+                    self._queued.discard(job)
+                    self._done[job] = got
+                    while len(self._done) > self.KEEP:
+                        self._done.popitem(last=False)
+                idle = self._jobs.empty()
+                if idle:
+                    self._idle.set()
+            if idle and not callable(job):
+                self.signals.ready.emit()
+
+
+_math: MathThread | None = None
+
+
+def _math_thread() -> MathThread:
+    global _math
+    if _math is None:
+        _math = MathThread()
+    return _math
+
+
+def math_ready_signal():
+    """The signal fired (on the GUI thread) when formulas queued by render_image(wait=False) are drawn."""
+    return _math_thread().signals.ready
 
 
 def _pad(img: QImage, top: float, bottom: float) -> QImage:
@@ -142,17 +241,16 @@ def _draw_box(img: QImage, color: str, dpr: float) -> QImage:
     return out
 
 
-_prewarm_started = False
+def run_on_math_thread(fn) -> None:
+    """Run fn() on the math thread, after what is queued now (slow first-use work: keep it off the GUI)."""
+    _math_thread().run_soon(fn)
+
+
+def wait_math_idle(timeout: float = 60.0) -> bool:
+    return _math_thread().wait_idle(timeout)
 
 
 def prewarm_in_background() -> None:
-    """Import matplotlib and load its math fonts on a background thread (about a second, once), so the
-    first formula of the first reply doesn't stall a frame. Pure matplotlib (Agg): no Qt objects involved."""
-    global _prewarm_started
-    if _prewarm_started:
-        return
-    _prewarm_started = True
-    import threading
-
-    threading.Thread(target=lambda: render_png("x^2", "#000000", 14.0, 1.0), name="r1desk-math-prewarm",
-                     daemon=True).start()
+    """Import matplotlib and load its math fonts on the math thread (about a second, once), so the first
+    formula of the first reply doesn't wait for them."""
+    _math_thread().result(("x^2", "#000000", 14.0, 1.0))

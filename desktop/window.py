@@ -186,9 +186,9 @@ class MainWindow(QMainWindow):
         # The window shows them meanwhile, also when the conversation is opened again.
         self.unsaved: dict[int, dict] = {}
 
-        from desktop.mathimg import prewarm_in_background
+        from desktop.markdown import prewarm_rendering
 
-        prewarm_in_background()
+        prewarm_rendering()
         self._build()
         self._shortcuts()
         self.save_timer = QTimer(self)
@@ -358,7 +358,7 @@ class MainWindow(QMainWindow):
         px = self.settings.font_size * 96 / 72  # point size -> logical pixels for math images
         dpr = QGuiApplication.primaryScreen().devicePixelRatio() if QGuiApplication.primaryScreen() else 1.0
         mono = "'JetBrains Mono', 'Cascadia Code', Consolas, 'DejaVu Sans Mono', monospace"
-        return MarkdownRenderer(self.theme, px, dpr, mono)
+        return MarkdownRenderer(self.theme, px, dpr, mono, math_wait=False)  # formulas drawn on the math thread
 
     # ------------------------------------------------------------------ state restore / theme
     def _restore(self) -> None:
