@@ -214,6 +214,7 @@ class Engine:
         self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs)
         self.prefill_graphs = PrefillGraphs(model) if info.cuda_graphs else None
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
+        self.closed = False
         self.ready = False
 
     # ---------------------------------------------------------------- loading
@@ -334,6 +335,8 @@ class Engine:
 
     def close(self) -> None:
         """Free the model's device memory now (weights, KV cache, graphs). The engine is unusable afterwards."""
+        if self.closed:
+            return
         self.ready = False
         self.step.graphs.clear()
         if self.prefill_graphs is not None:
@@ -342,6 +345,15 @@ class Engine:
         self.prefill_graphs = None
         self.model.w = {"layers": []}
         self.model.k_cache = self.model.v_cache = None
+        # Everything else the model and the decode step hold on the device: the 4-bit prefill's dequantise
+        # scratch (as large as the biggest weight), RoPE tables, the attention's split buffers, the step's
+        # token/position and the sampler's parameters.
+        self.model.linear.scratch = None
+        self.model.cos = self.model.sin = None
+        self.model.decode_attention = None
+        self.step = None
+        self.params = None
+        self.closed = True
         self._cache_tokens = []
         import gc
 
@@ -364,6 +376,8 @@ class Engine:
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
                      control: GenerationControl | None = None, in_reasoning: bool = False
                      ) -> Iterator[Started | Delta | Finished]:
+        if self.closed:
+            raise ModelError("this model was unloaded (Engine.close); load it again to generate")
         try:
             yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
                                       in_reasoning)

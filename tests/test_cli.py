@@ -69,10 +69,27 @@ def test_make_test_model_is_loadable_by_transformers(tmp_path):
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 151936
 
 
-def test_doctor_reports_the_essentials():
+def test_doctor_reports_the_essentials(tiny_model, tmp_path, monkeypatch):
+    """Values, not only keys: what doctor says must be what is true in this very environment."""
+    import platform
+    import shutil
+
+    import torch
+
+    models = tmp_path / "hf-home" / "hub" / "models--deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B" / "snapshots" / "abc"
+    shutil.copytree(tiny_model, models)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     out = json.loads(cli("doctor", "--json").stdout)
     for key in ("os", "python", "torch", "cuda_available", "kernels", "model_folders_searched", "models_found"):
         assert key in out
+    assert out["python"] == platform.python_version()
+    assert out["torch"] == torch.__version__
+    assert out["cuda_available"] == torch.cuda.is_available()
+    assert out["torch_cuda_build"] == torch.version.cuda
+    if torch.version.cuda is None:  # CI's CPU build: doctor must say why there is no GPU and what runs instead
+        assert out["kernels"] == "pytorch" and "CPU-only" in out["why_no_cuda"]
+    assert str(tmp_path / "hf-home" / "hub") in out["model_folders_searched"]
+    assert any(str(models) in str(m) for m in out["models_found"]), out["models_found"]
 
 
 @pytest.mark.parametrize("args", [["chat"], ["bench"], ["make-test-model"]])
