@@ -3,7 +3,7 @@
     QT_QPA_PLATFORM=offscreen python tests/desktop/make_screenshots.py docs
 
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
-open), the reasoning streaming live (light and dark), and the first-run screen.
+open), the reasoning streaming live (light and dark), the first-run screen, and the notice shown after a crash.
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live
 
 
 def shoot(win, path: Path) -> None:
-    QApplication.processEvents()
+    from desktop.mathimg import wait_math_idle
+
+    wait_math_idle(30)  # formulas are drawn on the math thread: let them arrive and be painted
+    for _ in range(3):
+        QApplication.processEvents()
     win.grab().save(str(path))
     print("saved", path)
 
@@ -79,6 +83,15 @@ def main(out: str) -> None:
         shoot(win, out_dir / f"screenshot-{theme}.png")
         win.stop()
         wait_until(lambda: win.stream is None)
+        if theme == "light":  # the notice after a crash, over the conversation it kept
+            import datetime
+
+            from desktop.crashlog import PreviousCrash
+
+            log = Path.home() / ".local/share/r1desk/logs/crash-20261203-101542.log"
+            win.show_previous_crash(PreviousCrash(log, datetime.datetime(2026, 12, 3, 10, 15), fatal=True))
+            win.live_btn.setChecked(False)
+            shoot(win, out_dir / "screenshot-crash-notice.png")
         win.close()
     for var in ("R1DESK_DATA_DIR",):
         os.environ.pop(var, None)
