@@ -49,24 +49,34 @@ def test_silu_mul_matches_reference(device):
     torch.testing.assert_close(triton_ops.silu_mul(x), reference.silu_mul(x), **_tol(device))
 
 
-@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("start,t", [(0, 5), (7, 1)])
-def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t):
+def _rope_inputs(device, hq, hkv, d, t, seed, max_ctx=32):
+    """qkv, bias, cos, sin and four empty caches (two for the reference, two for the kernel)."""
     dt = _dtype(device)
-    g = torch.Generator().manual_seed(1)
-    max_ctx = 32
+    g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, dt)
     bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, dt)
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     freqs = torch.outer(torch.arange(max_ctx).float(), inv)
     cos, sin = freqs.cos().to(device), freqs.sin().to(device)
     caches = [torch.zeros(hkv, max_ctx, d, device=device, dtype=dt) for _ in range(4)]
-    pos_t = torch.tensor([start], device=device, dtype=torch.int32)
-    q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, start, hq, hkv)
-    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, start, hq, hkv)
+    return qkv, bias, cos, sin, caches
+
+
+def _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, ref_start, kernel_start, hq, hkv, device):
+    """The reference at ref_start vs the Triton kernel given kernel_start (it must use pos_t): q and caches."""
+    q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, ref_start, hq, hkv)
+    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, kernel_start, hq, hkv)
     torch.testing.assert_close(q, q_ref, **_tol(device))
     torch.testing.assert_close(caches[2], caches[0], **_tol(device))
     torch.testing.assert_close(caches[3], caches[1], **_tol(device))
+
+
+@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
+@pytest.mark.parametrize("start,t", [(0, 5), (7, 1)])
+def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t):
+    qkv, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, t, seed=1)
+    pos_t = torch.tensor([start], device=device, dtype=torch.int32)
+    _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, start, start, hq, hkv, device)
     assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
 
 
@@ -117,19 +127,8 @@ def test_rope_bias_cache_takes_the_position_from_the_device_tensor(device, hq, h
     """One CUDA graph serves every decode step, so the kernel must read the position from pos_t (updated on
     the device each step), never from the host `start` that was current when the graph was captured. Here
     the host value is stale and only pos_t is right: rotation and cache slot must follow pos_t."""
-    dt = _dtype(device)
-    g = torch.Generator().manual_seed(3)
-    max_ctx, live, stale = 32, 9, 2
-    qkv = torch.randn(1, (hq + 2 * hkv) * d, generator=g).to(device, dt)
-    bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, dt)
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
-    freqs = torch.outer(torch.arange(max_ctx).float(), inv)
-    cos, sin = freqs.cos().to(device), freqs.sin().to(device)
-    caches = [torch.zeros(hkv, max_ctx, d, device=device, dtype=dt) for _ in range(4)]
+    live, stale = 9, 2
+    qkv, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, 1, seed=3)
     pos_t = torch.tensor([live], device=device, dtype=torch.int32)
-    q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, live, hq, hkv)
-    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, stale, hq, hkv)
-    torch.testing.assert_close(q, q_ref, **_tol(device))
-    torch.testing.assert_close(caches[2], caches[0], **_tol(device))
-    torch.testing.assert_close(caches[3], caches[1], **_tol(device))
+    _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, live, stale, hq, hkv, device)
     assert caches[2][:, stale].abs().sum() == 0 and caches[3][:, stale].abs().sum() == 0
