@@ -114,7 +114,12 @@ _REFCOUNT_CHECK = textwrap.dedent("""
         app.exec()
 
     round_trip(200)  # warm-up: whatever the first emits cache stays out of the count
-    watched = {"True": True, "False": False, "None": None, "text": text, "kind": kind, "payload": payload}
+    watched = {"text": text, "kind": kind, "payload": payload}
+    if sys.version_info < (3, 12):
+        # From 3.12 True/False/None are immortal and their count means nothing: PySide6 is built against the
+        # stable ABI of older Pythons, whose Py_INCREF/Py_DECREF change it without the immortality check (by
+        # design harmless: PEP 683). Measured on the GPU machine (3.12, 6.11.3): True +1,326 over 40,400 emits.
+        watched.update({"True": True, "False": False, "None": None})
     before = {k: sys.getrefcount(v) for k, v in watched.items()}
     round_trip(20000)
     after = {k: sys.getrefcount(v) for k, v in watched.items()}
@@ -130,7 +135,7 @@ _REFCOUNT_CHECK = textwrap.dedent("""
 def test_emitting_signals_leaves_reference_counts_alone(tmp_path):
     """PySide6 6.12.0 lost a reference to True in every Signal.emit (Python 3.11 aborts after a few thousand
     emits). 40,000 emits of each payload shape the worker uses, direct and queued across threads, must leave
-    every object's reference count where it was (True/False/None are immortal on 3.12+, the rest are not).
+    every object's reference count where it was (True/False/None only before 3.12: immortal from 3.12 on).
     In a child process: a broken PySide aborts it, and this test reports that instead of dying with it."""
     out = subprocess.run([sys.executable, "-c", _REFCOUNT_CHECK], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
