@@ -1,4 +1,4 @@
-"""r1desk-cli: chat, bench, make-test-model, doctor."""
+"""r1desk-cli: chat, serve, bench, quantize, make-test-model, doctor."""
 
 from __future__ import annotations
 
@@ -138,6 +138,14 @@ def cmd_make_test_model(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    # The server is the app's own (its engine service and the Qt/asyncio event loop, QtCore only), so this one
+    # command loads the desktop package; everything else here stays free of Qt.
+    from desktop.serve import run
+
+    return run(args)
+
+
 def cmd_doctor(args) -> int:
     from model_loader.doctor import collect, format_report
 
@@ -162,6 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--seed", type=int, default=None)
     chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
     chat.set_defaults(func=cmd_chat)
+
+    serve = sub.add_parser("serve", help="serve the model through a local OpenAI-compatible API")
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1: this computer only); another needs --api-key")
+    serve.add_argument("--port", type=int, default=8089, help="port; 0 picks a free one (default 8089)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web page origin allowed to call the API from a browser (CORS), e.g. "
+                            "http://localhost:3000; repeatable; none by default")
+    serve.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--temperature", type=float, default=0.6, help="for requests that leave it out")
+    serve.add_argument("--top-p", type=float, default=0.95, help="for requests that leave it out")
+    serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
     _add_model_args(bench)

@@ -1,0 +1,259 @@
+"""OpenAI chat-completions dialect: request validation and response shapes. Pure Python (no Qt, no aiohttp),
+so every rule here is tested without a server.
+
+R1's reasoning goes in `reasoning_content` (DeepSeek's own API) and `reasoning` (vLLM, OpenRouter); the answer in
+`content`. Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}} and name the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# engine finish reasons -> OpenAI's. "cancelled" is only seen when a stop string ended the reply ("stop").
+FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length", "cancelled": "stop"}
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict]  # {"role": system|user|assistant, "content": str}
+    settings: dict  # SamplingSettings fields: temperature, top_p, max_new_tokens, seed
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, f"'{name}' must be a number")
+    if not lo <= value <= hi:
+        raise _bad(name, f"'{name}' must be between {lo:g} and {hi:g}; got {value}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int | None = None):
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"'{name}' must be an integer")
+    if value < lo or (hi is not None and value > hi):
+        raise _bad(name, f"'{name}' must be at least {lo}" + (f" and at most {hi}" if hi is not None else "")
+                   + f"; got {value}")
+    return value
+
+
+def _content(value, where: str, allow_none: bool) -> str:
+    """A message's content: a string, or a list of text parts ({"type": "text", "text": ...})."""
+    if value is None and allow_none:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(f"{where}[{j}]", f"'{where}[{j}]': only text parts are supported (got {kind!r})")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(where, f"'{where}' must be a string or a list of text parts")
+
+
+def parse_messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, f"'{where}' must be an object with 'role' and 'content'")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role", f"'{where}.role' must be one of system, developer, user, assistant "
+                                        f"(got {role!r}); tool messages are not supported")
+        if "content" not in m and role != "assistant":
+            raise _bad(f"{where}.content", f"'{where}.content' is required")
+        # Earlier assistant reasoning is dropped by the chat template (only the text after </think> goes back);
+        # a client's reasoning_content field is not part of the prompt either.
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), f"{where}.content",
+                                                              allow_none=role == "assistant")})
+    return out
+
+
+def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) -> ChatRequest:
+    """defaults: temperature and top_p for a request that leaves them out (the app's settings: DeepSeek's
+    advice for R1, 0.6 and 0.95, as vLLM takes them from the model's generation_config)."""
+    defaults = defaults or {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "'model' is required: the id of the loaded model (GET /v1/models lists it)")
+    if model != model_id:
+        raise ApiError(404, f"The model '{model}' does not exist; this server has '{model_id}' loaded",
+                       param="model", code="model_not_found")
+    messages = parse_messages(body.get("messages"))
+    n = _integer(body, "n", 1)
+    if n not in (None, 1):
+        raise _bad("n", "'n' must be 1: this server writes one reply per request")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise _bad(name, f"'{name}': tool calling is not supported by this server")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be true or false")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _bad("stream_options", "'stream_options' must be an object")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise _bad("stream_options.include_usage", "'stream_options.include_usage' must be true or false")
+    limit = _integer(body, "max_completion_tokens", 1)
+    if limit is None:
+        limit = _integer(body, "max_tokens", 1)
+    settings = {"temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
+                "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95))}
+    if settings["top_p"] <= 0:
+        raise _bad("top_p", "'top_p' must be greater than 0")
+    seed = _integer(body, "seed", -(2 ** 63))
+    if seed is not None:
+        settings["seed"] = seed % (2 ** 32)  # the engine's generator takes 32 bits; equal seeds replay equal
+    if limit is not None:
+        settings["max_new_tokens"] = limit
+    stop = body.get("stop")
+    if stop is None:
+        stops = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = list(stop)
+    else:
+        raise _bad("stop", "'stop' must be a string or a list of strings")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
+    return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
+                       include_usage=include_usage, stop=[s for s in stops if s])
+
+
+class StopMatcher:
+    """Finds stop strings in streamed answer text. Text that could still become a stop string is held back,
+    so nothing past a stop string is ever sent. Applies to the answer (`content`) only: a reasoning model drafts
+    freely inside its reasoning, and cutting that off on a stop string would end the reply before it answers."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        """Returns the text that is safe to send; sets `hit` when a stop string appeared (text before it only)."""
+        if not self.stops or self.hit:
+            return "" if self.hit else text
+        buf = self.held + text
+        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.hit, self.held = True, ""
+            return buf[:min(found)]
+        keep = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return "" if self.hit else held
+
+
+# ---------------------------------------------------------------------------------------------- responses
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def usage(stats: dict) -> dict:
+    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(stats.get("prefix_reused_tokens", 0))},
+            "completion_tokens_details": {"reasoning_tokens": int(stats.get("reasoning_tokens", 0))}}
+
+
+def completion(cid: str, created: int, model: str, reasoning: str, answer: str, finish: str, stats: dict) -> dict:
+    message = {"role": "assistant", "content": answer}
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": usage(stats)}
+
+
+def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+
+def usage_chunk(cid: str, created: int, model: str, stats: dict) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+            "usage": usage(stats)}
+
+
+def delta_for(kind: str, text: str) -> dict:
+    return {"reasoning_content": text, "reasoning": text} if kind == "reasoning" else {"content": text}
+
+
+def models_list(model_id: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                        "owned_by": "r1desk"}]}
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,308 @@
+"""The local HTTP server: aiohttp's web server on the app's own asyncio loop (qasync in the window, the same
+loop in `r1desk-cli serve`), speaking OpenAI's chat-completions dialect. Every request goes through the
+EngineService queue like a chat reply does.
+
+Security: binds 127.0.0.1 unless told otherwise, and another address only with an API key. The Host header
+must name a loopback host (DNS rebinding: a web page can make the browser send requests to localhost under
+its own domain name, but not with a loopback Host header). No CORS headers unless origins are listed.
+Nothing in a request can name a file or a model path: the model is whatever the service has loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+from pathlib import Path
+
+from aiohttp import web
+
+from desktop.api import schema
+from desktop.api.schema import ApiError
+from desktop.service import NotReady, QueueFull
+
+MAX_BODY_BYTES = 4 * 2 ** 20
+LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost", "ip6-loopback"}
+RETRY_AFTER_S = 5
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The host part of a Host header: "[::1]:8080" -> "::1", "localhost:80" -> "localhost"."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class ApiServer:
+    """One server for one EngineService. start() binds and returns the port; stop() closes connections
+    (requests in flight are cancelled through their disconnect)."""
+
+    def __init__(self, service, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 allowed_origins: list[str] | tuple = (), defaults: dict | None = None):
+        if not is_loopback(host) and not api_key:
+            raise ValueError(f"serving on {host} (reachable from other computers) needs an API key")
+        self.service = service
+        self.host = host
+        self.port = port
+        self.api_key = api_key or None
+        self.allowed_origins = {o.rstrip("/") for o in allowed_origins if o}
+        self.defaults = defaults if defaults is not None else {}  # the app's temperature/top_p, shared, live
+        self.runner: web.AppRunner | None = None
+        self.started_at = schema.now()
+
+    # ------------------------------------------------------------------ life
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._errors, self._guard])
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        return app
+
+    async def start(self) -> int:
+        # handler_cancellation: a client that hangs up cancels its handler, which cancels its generation.
+        self.runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def model_id(self) -> str | None:
+        """The loaded model's id: its folder (or HF repo) name. None while nothing is loaded."""
+        info = self.service.info
+        if not info:
+            return None
+        return info.get("model_name") or Path(info.get("model_path", "model")).name
+
+    # ------------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        """Every error in OpenAI's shape, aiohttp's own (404, 405, 413) included."""
+        try:
+            return await handler(request)
+        except ApiError as err:
+            return _error_response(err)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            status = exc.status
+            if status == 404:
+                err = ApiError(404, f"no route {request.method} {request.path}", code="not_found")
+            elif status == 405:
+                err = ApiError(405, f"{request.method} is not allowed on {request.path}", code="method_not_allowed",
+                               headers={"Allow": exc.headers.get("Allow", "")})
+            elif status == 413:
+                err = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB",
+                               code="request_too_large")
+            else:
+                err = ApiError(status, exc.reason or str(exc))
+            return _error_response(err)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        host = _host_name(request.headers.get("Host", ""))
+        if not self._host_allowed(host):
+            raise ApiError(403, f"the Host header {host!r} is not a loopback name or address (requests through "
+                                "another name are refused: DNS-rebinding protection)", type_="permission_error",
+                           code="forbidden_host")
+        origin = request.headers.get("Origin", "").rstrip("/")
+        cors = origin in self.allowed_origins
+        if request.method == "OPTIONS" and cors:  # a browser's preflight for a listed origin
+            return web.Response(status=204, headers=self._cors_headers(origin, preflight=True))
+        if request.path.startswith("/v1/") and self.api_key and not self._key_ok(request):
+            raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+        response = await handler(request)
+        if cors and not response.prepared:
+            response.headers.update(self._cors_headers(origin))
+        return response
+
+    def _host_allowed(self, host: str) -> bool:
+        if is_loopback(host):
+            return True
+        if is_loopback(self.host):
+            return False
+        # Serving on another address (only with an API key): that address, or any name on a wildcard bind;
+        # the key is what guards it there.
+        return self.host in ("0.0.0.0", "::", "") or host.lower() == self.host.lower()
+
+    def _key_ok(self, request: web.Request) -> bool:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    def _cors_headers(self, origin: str, preflight: bool = False) -> dict:
+        h = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if preflight:
+            h.update({"Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                      "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                      "Access-Control-Max-Age": "600"})
+        return h
+
+    # ------------------------------------------------------------------ routes
+    async def health(self, request: web.Request) -> web.Response:
+        s = self.service
+        return web.json_response({"status": "ok" if s.state == "ready" else s.state, "model": self.model_id,
+                                  "running": s.running is not None, "waiting": len(s.waiting)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        model_id = self._require_model()
+        return web.json_response(schema.models_list(model_id, self.started_at))
+
+    async def model(self, request: web.Request) -> web.Response:
+        model_id = self._require_model()
+        if request.match_info["model"] != model_id:
+            raise ApiError(404, f"The model '{request.match_info['model']}' does not exist", param="model",
+                           code="model_not_found")
+        return web.json_response(schema.models_list(model_id, self.started_at)["data"][0])
+
+    def _require_model(self) -> str:
+        model_id = self.model_id
+        if self.service.state != "ready" or model_id is None:
+            raise ApiError(503, "the model is not loaded yet; try again when it is ready", type_="server_error",
+                           code="model_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
+        return model_id
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        model_id = self._require_model()
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
+        body = await request.read()
+        req = schema.parse_chat_request(body, model_id, self.defaults)
+        events: asyncio.Queue = asyncio.Queue()
+        try:
+            gen = self.service.submit(req.messages, dict(req.settings), client="api", label=_client_label(request))
+        except QueueFull as err:
+            raise ApiError(429, f"too many requests are waiting ({err}); retry later", type_="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except NotReady as err:
+            raise ApiError(503, f"{err}; try again when it is ready", type_="server_error", code="model_not_ready",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        gen.started.connect(lambda started: events.put_nowait(("started", started)))
+        gen.delta.connect(lambda text, kind, n: events.put_nowait(("delta", text, kind)))
+        gen.finished.connect(lambda result: events.put_nowait(("finished", result)))
+        gen.failed.connect(lambda kind, message: events.put_nowait(("failed", kind, message)))
+        try:
+            first = await events.get()  # waits in the queue, then through the prefill
+            if first[0] == "failed":
+                raise _generation_error(first[1], first[2])
+            if req.stream:
+                return await self._stream(request, req, gen, events, model_id)
+            return await self._collect(req, gen, events, model_id)
+        finally:
+            if gen.state != "done":
+                gen.cancel()  # the client went away (handler cancelled) or the response failed mid-way
+
+    async def _collect(self, req, gen, events, model_id) -> web.Response:
+        stop = schema.StopMatcher(req.stop)
+        reasoning, answer = [], []
+        while True:
+            ev = await events.get()
+            if ev[0] == "delta":
+                if ev[2] == "reasoning":
+                    reasoning.append(ev[1])
+                else:
+                    answer.append(stop.feed(ev[1]))
+                    if stop.hit:
+                        gen.cancel()
+            elif ev[0] == "finished":
+                stats = ev[1]["stats"]
+                answer.append(stop.flush())
+                finish = "stop" if stop.hit else schema.FINISH_REASONS.get(stats["finish_reason"], "stop")
+                return web.json_response(schema.completion(
+                    schema.completion_id(), schema.now(), model_id, "".join(reasoning), "".join(answer), finish,
+                    stats), dumps=_dumps)
+            elif ev[0] == "failed":
+                raise _generation_error(ev[1], ev[2], started=True)
+
+    async def _stream(self, request, req, gen, events, model_id) -> web.StreamResponse:
+        cid, created = schema.completion_id(), schema.now()
+        stop = schema.StopMatcher(req.stop)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        origin = request.headers.get("Origin", "").rstrip("/")
+        if origin in self.allowed_origins:
+            resp.headers.update(self._cors_headers(origin))
+        await resp.prepare(request)
+        await resp.write(schema.sse(schema.chunk(cid, created, model_id, {"role": "assistant", "content": ""})))
+        while True:
+            ev = await events.get()
+            if ev[0] == "delta":
+                text, kind = ev[1], ev[2]
+                if kind == "answer":
+                    text = stop.feed(text)
+                    if stop.hit:
+                        gen.cancel()
+                if text:
+                    await resp.write(schema.sse(schema.chunk(cid, created, model_id, schema.delta_for(kind, text))))
+            elif ev[0] == "finished":
+                stats = ev[1]["stats"]
+                tail = stop.flush()
+                if tail:
+                    await resp.write(schema.sse(schema.chunk(cid, created, model_id, {"content": tail})))
+                finish = "stop" if stop.hit else schema.FINISH_REASONS.get(stats["finish_reason"], "stop")
+                await resp.write(schema.sse(schema.chunk(cid, created, model_id, {}, finish)))
+                if req.include_usage:
+                    await resp.write(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
+                break
+            elif ev[0] == "failed":  # headers are sent: the error goes in the stream, as OpenAI's does
+                err = _generation_error(ev[1], ev[2], started=True)
+                await resp.write(schema.sse(err.body()))
+                break
+        await resp.write(schema.SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return web.json_response(err.body(), status=err.status, headers=err.headers, dumps=_dumps)
+
+
+def _generation_error(kind: str, message: str, started: bool = False) -> ApiError:
+    if kind == "context_full" and not started:
+        return ApiError(400, f"This model's context is too small for these messages: {message}",
+                        param="messages", code="context_length_exceeded")
+    if kind in ("unloaded", "not_ready"):
+        return ApiError(503, message, type_="server_error", code="model_not_ready",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if kind == "cancelled":
+        return ApiError(503, f"the request was cancelled: {message}", type_="server_error", code="cancelled")
+    if kind == "oom":
+        return ApiError(500, f"out of GPU memory: {message}", type_="server_error", code="out_of_memory")
+    return ApiError(500, message, type_="server_error", code=kind or None)
+
+
+def _client_label(request: web.Request) -> str:
+    """Who asked, for the request log: the peer address and the client's name from its User-Agent."""
+    peer = request.remote or "?"
+    agent = request.headers.get("User-Agent", "").split(" ")[0][:40]
+    return f"{peer} · {agent}" if agent else peer
+

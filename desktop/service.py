@@ -1,0 +1,269 @@
+"""The engine's one owner: loads the model and runs generation requests from any client, one at a time.
+
+The engine decodes one sequence at a time on the worker thread. Every client that wants tokens (the chat view,
+the local API server) asks this service: `submit()` queues a GenerationRequest (FIFO), the service hands the
+front request to the worker when the previous one has ended, and routes the worker's events for it back to that
+request's own signals. No client touches the worker. Lives on the GUI thread (or the headless server's main
+thread); QtCore only, no widgets, so `r1desk-cli serve` runs the same code without a window.
+
+Why a queue here rather than the worker's own event queue: a queued-up worker call can't be cancelled or
+counted. Requests that wait here can be (a client that disconnects, "waiting for 1 API request").
+
+The prefix cache stays correct when clients interleave: the engine compares each prompt's token ids with what
+its KV cache holds and reuses only the common prefix, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from desktop.worker import EngineHost
+
+DEFAULT_MAX_WAITING = 16
+
+
+class QueueFull(Exception):
+    """submit() when `max_waiting` requests are already waiting."""
+
+
+class NotReady(Exception):
+    """submit() before a model is loaded (or while one is loading)."""
+
+
+class GenerationRequest(QObject):
+    """One client's generation: its events, its cancel. Signals are emitted on the service's thread."""
+
+    queued = Signal(int)  # requests ahead of this one (sent when the number changes while it waits)
+    started = Signal(object)  # dict(prompt_tokens, prefix_reused_tokens, context_length)
+    delta = Signal(str, str, int)  # text, "reasoning" | "answer", tokens so far in this reply
+    finished = Signal(object)  # dict(text, reasoning, answer, stats=dict)
+    failed = Signal(str, str)  # kind (the worker's kinds, or "cancelled" before it started, "unloaded"), message
+
+    def __init__(self, service: "EngineService", messages: list[dict], settings: dict, client: str,
+                 control, label: str = ""):
+        super().__init__(service)
+        self.service = service
+        self.id = next(_ids)
+        self.messages = messages
+        self.settings = settings
+        self.client = client  # "chat" | "api"
+        self.label = label  # who asked, for the request log ("127.0.0.1 · openai-python")
+        self.control = control
+        self.state = "waiting"  # waiting | running | done
+        self.submitted_t = time.monotonic()
+        self.started_t: float | None = None  # when the worker took it
+        self.stats: dict | None = None
+
+    def cancel(self) -> None:
+        """Waiting: dropped at once (failed "cancelled"). Running: the engine stops before its next token and
+        the request finishes with finish_reason "cancelled" (what it wrote so far is kept)."""
+        self.service._cancel(self)
+
+    def stop_thinking(self) -> None:
+        self.control.stop_thinking()
+
+
+_ids = itertools.count(1)
+
+
+class EngineService(QObject):
+    """Owner of the engine worker; see the module docstring."""
+
+    stage = Signal(str)  # "importing", "loading", "warming"
+    progress = Signal(object, object)  # bytes done, bytes total
+    ready = Signal(object)  # the worker's info dict
+    load_failed = Signal(str, str)  # kind, message
+    queue_changed = Signal()  # a request was queued, started or ended
+    request_started = Signal(object)  # GenerationRequest, when the worker takes it (any client: the live panel)
+    request_progress = Signal(object, str, int)  # request, kind, tokens so far
+    request_first = Signal(object, object)  # request, Started dict
+    request_ended = Signal(object, object)  # request, stats dict (None when it failed before finishing)
+    quantize_progress = Signal(int, int, str)
+    quantized = Signal(str)
+    quantize_failed = Signal(str, str)
+
+    def __init__(self, parent=None, engine_factory=None, max_waiting: int = DEFAULT_MAX_WAITING):
+        super().__init__(parent)
+        self.max_waiting = max_waiting
+        self.state = "none"  # none | loading | ready | failed
+        self.info: dict | None = None
+        self.waiting: deque[GenerationRequest] = deque()
+        self.running: GenerationRequest | None = None
+        self._running_gen_id = 0
+        self.host = EngineHost(self)
+        self.host.worker.engine_factory = engine_factory
+        w, q = self.host.worker, Qt.QueuedConnection  # explicit: these slots run on this (the service's) thread
+        w.stage.connect(self._on_stage, q)
+        w.progress.connect(self.progress, q)
+        w.ready.connect(self._on_ready, q)
+        w.started.connect(self._on_started, q)
+        w.delta.connect(self._on_delta, q)
+        w.finished.connect(self._on_finished, q)
+        w.failed.connect(self._on_failed, q)
+        w.quantize_progress.connect(self.quantize_progress, q)
+        w.quantized.connect(self.quantized, q)
+        w.quantize_failed.connect(self.quantize_failed, q)
+
+    # ------------------------------------------------------------------ model
+    @property
+    def model_name(self) -> str | None:
+        return (self.info or {}).get("model_name")
+
+    def load(self, spec: str, device: str, context_length: int, dtype: str | None) -> None:
+        """Load (or reload) a model. A request already running finishes first (the worker is serial);
+        requests still waiting fail with "unloaded": they were asked of the model being replaced."""
+        self.state = "loading"
+        self.info = None
+        for req in list(self.waiting):
+            self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
+        self.host.load(spec, device, context_length, dtype)
+
+    def quantize(self, src: str, out: str, **options) -> None:
+        self.host.quantize(src, out, **options)
+
+    def abort_quantize(self) -> None:
+        self.host.worker.abort_quantize()  # a thread-safe flag: the worker's queue is busy quantizing
+
+    def shutdown(self, timeout_ms: int = 1500) -> bool:
+        """Cancel everything and join the worker thread; True if it stopped within the timeout."""
+        for req in list(self.waiting):
+            self._drop(req, "cancelled", "the app is closing")
+        if self.running is not None:
+            self.running.control.cancel()
+        return self.host.shutdown(timeout_ms)
+
+    def deliver_pending(self) -> None:
+        """After shutdown(): run the worker's already-queued events (a cancelled reply's last deltas and its
+        Finished) so their clients can save them."""
+        from PySide6.QtCore import QCoreApplication
+
+        QCoreApplication.sendPostedEvents(None, 0)
+        QCoreApplication.processEvents()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, messages: list[dict], settings: dict, client: str = "chat", label: str = "",
+               control=None) -> GenerationRequest:
+        """Queue a generation. Raises NotReady without a loaded model and QueueFull when `max_waiting`
+        requests already wait. The request's signals fire on this thread, the first ones after this returns."""
+        from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
+
+        if self.state != "ready":
+            raise NotReady("the model is not loaded yet" if self.state != "failed" else "no model is loaded")
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+        req = GenerationRequest(self, messages, settings, client, control or GenerationControl(), label)
+        self.waiting.append(req)
+        self.queue_changed.emit()
+        self._pump()
+        return req
+
+    def ahead_of(self, req: GenerationRequest) -> list[GenerationRequest]:
+        """The requests that run before `req` (the one running first)."""
+        if req.state != "waiting":
+            return []
+        ahead = [self.running] if self.running is not None else []
+        for other in self.waiting:
+            if other is req:
+                break
+            ahead.append(other)
+        return ahead
+
+    def _pump(self) -> None:
+        """Hand the next waiting request to the worker if none is running."""
+        if self.running is not None or not self.waiting or self.state != "ready":
+            self._announce_positions()
+            return
+        req = self.waiting.popleft()
+        req.state = "running"
+        req.started_t = time.monotonic()
+        self.running = req
+        self._running_gen_id = self.host.generate(req.messages, req.settings, req.control)
+        self.request_started.emit(req)
+        self.queue_changed.emit()
+        self._announce_positions()
+
+    def _announce_positions(self) -> None:
+        ahead = 1 if self.running is not None else 0
+        for req in list(self.waiting):
+            req.queued.emit(ahead)
+            ahead += 1
+
+    def _cancel(self, req: GenerationRequest) -> None:
+        if req.state == "waiting":
+            self._drop(req, "cancelled", "cancelled before it started")
+            self._announce_positions()
+        elif req.state == "running":
+            req.control.cancel()
+
+    def _drop(self, req: GenerationRequest, kind: str, message: str) -> None:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            return
+        req.state = "done"
+        self.queue_changed.emit()
+        req.failed.emit(kind, message)
+
+    def _end_running(self) -> GenerationRequest:
+        req = self.running
+        req.state = "done"
+        self.running = None
+        self._running_gen_id = 0
+        return req
+
+    # ------------------------------------------------------------------ worker events
+    def _current(self, gen_id: int) -> GenerationRequest | None:
+        return self.running if gen_id and gen_id == self._running_gen_id else None
+
+    def _on_stage(self, stage: str) -> None:
+        self.state = "loading"
+        self.stage.emit(stage)
+
+    def _on_ready(self, info: dict) -> None:
+        self.state = "ready"
+        self.info = info
+        self.ready.emit(info)
+        self._pump()
+
+    def _on_started(self, gen_id: int, started: dict) -> None:
+        req = self._current(gen_id)
+        if req is not None:
+            self.request_first.emit(req, started)
+            req.started.emit(started)
+
+    def _on_delta(self, gen_id: int, text: str, kind: str, token_count: int) -> None:
+        req = self._current(gen_id)
+        if req is not None:
+            req.delta.emit(text, kind, token_count)
+            self.request_progress.emit(req, kind, token_count)
+
+    def _on_finished(self, gen_id: int, result: dict) -> None:
+        req = self._current(gen_id)
+        if req is None:
+            return
+        self._end_running()
+        req.stats = result.get("stats")
+        self.request_ended.emit(req, req.stats)
+        self.queue_changed.emit()
+        req.finished.emit(result)
+        self._pump()
+
+    def _on_failed(self, gen_id: int, kind: str, message: str) -> None:
+        if gen_id == 0:
+            self.state = "failed"
+            self.load_failed.emit(kind, message)
+            for req in list(self.waiting):
+                self._drop(req, "unloaded", f"the model could not be loaded: {message}")
+            return
+        req = self._current(gen_id)
+        if req is None:
+            return
+        self._end_running()
+        self.request_ended.emit(req, None)
+        self.queue_changed.emit()
+        req.failed.emit(kind, message)
+        self._pump()
