@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     app.aboutToQuit.connect(done.set)
     with loop:
         loop.run_until_complete(done.wait())
+        loop.run_until_complete(win.api.aclose())  # stop listening before the loop closes
     win.store.close()
     crash_log.stop()
     if test is not None:

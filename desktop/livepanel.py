@@ -17,7 +17,8 @@ from collections import deque
 
 from PySide6.QtCore import QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout,
+                               QWidget)
 
 from model_loader.stats import percentile  # pure Python: importing it does not import torch
 
@@ -182,6 +183,7 @@ class GpuMonitor:
 
 
 class LivePanel(QScrollArea):
+    LOG_LINES = 50
     ROWS = [
         ("reply", "This reply", [("ttft", "First token"), ("tfat", "First answer token"),
                                  ("split", "Thinking / answering"), ("tokens", "Tokens think + answer"),
@@ -244,6 +246,19 @@ class LivePanel(QScrollArea):
                 self.legend.setTextFormat(Qt.RichText)
                 self.legend.setWordWrap(True)
                 lay.insertWidget(lay.count() - 1, self.legend)
+        self.log_head = QLabel("API requests")
+        self.log_head.setProperty("role", "section")
+        self.log = QListWidget()
+        self.log.setAccessibleName("API request log")
+        self.log.setToolTip("Requests the local API server answered: time, tokens, time to first token, "
+                            "decode speed, client")
+        self.log.setFixedHeight(110)
+        self.log.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.log.setWordWrap(True)
+        self.log_head.hide()
+        self.log.hide()
+        lay.addWidget(self.log_head)
+        lay.addWidget(self.log)
         self.rate_plot = Sparkline("tok/s across this reply", "tok/s")
         self.latency_plot = Sparkline("TTFT per reply", "ms", bars=True)
         lay.addSpacing(10)
@@ -275,6 +290,32 @@ class LivePanel(QScrollArea):
         self.refresh()
 
     # ---- inputs
+    def attach(self, service) -> None:
+        """Count every request the engine runs, whoever asked (the chat, the local API)."""
+        service.request_started.connect(lambda req: self.start_reply())
+        service.request_first.connect(lambda req, started: self.on_started(started))
+        service.request_progress.connect(lambda req, kind, n: self.on_delta(kind, n))
+        service.request_ended.connect(self._on_request_ended)
+
+    def _on_request_ended(self, req, stats: dict | None) -> None:
+        self.finish_reply(stats)
+        if req.client == "api":
+            self.log_request(req.label, stats)
+
+    def log_request(self, client: str, stats: dict | None) -> None:
+        """One line per API request, newest first (the last LOG_LINES)."""
+        when = time.strftime("%H:%M:%S")
+        if stats:
+            line = (f"{when} · {stats['completion_tokens']} tok · TTFT {stats['ttft_ms']:.0f} ms · "
+                    f"{stats['decode_tok_s']:.0f} tok/s · {client}")
+        else:
+            line = f"{when} · failed · {client}"
+        self.log.insertItem(0, line)
+        while self.log.count() > self.LOG_LINES:
+            self.log.takeItem(self.log.count() - 1)
+        self.log_head.show()
+        self.log.show()
+
     def set_engine(self, info: dict) -> None:
         self.info = info
         self.memory = info.get("memory")

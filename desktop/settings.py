@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
                                QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
                                QWidget)
 
@@ -32,6 +32,10 @@ class AppSettings:
     system_prompt: str = ""
     theme: str = "system"  # "system" | "light" | "dark"
     font_size: int = 11
+    api_enabled: bool = False  # the local OpenAI-compatible API server (desktop.apicontrol)
+    api_port: int = 8089
+    api_key: str = ""  # empty: no key asked (the server binds 127.0.0.1 only)
+    api_origins: str = ""  # comma-separated web origins allowed through CORS; empty: none
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length")
 
@@ -44,7 +48,11 @@ class AppSettings:
                 continue
             default = getattr(s, f.name)
             try:
-                setattr(s, f.name, type(default)(raw) if not isinstance(default, str) else str(raw))
+                if isinstance(default, bool):  # QSettings hands back "true"/"false" strings from an ini file
+                    value = raw if isinstance(raw, bool) else str(raw).strip().lower() in ("true", "1", "yes")
+                else:
+                    value = type(default)(raw) if not isinstance(default, str) else str(raw)
+                setattr(s, f.name, value)
             except (TypeError, ValueError):
                 pass  # a hand-edited or corrupt value: keep the default
         return s
@@ -123,6 +131,27 @@ class SettingsDialog(QDialog):
         self.font_size = self._spin(QSpinBox(), 8, 24, settings.font_size, "Font size")
         form.addRow("Font size (pt)", self.font_size)
 
+        self.api_enabled = QCheckBox("Serve the model to other programs on this computer")
+        self.api_enabled.setAccessibleName("Local API server")
+        self.api_enabled.setToolTip("An OpenAI-compatible API at http://127.0.0.1:PORT/v1 for editors, Open WebUI "
+                                    "and scripts; only this computer can reach it")
+        self.api_enabled.setChecked(settings.api_enabled)
+        form.addRow("Local API server", self.api_enabled)
+        self.api_port = self._spin(QSpinBox(), 1024, 65535, settings.api_port, "API port")
+        self.api_port.setGroupSeparatorShown(False)
+        form.addRow("API port", self.api_port)
+        self.api_key = QLineEdit(settings.api_key)
+        self.api_key.setAccessibleName("API key")
+        self.api_key.setPlaceholderText("Optional: clients must send it as a Bearer token")
+        form.addRow("API key", self.api_key)
+        self.api_origins = QLineEdit(settings.api_origins)
+        self.api_origins.setAccessibleName("Allowed web origins")
+        self.api_origins.setPlaceholderText("None (e.g. http://localhost:3000 to allow a web app)")
+        form.addRow("Allowed web origins", self.api_origins)
+        for w in (self.api_port, self.api_key, self.api_origins):
+            w.setEnabled(settings.api_enabled)
+            self.api_enabled.toggled.connect(w.setEnabled)
+
         note = QLabel("Model folder, device, precision and context length take effect after the model reloads.")
         note.setObjectName("Meta")
         note.setWordWrap(True)
@@ -191,6 +220,10 @@ class SettingsDialog(QDialog):
         self.system_prompt.setPlainText(d.system_prompt)
         self.theme.setCurrentIndex(self.theme.findData(d.theme))
         self.font_size.setValue(d.font_size)
+        self.api_enabled.setChecked(d.api_enabled)
+        self.api_port.setValue(d.api_port)
+        self.api_key.setText(d.api_key)
+        self.api_origins.setText(d.api_origins)
 
     def result_settings(self) -> AppSettings:
         return AppSettings(
@@ -199,4 +232,6 @@ class SettingsDialog(QDialog):
             temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
             top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),
             system_prompt=self.system_prompt.toPlainText(), theme=self.theme.currentData(),
-            font_size=self.font_size.value())
+            font_size=self.font_size.value(), api_enabled=self.api_enabled.isChecked(),
+            api_port=self.api_port.value(), api_key=self.api_key.text().strip(),
+            api_origins=self.api_origins.text().strip())

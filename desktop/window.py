@@ -1,8 +1,12 @@
 """The main window: conversation list, chat view, composer, live panel; and the reply lifecycle.
 
-Reply lifecycle (all on the GUI thread; the worker only sees queued requests):
-  send -> user row saved -> empty assistant row saved (complete=0) -> worker.generate(...)
-  started (prompt prefilled) -> LivePanel context use; deltas -> ReplyStream (paint once a frame) + LivePanel
+The engine belongs to an EngineService (desktop.service): the window asks it for replies like any other client
+(the local API server is the other one) and never touches the worker. The live panel listens to the service,
+so it counts every request; the API server's switch and address live in desktop.apicontrol.
+
+Reply lifecycle (all on the GUI thread):
+  send -> user row saved -> empty assistant row saved (complete=0) -> service.submit(...) (may wait behind
+  API requests: "waiting for 1 API request") -> started (prompt prefilled) -> LivePanel context use; deltas -> ReplyStream (paint once a frame) + LivePanel
   counters (the engine's token count); the row is rewritten every Store.FLUSH_S
   finished -> final text + stats + settings saved (complete=1) -> widgets show the exact stats
 Stop = GenerationControl.cancel(), stop thinking = GenerationControl.stop_thinking(): thread-safe flags the
@@ -23,13 +27,14 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, Q
                                QWidget)
 
 from desktop import theme as themes
+from desktop.apicontrol import ApiControl
 from desktop.chatview import ChatView, ReplyStream
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.store import Store
 from desktop.welcome import WelcomePage
-from desktop.worker import EngineHost
+from desktop.service import EngineService, NotReady, QueueFull
 
 
 class Composer(QFrame):
@@ -166,14 +171,13 @@ class MainWindow(QMainWindow):
         self.setAccessibleName("r1desk")
         self.setMinimumSize(760, 520)
 
-        self.host: EngineHost | None = None
+        self.service: EngineService | None = None
         self.engine_factory = None  # tests: a callable(request, progress) -> engine, instead of Engine.load
         self.quantize_options = dict(group_size=128)  # the 4-bit copy; tests use 32 (the tiny model is 64 wide)
         self.engine_state = "none"  # none | loading | warming | ready | failed
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
-        self.gen_id = 0
-        self.control = None
+        self.request = None  # the chat's GenerationRequest in flight (desktop.service)
         self.stream: ReplyStream | None = None
         self.reply_msg_id: int | None = None
         self.editing_msg_id: int | None = None
@@ -189,6 +193,10 @@ class MainWindow(QMainWindow):
         from desktop.markdown import prewarm_rendering
 
         prewarm_rendering()
+        self.api = ApiControl(self)
+        self.api.failed.connect(lambda why: self.banner.show_message("api", f"The local API server is off: {why}.",
+                                                                     [("Settings…", self.open_settings)]))
+        self.api.apply(self.settings)
         self._build()
         self._shortcuts()
         self.save_timer = QTimer(self)
@@ -261,6 +269,7 @@ class MainWindow(QMainWindow):
         self.status_label.setObjectName("Meta")
         self.status_label.setAccessibleName("Model status")
         t_lay.addWidget(self.status_label)
+        t_lay.addWidget(self.api.label)
         self.progress = QProgressBar()
         self.progress.setAccessibleName("Loading progress")
         self.progress.setFixedWidth(160)
@@ -394,9 +403,14 @@ class MainWindow(QMainWindow):
             self.apply_theme()
 
     # ------------------------------------------------------------------ engine
+    @property
+    def host(self):
+        """The engine worker's host (tests reach the worker's signals through it)."""
+        return self.service.host if self.service is not None else None
+
     def start_engine(self) -> None:
-        """Create the worker thread (cheap) and load the configured model; torch is imported over there."""
-        self._ensure_host()
+        """Create the engine service (cheap) and load the configured model; torch is imported on its thread."""
+        self._ensure_service()
         if not self.settings.model_path:
             self.stack.setCurrentWidget(self.welcome)
             self.welcome.scan()
@@ -404,39 +418,35 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.chat_page)
         self.engine_state = "loading"
         self._set_status("Starting…", busy=True)
-        self.host.load(self.settings.model_path, self.settings.device, self.settings.context_length,
-                       self.settings.dtype())
+        self.service.load(self.settings.model_path, self.settings.device, self.settings.context_length,
+                          self.settings.dtype())
 
-    def _ensure_host(self) -> None:
-        if self.host is None:
-            self.host = EngineHost(self)
-            self.host.worker.engine_factory = self.engine_factory
-            w = self.host.worker
-            q = Qt.QueuedConnection  # explicit: these slots must run on the GUI thread, whatever wraps them
-            w.stage.connect(self._on_stage, q)
-            w.progress.connect(self._on_progress, q)
-            w.ready.connect(self._on_ready, q)
-            w.started.connect(self._on_started, q)
-            w.delta.connect(self._on_delta, q)
-            w.finished.connect(self._on_finished, q)
-            w.failed.connect(self._on_failed, q)
-            w.quantize_progress.connect(self.welcome.on_quantize_progress, q)
-            w.quantized.connect(self._on_quantized, q)
-            w.quantize_failed.connect(self._on_quantize_failed, q)
+    def _ensure_service(self) -> None:
+        if self.service is None:
+            svc = self.service = EngineService(self, engine_factory=self.engine_factory)
+            svc.stage.connect(self._on_stage)
+            svc.progress.connect(self._on_progress)
+            svc.ready.connect(self._on_ready)
+            svc.load_failed.connect(self._on_load_failed)
+            svc.quantize_progress.connect(self.welcome.on_quantize_progress)
+            svc.quantized.connect(self._on_quantized)
+            svc.quantize_failed.connect(self._on_quantize_failed)
+            self.live.attach(svc)
+            self.api.attach(svc)
 
     # ------------------------------------------------------------------ 4-bit copy (first run)
     def quantize_model(self, src: str) -> None:
         """Make a 4-bit AWQ copy of `src` in r1desk's models folder on the engine thread, then load it."""
         from model_loader.locate import user_models_dir  # plain paths: no torch
 
-        self._ensure_host()
+        self._ensure_service()
         out = user_models_dir() / f"{Path(src).name}-AWQ"  # the -AWQ name is how find_variants pairs them
         self.welcome.quantize_started()
-        self.host.quantize(src, str(out), **self.quantize_options)
+        self.service.quantize(src, str(out), **self.quantize_options)
 
     def cancel_quantize(self) -> None:
-        if self.host is not None:
-            self.host.worker.abort_quantize()  # a thread-safe flag: the worker's queue is busy quantizing
+        if self.service is not None:
+            self.service.abort_quantize()
 
     def _on_quantized(self, path: str) -> None:
         self.welcome.quantize_finished("4-bit copy made.")
@@ -662,8 +672,6 @@ class MainWindow(QMainWindow):
         return s
 
     def _start_reply(self) -> None:
-        from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
-
         history = self._history()
         settings = self.sampling()
         try:
@@ -673,25 +681,42 @@ class MainWindow(QMainWindow):
             self.banner.show_message("save_failed", f"Could not start the reply: saving it failed ({err}). Free "
                                                      "some disk space, then use Regenerate or send again.")
             return
+        try:
+            req = self.service.submit(history, settings, client="chat")
+        except (NotReady, QueueFull) as err:
+            self._drop_reply_row()
+            self.banner.show_message("generate", f"The reply could not start: {err}.")
+            return
         widget = self.chat.add_message(self.store.message(self.reply_msg_id))
         self.chat.scroll_to_bottom()
         self.stream = ReplyStream(widget)
-        self.live.start_reply()
-        self.control = GenerationControl()
+        self.request = req
         self._last_saved = ""
         if self.banner.kind in ("not_ready", "generate", "oom", "context_full"):  # stale once a new reply starts
             self.banner.hide()
-        self.gen_id = self.host.generate(history, settings, self.control)
+        req.queued.connect(self._on_queued)
+        req.started.connect(self._on_started)
+        req.delta.connect(self._on_delta)
+        req.finished.connect(self._on_finished)
+        req.failed.connect(self._on_failed)
+        self._on_queued(len(self.service.ahead_of(req)))
         self.save_timer.start()
         self._update_composer()
 
+    def _drop_reply_row(self) -> None:
+        try:
+            self.store.delete_message(self.reply_msg_id)
+        except sqlite3.Error:
+            pass  # an empty, incomplete row: harmless if it stays
+        self.reply_msg_id = None
+
     def stop(self) -> None:
-        if self.control is not None:
-            self.control.cancel()
+        if self.request is not None:
+            self.request.cancel()
 
     def stop_thinking(self) -> None:
-        if self.control is not None and self.stream is not None and not self.stream.answer:
-            self.control.stop_thinking()
+        if self.request is not None and self.stream is not None and not self.stream.answer:
+            self.request.stop_thinking()
             self.composer.stop_thinking_btn.setEnabled(False)
 
     def escape(self) -> None:
@@ -701,16 +726,22 @@ class MainWindow(QMainWindow):
             self._set_editing(None)
             self.composer.edit.clear()
 
-    def _on_started(self, gen_id: int, started: dict) -> None:
-        if gen_id == self.gen_id and self.stream is not None:
-            self.live.on_started(started)
+    def _on_queued(self, ahead: int) -> None:
+        """The chat's reply waits behind API requests (the engine runs one at a time): say so on the reply."""
+        if self.stream is None or self.request is None or self.request.state != "waiting":
+            return
+        if ahead:
+            self.stream.widget.meta.setText(f"waiting for {ahead} API request{'s' if ahead > 1 else ''}…")
 
-    def _on_delta(self, gen_id: int, text: str, kind: str, token_count: int) -> None:
-        if gen_id != self.gen_id or self.stream is None:
+    def _on_started(self, started: dict) -> None:
+        if self.stream is not None:
+            self.stream.widget.meta.setText("")
+
+    def _on_delta(self, text: str, kind: str, token_count: int) -> None:
+        if self.stream is None:
             return
         was_thinking = self.stream.answer == ""
         self.stream.feed(text, kind)
-        self.live.on_delta(kind, token_count)
         if was_thinking and (kind == "answer" or self.stream.reasoning == text):
             self._update_composer()
 
@@ -723,8 +754,8 @@ class MainWindow(QMainWindow):
             self._last_saved = content
             self._write_reply(self.reply_msg_id, dict(content=content, reasoning=s.reasoning, answer=s.answer))
 
-    def _on_finished(self, gen_id: int, result: dict) -> None:
-        if gen_id != self.gen_id or self.stream is None:
+    def _on_finished(self, result: dict) -> None:
+        if self.stream is None:
             return
         stats = dict(result["stats"])
         if result["reasoning"]:
@@ -738,15 +769,12 @@ class MainWindow(QMainWindow):
         self._write_reply(self.reply_msg_id, fields, touch=self.conv_id)
         msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}), **fields}
         self._end_reply(msg)
-        self.live.finish_reply(stats)
         if stats.get("finish_reason") == "context_full":
             self._context_full_banner("The conversation has filled the model's context, so the reply was cut off.")
         self.reply_finished.emit(msg)
 
-    def _on_failed(self, gen_id: int, kind: str, message: str) -> None:
-        if gen_id == 0:
-            return self._on_load_failed(kind, message)
-        if gen_id != self.gen_id or self.stream is None:
+    def _on_failed(self, kind: str, message: str) -> None:
+        if self.stream is None:
             return
         s = self.stream
         if s.reasoning or s.answer:  # keep what was written; say why it stopped
@@ -756,21 +784,19 @@ class MainWindow(QMainWindow):
             msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}),
                    **fields}
         else:
-            try:
-                self.store.delete_message(self.reply_msg_id)
-            except sqlite3.Error:
-                pass  # an empty, incomplete row: harmless if it stays
             self.chat.remove(self.reply_msg_id)
+            self._drop_reply_row()
             msg = None
         self._end_reply(msg)
-        self.live.finish_reply(None)
         if kind == "context_full":
             self._context_full_banner(f"This conversation no longer fits in the context: {message}.")
         elif kind == "oom":
             self.banner.show_message("oom", f"Out of GPU memory: {message}. The conversation is kept; try a "
                                             "shorter context length or 4-bit weights.",
                                      [("Settings…", self.open_settings)])
-        else:
+        elif kind == "unloaded":
+            self.banner.show_message("generate", f"The reply did not start: {message}.")
+        elif kind != "cancelled":  # Stop pressed while the reply still waited behind API requests: nothing to say
             self.banner.show_message("generate", f"The reply failed: {message}")
         self.reply_failed.emit(kind, message)
 
@@ -832,7 +858,7 @@ class MainWindow(QMainWindow):
             self.stream.timer.stop()
             self.stream.label_timer.stop()
         self.stream = None
-        self.control = None
+        self.request = None
         self.reply_msg_id = None
         self.composer.stop_thinking_btn.setEnabled(True)
         self._update_composer()
@@ -920,6 +946,7 @@ class MainWindow(QMainWindow):
         new.save(self.qs)
         if (new.theme, new.font_size) != (old.theme, old.font_size):
             self.apply_theme()
+        self.api.apply(new)
         if any(getattr(new, k) != getattr(old, k) for k in AppSettings.MODEL_KEYS):
             if self.stream is None:
                 self.start_engine()
@@ -948,16 +975,14 @@ class MainWindow(QMainWindow):
         if self.conv_id is not None:
             self.qs.setValue("window/last_conversation", self.conv_id)
         self.qs.sync()
-        if self.control is not None:
-            self.control.cancel()
+        self.api.shutdown()
         self._save_partial()
         joined = True
-        if self.host is not None:
-            joined = self.host.shutdown(1500)
+        if self.service is not None:
+            joined = self.service.shutdown(1500)  # cancels the reply in flight and every API request
             # The worker finished (cancelled) before its thread stopped: deliver its queued
             # deltas and Finished now, so the final text and stats are saved.
-            QApplication.sendPostedEvents(None, 0)
-            QApplication.processEvents()
+            self.service.deliver_pending()
         if self.stream is not None and self.reply_msg_id is not None:
             s = self.stream
             self._write_reply(self.reply_msg_id, dict(content=_content(s.reasoning, s.answer), reasoning=s.reasoning,

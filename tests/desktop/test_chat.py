@@ -59,9 +59,9 @@ def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_wi
 def test_deltas_are_coalesced_into_frames(qtbot, make_window):
     engine = FakeEngine(token_s=0.0002)  # ~5000 tok/s: far more deltas than frames
     win = make_window(engine=engine)
-    win.host.worker.delta_interval_s = 0  # one signal per engine delta: the GUI alone must coalesce them
+    win.service.host.worker.delta_interval_s = 0  # one signal per engine delta: the GUI alone must coalesce them
     deltas = []
-    win.host.worker.delta.connect(lambda *a: deltas.append(a))
+    win.service.host.worker.delta.connect(lambda *a: deltas.append(a))
     with qtbot.waitSignal(win.reply_finished, timeout=20000):
         _send(qtbot, win)
         stream = win.stream
@@ -124,7 +124,7 @@ def test_close_during_reply_saves_it_and_exits_quickly(qtbot, make_window):
     win.close()
     elapsed = time.monotonic() - t0
     assert elapsed < 2.0
-    assert win.host.thread.isFinished()
+    assert win.service.host.thread.isFinished()
     saved = win.store.message(msg_id)
     assert saved["complete"] and saved["stats"]["finish_reason"] == "cancelled"
     assert len(saved["reasoning"]) > 60 and REASONING.startswith(saved["reasoning"])
@@ -156,7 +156,7 @@ def test_ui_keeps_up_and_stays_responsive_at_hundreds_of_tokens_per_second(qtbot
     timer.timeout.connect(tick)
     timer.start(5)
     first = []
-    win.host.worker.delta.connect(lambda *a: first or first.append(time.perf_counter()))
+    win.service.host.worker.delta.connect(lambda *a: first or first.append(time.perf_counter()))
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as blocker:
         win.send("go")
     done = time.perf_counter()
@@ -180,4 +180,4 @@ def test_loading_shows_progress_and_closing_mid_load_exits_quickly(qtbot, make_w
     assert not win.composer.send_btn.isEnabled()  # nothing to send to yet
     t0 = time.monotonic()
     win.close()
-    assert time.monotonic() - t0 < 2.0 and win.host.thread.isFinished()  # the load stopped at its next chunk
+    assert time.monotonic() - t0 < 2.0 and win.service.host.thread.isFinished()  # the load stopped at its next chunk

@@ -127,7 +127,7 @@ def test_first_run_download_then_4bit_copy_loads_and_replies(qtbot, aio, hub, ma
 
     with qtbot.waitSignal(win.engine_ready, timeout=120000) as blocker:
         task = welcome.start_download()  # into r1desk's models folder, as the button does
-        win.host.worker.quantize_progress.connect(on_step, Qt.DirectConnection)
+        win.service.host.worker.quantize_progress.connect(on_step, Qt.DirectConnection)
         dest = aio.run_until_complete(asyncio.wait_for(task, 120))
         qtbot.waitUntil(lambda: "layer 1/2" in welcome.download_status.text(), timeout=30000)  # layer i/N
         assert welcome.cancel_btn.isVisible() and welcome.download_progress.isVisible()
@@ -162,13 +162,13 @@ def test_cancelling_the_4bit_copy_leaves_no_half_made_model(qtbot, make_window, 
             qtbot.mouseClick(welcome.cancel_btn, Qt.LeftButton)
             clicked.set()
 
-    win._ensure_host()
+    win._ensure_service()
     on_gui = _OnGuiThread(cancel_at_first_step)
-    win.host.worker.quantize_progress.connect(on_gui.call, Qt.QueuedConnection)
+    win.service.host.worker.quantize_progress.connect(on_gui.call, Qt.QueuedConnection)
     # Hold the worker at its first step until the click has happened (the tiny model quantizes in well under a
     # second, faster than a click): what is tested is what Cancel does mid-way, not who wins a race.
-    win.host.worker.quantize_progress.connect(lambda *a: clicked.wait(30), Qt.DirectConnection)
-    with qtbot.waitSignal(win.host.worker.quantize_failed, timeout=60000) as blocker:
+    win.service.host.worker.quantize_progress.connect(lambda *a: clicked.wait(30), Qt.DirectConnection)
+    with qtbot.waitSignal(win.service.host.worker.quantize_failed, timeout=60000) as blocker:
         win.quantize_model(str(dense))
     assert blocker.args[0] == "cancelled"
     assert not (models_dir / "tiny-r1-AWQ").exists()

@@ -220,9 +220,9 @@ def _displayed(msg: dict) -> tuple[str, str]:
 def test_window_survives_20000_fast_deltas_while_switching_chats_then_closes_cleanly(qtbot, make_window):
     engine = StressEngine(per_reply=5000)
     win = make_window(engine=engine)
-    win.host.worker.delta_interval_s = 0  # every engine delta is its own queued signal: 20,000 of them
+    win.service.host.worker.delta_interval_s = 0  # every engine delta is its own queued signal: 20,000 of them
     signals = []
-    win.host.worker.delta.connect(lambda *a: signals.append(1))
+    win.service.host.worker.delta.connect(lambda *a: signals.append(1))
     # Other conversations to click on while the replies stream.
     others = [win.store.create_conversation(f"other {i}") for i in range(3)]
     win.refresh_list()

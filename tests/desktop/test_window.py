@@ -158,7 +158,7 @@ def test_live_panel_numbers(qtbot, make_window):
     assert win.live.timer.interval() >= 100  # a few times a second, never per token
     _reply(qtbot, win, "hello")  # a first exchange, so the second reply reuses a prefix and shows it
     deltas = []
-    win.host.worker.delta.connect(lambda *a: deltas.append(a), Qt.DirectConnection)  # counted as emitted
+    win.service.host.worker.delta.connect(lambda *a: deltas.append(a), Qt.DirectConnection)  # counted as emitted
     win.send("and again")
     v = win.live.values
     # context use shows as soon as the prompt is prefilled, before the first token and throughout the reply
