@@ -1,8 +1,8 @@
 """`r1desk-cli serve`: the local OpenAI-compatible API without a window.
 
 The same EngineService and ApiServer the window uses, on a QCoreApplication (QtCore only: no display needed)
-whose event loop is the asyncio loop (qasync), exactly as in the app. Prints
-`serving MODEL on http://HOST:PORT/v1` once the model is ready; Ctrl+C or SIGTERM stops it cleanly.
+whose event loop is the asyncio loop (qasync), exactly as in the app. It listens at once
+(requests get 503 while the model loads) and prints `serving MODEL on http://HOST:PORT/v1` once it is ready; Ctrl+C or SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -45,16 +45,7 @@ def run(args) -> int:
         done.set()
 
     def on_ready(info: dict) -> None:
-        async def start():
-            try:
-                await server.start()
-            except OSError as err:
-                print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}",
-                      file=sys.stderr)
-                finish(1)
-                return
-            print(f"serving {server.model_id} on {server.url}", flush=True)
-        loop.create_task(start())
+        print(f"serving {server.model_id} on {server.url}", flush=True)
 
     def on_load_failed(kind: str, message: str) -> None:
         print(f"r1desk serve: could not load the model: {message}", file=sys.stderr)
@@ -72,8 +63,16 @@ def run(args) -> int:
     ticker = QTimer()
     ticker.start(200)
     ticker.timeout.connect(lambda: None)
-    QTimer.singleShot(0, lambda: service.load(args.model, args.device, args.context, args.dtype))
     with loop:
+        # Listen first: a client that starts with the server gets 503 + Retry-After while the model loads,
+        # not "connection refused"; and a port that is taken is reported before seconds of loading.
+        try:
+            loop.run_until_complete(server.start())
+        except OSError as err:
+            print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}",
+                  file=sys.stderr)
+            return 1
+        service.load(args.model, args.device, args.context, args.dtype)
         loop.run_until_complete(done.wait())
         loop.run_until_complete(server.stop())
     if not service.shutdown(3000):

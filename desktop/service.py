@@ -93,6 +93,7 @@ class EngineService(QObject):
         self.info: dict | None = None
         self.waiting: deque[GenerationRequest] = deque()
         self.running: GenerationRequest | None = None
+        self.last: dict | None = None  # the last request's end: client, finish_reason, tokens (GET /health)
         self._running_gen_id = 0
         self.host = EngineHost(self)
         self.host.worker.engine_factory = engine_factory
@@ -247,6 +248,8 @@ class EngineService(QObject):
             return
         self._end_running()
         req.stats = result.get("stats")
+        self.last = {"client": req.client, "finish_reason": req.stats.get("finish_reason"),
+                     "completion_tokens": req.stats.get("completion_tokens")}
         self.request_ended.emit(req, req.stats)
         self.queue_changed.emit()
         req.finished.emit(result)
@@ -263,6 +266,7 @@ class EngineService(QObject):
         if req is None:
             return
         self._end_running()
+        self.last = {"client": req.client, "finish_reason": "error", "error": kind}
         self.request_ended.emit(req, None)
         self.queue_changed.emit()
         req.failed.emit(kind, message)

@@ -167,7 +167,7 @@ class ApiServer:
     async def health(self, request: web.Request) -> web.Response:
         s = self.service
         return web.json_response({"status": "ok" if s.state == "ready" else s.state, "model": self.model_id,
-                                  "running": s.running is not None, "waiting": len(s.waiting)})
+                                  "running": s.running is not None, "waiting": len(s.waiting), "last": s.last})
 
     async def models(self, request: web.Request) -> web.Response:
         model_id = self._require_model()

@@ -1,0 +1,297 @@
+"""The local OpenAI-compatible API, end to end: `r1desk-cli serve` (headless, tiny model, CPU) driven by the
+official `openai` client and raw HTTP. Two servers: the R1 tiny model (output starts inside the reasoning) and a
+copy with a plain chat template (output is all answer: content, stop strings)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from urllib.parse import urlsplit
+
+import aiohttp
+import openai
+import pytest
+
+KEY = "test-key-123"
+
+
+def _serve(model, *extra):
+    proc = subprocess.Popen([sys.executable, "-m", "model_loader.cli", "serve", "--model", str(model), "--device",
+                             "cpu", "--context", "512", "--port", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    line = proc.stdout.readline()  # blocks until the model is ready (or the process ends)
+    m = re.match(r"serving (\S+) on (http://\S+/v1)$", line.strip())
+    if not m:
+        proc.kill()
+        raise AssertionError(f"no 'serving' line: {line!r}\n{proc.stderr.read()[-3000:]}")
+    return proc, m.group(1), m.group(2)
+
+
+def _stop(proc):
+    proc.terminate()
+    try:
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def r1(tiny_model):
+    proc, model_id, url = _serve(tiny_model, "--api-key", KEY, "--max-waiting", "2")
+    yield model_id, url
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model, tmp_path_factory):
+    """The tiny model as a non-reasoning model (Qwen2.5-style: no <think> tags in the vocabulary or the
+    template): everything it writes is answer."""
+    folder = tmp_path_factory.mktemp("plain") / "tiny-plain"
+    shutil.copytree(tiny_model, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "<｜Assistant｜><think>\\n" in cfg["chat_template"]
+    cfg["chat_template"] = cfg["chat_template"].replace("<｜Assistant｜><think>\\n", "<｜Assistant｜>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))  # a Qwen2.5-style vocabulary:
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] not in ("<think>", "</think>")]  # no tags
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    for name in ("tokenizer_config.json",):  # the same tags may be listed as added tokens there too
+        cfg = json.loads((folder / name).read_text())
+        decoder = cfg.get("added_tokens_decoder", {})
+        cfg["added_tokens_decoder"] = {k: v for k, v in decoder.items() if v.get("content") not in ("<think>",
+                                                                                                   "</think>")}
+        (folder / name).write_text(json.dumps(cfg))
+    proc, model_id, url = _serve(folder)
+    yield model_id, url
+    _stop(proc)
+
+
+def _client(url, key=KEY):
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
+
+
+def _ask(server, content, key=KEY, **kw):
+    model_id, url = server
+    return _client(url, key).chat.completions.create(model=model_id, messages=[{"role": "user", "content": content}],
+                                                     **kw)
+
+
+def _stream(server, content, **kw):
+    model_id, url = server
+    return list(_client(url).chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": content}], stream=True, **kw))
+
+
+# ---------------------------------------------------------------------------------------------- answers
+def test_models_list_names_the_loaded_model(r1):
+    model_id, url = r1
+    assert model_id == "tiny-r1"
+    assert [m.id for m in _client(url).models.list()] == ["tiny-r1"]
+    assert _client(url).models.retrieve("tiny-r1").id == "tiny-r1"
+
+
+def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage(r1):
+    whole = _ask(r1, "Why is the sky blue?", max_tokens=40, temperature=0)
+    msg = whole.choices[0].message
+    extra = msg.model_extra
+    assert msg.role == "assistant"
+    assert extra["reasoning_content"] and extra["reasoning"] == extra["reasoning_content"]
+    assert msg.content == ""  # the random model never closes </think> within 40 tokens: all reasoning
+    assert whole.choices[0].finish_reason == "length"
+    u = whole.usage
+    assert (u.completion_tokens, u.completion_tokens_details.reasoning_tokens) == (40, 40)
+    assert u.prompt_tokens > 5 and u.total_tokens == u.prompt_tokens + 40
+
+    chunks = _stream(r1, "Why is the sky blue?", max_tokens=40, temperature=0,
+                     stream_options={"include_usage": True})
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+    assert text == extra["reasoning_content"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: its prefix reused
+
+
+def test_answer_goes_to_content_and_stop_strings_cut_it(plain):
+    full = _ask(plain, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
+    assert len(full) > 20
+    stop = full[12:16]
+    cut = full.find(stop)
+    stopped = _ask(plain, "Tell me something.", max_tokens=48, temperature=0, stop=[stop, "never appears"])
+    assert stopped.choices[0].message.content == full[:cut]
+    assert stopped.choices[0].finish_reason == "stop"
+    chunks = _stream(plain, "Tell me something.", max_tokens=48, temperature=0, stop=stop)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:cut]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_seed_replays_a_sampled_reply(plain):
+    a = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
+    b = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
+    c = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=8).choices[0].message.content
+    assert a == b and a != c
+
+
+def test_follow_up_reuses_the_prefix_after_other_requests_and_stays_exact(plain):
+    """Chat and API clients interleave on one KV cache: a conversation's later turn must not depend on
+    what ran in between (the engine reuses only the common token prefix)."""
+    first = _ask(plain, "Name a colour.", max_tokens=12, temperature=0).choices[0].message.content
+    _ask(plain, "Something else entirely, longer than the first question.", max_tokens=12, temperature=0)
+    model_id, url = plain
+    history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": first},
+               {"role": "user", "content": "Another?"}]
+    after_other = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12,
+                                                       temperature=0)
+    again = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
+    assert after_other.choices[0].message.content == again.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
+# ---------------------------------------------------------------------------------------------- errors
+class Reply:
+    def __init__(self, status, headers, body):
+        self.status_code, self.headers, self.text = status, headers, body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def _raw(url, method, path, key=KEY, headers=None, json_body=None, content=None):
+    """One HTTP request with exactly these headers (http.client sends a Host header we give it as is)."""
+    headers = dict(headers or {})
+    if key:
+        headers.setdefault("Authorization", f"Bearer {key}")
+    if json_body is not None:
+        content = json.dumps(json_body).encode()
+    if content is not None:
+        headers.setdefault("Content-Type", "application/json")
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.request(method, path, body=content, headers=headers)
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def _error(resp, status):
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
+    model_id, url = r1
+    ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
+    assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"{not json"), 400)["message"]
+    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body={"model": model_id}), 400)["param"] == "messages"
+    for field, value in [("temperature", 3), ("temperature", "hot"), ("n", 2), ("max_tokens", 0), ("stop", 5),
+                         ("stream", "yes"), ("top_p", 0), ("seed", 1.5)]:
+        err = _error(_raw(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
+        assert err["param"] == field and field in err["message"], (field, err)
+    bad_role = {**ok, "messages": [{"role": "tool", "content": "x"}]}
+    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"] == "messages[0].role"
+    image = {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=image), 400)["param"] == "messages[0].content[0]"
+    with pytest.raises(openai.NotFoundError) as nf:
+        _client(url).chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
+    assert nf.value.body["code"] == "model_not_found" and nf.value.body["param"] == "model"
+
+
+def test_a_prompt_longer_than_the_context_is_refused(r1):
+    with pytest.raises(openai.BadRequestError) as err:
+        _ask(r1, "word " * 700, max_tokens=5)  # the server runs with a 512-token context
+    assert err.value.body["code"] == "context_length_exceeded"
+
+
+def test_keys_routes_methods_sizes_and_hosts(r1):
+    model_id, url = r1
+    ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert _error(_raw(url, "GET", "/v1/models", key=None), 401)["code"] == "invalid_api_key"
+    assert _error(_raw(url, "GET", "/v1/models", key="wrong"), 401)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        _ask(r1, "hi", key="wrong")
+    assert _error(_raw(url, "GET", "/v1/nothing"), 404)["code"] == "not_found"
+    assert _error(_raw(url, "GET", "/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+    huge = json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (4 * 2 ** 20 + 10)}]})
+    assert _error(_raw(url, "POST", "/v1/chat/completions", content=huge.encode()), 413)["code"] == \
+        "request_too_large"
+    # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own Host header
+    err = _error(_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "evil.example:80"}), 403)
+    assert err["code"] == "forbidden_host"
+    assert _raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "localhost"}).status_code == 200
+    health = _raw(url, "GET", "/health", key=None)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert "access-control-allow-origin" not in {k.lower() for k in health.headers}  # no CORS unless listed
+
+
+def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
+    """One streaming request runs, two wait (--max-waiting 2): the fourth gets 429 with Retry-After. Closing
+    the streams cancels their generations: the running one stops long before its 400 tokens."""
+    model_id, url = r1
+    body = {"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400,
+            "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def scenario():
+        base = url.removesuffix("/v1")
+        async with aiohttp.ClientSession(base, headers=headers) as client:
+            running = await client.post("/v1/chat/completions", json=body)
+            first = await running.content.readline()  # the role chunk: the generation has started
+            assert first.startswith(b"data: ")
+            waiting = [asyncio.create_task(client.post("/v1/chat/completions", json={**body, "stream": False}))
+                       for _ in range(2)]
+            while True:  # yield to the two posts until the server has queued both
+                async with client.get("/health") as h:
+                    if (await h.json())["waiting"] >= 2:
+                        break
+            async with client.post("/v1/chat/completions", json=body) as full:
+                result = Reply(full.status, {k.lower(): v for k, v in full.headers.items()}, await full.read())
+            for t in waiting:
+                t.cancel()
+            running.close()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            return result
+
+    full = asyncio.run(scenario())
+    assert _error(full, 429)["code"] == "queue_full"
+    assert full.headers["retry-after"].isdigit()
+    while True:  # the server notices each hang-up and ends its request
+        health = _raw(url, "GET", "/health", key=None).json()
+        if not health["running"] and health["waiting"] == 0:
+            break
+    last = health["last"]
+    assert last["finish_reason"] == "cancelled" and last["completion_tokens"] < 400
+
+
+def test_four_concurrent_clients_each_get_their_own_whole_answer(plain):
+    prompts = [f"Question number {i}?" for i in range(4)]
+    alone = {p: _ask(plain, p, max_tokens=24, temperature=0).choices[0].message.content for p in prompts}
+    together = {}
+
+    def client(p):
+        together[p] = _ask(plain, p, max_tokens=24, temperature=0).choices[0].message.content
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert together == alone
+
+
+def test_serve_refuses_another_host_without_a_key(tiny_model):
+    out = subprocess.run([sys.executable, "-m", "model_loader.cli", "serve", "--model", str(tiny_model),
+                          "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--api-key" in out.stderr
