@@ -249,7 +249,8 @@ class EngineService(QObject):
         self._end_running()
         req.stats = result.get("stats")
         self.last = {"client": req.client, "finish_reason": req.stats.get("finish_reason"),
-                     "completion_tokens": req.stats.get("completion_tokens")}
+                     "completion_tokens": req.stats.get("completion_tokens"), "ttft_ms": req.stats.get("ttft_ms"),
+                     "decode_tok_s": req.stats.get("decode_tok_s")}
         self.request_ended.emit(req, req.stats)
         self.queue_changed.emit()
         req.finished.emit(result)
