@@ -1,16 +1,11 @@
-"""The main window: conversation list, chat view, composer, live panel; and the reply lifecycle.
+"""The main window: layout, conversation list, composer, engine state, settings and closing.
 
 The engine belongs to an EngineService (desktop.service): the window asks it for replies like any other client
-(the local API server is the other one) and never touches the worker. The live panel listens to the service,
-so it counts every request; the API server's switch and address live in desktop.apicontrol.
+(the local API server is the other one) and never touches the worker. Its parts each have one job elsewhere:
+a reply's life and its saving (desktop.replies), the live panel, which listens to the service so it counts every
+request (desktop.livepanel), and the API server's switch and address (desktop.apicontrol).
 
-Reply lifecycle (all on the GUI thread):
-  send -> user row saved -> empty assistant row saved (complete=0) -> service.submit(...) (may wait behind
-  API requests: "waiting for 1 API request") -> started (prompt prefilled) -> LivePanel context use; deltas -> ReplyStream (paint once a frame) + LivePanel
-  counters (the engine's token count); the row is rewritten every Store.FLUSH_S
-  finished -> final text + stats + settings saved (complete=1) -> widgets show the exact stats
-Stop = GenerationControl.cancel(), stop thinking = GenerationControl.stop_thinking(): thread-safe flags the
-decode loop checks before every token, called directly (the worker's event queue is busy while it decodes).
+See desktop.replies for a reply's lifecycle.
 """
 
 from __future__ import annotations
@@ -19,131 +14,24 @@ import os
 import sqlite3
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
+                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
                                QProgressBar, QPushButton, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
                                QWidget)
 
 from desktop import theme as themes
 from desktop.apicontrol import ApiControl
-from desktop.chatview import ChatView, ReplyStream
+from desktop.chatview import ChatView
+from desktop.composer import Banner, Composer
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.store import Store
 from desktop.welcome import WelcomePage
-from desktop.service import EngineService, NotReady, QueueFull
-
-
-class Composer(QFrame):
-    """Input box + Stop thinking + Send/Stop. Enter sends, Shift+Enter inserts a new line."""
-
-    send_requested = Signal()
-
-    def __init__(self):
-        super().__init__()
-        self.setObjectName("Composer")
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 8, 8)
-        lay.setSpacing(6)
-        self.editing_label = QLabel()
-        self.editing_label.setObjectName("Meta")
-        self.editing_label.hide()
-        lay.addWidget(self.editing_label)
-        row = QHBoxLayout()
-        row.setSpacing(8)
-        self.edit = QPlainTextEdit()
-        self.edit.setAccessibleName("Message")
-        self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
-        self.edit.setTabChangesFocus(True)
-        self.edit.installEventFilter(self)
-        self.edit.textChanged.connect(self._grow)
-        row.addWidget(self.edit, 1)
-        self.stop_thinking_btn = QPushButton("Stop thinking")
-        self.stop_thinking_btn.setAccessibleName("Stop thinking and answer now")
-        self.stop_thinking_btn.setToolTip("Close the reasoning and make the model answer now")
-        self.stop_thinking_btn.hide()
-        row.addWidget(self.stop_thinking_btn, 0, Qt.AlignBottom)
-        self.send_btn = QPushButton("Send")
-        self.send_btn.setProperty("primary", True)
-        self.send_btn.setAccessibleName("Send")
-        self.send_btn.setMinimumWidth(76)
-        row.addWidget(self.send_btn, 0, Qt.AlignBottom)
-        lay.addLayout(row)
-        self._grow()
-
-    def eventFilter(self, obj, event):
-        if obj is self.edit and event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Return, Qt.Key_Enter):
-            if event.modifiers() & Qt.ShiftModifier:
-                return False  # default: new line
-            self.send_requested.emit()
-            return True
-        return super().eventFilter(obj, event)
-
-    def _grow(self) -> None:
-        # Grow with the text up to ~8 lines, then scroll inside.
-        lines = max(1, int(self.edit.document().size().height()))
-        line_h = self.edit.fontMetrics().lineSpacing()
-        self.edit.setVerticalScrollBarPolicy(Qt.ScrollBarAsNeeded if lines > 8 else Qt.ScrollBarAlwaysOff)
-        self.edit.setFixedHeight(min(lines, 8) * line_h + 16)
-
-    def text(self) -> str:
-        return self.edit.toPlainText()
-
-    def set_text(self, text: str) -> None:
-        self.edit.setPlainText(text)
-        self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
-
-    def set_generating(self, on: bool, thinking: bool = False) -> None:
-        self.send_btn.setText("Stop" if on else "Send")
-        self.send_btn.setAccessibleName("Stop" if on else "Send")
-        self.send_btn.setProperty("primary", not on)
-        self.send_btn.style().unpolish(self.send_btn)
-        self.send_btn.style().polish(self.send_btn)
-        self.stop_thinking_btn.setVisible(on and thinking)
-
-
-class Banner(QFrame):
-    """A dismissable message with up to a few actions; the app stays usable under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.setObjectName("Banner")
-        self.setAccessibleName("Notice")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(12, 8, 8, 8)
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        lay.addWidget(self.label, 1)
-        self.buttons_box = QHBoxLayout()
-        lay.addLayout(self.buttons_box)
-        close = QToolButton()
-        close.setText("✕")
-        close.setAccessibleName("Dismiss notice")
-        close.clicked.connect(self.hide)
-        lay.addWidget(close)
-        self.kind = ""
-        self.hide()
-
-    def show_message(self, kind: str, text: str, actions: list[tuple[str, object]] = ()) -> None:
-        self.kind = kind
-        self.label.setText(text)
-        while self.buttons_box.count():
-            w = self.buttons_box.takeAt(0).widget()
-            if w:
-                w.deleteLater()
-        for label, fn in actions:
-            b = QPushButton(label)
-            b.setAccessibleName(label)
-            b.clicked.connect(fn)
-            self.buttons_box.addWidget(b)
-        self.show()
-
-    def action_buttons(self) -> list[QPushButton]:
-        return [self.buttons_box.itemAt(i).widget() for i in range(self.buttons_box.count())]
+from desktop.replies import ReplyController
+from desktop.service import EngineService
 
 
 class MainWindow(QMainWindow):
@@ -177,18 +65,11 @@ class MainWindow(QMainWindow):
         self.engine_state = "none"  # none | loading | warming | ready | failed
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
-        self.request = None  # the chat's GenerationRequest in flight (desktop.service)
-        self.stream: ReplyStream | None = None
-        self.reply_msg_id: int | None = None
         self.editing_msg_id: int | None = None
-        self._last_saved = ""
         self._closing = False
         self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
         self.crash_log = None  # app.main's CrashLog: stopped (a clean exit) before a hard exit too
-        # Reply fields the store could not write (a full disk): msg id -> fields, retried until they are saved.
-        # The window shows them meanwhile, also when the conversation is opened again.
-        self.unsaved: dict[int, dict] = {}
 
         from desktop.markdown import prewarm_rendering
 
@@ -199,12 +80,10 @@ class MainWindow(QMainWindow):
         self.api.apply(self.settings)
         self._build()
         self._shortcuts()
-        self.save_timer = QTimer(self)
-        self.save_timer.setInterval(int(Store.FLUSH_S * 1000))
-        self.save_timer.timeout.connect(self._save_partial)
-        self.retry_timer = QTimer(self)
-        self.retry_timer.setInterval(2000)
-        self.retry_timer.timeout.connect(self._retry_unsaved)
+        self.replies = ReplyController(self)
+        self.replies.finished.connect(self.reply_finished)
+        self.replies.failed.connect(self.reply_failed)
+        self.replies.ended.connect(self._on_reply_ended)
         self.apply_theme()
         hints = QGuiApplication.styleHints()
         if hasattr(hints, "colorSchemeChanged"):
@@ -403,6 +282,19 @@ class MainWindow(QMainWindow):
             self.apply_theme()
 
     # ------------------------------------------------------------------ engine
+    # The reply in flight and replies not yet saved (desktop.replies); tests and the self-test read these.
+    @property
+    def stream(self):
+        return self.replies.stream
+
+    @property
+    def reply_msg_id(self):
+        return self.replies.msg_id
+
+    @property
+    def unsaved(self) -> dict:
+        return self.replies.unsaved
+
     @property
     def host(self):
         """The engine worker's host (tests reach the worker's signals through it)."""
@@ -552,7 +444,7 @@ class MainWindow(QMainWindow):
         self.chat.clear()
         for m in self.store.messages(conv_id):
             if m["role"] != "system":
-                self.chat.add_message({**m, **self.unsaved.get(m["id"], {})})
+                self.chat.add_message({**m, **self.replies.unsaved.get(m["id"], {})})
         if keep_scroll:
             QTimer.singleShot(0, lambda: self.chat.verticalScrollBar().setValue(pos))
         else:
@@ -672,51 +564,14 @@ class MainWindow(QMainWindow):
         return s
 
     def _start_reply(self) -> None:
-        history = self._history()
-        settings = self.sampling()
-        try:
-            self.reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", complete=False,
-                                                       settings=settings)
-        except sqlite3.Error as err:
-            self.banner.show_message("save_failed", f"Could not start the reply: saving it failed ({err}). Free "
-                                                     "some disk space, then use Regenerate or send again.")
-            return
-        try:
-            req = self.service.submit(history, settings, client="chat")
-        except (NotReady, QueueFull) as err:
-            self._drop_reply_row()
-            self.banner.show_message("generate", f"The reply could not start: {err}.")
-            return
-        widget = self.chat.add_message(self.store.message(self.reply_msg_id))
-        self.chat.scroll_to_bottom()
-        self.stream = ReplyStream(widget)
-        self.request = req
-        self._last_saved = ""
-        if self.banner.kind in ("not_ready", "generate", "oom", "context_full"):  # stale once a new reply starts
-            self.banner.hide()
-        req.queued.connect(self._on_queued)
-        req.started.connect(self._on_started)
-        req.delta.connect(self._on_delta)
-        req.finished.connect(self._on_finished)
-        req.failed.connect(self._on_failed)
-        self._on_queued(len(self.service.ahead_of(req)))
-        self.save_timer.start()
-        self._update_composer()
-
-    def _drop_reply_row(self) -> None:
-        try:
-            self.store.delete_message(self.reply_msg_id)
-        except sqlite3.Error:
-            pass  # an empty, incomplete row: harmless if it stays
-        self.reply_msg_id = None
+        if self.replies.start(self.conv_id, self._history(), self.sampling()):
+            self._update_composer()
 
     def stop(self) -> None:
-        if self.request is not None:
-            self.request.cancel()
+        self.replies.stop()
 
     def stop_thinking(self) -> None:
-        if self.request is not None and self.stream is not None and not self.stream.answer:
-            self.request.stop_thinking()
+        if self.replies.stop_thinking():
             self.composer.stop_thinking_btn.setEnabled(False)
 
     def escape(self) -> None:
@@ -725,110 +580,6 @@ class MainWindow(QMainWindow):
         elif self.editing_msg_id is not None:
             self._set_editing(None)
             self.composer.edit.clear()
-
-    def _on_queued(self, ahead: int) -> None:
-        """The chat's reply waits behind API requests (the engine runs one at a time): say so on the reply."""
-        if self.stream is None or self.request is None or self.request.state != "waiting":
-            return
-        if ahead:
-            self.stream.widget.meta.setText(f"waiting for {ahead} API request{'s' if ahead > 1 else ''}…")
-
-    def _on_started(self, started: dict) -> None:
-        if self.stream is not None:
-            self.stream.widget.meta.setText("")
-
-    def _on_delta(self, text: str, kind: str, token_count: int) -> None:
-        if self.stream is None:
-            return
-        was_thinking = self.stream.answer == ""
-        self.stream.feed(text, kind)
-        if was_thinking and (kind == "answer" or self.stream.reasoning == text):
-            self._update_composer()
-
-    def _save_partial(self) -> None:
-        s = self.stream
-        if s is None or self.reply_msg_id is None:
-            return
-        content = _content(s.reasoning, s.answer)
-        if content != self._last_saved:
-            self._last_saved = content
-            self._write_reply(self.reply_msg_id, dict(content=content, reasoning=s.reasoning, answer=s.answer))
-
-    def _on_finished(self, result: dict) -> None:
-        if self.stream is None:
-            return
-        stats = dict(result["stats"])
-        if result["reasoning"]:
-            end = stats["first_answer_ms"] if stats.get("first_answer_ms") is not None else stats["total_s"] * 1000
-            stats["thinking_s"] = max(0.0, (end - stats["ttft_ms"]) / 1000)
-        if self.engine_info:
-            stats["model"] = self.engine_info.get("model_name")
-            stats["device"] = self.engine_info.get("device_name")
-        fields = dict(content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True,
-                      stats=stats)
-        self._write_reply(self.reply_msg_id, fields, touch=self.conv_id)
-        msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}), **fields}
-        self._end_reply(msg)
-        if stats.get("finish_reason") == "context_full":
-            self._context_full_banner("The conversation has filled the model's context, so the reply was cut off.")
-        self.reply_finished.emit(msg)
-
-    def _on_failed(self, kind: str, message: str) -> None:
-        if self.stream is None:
-            return
-        s = self.stream
-        if s.reasoning or s.answer:  # keep what was written; say why it stopped
-            fields = dict(content=_content(s.reasoning, s.answer), reasoning=s.reasoning, answer=s.answer,
-                          complete=True, stats={"finish_reason": "error", "error": message})
-            self._write_reply(self.reply_msg_id, fields)
-            msg = {**(self.store.message(self.reply_msg_id) or {"id": self.reply_msg_id, "role": "assistant"}),
-                   **fields}
-        else:
-            self.chat.remove(self.reply_msg_id)
-            self._drop_reply_row()
-            msg = None
-        self._end_reply(msg)
-        if kind == "context_full":
-            self._context_full_banner(f"This conversation no longer fits in the context: {message}.")
-        elif kind == "oom":
-            self.banner.show_message("oom", f"Out of GPU memory: {message}. The conversation is kept; try a "
-                                            "shorter context length or 4-bit weights.",
-                                     [("Settings…", self.open_settings)])
-        elif kind == "unloaded":
-            self.banner.show_message("generate", f"The reply did not start: {message}.")
-        elif kind != "cancelled":  # Stop pressed while the reply still waited behind API requests: nothing to say
-            self.banner.show_message("generate", f"The reply failed: {message}")
-        self.reply_failed.emit(kind, message)
-
-    # ------------------------------------------------------------------ saving replies
-    def _write_reply(self, msg_id: int, fields: dict, touch: int | None = None) -> bool:
-        """Write a reply's fields (with any that an earlier write could not save); on failure keep them for
-        the retry timer and say so. The reply stays in the window either way."""
-        pending = {**self.unsaved.get(msg_id, {}), **fields}
-        try:
-            columns = {k: v for k, v in pending.items() if k != "touch"}
-            if columns:
-                self.store.update_message(msg_id, **columns)
-            if touch is not None or pending.get("touch") is not None:
-                self.store.touch(touch if touch is not None else pending["touch"])
-        except sqlite3.Error as err:
-            if touch is not None:
-                pending["touch"] = touch
-            self.unsaved[msg_id] = pending
-            if self.banner.kind != "save_failed" or not self.banner.isVisible():
-                self.banner.show_message("save_failed", f"Could not save the reply ({err}). It stays in this "
-                                                         "window and r1desk keeps trying; free some disk space.")
-            self.retry_timer.start()
-            return False
-        if self.unsaved.pop(msg_id, None) is not None and not self.unsaved and self.banner.kind == "save_failed":
-            self.banner.show_message("saved", "Saved: the reply that could not be written earlier is stored now.")
-        return True
-
-    def _retry_unsaved(self) -> None:
-        for msg_id in list(self.unsaved):
-            if not self._write_reply(msg_id, {}):
-                return
-        self.retry_timer.stop()
 
     def show_previous_crash(self, crash) -> None:
         """The last run ended without closing (desktop.crashlog): say so, where the log is, and that the
@@ -846,20 +597,11 @@ class MainWindow(QMainWindow):
                         f"kept at {aside}.",
             [("Open folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(aside.parent))))])
 
-    def _context_full_banner(self, text: str) -> None:
+    def context_full_banner(self, text: str) -> None:
         self.banner.show_message("context_full", text + " Start a new chat to continue.",
                                  [("New chat", self.new_chat)])
 
-    def _end_reply(self, msg: dict | None) -> None:
-        self.save_timer.stop()
-        if self.stream is not None and msg is not None:
-            self.stream.finish(msg)
-        elif self.stream is not None:
-            self.stream.timer.stop()
-            self.stream.label_timer.stop()
-        self.stream = None
-        self.request = None
-        self.reply_msg_id = None
+    def _on_reply_ended(self) -> None:
         self.composer.stop_thinking_btn.setEnabled(True)
         self._update_composer()
         self.refresh_list()
@@ -976,21 +718,14 @@ class MainWindow(QMainWindow):
             self.qs.setValue("window/last_conversation", self.conv_id)
         self.qs.sync()
         self.api.shutdown()
-        self._save_partial()
+        self.replies.save_partial()
         joined = True
         if self.service is not None:
             joined = self.service.shutdown(1500)  # cancels the reply in flight and every API request
             # The worker finished (cancelled) before its thread stopped: deliver its queued
             # deltas and Finished now, so the final text and stats are saved.
             self.service.deliver_pending()
-        if self.stream is not None and self.reply_msg_id is not None:
-            s = self.stream
-            self._write_reply(self.reply_msg_id, dict(content=_content(s.reasoning, s.answer), reasoning=s.reasoning,
-                                                      answer=s.answer, complete=True,
-                                                      stats={"finish_reason": "cancelled"}))
-            self._end_reply(None)
-        self._retry_unsaved()  # a last try for anything a full disk held back
-        self.retry_timer.stop()
+        self.replies.save_on_close()
         self.live.timer.stop()
         event.accept()
         if not joined and self.hard_exit_on_stuck_thread:
@@ -1000,12 +735,6 @@ class MainWindow(QMainWindow):
             if self.crash_log is not None:
                 self.crash_log.stop()  # this is a deliberate exit, not a crash
             os._exit(0)
-
-
-def _content(reasoning: str, answer: str) -> str:
-    if reasoning and answer:
-        return f"{reasoning}</think>\n\n{answer}"
-    return reasoning or answer
 
 
 def _model_title(name: str) -> str:
