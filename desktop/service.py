@@ -57,6 +57,7 @@ class GenerationRequest(QObject):
         self.submitted_t = time.monotonic()
         self.started_t: float | None = None  # when the worker took it
         self.stats: dict | None = None
+        self.ahead = -1  # requests ahead of it, as last announced
 
     def cancel(self) -> None:
         """Waiting: dropped at once (failed "cancelled"). Running: the engine stops before its next token and
@@ -190,7 +191,9 @@ class EngineService(QObject):
     def _announce_positions(self) -> None:
         ahead = 1 if self.running is not None else 0
         for req in list(self.waiting):
-            req.queued.emit(ahead)
+            if req.ahead != ahead:
+                req.ahead = ahead
+                req.queued.emit(ahead)
             ahead += 1
 
     def _cancel(self, req: GenerationRequest) -> None:

@@ -1,0 +1,96 @@
+"""The engine service: one owner of the worker, a FIFO of requests from several clients, each request's events
+routed to it alone, cancel of waiting and running requests, a bounded queue, and reloads."""
+
+from __future__ import annotations
+
+import fakes
+import pytest
+
+from desktop.service import EngineService, NotReady, QueueFull
+
+
+@pytest.fixture
+def service(qtbot):
+    engine = fakes.FakeEngine(token_s=0.0005)
+    svc = EngineService(engine_factory=fakes.factory(engine), max_waiting=3)
+    yield svc, engine
+    svc.shutdown(3000)
+
+
+def _ready(qtbot, svc):
+    with qtbot.waitSignal(svc.ready, timeout=10000):
+        svc.load("/models/fake", "cpu", 4096, None)
+
+
+class Recorder:
+    def __init__(self, req):
+        self.events = []
+        req.queued.connect(lambda n: self.events.append(("queued", n)))
+        req.started.connect(lambda s: self.events.append(("started",)))
+        req.delta.connect(lambda text, kind, n: self.events.append(("delta", text)))
+        req.finished.connect(lambda r: self.events.append(("finished", r)))
+        req.failed.connect(lambda kind, msg: self.events.append(("failed", kind)))
+
+    @property
+    def done(self):
+        return any(e[0] in ("finished", "failed") for e in self.events)
+
+    def text(self):
+        return "".join(e[1] for e in self.events if e[0] == "delta")
+
+
+def test_requests_run_one_at_a_time_in_order_each_with_its_own_events(qtbot, service):
+    svc, engine = service
+    with pytest.raises(NotReady):
+        svc.submit([{"role": "user", "content": "too early"}], {})
+    _ready(qtbot, svc)
+    order = []
+    svc.request_started.connect(lambda req: order.append(req.id))
+    reqs = [svc.submit([{"role": "user", "content": f"q{i}"}], {"max_new_tokens": 30 + i}, client=c)
+            for i, c in enumerate(["chat", "api", "api"])]
+    recs = [Recorder(r) for r in reqs]
+    assert [len(svc.ahead_of(r)) for r in reqs] == [0, 1, 2]
+    qtbot.waitUntil(lambda: all(r.done for r in recs), timeout=20000)
+    assert order == [r.id for r in reqs]
+    assert [m[0]["content"] for m in engine.prompts] == ["q0", "q1", "q2"]
+    for i, rec in enumerate(recs):
+        result = rec.events[-1][1]
+        assert rec.events[-1][0] == "finished" and result["stats"]["completion_tokens"] == 30 + i
+        assert rec.text() == result["text"].replace("</think>\n\n", "")  # its own deltas, nobody else's
+        assert ("started",) in rec.events
+    # connected after submit (2 ahead then): told once that it moved up, not again while its place held
+    assert [e for e in recs[2].events if e[0] == "queued"] == [("queued", 1)]
+    assert svc.running is None and not svc.waiting
+
+
+def test_cancel_waiting_and_running_requests_and_the_queue_limit(qtbot, service):
+    svc, engine = service
+    _ready(qtbot, svc)
+    engine.token_s = 0.002
+    running = svc.submit([{"role": "user", "content": "long"}], {})
+    waiting = [svc.submit([{"role": "user", "content": f"w{i}"}], {}) for i in range(3)]
+    with pytest.raises(QueueFull):
+        svc.submit([{"role": "user", "content": "one too many"}], {})
+    rec_run, rec_w = Recorder(running), Recorder(waiting[1])
+    waiting[1].cancel()
+    assert rec_w.events == [("failed", "cancelled")] and waiting[1] not in svc.waiting
+    qtbot.waitUntil(lambda: any(e[0] == "delta" for e in rec_run.events), timeout=10000)
+    running.cancel()
+    qtbot.waitUntil(lambda: rec_run.done, timeout=10000)
+    assert rec_run.events[-1][1]["stats"]["finish_reason"] == "cancelled"
+    qtbot.waitUntil(lambda: svc.running is None and not svc.waiting, timeout=20000)
+    assert [m[0]["content"] for m in engine.prompts] == ["long", "w0", "w2"]  # the cancelled one never ran
+
+
+def test_a_reload_drops_waiting_requests_and_lets_the_running_one_finish(qtbot, service):
+    svc, engine = service
+    _ready(qtbot, svc)
+    engine.token_s = 0.002
+    running, waiting = (svc.submit([{"role": "user", "content": c}], {}) for c in ("a", "b"))
+    rec_run, rec_wait = Recorder(running), Recorder(waiting)
+    qtbot.waitUntil(lambda: any(e[0] == "delta" for e in rec_run.events), timeout=10000)
+    with qtbot.waitSignal(svc.ready, timeout=20000):
+        svc.load("/models/fake", "cpu", 4096, None)
+    assert rec_wait.events == [("failed", "unloaded")]
+    assert rec_run.events[-1][0] == "finished" and rec_run.events[-1][1]["stats"]["finish_reason"] == "eos"
+    assert svc.state == "ready"
