@@ -67,6 +67,7 @@ class FolderTokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self._env = None
+        self._compiled: dict[str, object] = {}  # template source -> compiled template
 
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
@@ -81,9 +82,12 @@ class FolderTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=False, tokenize=False):
-        if self._env is None:
-            self._env = _jinja_env()
-        template = self._env.from_string(chat_template or self.chat_template)
+        source = chat_template or self.chat_template
+        template = self._compiled.get(source)
+        if template is None:  # compiling costs ~6 ms a call (parse + codegen): once per template, not per reply
+            if self._env is None:
+                self._env = _jinja_env()
+            template = self._compiled[source] = self._env.from_string(source)
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         return self.encode(text) if tokenize else text
