@@ -202,8 +202,11 @@ class LivePanel(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setMinimumWidth(290)
-        self.setMaximumWidth(360)
+        # Room for the vertical scroll bar too: when the panel's content is taller than the window the bar takes
+        # its width from the content, which must not then be clipped on the right.
+        bar = self.verticalScrollBar().sizeHint().width()
+        self.setMinimumWidth(290 + bar)
+        self.setMaximumWidth(360 + bar)
         inner = QWidget()
         inner.setObjectName("LivePanel")
         lay = QVBoxLayout(inner)
@@ -252,9 +255,11 @@ class LivePanel(QScrollArea):
         self.log.setAccessibleName("API request log")
         self.log.setToolTip("Requests the local API server answered: time, tokens, time to first token, "
                             "decode speed, client")
-        self.log.setFixedHeight(110)
+        self.log.setFixedHeight(96)
         self.log.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.log.setWordWrap(True)
+        # Long lines wrap inside the panel's width instead of widening the panel (which would clip its values).
+        self.log.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
         self.log_head.hide()
         self.log.hide()
         lay.addWidget(self.log_head)

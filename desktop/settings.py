@@ -131,7 +131,7 @@ class SettingsDialog(QDialog):
         self.font_size = self._spin(QSpinBox(), 8, 24, settings.font_size, "Font size")
         form.addRow("Font size (pt)", self.font_size)
 
-        self.api_enabled = QCheckBox("Serve the model to other programs on this computer")
+        self.api_enabled = QCheckBox("Serve to apps on this computer")
         self.api_enabled.setAccessibleName("Local API server")
         self.api_enabled.setToolTip("An OpenAI-compatible API at http://127.0.0.1:PORT/v1 for editors, Open WebUI "
                                     "and scripts; only this computer can reach it")
@@ -142,11 +142,11 @@ class SettingsDialog(QDialog):
         form.addRow("API port", self.api_port)
         self.api_key = QLineEdit(settings.api_key)
         self.api_key.setAccessibleName("API key")
-        self.api_key.setPlaceholderText("Optional: clients must send it as a Bearer token")
+        self.api_key.setPlaceholderText("Optional (a Bearer token)")
         form.addRow("API key", self.api_key)
         self.api_origins = QLineEdit(settings.api_origins)
         self.api_origins.setAccessibleName("Allowed web origins")
-        self.api_origins.setPlaceholderText("None (e.g. http://localhost:3000 to allow a web app)")
+        self.api_origins.setPlaceholderText("None (e.g. http://localhost:3000)")
         form.addRow("Allowed web origins", self.api_origins)
         for w in (self.api_port, self.api_key, self.api_origins):
             w.setEnabled(settings.api_enabled)

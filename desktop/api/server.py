@@ -304,5 +304,7 @@ def _client_label(request: web.Request) -> str:
     """Who asked, for the request log: the peer address and the client's name from its User-Agent."""
     peer = request.remote or "?"
     agent = request.headers.get("User-Agent", "").split(" ")[0][:40]
+    if agent and is_loopback(peer):  # this computer: the program's name says who it is
+        return agent
     return f"{peer} · {agent}" if agent else peer
 

@@ -3,7 +3,9 @@
     QT_QPA_PLATFORM=offscreen python tests/desktop/make_screenshots.py docs
 
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
-open), the reasoning streaming live (light and dark), the first-run screen, and the notice shown after a crash.
+open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
+the local API server at work (real requests from the openai client; a chat reply waiting behind one) with its
+settings.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ def wait_until(pred, timeout_ms=30000):
         raise TimeoutError("condition not reached")
 
 
-def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live=True):
+def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live=True, **settings):
     from desktop.store import Store
     from desktop.window import MainWindow
 
     qs = QSettings(str(tmp / f"{theme}.ini"), QSettings.IniFormat)
     qs.setValue("settings/theme", theme)
     qs.setValue("window/live_panel", "true" if live else "false")
+    for key, value in settings.items():
+        qs.setValue(f"settings/{key}", value)
     store = Store(tmp / f"{theme}.sqlite3")
     win = MainWindow(qs, store, model="/models/DeepSeek-R1-Distill-Qwen-1.5B" if with_model else None)
     win.engine_factory = factory(engine)
@@ -100,6 +104,48 @@ def main(out: str) -> None:
     win.start_engine()
     wait_until(lambda: not win.welcome.scanning)
     shoot(win, out_dir / "screenshot-welcome.png")
+    win.close()
+    api_shots(out_dir, tmp)
+
+
+def api_shots(out_dir: Path, tmp: Path) -> None:
+    """The API server serving real openai-client requests, a chat reply waiting behind one, and its settings."""
+    import asyncio
+    import threading
+
+    import openai
+    import qasync
+
+    from desktop.settings import SettingsDialog
+
+    loop = qasync.QEventLoop(QApplication.instance(), already_running=True)  # as app.main's loop: aiohttp needs it
+    asyncio.set_event_loop(loop)
+    engine = FakeEngine(token_s=0.001)
+    (tmp / "api").mkdir(exist_ok=True)
+    win = make_window("dark", tmp / "api", engine, api_enabled="true", api_port=8089)
+    win.start_engine()
+    wait_until(lambda: win.engine_state == "ready" and win.api.label.isVisible())
+    client = openai.OpenAI(base_url=win.api.url, api_key="none", max_retries=0)
+    done = []
+
+    def requests():
+        for q in ("Summarize this commit message.", "Is 2027 prime?", "Write a haiku about lighthouses."):
+            client.chat.completions.create(model=win.service.model_name, messages=[{"role": "user", "content": q}])
+        done.append(1)
+        engine.token_s = 0.02  # a slow one, for the chat reply to wait behind
+        list(client.chat.completions.create(model=win.service.model_name, stream=True,
+                                            messages=[{"role": "user", "content": "Explain GQA."}]))
+
+    threading.Thread(target=requests, daemon=True).start()
+    wait_until(lambda: done and win.service.running is not None and win.service.running.client == "api")
+    win.send("What is the sum of the first n odd numbers?")
+    wait_until(lambda: win.stream is not None and "waiting" in win.stream.widget.meta.text())
+    shoot(win, out_dir / "screenshot-api.png")
+    dlg = SettingsDialog(win.settings, win)
+    dlg.show()
+    shoot(dlg, out_dir / "screenshot-settings-api.png")
+    dlg.close()
+    win.stop()
     win.close()
 
 

@@ -66,7 +66,7 @@ def test_settings_switch_starts_and_stops_the_server_and_requests_show_in_the_lo
     assert call.result.choices[0].message.model_extra["reasoning_content"]
     qtbot.waitUntil(lambda: win.live.log.count() == 1, timeout=5000)
     line = win.live.log.item(0).text()
-    assert "20 tok" in line and "TTFT" in line and "tok/s" in line and "127.0.0.1 · OpenAI/Python" in line
+    assert "20 tok" in line and "TTFT" in line and "tok/s" in line and line.endswith("· OpenAI/Python")
     assert win.store.conversations() == []  # API requests are not chats
 
     win.apply_settings(dataclasses.replace(win.settings, api_enabled=False))
