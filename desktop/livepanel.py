@@ -410,8 +410,11 @@ class LivePanel(QScrollArea):
         if self.info:
             i = self.info
             quant = f" · 4-bit {i['quantization']}" if i.get("quantization") else ""  # which AWQ path runs
+            ctx = i.get("context_length")
+            context = f" · context {'Auto: ' if i.get('context_auto') else ''}{ctx:,}" if ctx else ""
             self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
-                                      f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}")
+                                      f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}"
+                                      f"{context}")
         if not m:
             return
         weights, kv = m.get("weights_bytes", 0), m.get("kv_cache_bytes", 0)

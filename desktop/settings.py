@@ -24,11 +24,11 @@ class AppSettings:
     model_path: str = ""
     device: str = "cuda"  # "cuda" | "cpu" (CPU mode is offered when no GPU is usable)
     precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32" | "awq" (the model folder is the 4-bit one)
-    context_length: int = 4096
+    context_length: int = 0  # 0 = auto: from the free VRAM at load, up to 32,768 (model_loader.context)
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 0
-    max_new_tokens: int = 4096
+    max_new_tokens: int = 0  # 0 = auto: the context length (a long chain of thought is never cut short)
     system_prompt: str = ""
     theme: str = "system"  # "system" | "light" | "dark"
     font_size: int = 11
@@ -38,6 +38,7 @@ class AppSettings:
     api_origins: str = ""  # comma-separated web origins allowed through CORS; empty: none
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length")
+    VERSION = 2  # 2: context and max new tokens default to auto (0); version 1 stored 4096 for both
 
     @classmethod
     def load(cls, qs: QSettings) -> "AppSettings":
@@ -55,11 +56,19 @@ class AppSettings:
                 setattr(s, f.name, value)
             except (TypeError, ValueError):
                 pass  # a hand-edited or corrupt value: keep the default
+        if qs.value("settings/version") is None:
+            # Settings saved before auto existed hold every field, defaults included: 4096 there was the old
+            # default, not a choice. A user who did pick another number keeps it.
+            if s.context_length == 4096:
+                s.context_length = 0
+            if s.max_new_tokens == 4096:
+                s.max_new_tokens = 0
         return s
 
     def save(self, qs: QSettings) -> None:
         for k, v in asdict(self).items():
             qs.setValue(f"settings/{k}", v)
+        qs.setValue("settings/version", self.VERSION)
         qs.sync()
 
     def sampling(self) -> dict:
@@ -75,9 +84,10 @@ AWQ_PRECISION = ("4-bit (AWQ)", "awq")
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: AppSettings, parent=None, variants: dict | None = None, quantized: bool = False):
+    def __init__(self, settings: AppSettings, parent=None, variants: dict | None = None, quantized: bool = False,
+                 auto_context: int | None = None):
         """variants: {"dense": folder | None, "awq": folder | None} for the loaded model (None: unknown);
-        quantized: the loaded model is the 4-bit one."""
+        quantized: the loaded model is the 4-bit one; auto_context: the context "auto" chose at this load."""
         super().__init__(parent)
         self._variants = variants or {}
         self._quantized = quantized
@@ -109,7 +119,10 @@ class SettingsDialog(QDialog):
                                   "it is offered when a 4-bit copy of this model is on this computer")
         self.precision.currentIndexChanged.connect(self._on_precision)
         form.addRow("Precision", self.precision)
-        self.context = self._spin(QSpinBox(), 256, 131072, settings.context_length, "Context length", step=1024)
+        self.context = self._spin(QSpinBox(), 0, 131072, settings.context_length, "Context length", step=1024)
+        self.context.setSpecialValueText(f"Auto: {auto_context:,}" if auto_context else "Auto")
+        self.context.setToolTip("Auto: as much as the GPU has room for after the model, up to 32,768 tokens "
+                                "(DeepSeek advises allowing R1 that much)")
         form.addRow("Context length (tokens)", self.context)
         self.temperature = self._spin(QDoubleSpinBox(), 0.0, 2.0, settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)
@@ -118,7 +131,8 @@ class SettingsDialog(QDialog):
         self.top_k = self._spin(QSpinBox(), 0, 1000, settings.top_k, "Top-k")
         self.top_k.setSpecialValueText("off")
         form.addRow("Top-k", self.top_k)
-        self.max_new = self._spin(QSpinBox(), 16, 131072, settings.max_new_tokens, "Max new tokens", step=256)
+        self.max_new = self._spin(QSpinBox(), 0, 131072, settings.max_new_tokens, "Max new tokens", step=256)
+        self.max_new.setSpecialValueText("Auto (the context)")
         form.addRow("Max new tokens", self.max_new)
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
         self.system_prompt.setAccessibleName("System prompt")

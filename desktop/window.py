@@ -561,6 +561,8 @@ class MainWindow(QMainWindow):
         s = self.settings.sampling()
         if self.max_new_override:
             s["max_new_tokens"] = self.max_new_override
+        elif not s["max_new_tokens"]:  # auto: the whole context (the engine stops when it is full)
+            s["max_new_tokens"] = (self.engine_info or {}).get("context_length") or 4096
         return s
 
     def _start_reply(self) -> None:
@@ -677,7 +679,8 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> None:
         info = self.engine_info or {}
         dlg = SettingsDialog(self.settings, self, variants=info.get("variants"),
-                             quantized=bool(info.get("quantization")))
+                             quantized=bool(info.get("quantization")),
+                             auto_context=info.get("context_length") if info.get("context_auto") else None)
         if dlg.exec() != SettingsDialog.Accepted:
             return
         self.apply_settings(dlg.result_settings())

@@ -166,8 +166,9 @@ class EngineWorker(QObject):
             if self.engine_factory is not None:
                 engine = self.engine_factory(request, on_progress)
             else:
+                ctx = request.get("context_length", 4096)  # 0 or "auto": from the free memory (Engine.load)
                 engine = Engine.load(request["spec"], device=device,
-                                     context_length=int(request.get("context_length", 4096)),
+                                     context_length="auto" if ctx in (0, None, "auto") else int(ctx),
                                      dtype=request.get("dtype") or None, progress=on_progress)
             self.stage.emit("warming")
             engine.warm_up()

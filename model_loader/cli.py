@@ -8,10 +8,24 @@ import logging
 import sys
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _context(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'auto', got {value!r}") from None
+    if n < 16:
+        raise argparse.ArgumentTypeError("the context must be at least 16 tokens")
+    return n
+
+
+def _add_model_args(p: argparse.ArgumentParser, context_default="auto") -> None:
     p.add_argument("--model", required=True, help="model folder, or a Hugging Face repo id in the local cache")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--context", type=int, default=4096, help="context length (KV cache size), tokens")
+    p.add_argument("--context", type=_context, default=context_default,
+                   help="context length (KV cache size) in tokens, or 'auto': as much as the free memory holds "
+                        f"after the weights, up to 32,768 (default: {context_default})")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
                    help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper "
@@ -37,7 +51,7 @@ def cmd_chat(args) -> int:
                          progress=None if args.json else _progress_bar(sys.stderr), int4_kernel=args.int4_kernel)
     engine.warm_up()
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_new_tokens=args.max_new_tokens, seed=args.seed)
+                                max_new_tokens=args.max_new_tokens or engine.info.context_length, seed=args.seed)
     tty = sys.stdout.isatty()
     dim, reset = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
     messages: list[dict] = []
@@ -163,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     chat.add_argument("--prompt", help="one user turn; prints the reply and exits")
     chat.add_argument("--system", default="", help="system prompt (DeepSeek advises none)")
-    chat.add_argument("--max-new-tokens", type=int, default=4096)
+    chat.add_argument("--max-new-tokens", type=int, default=None,
+                      help="default: the context length (a long chain of thought is never cut short)")
     chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     chat.add_argument("--top-p", type=float, default=0.95)
     chat.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -186,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
-    _add_model_args(bench)
+    _add_model_args(bench, context_default=4096)  # fixed, so runs on different GPUs compare
     bench.add_argument("--prompt-tokens", type=int, default=512)
     bench.add_argument("--new-tokens", type=int, default=256)
     bench.add_argument("--runs", type=int, default=5)

@@ -22,6 +22,7 @@ import torch
 
 from model_loader.awq import int4pack_supported
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
+from model_loader.context import NoRoomForContext, auto_context
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
@@ -193,6 +194,7 @@ class EngineInfo:
     device_name: str
     dtype: str
     context_length: int
+    context_auto: bool  # chosen from the free memory at load (model_loader.context)
     kernels: str  # "triton" or "pytorch"
     cuda_graphs: bool
     reasons: bool
@@ -219,12 +221,13 @@ class Engine:
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, spec, device: str | None = None, context_length: int = 4096, dtype: str | None = None,
+    def load(cls, spec, device: str | None = None, context_length: int | str = 4096, dtype: str | None = None,
              progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
              embed_on_host: bool | None = None, int4_kernel: str | None = None) -> "Engine":
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
-        window that closes mid-load stops it). int4_kernel forces an AWQ path ("triton", "torch" or
+        window that closes mid-load stops it). context_length "auto" (or 0) takes as much context as the device
+        has room for after the weights, up to 32,768 tokens (model_loader.context). int4_kernel forces an AWQ path ("triton", "torch" or
         "dequantize"; by default the fastest that runs here). Raises ModelError (one-line message) for anything
         unusable."""
         t0 = time.perf_counter()
@@ -232,7 +235,8 @@ class Engine:
         dev = pick_device(device)
         torch_dtype = pick_dtype(dev, dtype)
         cfg = folder.config
-        ctx = max(16, min(int(context_length), cfg.max_position_embeddings))
+        auto = context_length in ("auto", 0, None)
+        ctx = None if auto else max(16, min(int(context_length), cfg.max_position_embeddings))
         # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
         # fused kernels end to end without a GPU.
         interpreting = os.environ.get("TRITON_INTERPRET") == "1"
@@ -268,6 +272,11 @@ class Engine:
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
                                    embed_on_host=on_host)
             breakdown["weights_s"] = time.perf_counter() - t
+            if auto:  # measured now, with the weights in place and before the KV cache is allocated
+                try:
+                    ctx = auto_context(dev, cfg, torch.empty(0, dtype=torch_dtype).element_size())
+                except NoRoomForContext as err:
+                    raise OutOfMemoryError(f"{folder.name} fits, but {err}; {OOM_ADVICE}") from None
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
             if int4 == "torch" and triton_ok:
                 try:
@@ -293,7 +302,7 @@ class Engine:
         info = EngineInfo(
             model_path=str(folder.path), model_name=folder.name, device=str(dev),
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
-            dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx,
+            dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
             quantization=("awq-int4 (torch int4 kernel + cuBLAS prefill)" if model.linear.int4pack_prefill else
                           INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})"))

@@ -193,6 +193,8 @@ class ApiServer:
             raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
         body = await request.read()
         req = schema.parse_chat_request(body, model_id, self.defaults)
+        # No max_tokens: the rest of the context (as vLLM does), so a long chain of thought is never cut short.
+        req.settings.setdefault("max_new_tokens", int((self.service.info or {}).get("context_length", 4096)))
         events: asyncio.Queue = asyncio.Queue()
         try:
             gen = self.service.submit(req.messages, dict(req.settings), client="api", label=_client_label(request))

@@ -57,6 +57,7 @@ class FakeInfo:
     device_name: str = "NVIDIA GeForce RTX 4070 Laptop GPU"
     dtype: str = "bfloat16"
     context_length: int = 4096
+    context_auto: bool = False
     kernels: str = "triton"
     cuda_graphs: bool = True
     reasons: bool = True

@@ -60,7 +60,7 @@ def test_engine_thread_keeps_one_python_thread_state_between_jobs(qtbot):
 # ---------------------------------------------------------------------------------------------- reference counts
 _REFCOUNT_CHECK = textwrap.dedent("""
     import sys
-    from PySide6.QtCore import QCoreApplication, QObject, QThread, Qt, Signal, Slot
+    from PySide6.QtCore import QCoreApplication, QMetaObject, QObject, QThread, Qt, Signal, Slot
 
     app = QCoreApplication([])
     text, kind = "".join(["t", "ext"]), "".join(["reason", "ing"])  # objects of our own, not interned literals
@@ -81,6 +81,10 @@ _REFCOUNT_CHECK = textwrap.dedent("""
                 self.delta.emit(i, text, kind, i % 2 == 0)
                 self.payload.emit(i, payload)
             self.payload.emit(-1, payload)
+
+        @Slot()
+        def ping(self):
+            pass
 
     class Kick(QObject):
         go = Signal(int)
@@ -112,6 +116,9 @@ _REFCOUNT_CHECK = textwrap.dedent("""
             here.payload.emit(i, payload)
         kick.go.emit(n)
         app.exec()
+        # The sender may still be inside its last emit (holding the payload) when the -1 arrives here: wait
+        # until its thread has left run(), so no count is taken while a reference is in flight.
+        QMetaObject.invokeMethod(sender, "ping", Qt.BlockingQueuedConnection)
 
     round_trip(200)  # warm-up: whatever the first emits cache stays out of the count
     watched = {"text": text, "kind": kind, "payload": payload}

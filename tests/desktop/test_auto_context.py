@@ -1,0 +1,49 @@
+"""The automatic context in the window: settings saved before it existed move to auto unless the user chose a
+number, the dialog shows what auto picked ("Auto: 4,096"), max new tokens follows the context, and an explicit
+choice is kept and used."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings
+
+from desktop.settings import AppSettings, SettingsDialog
+
+
+def _qs(tmp_path, **values) -> QSettings:
+    qs = QSettings(str(tmp_path / "r1desk.ini"), QSettings.IniFormat)
+    for k, v in values.items():
+        qs.setValue(k, v)
+    qs.sync()
+    return qs
+
+
+def test_old_settings_with_the_old_defaults_become_auto_and_a_choice_is_kept(tmp_path):
+    old = AppSettings.load(_qs(tmp_path / "a", **{"settings/context_length": 4096, "settings/max_new_tokens": 4096}))
+    assert (old.context_length, old.max_new_tokens) == (0, 0)
+    chosen = AppSettings.load(_qs(tmp_path / "b", **{"settings/context_length": 8192,
+                                                     "settings/max_new_tokens": 2048}))
+    assert (chosen.context_length, chosen.max_new_tokens) == (8192, 2048)
+    qs = _qs(tmp_path / "c")
+    AppSettings(context_length=4096, max_new_tokens=4096).save(qs)  # chosen in today's dialog: stays 4096
+    again = AppSettings.load(qs)
+    assert (again.context_length, again.max_new_tokens) == (4096, 4096)
+    assert AppSettings.load(_qs(tmp_path / "d")).context_length == 0  # a fresh install: auto
+
+
+def test_the_window_loads_with_auto_context_and_says_what_it_chose(qtbot, make_window, tiny_model):
+    win = make_window(model=tiny_model)  # no context setting: auto
+    assert win.settings.context_length == 0
+    info = win.engine_info
+    assert info["context_auto"] is True and info["context_length"] == 4096  # the tiny model's positions
+    assert win.sampling()["max_new_tokens"] == 4096  # follows the context
+    dlg = SettingsDialog(win.settings, win, auto_context=info["context_length"])
+    qtbot.addWidget(dlg)
+    assert dlg.context.text() == "Auto: 4,096" and dlg.max_new.text() == "Auto (the context)"
+    win.set_live_visible(True)
+    assert "context Auto: 4,096" in win.live.device_label.text()
+
+
+def test_an_explicit_context_is_used(qtbot, make_window, tiny_model):
+    win = make_window(model=tiny_model, context_length=1024, version=2)
+    assert (win.engine_info["context_length"], win.engine_info["context_auto"]) == (1024, False)
+    assert win.sampling()["max_new_tokens"] == 1024
