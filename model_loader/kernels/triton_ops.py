@@ -153,7 +153,10 @@ def silu_mul(gate_up, out=None):
 @triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+                              IEEE: tl.constexpr):
+    # IEEE (fp32 models): tl.dot on fp32 inputs defaults to TF32 (10-bit mantissa), which made fp32 greedy
+    # decoding drift from transformers' fp32 after a few dozen tokens. bf16/fp16 inputs are exact either way.
     _pdl_start(PDL)
     kvh = tl.program_id(0)
     split = tl.program_id(1)
@@ -173,14 +176,20 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     heads = kvh * GROUP + g
     out_base = (heads * NUM_SPLITS + split)
@@ -223,7 +232,8 @@ class DecodeAttention:
         _decode_attn_split_kernel[(self.num_kv_heads, self.NUM_SPLITS)](
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **pdl_launch_args(q.device))
+            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, IEEE=q.dtype == torch.float32, num_warps=4,
+            **pdl_launch_args(q.device))
         _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
                                                       NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **pdl_launch_args(q.device))
         return self.out
