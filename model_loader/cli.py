@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 
 
 def _context(value: str):
@@ -119,12 +120,54 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     from model_loader.bench import format_bench, run_bench
 
+    if args.scenario == "chat" or args.depths:
+        return _bench_scenario(args)
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
                        device=args.device, context=args.context, compare=args.compare,
                        temperature=args.temperature, dtype=args.dtype, awq=args.awq,
                        use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0
+
+
+def _bench_scenario(args) -> int:
+    from model_loader import bench_scenarios as sc
+    from model_loader.engine import Engine
+
+    if args.scenario == "chat":
+        need = sc.context_for_chat(args.user_tokens, args.reply_tokens)
+    else:
+        need = sc.context_for_depths(args.depths, args.new_tokens)
+    context = max(need, args.context if isinstance(args.context, int) else 0)
+    t0 = time.perf_counter()
+    engine = Engine.load(args.model, device=args.device, context_length=context, dtype=args.dtype,
+                         use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel)
+    engine.warm_up()
+    ready = time.perf_counter() - t0
+    if args.scenario == "chat":
+        result = sc.run_chat(engine, args.user_tokens, args.reply_tokens,
+                             temperature=args.temperature if args.temperature > 0 else 0.6)
+        text = sc.format_chat(result)
+    else:
+        result = sc.run_depths(engine, args.depths, args.new_tokens, args.runs)
+        text = sc.format_depths(result)
+    info = engine.info
+    result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
+                  ready_s=ready)
+    print(json.dumps(result, indent=2) if args.json else
+          f"model {info.model_name} on {info.device_name} ({info.dtype}"
+          f"{', ' + info.quantization if info.quantization else ''}), ready in {ready:.1f} s\n{text}")
+    return 0
+
+
+def _depths(value: str) -> list[int]:
+    try:
+        depths = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {value!r}") from None
+    if not depths or min(depths) < 1:
+        raise argparse.ArgumentTypeError("depths must be positive token counts")
+    return depths
 
 
 def cmd_quantize(args) -> int:
@@ -210,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--awq", metavar="AWQ_DIR", help="also bench this AWQ folder (the same model quantized) "
                        "and report its speed and memory relative to --model")
     bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
+    bench.add_argument("--depths", type=_depths, metavar="D1,D2,...",
+                       help="decode speed by context depth instead: a D-token prompt, then --new-tokens "
+                            "(e.g. 512,4096,16384,32768); the context is sized to fit")
+    bench.add_argument("--scenario", choices=["headline", "chat"], default="headline",
+                       help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
+                            "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
+                            "tok/s per turn")
+    bench.add_argument("--user-tokens", type=int, default=1024, help="--scenario chat: tokens per user turn")
+    bench.add_argument("--reply-tokens", type=int, default=2048, help="--scenario chat: tokens per reply")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)
 

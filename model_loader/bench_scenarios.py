@@ -1,0 +1,112 @@
+"""`r1desk-cli bench --depths` and `--scenario chat`: the speeds a reasoning model's real work sees, beyond the
+512-token headline.
+
+- Decode speed by context depth: a prompt of D tokens (a real chunked prefill fills the KV cache), then N new
+  tokens; the decode attention reads D..D+N tokens of KV per step, so this shows what long chains of thought and
+  long conversations cost.
+- A scripted 4-turn chat as the window runs it: user turns of filler text, sampled replies, the history rendered
+  through the chat template with each earlier reply reduced to what the window sends back (its answer, the
+  reasoning dropped), on one engine whose KV cache carries over between turns. Per turn: TTFT, the prefix
+  reused from the cache, the new prompt tokens prefilled, decode tok/s.
+"""
+
+from __future__ import annotations
+
+import time
+
+from model_loader.bench import FILLER, bench_prompt
+from model_loader.engine import Engine
+from model_loader.events import Finished, SamplingSettings
+from model_loader.stats import percentile
+
+DEFAULT_DEPTHS = (512, 4096, 16384, 32768)
+CHAT_TURNS = 4
+
+
+def context_for_depths(depths, new_tokens: int) -> int:
+    return max(depths) + new_tokens + 16
+
+
+def context_for_chat(user_tokens: int, reply_tokens: int, turns: int = CHAT_TURNS) -> int:
+    """Room for every turn's user text and reply (replies stay in the cache until the next turn's prefill)."""
+    need = turns * (user_tokens + 64) + turns * reply_tokens
+    ctx = 1024
+    while ctx < need:
+        ctx *= 2
+    return ctx
+
+
+def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
+    """Decode tok/s after a prompt of each depth (greedy, ignore_eos), P50 over `runs` (after one warm-up)."""
+    rows = []
+    for depth in depths:
+        if depth + new_tokens >= engine.info.context_length:
+            raise ValueError(f"depth {depth} + {new_tokens} new tokens does not fit the {engine.info.context_length}"
+                             "-token context")
+        prompt = bench_prompt(engine, depth)
+        rates, ttfts = [], []
+        for i in range(runs + 1):
+            engine.reset_cache()
+            final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=new_tokens,
+                                                                                ignore_eos=True))
+                     if isinstance(ev, Finished)][0]
+            if i:
+                rates.append(final.stats.decode_tok_s)
+                ttfts.append(final.stats.ttft_ms)
+        rows.append({"depth": depth, "new_tokens": new_tokens, "decode_tok_s_p50": percentile(rates, 50),
+                     "decode_tok_s_min": min(rates), "prefill_ttft_ms_p50": percentile(ttfts, 50)})
+    base = rows[0]["decode_tok_s_p50"]
+    for row in rows:
+        row["vs_first_depth"] = row["decode_tok_s_p50"] / base if base else 0.0
+    return {"scenario": "depths", "context_length": engine.info.context_length, "runs": runs, "depths": rows}
+
+
+def user_turn(engine: Engine, turn: int, tokens: int) -> str:
+    """About `tokens` tokens of user text, different for every turn (so nothing but the history is shared)."""
+    text = f"Turn {turn + 1}. Read this and answer the question at the end.\n"
+    piece = FILLER
+    while len(engine.chat.encode_plain(text)) < tokens:
+        text += piece
+    ids = engine.chat.encode_plain(text)[:tokens]
+    return engine.chat.tokenizer.decode(ids) + f"\nQuestion {turn + 1}: what is the main idea?"
+
+
+def run_chat(engine: Engine, user_tokens: int, reply_tokens: int, temperature: float = 0.6, seed: int = 0,
+             turns: int = CHAT_TURNS) -> dict:
+    messages: list[dict] = []
+    rows = []
+    engine.reset_cache()
+    for turn in range(turns):
+        messages.append({"role": "user", "content": user_turn(engine, turn, user_tokens)})
+        settings = SamplingSettings(temperature=temperature, top_p=0.95, max_new_tokens=reply_tokens,
+                                    ignore_eos=True, seed=seed + turn)
+        t0 = time.perf_counter()
+        final = [ev for ev in engine.generate(messages, settings) if isinstance(ev, Finished)][0]
+        wall = time.perf_counter() - t0
+        s = final.stats
+        rows.append({"turn": turn + 1, "prompt_tokens": s.prompt_tokens, "prefix_reused_tokens": s.prefix_reused_tokens,
+                     "new_prompt_tokens": s.prompt_tokens - s.prefix_reused_tokens, "ttft_ms": s.ttft_ms,
+                     "completion_tokens": s.completion_tokens, "decode_tok_s": s.decode_tok_s, "wall_s": wall})
+        # What the window sends back for this reply: the answer when the model reasoned, else the whole text.
+        messages.append({"role": "assistant", "content": final.answer if final.reasoning else final.text})
+    return {"scenario": "chat", "turns": rows, "user_tokens": user_tokens, "reply_tokens": reply_tokens,
+            "temperature": temperature, "context_length": engine.info.context_length}
+
+
+def format_depths(r: dict) -> str:
+    lines = [f"decode speed by context depth (context {r['context_length']:,}, P50 of {r['runs']} runs)"]
+    for row in r["depths"]:
+        lines.append(f"  depth {row['depth']:>6,}: {row['decode_tok_s_p50']:7.1f} tok/s "
+                     f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}); "
+                     f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms")
+    return "\n".join(lines)
+
+
+def format_chat(r: dict) -> str:
+    lines = [f"4-turn chat: user turns of ~{r['user_tokens']} tokens, replies of {r['reply_tokens']} sampled tokens "
+             f"(temperature {r['temperature']}), context {r['context_length']:,}"]
+    for t in r["turns"]:
+        lines.append(f"  turn {t['turn']}: TTFT {t['ttft_ms']:7.1f} ms; prompt {t['prompt_tokens']:,} tokens, "
+                     f"{t['prefix_reused_tokens']:,} reused, {t['new_prompt_tokens']:,} prefilled; "
+                     f"decode {t['decode_tok_s']:.1f} tok/s")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""`r1desk-cli bench --depths` and `--scenario chat` on the tiny model (CPU): what they measure and report."""
+
+from __future__ import annotations
+
+import json
+
+from model_loader import bench_scenarios as sc
+from model_loader.cli import main
+
+
+def test_depths_prefill_each_depth_then_decode(cpu_engine):
+    r = sc.run_depths(cpu_engine, [32, 600], new_tokens=6, runs=1)
+    assert [row["depth"] for row in r["depths"]] == [32, 600]
+    for row in r["depths"]:
+        assert row["decode_tok_s_p50"] > 0 and row["prefill_ttft_ms_p50"] > 0
+    assert r["depths"][0]["vs_first_depth"] == 1.0
+    assert sc.context_for_depths([512, 32768], 256) >= 32768 + 256
+
+
+def test_chat_scenario_carries_the_cache_and_drops_earlier_reasoning(cpu_engine):
+    r = sc.run_chat(cpu_engine, user_tokens=20, reply_tokens=60, turns=4)
+    turns = r["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4]
+    assert turns[0]["prefix_reused_tokens"] == 0
+    for before, t in zip(turns, turns[1:]):
+        assert t["completion_tokens"] == 60 and t["decode_tok_s"] > 0
+        # the earlier turns' prompt is reused from the cache; only the new user turn (+ template tags) is prefilled
+        assert t["prefix_reused_tokens"] >= before["prompt_tokens"] - 4
+        assert 20 <= t["new_prompt_tokens"] <= 20 + 40
+        # the random model never closes its reasoning, so none of a 60-token reply goes back into the prompt:
+        # it grows by the new user turn only
+        assert t["prompt_tokens"] - before["prompt_tokens"] < 60
+
+
+def test_cli_json(tiny_model, capsys):
+    assert main(["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16,64", "--new-tokens", "4",
+                 "--runs", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["scenario"] == "depths" and [d["depth"] for d in r["depths"]] == [16, 64] and r["model"]
+    assert main(["bench", "--model", str(tiny_model), "--device", "cpu", "--scenario", "chat", "--user-tokens", "40",
+                 "--reply-tokens", "4", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["scenario"] == "chat" and len(r["turns"]) == 4 and r["turns"][3]["prefix_reused_tokens"] > 0
