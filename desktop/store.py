@@ -70,9 +70,9 @@ class Store:
         if search.strip():
             pattern = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             rows = self.db.execute(
-                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
-                " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
-                " ORDER BY updated DESC, id DESC", (pattern,))
+                "SELECT * FROM conversations c WHERE c.title LIKE :p ESCAPE '\\' OR EXISTS ("
+                " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE :p ESCAPE '\\')"
+                " ORDER BY updated DESC, id DESC", {"p": pattern})  # named: numbered marks with a tuple end in 3.14
         else:
             rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC")
         return [dict(r) for r in rows]
