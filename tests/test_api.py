@@ -233,6 +233,7 @@ def test_keys_routes_methods_sizes_and_hosts(r1):
     assert _raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "localhost"}).status_code == 200
     health = _raw(url, "GET", "/health", key=None)
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["last"] is None and _raw(url, "GET", "/health").json()["last"]  # the key shows more
     assert "access-control-allow-origin" not in {k.lower() for k in health.headers}  # no CORS unless listed
 
 
@@ -268,7 +269,7 @@ def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
     assert _error(full, 429)["code"] == "queue_full"
     assert full.headers["retry-after"].isdigit()
     while True:  # the server notices each hang-up and ends its request
-        health = _raw(url, "GET", "/health", key=None).json()
+        health = _raw(url, "GET", "/health").json()
         if not health["running"] and health["waiting"] == 0:
             break
     last = health["last"]
