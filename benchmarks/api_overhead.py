@@ -74,7 +74,38 @@ def stream_one(client, model_id: str, text: str, max_tokens: int) -> dict:
             "start": t_call, "end": last}
 
 
-def through_api(model: str, context: int, max_tokens: int, texts: list[str], concurrent: list[str]) -> dict:
+def stream_raw(url: str, model_id: str, text: str, max_tokens: int) -> dict:
+    """The same request through http.client and a hand-read SSE stream: no client library's own costs, so the
+    difference to stream_one is the openai client's share of the TTFT."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True})
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    t_call, first, last, n = time.perf_counter(), None, None, 0
+    conn.request("POST", u.path + "/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if line.startswith(b"data: {") and (b'"content":"' in line or b'"reasoning_content":"' in line):
+            if b'"content":""' in line and b"reasoning_content" not in line:
+                continue  # the role chunk
+            last = time.perf_counter()
+            first = first or last
+    conn.close()
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as h:
+        st = json.load(h)["last"]
+    n = st["completion_tokens"]
+    return {"ttft_ms": (first - t_call) * 1000, "tok_s": (n - 1) / (last - first), "tokens": n,
+            "server_engine_ttft_ms": st["ttft_ms"]}
+
+
+def through_api(model: str, context: int, max_tokens: int, texts: list[str], concurrent: list[str],
+                raw_texts: list[str] = ()) -> dict:
     import openai
 
     proc = subprocess.Popen([sys.executable, "-m", "model_loader.cli", "serve", "--model", model, "--context",
@@ -96,6 +127,7 @@ def through_api(model: str, context: int, max_tokens: int, texts: list[str], con
                 last = json.load(h)["last"]
             r.update(server_engine_ttft_ms=last["ttft_ms"], server_engine_tok_s=last["decode_tok_s"])
             one.append(r)
+        raw = [stream_raw(url, model_id, t, max_tokens) for t in raw_texts]
         results: list[dict] = []
 
         def worker(text):
@@ -110,7 +142,7 @@ def through_api(model: str, context: int, max_tokens: int, texts: list[str], con
         wall = max(r["end"] for r in results) - t0
         four = {"requests": results, "wall_s": wall, "total_tokens": sum(r["tokens"] for r in results),
                 "aggregate_tok_s": sum(r["tokens"] for r in results) / wall}
-        return {"one_at_a_time": one, "four_at_once": four}
+        return {"one_at_a_time": one, "four_at_once": four, "raw_http": raw}
     finally:
         proc.terminate()
         proc.wait(30)
@@ -126,8 +158,9 @@ def main() -> int:
     args = ap.parse_args()
     texts = prompts(args.runs)
     concurrent = prompts(4, offset=100)
+    raw_texts = prompts(args.runs, offset=200)
     alone = engine_alone(args.model, args.context, args.max_tokens, WARM_UP + texts + concurrent)[len(WARM_UP):]
-    api = through_api(args.model, args.context, args.max_tokens, texts, concurrent)
+    api = through_api(args.model, args.context, args.max_tokens, texts, concurrent, raw_texts)
     a1, p1 = alone[:args.runs], api["one_at_a_time"]
     med = statistics.median
     report = {
@@ -140,6 +173,8 @@ def main() -> int:
     report["four"] = {"engine_back_to_back_tok_s": sum(r["tokens"] for r in alone[args.runs:]) / four_alone_s,
                       "api_aggregate_tok_s": api["four_at_once"]["aggregate_tok_s"],
                       "api_each_tok_s": [r["tok_s"] for r in api["four_at_once"]["requests"]]}
+    gap = lambda rows: med(r["ttft_ms"] - r["server_engine_ttft_ms"] for r in rows)  # noqa: E731
+    report["ttft_over_server_engine_ms"] = {"openai_client": gap(p1), "raw_http": gap(api["raw_http"])}
     o, f = report["one"], report["four"]
     print(f"one request : TTFT engine {o['engine_ttft_ms']:.2f} ms, API {o['api_ttft_ms']:.2f} ms "
           f"(+{o['api_ttft_ms'] - o['engine_ttft_ms']:.2f} ms); decode engine {o['engine_tok_s']:.1f} tok/s, "
@@ -148,6 +183,9 @@ def main() -> int:
     print(f"four at once: engine back to back {f['engine_back_to_back_tok_s']:.1f} tok/s, API aggregate "
           f"{f['api_aggregate_tok_s']:.1f} tok/s ({100 * f['api_aggregate_tok_s'] / f['engine_back_to_back_tok_s']:.1f}%)"
           f"; each request's decode {', '.join(f'{x:.0f}' for x in f['api_each_tok_s'])} tok/s")
+    g = report["ttft_over_server_engine_ms"]
+    print(f"client TTFT over the server engine's own TTFT (median): openai client {g['openai_client']:.2f} ms, "
+          f"raw HTTP {g['raw_http']:.2f} ms")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))
     return 0
