@@ -356,3 +356,45 @@ def test_frozen_environment_caches_in_user_folder_and_skips_triton_without_a_com
     monkeypatch.setenv("CC", "/opt/cc")  # a compiler the user pointed Triton at
     launcher.prepare_frozen_environment()
     assert "R1DESK_NO_TRITON" not in os.environ
+
+
+# ---------------------------------------------------------------------------------------------- the GPU release
+def _exclusions():
+    sys.path.insert(0, str(ROOT / "packaging"))
+    try:
+        import exclusions
+    finally:
+        sys.path.remove(str(ROOT / "packaging"))
+    return exclusions
+
+
+def test_the_spec_and_the_proof_script_leave_out_one_list():
+    """One source of truth: the spec filters the bundle through exclusions.left_out and strips
+    exclusions.STRIP_DEBUG; the proof deletes through the same function from the same module. Neither keeps a
+    list of its own."""
+    spec = SPEC.read_text(encoding="utf-8")
+    proof = (ROOT / "packaging" / "prove_exclusions.py").read_text(encoding="utf-8")
+    for text in (spec, proof):
+        assert "import exclusions" in text
+        assert re.search(r"exclusions\.left_out\(", text) and re.search(r"exclusions\.(STRIP_DEBUG|strip_debug)", text)
+        assert not re.search(r"libcusolverMg|libnvperf|nvshmem_transport", text)  # no second copy of an entry
+    assert "exclusions.left_out(dest) is not None" in spec  # applied to every binary and data file's destination
+
+
+@pytest.mark.parametrize("path, left_out", [
+    ("nvidia/cu13/lib/libcusolverMg.so.12", True),
+    ("nvidia/cu13/lib/libnvrtc.alt.so.13", True),
+    ("nvidia/cu13/lib/libnvrtc.so.13", False),  # torch links it
+    ("nvidia/cu13/lib/libnvrtc-builtins.alt.so.13.0", True),
+    ("nvidia/cu13/lib/libnvrtc-builtins.so.13.0", False),
+    ("nvidia/cu13/lib/libcupti.so.13", False),  # torch maps it at import (the proof found it)
+    ("nvidia/cu13/lib/libcublasLt.so.13", False),
+    ("nvidia/cu13/include/cuda.h", True),
+    ("triton/backends/nvidia/include/cuda.h", False),  # Triton compiles its launcher with these
+    ("triton/backends/nvidia/lib/cupti/libcupti_static.a", True),
+    ("nvidia\\nvshmem\\lib\\nvshmem_transport_ucx.so.3", True),  # Windows separators
+    ("nvidia/nvshmem/lib/libnvshmem_host.so.3", False),  # libtorch_nvshmem links it
+    ("torch/lib/libtorch_cuda.so", False),
+])
+def test_what_the_gpu_release_leaves_out(path, left_out):
+    assert (_exclusions().left_out(path) is not None) == left_out
