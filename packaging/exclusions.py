@@ -7,8 +7,8 @@ inside the bundle's _internal/ folder. A file may only be listed when torch does
 loader resolves every DT_NEEDED library of libtorch_cuda.so then: cuFFT, cuRAND, cuSPARSE(Lt), NCCL, cuFile,
 NVSHMEM, cuDNN's front library all stay until they are replaced by something smaller) and r1desk never loads
 it at first use (the proof runs every path: bf16 and 4-bit bench, chat, quantize, and checks that none of these
-files was ever mapped by the full install doing the same work). CUPTI looks like profiler-only, but torch maps
-it at import (found by that check), so it stays.
+files was loaded on first use by the full install doing the same work). CUPTI (4 MB, profiler-only) stays for
+now: torch preloads it at import, and no GPU run has shown it unneeded yet.
 """
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ LEFT_OUT: list[tuple[str, str]] = [
     ("nvidia/nvshmem/lib/*.bc", "NVSHMEM device bitcode: only for compiling NVSHMEM kernels"),
 ]
 
+# Next in line, NOT left out yet: lazily loaded, so likely unneeded, but only a GPU run can show it. The proof
+# script deletes these too when asked (--candidates) and reports whether the full install ever mapped them;
+# an entry moves up to LEFT_OUT once that ran clean on a GPU.
+CANDIDATES: list[tuple[str, str]] = [
+    ("nvidia/cudnn/lib/libcudnn_[aeghio]*", "cuDNN's engine and op libraries (~850 MB), loaded when a cuDNN kernel "
+                                            "first runs; r1desk's attention is SDPA flash/efficient or Triton, its "
+                                            "matmuls cuBLAS (libcudnn.so.9 itself is linked by torch: it stays)"),
+    ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),
+    ("torch/lib/libtorch_cuda_linalg.so", "torch.linalg's CUDA library, loaded on first use only"),
+]
+
 # Shipped, but with their debug information removed (`strip --strip-debug`: symbols stay, so nothing that looks
 # a symbol up breaks). Triton's wheel is built with it: libtriton.so 483 MB -> 228 MB (Triton 3.8).
 STRIP_DEBUG: list[str] = ["triton/_C/libtriton.so", "triton/_C/libproton.so"]
@@ -40,6 +51,14 @@ def left_out(path: str) -> str | None:
     """Why `path` (relative to site-packages / the bundle's _internal, either slash) is left out; None if kept."""
     p = path.replace("\\", "/")
     for pattern, why in LEFT_OUT:
+        if fnmatchcase(p, pattern):
+            return why
+    return None
+
+
+def candidate(path: str) -> str | None:
+    p = path.replace("\\", "/")
+    for pattern, why in CANDIDATES:
         if fnmatchcase(p, pattern):
             return why
     return None

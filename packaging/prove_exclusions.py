@@ -4,8 +4,10 @@
     python packaging/prove_exclusions.py --cpu-only --model TINY      # the import-level part, on any machine
 
 1. Runs r1desk's GPU work on the full install (bf16 and 4-bit `bench`, `chat`, `quantize`) and records every
-   shared library each process mapped (/proc/self/maps): none of packaging/exclusions.py's files may be among
-   them.
+   shared library each process mapped (/proc/self/maps) beyond what a bare `import torch, triton` maps: none of
+   packaging/exclusions.py's files may be among those loaded on first use. (At import torch preloads every
+   NVIDIA library it knows of, with required=False: mapped then, a file is not thereby needed; absent, it is
+   skipped. Whether the work needs one of those is what step 2 shows.)
 2. Copies this environment's torch, nvidia and triton packages to a scratch folder, deletes exactly what
    exclusions.LEFT_OUT names and strips exclusions.STRIP_DEBUG, puts the copy first on PYTHONPATH and runs the
    same work again: it must succeed, from the copy, with the same greedy tokens and speeds within noise.
@@ -41,6 +43,18 @@ maps = sorted({line.split()[-1] for line in open("/proc/self/maps") if ".so" in 
 import torch
 print("\nMAPS " + json.dumps({"rc": rc, "torch": torch.__file__, "maps": maps}))
 """
+
+
+BARE_IMPORT = r"""
+import json, torch, triton
+print(json.dumps(sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l.split()[-1]})))
+"""
+
+
+def bare_import_maps(pythonpath: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", BARE_IMPORT], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=pythonpath), cwd=ROOT)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def site_packages() -> Path:
@@ -79,7 +93,7 @@ def workload(model: str, awq: str | None, cpu_only: bool, scratch_models: Path) 
     return cmds
 
 
-def make_copy(src: Path, dst: Path) -> dict:
+def make_copy(src: Path, dst: Path, candidates: bool = False) -> dict:
     """The trimmed copy: hard links where possible (fast, no space), real copies for files that get stripped."""
     removed: dict[str, dict] = {}
     for pkg in PACKAGES:
@@ -89,7 +103,7 @@ def make_copy(src: Path, dst: Path) -> dict:
             if path.is_dir():
                 continue
             rel = path.relative_to(src).as_posix()
-            why = exclusions.left_out(rel)
+            why = exclusions.left_out(rel) or (exclusions.candidate(rel) if candidates else None)
             if why is not None:
                 entry = removed.setdefault(why, {"files": 0, "bytes": 0, "examples": []})
                 entry["files"] += 1
@@ -114,22 +128,29 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--awq")
     ap.add_argument("--cpu-only", action="store_true", help="no GPU here: the import-level part only")
+    ap.add_argument("--candidates", action="store_true",
+                    help="also delete exclusions.CANDIDATES and report whether the full install mapped them")
     ap.add_argument("--out")
     args = ap.parse_args()
     src = site_packages()
     repo = str(ROOT)
     with tempfile.TemporaryDirectory(prefix="r1desk-proof-") as tmp:
         tmp = Path(tmp)
-        removed = make_copy(src, tmp / "site")
+        removed = make_copy(src, tmp / "site", args.candidates)
         sizes = {"removed_bytes": sum(e["bytes"] for e in removed.values()),
                  "kept_bytes": sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file())}
         report = {"site_packages": str(src), "removed": removed, **sizes, "full": [], "trimmed": [],
                   "mapped_excluded": []}
+        at_import = bare_import_maps(repo)
+        report["preloaded_at_import_and_left_out"] = sorted(
+            Path(m).relative_to(src).as_posix() for m in at_import
+            if m.startswith(str(src)) and exclusions.left_out(Path(m).relative_to(src).as_posix()))
         for cmd in workload(args.model, args.awq, args.cpu_only, tmp):
             full = run(cmd, repo)
-            hits = [m for m in full["maps"] if m.startswith(str(src)) and
-                    exclusions.left_out(Path(m).relative_to(src).as_posix())]
-            report["mapped_excluded"] += hits
+            rels = [Path(m).relative_to(src).as_posix() for m in full["maps"]
+                    if m.startswith(str(src)) and m not in at_import]  # loaded on first use by this work
+            report["mapped_excluded"] += [r for r in rels if exclusions.left_out(r)]
+            report.setdefault("mapped_candidates", []).extend(r for r in rels if exclusions.candidate(r))
             trimmed = run(cmd, f"{tmp / 'site'}{os.pathsep}{repo}")
             if not trimmed["torch"].startswith(str(tmp / "site")):
                 raise SystemExit(f"the trimmed run imported torch from {trimmed['torch']}, not the copy")
@@ -141,6 +162,9 @@ def main() -> int:
     print(f"removed {sizes['removed_bytes'] / 2**30:.2f} GiB; the copy keeps {sizes['kept_bytes'] / 2**30:.2f} GiB")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.candidates:
+        mapped = sorted(set(report.get("mapped_candidates", [])))
+        print("candidates the full install mapped (they must stay):", *(mapped or ["none"]), sep="\n  ")
     if report["mapped_excluded"]:
         print("FAILED: the full install mapped files the release leaves out:", *report["mapped_excluded"], sep="\n  ")
         return 1

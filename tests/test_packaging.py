@@ -387,7 +387,7 @@ def test_the_spec_and_the_proof_script_leave_out_one_list():
     ("nvidia/cu13/lib/libnvrtc.so.13", False),  # torch links it
     ("nvidia/cu13/lib/libnvrtc-builtins.alt.so.13.0", True),
     ("nvidia/cu13/lib/libnvrtc-builtins.so.13.0", False),
-    ("nvidia/cu13/lib/libcupti.so.13", False),  # torch maps it at import (the proof found it)
+    ("nvidia/cu13/lib/libcupti.so.13", False),  # torch preloads it at import; not yet shown unneeded on a GPU
     ("nvidia/cu13/lib/libcublasLt.so.13", False),
     ("nvidia/cu13/include/cuda.h", True),
     ("triton/backends/nvidia/include/cuda.h", False),  # Triton compiles its launcher with these
