@@ -47,21 +47,19 @@ CANDIDATES: list[tuple[str, str]] = [
 STRIP_DEBUG: list[str] = ["triton/_C/libtriton.so", "triton/_C/libproton.so"]
 
 
+def _why(path: str, rules: list[tuple[str, str]]) -> str | None:
+    p = path.replace("\\", "/")
+    return next((why for pattern, why in rules if fnmatchcase(p, pattern)), None)
+
+
 def left_out(path: str) -> str | None:
     """Why `path` (relative to site-packages / the bundle's _internal, either slash) is left out; None if kept."""
-    p = path.replace("\\", "/")
-    for pattern, why in LEFT_OUT:
-        if fnmatchcase(p, pattern):
-            return why
-    return None
+    return _why(path, LEFT_OUT)
 
 
 def candidate(path: str) -> str | None:
-    p = path.replace("\\", "/")
-    for pattern, why in CANDIDATES:
-        if fnmatchcase(p, pattern):
-            return why
-    return None
+    """Why `path` might be left out once a GPU run has shown it unneeded (CANDIDATES); None if not a candidate."""
+    return _why(path, CANDIDATES)
 
 
 def strip_debug(path: str) -> bool:
