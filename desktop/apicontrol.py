@@ -46,7 +46,7 @@ class ApiControl(QObject):
     def _sync(self) -> None:
         if self.service is None:
             return  # started with the engine (attach)
-        current = None if self.server is None else (self.server.port_asked, self.server.api_key or "",
+        current = None if self.server is None else (self.server.requested_port, self.server.api_key or "",
                                                      tuple(sorted(self.server.allowed_origins)))
         wanted = None if self.wanted is None else (self.wanted[0], self.wanted[1], tuple(sorted(self.wanted[2])))
         if current == wanted:
@@ -73,7 +73,6 @@ class ApiControl(QObject):
         port, key, origins = self.wanted
         server = ApiServer(self.service, "127.0.0.1", port, api_key=key or None, allowed_origins=origins,
                            defaults=self.defaults)
-        server.port_asked = port
         self.server = server
         try:
             await server.start()

@@ -87,7 +87,7 @@ class ReplyController(QObject):
         req.delta.connect(self._on_delta)
         req.finished.connect(self._on_finished)
         req.failed.connect(self._on_failed)
-        self._on_queued(len(self.win.service.ahead_of(req)))
+        self._on_queued(req.ahead)  # announced by submit(), before these connections
         self.save_timer.start()
         return True
 

@@ -274,7 +274,7 @@ class Engine:
             breakdown["weights_s"] = time.perf_counter() - t
             if auto:  # measured now, with the weights in place and before the KV cache is allocated
                 try:
-                    ctx = auto_context(dev, cfg, torch.empty(0, dtype=torch_dtype).element_size())
+                    ctx = auto_context(dev, cfg, torch_dtype.itemsize)
                 except NoRoomForContext as err:
                     raise OutOfMemoryError(f"{folder.name} fits, but {err}; {OOM_ADVICE}") from None
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)

@@ -55,7 +55,8 @@ class ApiServer:
             raise ValueError(f"serving on {host} (reachable from other computers) needs an API key")
         self.service = service
         self.host = host
-        self.port = port
+        self.requested_port = port  # 0: any free port
+        self.port = port  # the port in use once started
         self.api_key = api_key or None
         self.allowed_origins = {o.rstrip("/") for o in allowed_origins if o}
         self.defaults = defaults if defaults is not None else {}  # the app's temperature/top_p, shared, live
