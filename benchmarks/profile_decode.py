@@ -21,7 +21,7 @@ def main(model: str, int4_kernel: str | None = None) -> None:
     for mode in ("greedy", "sample"):
         step.pos.fill_(512)
         step.token.fill_(1)
-        graph = step.graphs[mode]
+        graph = step.graphs[(mode, step.config_for(513))]
         for _ in range(10):
             graph.replay()
         torch.cuda.synchronize()

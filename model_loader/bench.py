@@ -164,7 +164,7 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
     result = {
         "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
         "quantization": engine.info.quantization, "embed_on_host": engine.info.embed_on_host,
-        "gemv": engine.info.gemv,
+        "gemv": engine.info.gemv, "decode_attention": engine.info.decode_attention,
         "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
         "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
         "context_length": engine.info.context_length,

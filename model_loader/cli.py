@@ -153,7 +153,7 @@ def _bench_scenario(args) -> int:
         text = sc.format_depths(result)
     info = engine.info
     result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
-                  ready_s=ready)
+                  ready_s=ready, decode_attention=info.decode_attention)
     print(json.dumps(result, indent=2) if args.json else
           f"model {info.model_name} on {info.device_name} ({info.dtype}"
           f"{', ' + info.quantization if info.quantization else ''}), ready in {ready:.1f} s\n{text}")

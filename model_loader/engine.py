@@ -67,53 +67,69 @@ def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtyp
 
 
 class DecodeStep:
-    """Static input/output buffers for one decode step, and its CUDA graphs (one per sampling mode)."""
+    """Static input/output buffers for one decode step, and its CUDA graphs: one per sampling mode and decode
+    attention configuration. `plan` maps depth buckets to the configuration tuned for them at warm-up
+    (triton_ops.tune_decode_attention); the host knows each step's position, so it picks the graph without
+    asking the GPU anything."""
 
     def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool):
         self.model, self.params, self.use_graphs = model, params, use_graphs
         self.token = torch.zeros(1, dtype=torch.int64, device=model.device)  # input; the sampled token after
         self.pos = torch.zeros(1, dtype=torch.int32, device=model.device)
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # (mode, attention config) -> graph
+        self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
         self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
 
-    def _step(self, mode: str, pos: int) -> None:
+    def config_for(self, length: int):
+        """The attention configuration for a step that attends over `length` cached tokens."""
+        return next((config for upper, config in self.plan if length <= upper), self.plan[-1][1])
+
+    def _step(self, mode: str, pos: int, config) -> None:
+        self.model.set_decode_attention_config(config)
         logits = self.model.decode(self.token, self.pos, pos)
         nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
         self.token.copy_(nxt)
         self.pos.add_(1)
 
+    def captured(self, mode: str) -> bool:
+        return not self.use_graphs or all((mode, config) in self.graphs for _, config in self.plan)
+
     def capture(self, mode: str) -> None:
-        if not self.use_graphs or mode in self.graphs:
-            return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
-                self.pos.zero_()
-                self._step(mode, 0)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        self.pos.zero_()
-        with torch.cuda.graph(graph), torch.inference_mode():
-            self._step(mode, 0)
-        self.graphs[mode] = graph
+        """Capture this mode's graph for every configuration in the plan (once each)."""
+        for config in dict.fromkeys(config for _, config in self.plan):
+            if not self.use_graphs or (mode, config) in self.graphs:
+                continue
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
+                    self.pos.zero_()
+                    self._step(mode, 0, config)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            self.pos.zero_()
+            with torch.cuda.graph(graph), torch.inference_mode():
+                self._step(mode, 0, config)
+            self.graphs[(mode, config)] = graph
 
     def run(self, mode: str, pos: int) -> None:
-        graph = self.graphs.get(mode)
+        config = self.config_for(pos + 1)
+        graph = self.graphs.get((mode, config))
         if graph is not None:
             graph.replay()
         else:
             with torch.inference_mode():
-                self._step(mode, pos)
+                self._step(mode, pos, config)
 
 
 class PrefillGraphs:
-    """Fresh prompts (nothing cached) prefilled by CUDA graphs captured per length bucket: a prompt is padded
-    to the next bucket, so a 512-token prefill is one replay instead of ~450 launches from Python, which made
-    time to first token depend on the host CPU. All buckets share one memory pool (they never run at once)."""
+    """Prefills by CUDA graphs captured per length bucket: the new tokens are padded to the next bucket, so a
+    512-token prefill is one replay instead of ~450 launches from Python, which made time to first token depend
+    on the host CPU. The cached prefix's length is a device input, so the same graphs serve fresh prompts,
+    follow-up turns, the stop-thinking injection and regenerate. All buckets are captured at warm-up (nothing
+    is compiled or captured after "ready") and share one memory pool (they never run at once)."""
 
     BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-    WARM = 512  # buckets up to this one are captured during warm-up; larger ones on first use
 
     def __init__(self, model: Qwen2Model):
         self.model = model
@@ -121,38 +137,41 @@ class PrefillGraphs:
         self.buckets = tuple(b for b in self.BUCKETS if b <= largest)
         self.tokens = torch.zeros(largest, dtype=torch.int64, device=model.device)
         self.last = torch.zeros(1, dtype=torch.int64, device=model.device)
-        self.zero = torch.zeros(1, dtype=torch.int32, device=model.device)
+        self.start = torch.zeros(1, dtype=torch.int32, device=model.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
 
-    def bucket_for(self, n: int) -> int | None:
-        return next((b for b in self.buckets if b >= n), None)
+    def bucket_for(self, n: int, start: int) -> int | None:
+        """The smallest bucket that holds n new tokens and, padded, still ends inside the cache."""
+        return next((b for b in self.buckets if b >= n and start + b <= self.model.max_ctx), None)
 
     def capture(self, bucket: int) -> None:
         if bucket in self.graphs:
             return
         tokens = self.tokens[:bucket]
+        self.start.zero_()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
-            self.model.prefill_static(tokens, self.last, self.zero)  # warm-up outside the graph
+            self.model.prefill_static(tokens, self.last, self.start)  # warm-up outside the graph
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            self.outputs[bucket] = self.model.prefill_static(tokens, self.last, self.zero)
+            self.outputs[bucket] = self.model.prefill_static(tokens, self.last, self.start)
         self.graphs[bucket] = graph
 
-    def run(self, ids: list[int]) -> torch.Tensor | None:
-        """Logits [1, V] of the last token, or None if no bucket fits (then prefill eagerly)."""
-        bucket = self.bucket_for(len(ids))
-        if bucket is None:
+    def run(self, ids: list[int], start: int) -> torch.Tensor | None:
+        """Logits [1, V] of the last of `ids` (new tokens at positions start..), or None if no captured bucket
+        fits (then the caller prefills eagerly)."""
+        bucket = self.bucket_for(len(ids), start)
+        if bucket is None or bucket not in self.graphs:
             return None
-        self.capture(bucket)
         self.tokens[: len(ids)].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=False)
         self.last.fill_(len(ids) - 1)
+        self.start.fill_(start)
         self.graphs[bucket].replay()
         return self.outputs[bucket]
 
@@ -201,6 +220,7 @@ class EngineInfo:
     quantization: str | None = None  # None (dense), or which AWQ path is in use
     embed_on_host: bool = False  # the embedding table is read from host memory (saves its VRAM)
     gemv: dict = field(default_factory=dict)  # "NxK" weight shape -> "cuBLAS" or our Triton GEMV config (measured)
+    decode_attention: dict = field(default_factory=dict)  # "<=depth" -> the attention configuration (measured)
     load_s: float = 0.0
     load_breakdown: dict = field(default_factory=dict)  # tokenizer_s, device_init_s, weights_s
     warmup_s: float = 0.0
@@ -323,16 +343,20 @@ class Engine:
                 ids = torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
                 self.model.prefill(ids, 0)
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
-            if self.info.cuda_graphs:  # before any capture: the graphs record whichever GEMV wins
+            if self.info.cuda_graphs:  # before any capture: the graphs record whichever kernels win
                 tuned = self.model.tune_gemv()
                 self.info.gemv = dict(tuned["choice"])
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
+                attention = self.model.tune_decode_attention()
+                self.step.plan = attention["plan"]
+                self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
+                log.info("decode attention per depth bucket: %s (us per layer: %s)", self.info.decode_attention,
+                         attention["timings_us"])
             for mode in ("greedy", "sample"):
                 self.step.capture(mode)
             if self.prefill_graphs is not None:
                 for bucket in sorted(self.prefill_graphs.buckets, reverse=True):  # largest first: sizes the pool
-                    if bucket <= PrefillGraphs.WARM:
-                        self.prefill_graphs.capture(bucket)
+                    self.prefill_graphs.capture(bucket)
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize(self.model.device)
         except torch.cuda.OutOfMemoryError as err:
@@ -406,9 +430,9 @@ class Engine:
             reuse += 1
         self._cache_tokens = self._cache_tokens[:reuse]
         logits = None
-        if reuse == 0 and self.prefill_graphs is not None:
-            logits = self.prefill_graphs.run(seq)
-        if logits is None:
+        if self.prefill_graphs is not None:
+            logits = self.prefill_graphs.run(seq[reuse:], reuse)
+        if logits is None:  # no graphs here (CPU, no Triton), or more than the largest bucket
             ids = torch.tensor(seq[reuse:], dtype=torch.int64, device=self.model.device)
             logits = self.model.prefill(ids, reuse)
         self._cache_tokens = list(seq)
@@ -431,7 +455,7 @@ class Engine:
                 torch.cuda.manual_seed(seed)  # read by the captured graph at every replay
             else:
                 self.step.generator = torch.Generator().manual_seed(seed)
-        if self.step.use_graphs and mode not in self.step.graphs:
+        if not self.step.captured(mode):
             self.step.capture(mode)
             self._cache_tokens = []  # capturing ran steps that wrote into the cache
         on_cuda = self.model.device.type == "cuda"

@@ -44,6 +44,9 @@ class Qwen2Model:
             self.ops = triton_ops
             self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                                cfg.head_dim, device, dtype)
+            self.prefill_attention = triton_ops.PrefillAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                                 cfg.head_dim, device,
+                                                                 max_tokens=min(max_ctx, self.PREFILL_CHUNK))
         else:
             self.ops = reference
             self.decode_attention = reference.decode_attention
@@ -51,6 +54,15 @@ class Qwen2Model:
     def tune_gemv(self) -> dict:
         """Measure the single-token kernels per weight shape on this GPU and keep the fastest (Linears.tune)."""
         return self.linear.tune(self.w, self.dtype)
+
+    def tune_decode_attention(self) -> dict:
+        """Time the decode attention's configurations per depth bucket on this GPU (triton_ops)."""
+        return self.ops.tune_decode_attention(self.decode_attention, self.k_cache, self.v_cache, self.scale)
+
+    def set_decode_attention_config(self, config) -> None:
+        """The configuration the next decode steps (or graph captures) use; None: the default."""
+        if self.use_triton:
+            self.decode_attention.config = config or self.ops.DECODE_ATTN_CONFIGS[0]
 
     @property
     def embed_on_host(self) -> bool:
@@ -95,26 +107,23 @@ class Qwen2Model:
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
 
-    def _prefill_attention(self, start: int, t: int):
-        cfg = self.cfg
-        group = cfg.num_attention_heads // cfg.num_key_value_heads
+    def _prefill_attention(self, start: int, t: int, start_t: torch.Tensor):
+        """attend(q, layer) for T new tokens at positions start..start+T-1 (start_t: the same on the device)."""
+        if self.use_triton:  # no mask, no repeated K/V; start read on the device (graph-safe)
+            def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+                return self.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale)
+
+            return attend
         length = start + t
-        mask = None
-        if start:
-            # Query i sits at position start+i and may see keys 0..start+i.
-            mask = torch.arange(length, device=self.device)[None, :] <= (
-                torch.arange(t, device=self.device)[:, None] + start)
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            # q: [T, Hq, D] -> [T, Hq*D]. 4-D inputs so SDPA can pick its flash kernel (it needs a batch dim).
+            if start:
+                return reference.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start, self.scale)
+            # fresh prompt: causal, no mask, GQA inside SDPA. 4-D inputs so SDPA can pick its flash kernel.
             q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]
             k = self.k_cache[layer, :, :length][None]  # [1, Hkv, L, D]
             v = self.v_cache[layer, :, :length][None]
-            if mask is None:  # fresh prompt: causal, no mask, GQA inside the kernel (flash backend)
-                out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            else:  # after a cached prefix: explicit mask (memory-efficient backend, which wants equal heads)
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-                out = F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
             return out[0].transpose(0, 1).reshape(t, -1)
 
         return attend
@@ -130,19 +139,21 @@ class Qwen2Model:
             t = chunk.numel()
             pos_t = torch.tensor([start + c0], device=self.device, dtype=torch.int32)
             h = F.embedding(chunk, self.w["embed"])
-            x = self._layers(h, pos_t, start + c0, self._prefill_attention(start + c0, t))
+            x = self._layers(h, pos_t, start + c0, self._prefill_attention(start + c0, t, pos_t))
             outs.append(x if all_logits else x[-1:])
         x = torch.cat(outs) if all_logits else outs[-1]
         return F.linear(x, self.w["lm_head"]).float()
 
-    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, zero_t: torch.Tensor) -> torch.Tensor:
-        """A fresh prompt padded to a fixed length, for CUDA-graph capture: tokens [B] int64 (the real ones
-        first, any padding after: causal attention keeps padding out of the real rows), last_t [1] int64 = index
-        of the last real token, zero_t [1] int32 zeros. Writes K/V for all B positions (those past the prompt
-        are overwritten before they are ever read) and returns the last real token's logits [1, V] fp32."""
+    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, start_t: torch.Tensor) -> torch.Tensor:
+        """New tokens padded to a fixed length, for CUDA-graph capture (Triton path): tokens [B] int64 at
+        positions start.. (the real ones first, any padding after: causal attention keeps padding out of the real
+        rows), last_t [1] int64 = index of the last real token, start_t [1] int32 = the cached prefix's length,
+        read on the device so one graph serves fresh prompts and follow-ups alike. Writes K/V for all B
+        positions (those past the real tokens are overwritten before they are ever read; the caller keeps
+        start + B within the cache) and returns the last real token's logits [1, V] fp32."""
         h = F.embedding(tokens, self.w["embed"])
         # only the last real row goes through the final norm and the LM head
-        x = self._layers(h, zero_t, 0, self._prefill_attention(0, tokens.numel()), rows=last_t)
+        x = self._layers(h, start_t, 0, self._prefill_attention(0, tokens.numel(), start_t), rows=last_t)
         return F.linear(x, self.w["lm_head"]).float()
 
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:

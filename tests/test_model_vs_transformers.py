@@ -121,6 +121,42 @@ def test_padded_static_prefill_matches_the_plain_prefill(cpu_engine):
     cpu_engine.reset_cache()
 
 
+@pytest.fixture(scope="module")
+def triton_engine(tiny_model):
+    """The fused Triton kernels (Triton's interpreter on a CPU machine), fp32 so comparisons can be tight."""
+    engine = Engine.load(tiny_model, device="cuda" if torch.cuda.is_available() else "cpu", use_triton=True,
+                         dtype="fp32", context_length=512)
+    assert engine.info.kernels == "triton"
+    return engine
+
+
+@pytest.mark.parametrize("bucket", [16, 64])
+def test_graph_prefill_after_a_cached_prefix_gives_what_a_fresh_prefill_gives(triton_engine, bucket):
+    """What the CUDA prefill graphs run for a follow-up turn: the new tokens padded to a bucket, the cached
+    prefix's length read from a device tensor, the Triton attention over the cache (no mask, no repeated K/V).
+    The last token's logits and every real position's K/V must equal one unpadded prefill of the whole
+    sequence, and the greedy token after it the same."""
+    model = triton_engine.model
+    first = triton_engine.chat.render(PROMPTS["multi_turn"]).ids
+    follow = PROMPTS["multi_turn"] + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Why?"}]
+    whole = triton_engine.chat.render(follow).ids
+    start = next(i for i, (a, b) in enumerate(zip(first, whole)) if a != b)
+    new = whole[start:]
+    assert start > 0 and len(new) < bucket
+    fresh = model.prefill(torch.tensor(whole), 0)
+    k_fresh, v_fresh = model.k_cache[:, :, :len(whole)].clone(), model.v_cache[:, :, :len(whole)].clone()
+    model.k_cache.zero_()
+    model.v_cache.zero_()
+    model.prefill(torch.tensor(first), 0)  # the earlier turn, cached
+    padded = torch.tensor(new + [0] * (bucket - len(new)))
+    with torch.inference_mode():
+        logits = model.prefill_static(padded, torch.tensor([len(new) - 1]), torch.tensor([start], dtype=torch.int32))
+    torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.k_cache[:, :, :len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.v_cache[:, :, :len(whole)], v_fresh, atol=1e-5, rtol=1e-5)
+    assert logits.argmax().item() == fresh.argmax().item()
+
+
 def test_fp32_means_fp32_greedy_ids_equal_transformers_for_48_tokens(tiny_model, hf_model):
     """`--dtype fp32` on a GPU must not round through TF32: the decode attention's tl.dot defaulted to it and
     greedy ids drifted from transformers' fp32 after 14-30 tokens (issue 12). On a GPU every prompt, 48 tokens,

@@ -114,16 +114,26 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     from model_loader.engine import Engine
     from model_loader.kernels import triton_ops
 
-    engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=64)
+    engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=256)
+    model = engine.model
     ids = torch.tensor(engine.chat.encode_plain("Hello, compile."))
-    engine.model.prefill(ids, 0)
-    engine.model.decode(ids[-1:], torch.tensor([ids.numel()], dtype=torch.int32), ids.numel())
+    model.prefill(ids, 0)
+    model.prefill(torch.arange(100, 200), ids.numel())  # after a cached prefix
+    q = torch.randn(8, 4, 16, dtype=torch.bfloat16)
+    for splits in (1, 2):  # the prefill attention in one pass and cut into key splits (+ its reduce)
+        model.prefill_attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25,
+                                splits=splits)
+    pos = torch.tensor([ids.numel()], dtype=torch.int32)
+    for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
+        model.set_decode_attention_config(config)
+        model.decode(ids[-1:], pos, ids.numel())
     w = torch.randn(40, 256, dtype=torch.bfloat16)
     for config in triton_ops.GEMV_CONFIGS:
         triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config)
     names = _compile_all(launches)
     assert {"_add_rms_norm_kernel", "_rope_bias_cache_kernel", "_silu_mul_kernel", "_decode_attn_split_kernel",
-            "_decode_attn_reduce_kernel", "_gemv_kernel"} <= names
+            "_decode_attn_reduce_kernel", "_prefill_attn_kernel", "_prefill_attn_reduce_kernel",
+            "_gemv_kernel"} <= names
 
 
 def test_the_int4_kernels_compile_for_a_gpu(launches):

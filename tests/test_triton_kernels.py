@@ -81,11 +81,14 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("length", [1, 33, 200])
-def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length):
+@pytest.mark.parametrize("length", [1, 33, 200, 2500])
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS, ids=str)
+def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, config):
+    """Every kernel shape the warm-up may pick, at depths that use one split, a few, and all of them (2,500
+    tokens fill every split of each config), with the depth read from pos_t as in a captured graph."""
     dt = _dtype(device)
     g = torch.Generator().manual_seed(2)
-    max_ctx = 256
+    max_ctx = 2560
     k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
     v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
     q = torch.randn(hq, d, generator=g).to(device, dt)
@@ -93,12 +96,23 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length):
     scale = 1 / math.sqrt(d)
     ref = reference.decode_attention(q, k, v, pos_t, length, scale)
     attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
-    out = attn(q, k, v, pos_t, length, scale)
+    attn.mid_lse.fill_(float("nan"))  # splits the reduce must not read hold garbage
+    attn.mid_o.fill_(float("nan"))
+    out = attn(q, k, v, pos_t, length, scale, config=config)
     torch.testing.assert_close(out, ref, **_tol(device))
     # Garbage past the length must not leak in.
     k[:, length:] = 1e4
     v[:, length:] = 1e4
-    torch.testing.assert_close(attn(q, k, v, pos_t, length, scale), ref, **_tol(device))
+    torch.testing.assert_close(attn(q, k, v, pos_t, length, scale, config=config), ref, **_tol(device))
+
+
+def test_decode_attention_split_count_follows_the_depth():
+    """Short contexts use few splits (no reduce over empty ones), long ones all of them."""
+    c = triton_ops.DecodeAttnConfig(max_splits=64, min_chunk=64, block_n=32)
+    assert triton_ops.decode_splits(c, 1) == 1
+    assert triton_ops.decode_splits(c, 512) == 8
+    assert triton_ops.decode_splits(c, 4096) == 64
+    assert triton_ops.decode_splits(c, 32768) == 64
 
 
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
@@ -132,3 +146,26 @@ def test_rope_bias_cache_takes_the_position_from_the_device_tensor(device, hq, h
     pos_t = torch.tensor([live], device=device, dtype=torch.int32)
     _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, live, stale, hq, hkv, device)
     assert caches[2][:, stale].abs().sum() == 0 and caches[3][:, stale].abs().sum() == 0
+
+
+@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
+@pytest.mark.parametrize("start,t", [(0, 5), (0, 70), (37, 1), (37, 16), (300, 130), (1000, 3)])
+@pytest.mark.parametrize("splits", [None, 1, 3, 16])
+def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, hkv, d, hidden, start, t, splits):
+    """Bottom-right causal attention over the cache with the prefix length read from a device tensor: fresh
+    prompts (start 0), follow-ups and short injections, whole or cut into key splits (what short prefills over
+    long prefixes use), with garbage past the new tokens that must not leak in."""
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(5)
+    max_ctx = 1152
+    k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+    v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+    k[:, start + t:] = 1e4
+    v[:, start + t:] = 1e4
+    q = torch.randn(t, hq, d, generator=g).to(device, dt)
+    scale = 1 / math.sqrt(d)
+    ref = reference.prefill_attention(q, k, v, start, scale)
+    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)  # room for 16 splits
+    attn.mid_o.fill_(float("nan"))
+    start_t = torch.tensor([start], device=device, dtype=torch.int32)
+    torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))

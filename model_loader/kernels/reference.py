@@ -65,3 +65,16 @@ def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float):
     v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
     out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
     return out[:, 0].to(q.dtype)
+
+
+def prefill_attention(q, k_cache, v_cache, start: int, scale: float):
+    """T new queries at positions start..start+T-1 against cache keys 0..start+T-1, causal (query i sees keys
+    <= start+i). q: [T, Hq, D] -> [T, Hq*D]."""
+    t, hq, d = q.shape
+    hkv = k_cache.shape[0]
+    length = start + t
+    k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
+    v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
+    mask = torch.arange(length, device=q.device)[None, :] <= (torch.arange(t, device=q.device)[:, None] + start)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1).reshape(t, -1)

@@ -16,6 +16,7 @@ share of a decode step.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -151,92 +152,310 @@ def silu_mul(gate_up, out=None):
 
 
 @triton.jit
+def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
+    # Tokens per split, from the depth read on the device: short contexts use few splits of MIN_CHUNK tokens,
+    # long ones all MAX_SPLITS splits. One captured graph so serves every depth with no host sync.
+    chunk = tl.cdiv(tl.cdiv(length, MAX_SPLITS), BLOCK_N) * BLOCK_N
+    return tl.maximum(chunk, MIN_CHUNK)
+
+
+@triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
-                              IEEE: tl.constexpr):
+                              BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                              PDL: tl.constexpr, IEEE: tl.constexpr):
     # IEEE (fp32 models): tl.dot on fp32 inputs defaults to TF32 (10-bit mantissa), which made fp32 greedy
     # decoding drift from transformers' fp32 after a few dozen tokens. bf16/fp16 inputs are exact either way.
+    # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     _pdl_start(PDL)
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # the current token is already in the cache
-    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N)
     start = split * chunk
-    end = tl.minimum(start + chunk, length)
-    g = tl.arange(0, BLOCK_G)
+    if start < length:  # splits past the depth do nothing; the reduce only reads the active ones
+        end = tl.minimum(start + chunk, length)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, D)
+        g_mask = g < GROUP
+        q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, D], tl.float32)
+        base = kvh * max_ctx * D
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        heads = kvh * GROUP + g
+        out_base = heads * MAX_SPLITS + split
+        tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
+        tl.store(mid_lse_ptr + out_base, m_i + tl.log(l_i), mask=g_mask)
+
+
+@triton.jit
+def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, block_n, max_splits, min_chunk,
+                               D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    # Combines the active splits of one query head (online log-sum-exp, BLOCK_S splits at a time). The split
+    # shape comes as plain ints so one compiled reduce serves every split kernel configuration.
+    _pdl_start(PDL)
+    head = tl.program_id(0)
+    length = tl.load(pos_ptr) + 1
+    active = tl.cdiv(length, _decode_chunk(length, max_splits, min_chunk, block_n))
     d = tl.arange(0, D)
-    g_mask = g < GROUP
-    q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
+    acc = tl.zeros([D], tl.float32)
+    for s0 in range(0, active, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_mask = s < active
+        lse = tl.load(mid_lse_ptr + head * max_splits + s, mask=s_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)  # masked splits: exp(-inf) = 0
+        o = tl.load(mid_o_ptr + (head * max_splits + s[:, None]) * D + d[None, :], mask=s_mask[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
+        total = total * alpha + tl.sum(w, axis=0)
+        m = m_new
+    tl.store(out_ptr + head * D + d, (acc / total).to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class DecodeAttnConfig:
+    """How the decode attention splits the cache: up to max_splits programs per KV head, each at least min_chunk
+    tokens (a multiple of block_n), block_n tokens per loop step."""
+
+    max_splits: int
+    min_chunk: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __str__(self) -> str:
+        return f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, {self.num_stages} stages"
+
+
+# Candidates timed at warm-up for each depth bucket (DecodeAttention.tune). The first is the default where
+# nothing was tuned (CPU interpreter, reference runs).
+DECODE_ATTN_CONFIGS = (
+    DecodeAttnConfig(64, 64, 64, 4, 2),
+    DecodeAttnConfig(32, 32, 32, 4, 2),  # the split count before depth-following (2026-12-02)
+    DecodeAttnConfig(128, 64, 64, 4, 2),
+    DecodeAttnConfig(256, 64, 32, 4, 2),
+)
+
+
+def decode_splits(config: DecodeAttnConfig, length: int) -> int:
+    """How many splits the kernels use at this depth (what _decode_chunk computes on the device)."""
+    chunk = -(-(-(-length // config.max_splits)) // config.block_n) * config.block_n
+    chunk = max(chunk, config.min_chunk)
+    return -(-length // chunk)
+
+
+class DecodeAttention:
+    """Split-K flash decoding with its scratch buffers preallocated (they must outlive graph capture). The
+    number of splits follows the depth on the device (_decode_chunk); `config` picks the kernel shape and can be
+    switched between graph captures (one decode graph per depth bucket, engine.DecodeStep)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, dtype,
+                 configs=DECODE_ATTN_CONFIGS):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.config = configs[0]
+        self.max_splits = max(c.max_splits for c in configs)
+        self.mid_o = torch.empty((num_heads, self.max_splits, head_dim), device=device, dtype=torch.float32)
+        self.mid_lse = torch.empty((num_heads, self.max_splits), device=device, dtype=torch.float32)
+        self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
+
+    def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None):
+        # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; returns [Hq, D] (a reused buffer)
+        c = config or self.config
+        assert c.max_splits <= self.max_splits
+        pdl = pdl_launch_args(q.device)
+        _decode_attn_split_kernel[(self.num_kv_heads, c.max_splits)](
+            q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
+            GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
+            BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
+            num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+        _decode_attn_reduce_kernel[(self.num_heads,)](
+            self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
+            BLOCK_S=32, num_warps=4, **pdl)
+        return self.out
+
+
+@triton.jit(do_not_specialize=["n_tokens", "splits"])
+def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
+                         splits, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                         PDL: tl.constexpr):
+    # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
+    # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
+    # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
+    # SPLIT (few queries, long prefix): the keys are cut into `splits` ranges whose partial results
+    # _prefill_attn_reduce_kernel combines, so short prefills still fill the GPU. The split count is a plain
+    # int so that every bucket shares two compiled variants (split or not).
+    _pdl_start(PDL)
+    mblock = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    kvh = head // GROUP
+    start = tl.load(start_ptr)
+    rows = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_tokens
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], mask=row_mask[:, None], other=0.0)
+    visible = start + rows  # last key each row may see
+    hi = tl.minimum(start + (mblock + 1) * BLOCK_M, start + n_tokens)  # keys this block needs
+    chunk = tl.cdiv(tl.cdiv(start + n_tokens, splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(hi, lo + chunk)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
     base = kvh * max_ctx * D
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
             s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        s = tl.where((n[None, :] <= visible[:, None]) & (n[None, :] < hi), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    heads = kvh * GROUP + g
-    out_base = (heads * NUM_SPLITS + split)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_safe[:, None], mask=g_mask[:, None])
-    lse = tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf"))
-    tl.store(mid_lse_ptr + out_base, lse, mask=g_mask)
+    o = acc / l_safe[:, None]
+    if not SPLIT:
+        tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[:, None])
+    else:  # partial result of this key range; a row that saw none of it gets weight 0 (lse -inf)
+        mid = (split * n_tokens + rows) * NUM_HEADS + head
+        tl.store(mid_o_ptr + mid[:, None] * D + d[None, :], o, mask=row_mask[:, None])
+        tl.store(mid_lse_ptr + mid, tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf")), mask=row_mask)
 
 
-@triton.jit
-def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                               PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["n_tokens", "splits"])
+def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_tokens, splits, NUM_HEADS: tl.constexpr,
+                                D: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
     _pdl_start(PDL)
-    head = tl.program_id(0)
-    s = tl.arange(0, NUM_SPLITS)
+    row = tl.program_id(0)  # token * NUM_HEADS + head
+    s = tl.arange(0, MAX_SPLITS)
+    s_mask = s < splits
     d = tl.arange(0, D)
-    lse = tl.load(mid_lse_ptr + head * NUM_SPLITS + s)
-    m = tl.max(lse, axis=0)
-    w = tl.exp(lse - m)  # empty splits have lse -inf -> weight 0
-    o = tl.load(mid_o_ptr + (head * NUM_SPLITS + s[:, None]) * D + d[None, :])
+    mid = s * n_tokens * NUM_HEADS + row
+    lse = tl.load(mid_lse_ptr + mid, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)  # every row sees key 0, so at least one split is finite
+    w = tl.exp(lse - m)
+    o = tl.load(mid_o_ptr + mid[:, None] * D + d[None, :], mask=s_mask[:, None], other=0.0)
+    o = tl.where(w[:, None] > 0, o, 0.0)
     out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
-    tl.store(out_ptr + head * D + d, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-class DecodeAttention:
-    """Split-K flash decoding with its scratch buffers preallocated (they must outlive graph capture)."""
+class PrefillAttention:
+    """Causal attention for a prefill over a cached prefix (or none), start read from a device tensor. The
+    split scratch is allocated once for the largest prefill (PREFILL_CHUNK tokens) it is asked to split."""
 
-    NUM_SPLITS = 32
-    BLOCK_N = 32
+    BLOCK_M, BLOCK_N = 64, 64
+    MAX_SPLITS = 16
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, dtype):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, max_tokens: int):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
-        self.mid_o = torch.empty((num_heads, self.NUM_SPLITS, head_dim), device=device, dtype=torch.float32)
-        self.mid_lse = torch.empty((num_heads, self.NUM_SPLITS), device=device, dtype=torch.float32)
-        self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
+        self.device = torch.device(device)
+        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                    if self.device.type == "cuda" else 8)
+        # Allocated now for the most any prefill of up to max_tokens splits into: it must exist before graph
+        # capture (and stays the same memory for every graph).
+        rows = max(self.splits_for(t) * t for t in range(1, max_tokens + 1)) * num_heads
+        self.mid_o = torch.empty((rows, head_dim), device=self.device, dtype=torch.float32)
+        self.mid_lse = torch.empty((rows,), device=self.device, dtype=torch.float32)
 
-    def __call__(self, q, k_cache, v_cache, pos_t, length, scale):
-        # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; returns [Hq, D] (a reused buffer)
-        _decode_attn_split_kernel[(self.num_kv_heads, self.NUM_SPLITS)](
-            q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
-            GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=self.BLOCK_N, NUM_SPLITS=self.NUM_SPLITS, IEEE=q.dtype == torch.float32, num_warps=4,
-            **pdl_launch_args(q.device))
-        _decode_attn_reduce_kernel[(self.num_heads,)](self.mid_o, self.mid_lse, self.out, D=self.head_dim,
-                                                      NUM_SPLITS=self.NUM_SPLITS, num_warps=4, **pdl_launch_args(q.device))
-        return self.out
+    def splits_for(self, n_tokens: int) -> int:
+        """Key splits so that about two programs per SM run: 1 for long prefills, up to MAX_SPLITS for short."""
+        programs = triton.cdiv(n_tokens, self.BLOCK_M) * self.num_heads
+        splits = 1
+        while splits < self.MAX_SPLITS and programs * splits < 2 * self.sms:
+            splits *= 2
+        return splits
+
+    def __call__(self, q, k_cache, v_cache, start_t, scale, splits: int | None = None):
+        # q: [T, Hq, D] (contiguous); k_cache/v_cache: [Hkv, max_ctx, D]; start_t: [1] int32 -> [T, Hq*D]
+        t = q.shape[0]
+        splits = splits or self.splits_for(t)
+        out = torch.empty((t, self.num_heads * self.head_dim), device=q.device, dtype=q.dtype)
+        if splits * t * self.num_heads > self.mid_lse.numel():
+            raise ValueError(f"a {t}-token prefill in {splits} splits needs more scratch than was allocated")
+        pdl = pdl_launch_args(q.device)
+        _prefill_attn_kernel[(triton.cdiv(t, self.BLOCK_M), self.num_heads, splits)](
+            q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, splits,
+            NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N,
+            SPLIT=splits > 1, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2, **pdl)
+        if splits > 1:
+            _prefill_attn_reduce_kernel[(t * self.num_heads,)](self.mid_o, self.mid_lse, out, t, splits,
+                                                               NUM_HEADS=self.num_heads, D=self.head_dim,
+                                                               MAX_SPLITS=self.MAX_SPLITS, num_warps=4, **pdl)
+        return out
+
+
+# Depth buckets of the decode graphs: each gets the attention configuration that was fastest for its depths.
+DEPTH_BUCKETS = (1024, 4096, 16384, 32768)
+
+
+def depth_buckets(max_ctx: int) -> list[int]:
+    """Upper depths of the buckets a context of max_ctx tokens needs (the last one is max_ctx)."""
+    return [b for b in DEPTH_BUCKETS if b < max_ctx] + [max_ctx]
+
+
+def tune_decode_attention(attn: DecodeAttention, k_cache, v_cache, scale: float,
+                          configs=DECODE_ATTN_CONFIGS) -> dict:
+    """For each depth bucket of this cache, the configuration with the least GPU time over all layers' caches
+    (k_cache/v_cache: [layers, Hkv, max_ctx, D]), timed at the bucket's two ends. Returns {"plan": [(upper depth,
+    config)], "timings_us": {upper depth: {str(config): us per layer}}}. Configs this GPU can't run are skipped."""
+    max_ctx = k_cache.shape[2]
+    q = torch.randn(attn.num_heads, attn.head_dim, device=k_cache.device, dtype=k_cache.dtype)
+    pos_t = torch.zeros(1, dtype=torch.int32, device=k_cache.device)
+    layers = list(range(k_cache.shape[0]))
+    plan, timings, lo = [], {}, 1
+    for hi in depth_buckets(max_ctx):
+        total: dict = {}
+        depths = sorted({max(lo, hi // 2), hi})
+        for depth in depths:
+            pos_t.fill_(depth - 1)
+            results = time_configs(layers, configs, lambda i, c: attn(q, k_cache[i], v_cache[i], pos_t, depth, scale,
+                                                                      config=c))
+            for c, us in results.items():
+                total.setdefault(c, []).append(us)
+        total = {c: sum(us) for c, us in total.items() if len(us) == len(depths)}  # ran at every depth
+        best = min(total, key=total.get)
+        plan.append((hi, best))
+        timings[hi] = {str(c): round(us, 2) for c, us in total.items()}
+        lo = hi + 1
+    return {"plan": plan, "timings_us": timings}
 
 
 @triton.jit
