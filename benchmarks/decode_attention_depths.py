@@ -28,7 +28,7 @@ def main() -> None:
     v = torch.randn_like(k)
     configs = list(dict.fromkeys(list(T.DECODE_ATTN_CONFIGS) + [
         T.DecodeAttnConfig(s, m, b, w, st)
-        for s, m, b, w, st in itertools.product((32, 64, 128, 256), (32, 64, 128), (32, 64), (4, 8), (2, 3))
+        for s, m, b, w, st in itertools.product((32, 64, 128), (32, 64, 128, 256), (32, 64, 128), (4, 8), (3, 4))
         if m >= b]))
     attn = T.DecodeAttention(HQ, HKV, D, "cuda", torch.bfloat16, configs=configs)
     q = torch.randn(HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -44,8 +44,7 @@ def main() -> None:
                          "kv_gb_s": round(kv_bytes / us / 1e3, 1), "splits": T.decode_splits(c, depth)})
         best = sorted(res.items(), key=lambda kv: kv[1])[:5]
         default = res.get(T.DECODE_ATTN_CONFIGS[0])
-        old = res.get(T.DecodeAttnConfig(32, 32, 32, 4, 2))
-        print(f"depth {depth:>6}: old {old:.2f} us, default {default:.2f} us; best: "
+        print(f"depth {depth:>6}: default {default:.2f} us; best: "
               + "; ".join(f"{c} {us:.2f} us ({kv_bytes / us / 1e3:.0f} GB/s)" for c, us in best), flush=True)
     for c in T.DECODE_ATTN_CONFIGS:
         print(f"candidate {c}: " + ", ".join(f"{r['depth']}={r['us_per_layer']}" for r in rows if r["config"] == str(c)))

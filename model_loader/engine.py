@@ -125,9 +125,10 @@ class DecodeStep:
 class PrefillGraphs:
     """Prefills by CUDA graphs captured per length bucket: the new tokens are padded to the next bucket, so a
     512-token prefill is one replay instead of ~450 launches from Python, which made time to first token depend
-    on the host CPU. The cached prefix's length is a device input, so the same graphs serve fresh prompts,
-    follow-up turns, the stop-thinking injection and regenerate. All buckets are captured at warm-up (nothing
-    is compiled or captured after "ready") and share one memory pool (they never run at once)."""
+    on the host CPU. Two graphs per bucket: fresh prompts (SDPA's causal flash attention) and prompts after a
+    cached prefix (follow-up turns, the stop-thinking injection, regenerate), whose prefix length is a device
+    input read by our Triton attention, so one graph serves any prefix. All are captured at warm-up (nothing is
+    compiled or captured after "ready") and share one memory pool (they never run at once)."""
 
     BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
@@ -137,9 +138,9 @@ class PrefillGraphs:
         self.buckets = tuple(b for b in self.BUCKETS if b <= largest)
         self.tokens = torch.zeros(largest, dtype=torch.int64, device=model.device)
         self.last = torch.zeros(1, dtype=torch.int64, device=model.device)
-        self.start = torch.zeros(1, dtype=torch.int32, device=model.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.start = torch.zeros(1, dtype=torch.int32, device=model.device)  # 0 for the fresh graphs
+        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (fresh, bucket) -> graph
+        self.outputs: dict[tuple[bool, int], torch.Tensor] = {}
         self.pool = None
 
     def bucket_for(self, n: int, start: int) -> int | None:
@@ -147,33 +148,35 @@ class PrefillGraphs:
         return next((b for b in self.buckets if b >= n and start + b <= self.model.max_ctx), None)
 
     def capture(self, bucket: int) -> None:
-        if bucket in self.graphs:
-            return
-        tokens = self.tokens[:bucket]
-        self.start.zero_()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            self.model.prefill_static(tokens, self.last, self.start)  # warm-up outside the graph
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            self.outputs[bucket] = self.model.prefill_static(tokens, self.last, self.start)
-        self.graphs[bucket] = graph
+        for fresh in (True, False):
+            key = (fresh, bucket)
+            if key in self.graphs:
+                continue
+            tokens = self.tokens[:bucket]
+            self.start.zero_()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                self.model.prefill_static(tokens, self.last, self.start, fresh)  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+                self.outputs[key] = self.model.prefill_static(tokens, self.last, self.start, fresh)
+            self.graphs[key] = graph
 
     def run(self, ids: list[int], start: int) -> torch.Tensor | None:
         """Logits [1, V] of the last of `ids` (new tokens at positions start..), or None if no captured bucket
         fits (then the caller prefills eagerly)."""
-        bucket = self.bucket_for(len(ids), start)
-        if bucket is None or bucket not in self.graphs:
+        key = (start == 0, self.bucket_for(len(ids), start))
+        if key not in self.graphs:
             return None
         self.tokens[: len(ids)].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=False)
         self.last.fill_(len(ids) - 1)
         self.start.fill_(start)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket]
+        self.graphs[key].replay()
+        return self.outputs[key]
 
 
 INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}

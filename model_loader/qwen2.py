@@ -107,9 +107,12 @@ class Qwen2Model:
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
 
-    def _prefill_attention(self, start: int, t: int, start_t: torch.Tensor):
-        """attend(q, layer) for T new tokens at positions start..start+T-1 (start_t: the same on the device)."""
-        if self.use_triton:  # no mask, no repeated K/V; start read on the device (graph-safe)
+    def _prefill_attention(self, start: int | None, t: int, start_t: torch.Tensor):
+        """attend(q, layer) for T new tokens at positions start..start+T-1. start None: known only on the device
+        (start_t; a follow-up graph), which needs the Triton path. A fresh prompt (start 0) takes SDPA's causal
+        flash kernel (about twice our Triton kernel's speed there); after a cached prefix the Triton kernel reads
+        the cache with no mask and no repeated K/V (the reference path: an explicit mask)."""
+        if start is None or (start and self.use_triton):
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
                 return self.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale)
 
@@ -119,8 +122,7 @@ class Qwen2Model:
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             if start:
                 return reference.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start, self.scale)
-            # fresh prompt: causal, no mask, GQA inside SDPA. 4-D inputs so SDPA can pick its flash kernel.
-            q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+            q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]: 4-D so SDPA can pick its flash kernel
             k = self.k_cache[layer, :, :length][None]  # [1, Hkv, L, D]
             v = self.v_cache[layer, :, :length][None]
             out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
@@ -144,16 +146,19 @@ class Qwen2Model:
         x = torch.cat(outs) if all_logits else outs[-1]
         return F.linear(x, self.w["lm_head"]).float()
 
-    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, start_t: torch.Tensor) -> torch.Tensor:
-        """New tokens padded to a fixed length, for CUDA-graph capture (Triton path): tokens [B] int64 at
-        positions start.. (the real ones first, any padding after: causal attention keeps padding out of the real
-        rows), last_t [1] int64 = index of the last real token, start_t [1] int32 = the cached prefix's length,
-        read on the device so one graph serves fresh prompts and follow-ups alike. Writes K/V for all B
-        positions (those past the real tokens are overwritten before they are ever read; the caller keeps
-        start + B within the cache) and returns the last real token's logits [1, V] fp32."""
+    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, start_t: torch.Tensor,
+                       fresh: bool = True) -> torch.Tensor:
+        """New tokens padded to a fixed length, for CUDA-graph capture: tokens [B] int64 at positions start..
+        (the real ones first, any padding after: causal attention keeps padding out of the real rows), last_t [1]
+        int64 = index of the last real token, start_t [1] int32 = the cached prefix's length (zeros for a fresh
+        prompt). fresh=False: the prefix length is read on the device (Triton path), so one graph per bucket
+        serves every follow-up. Writes K/V for all B positions (those past the real tokens are overwritten
+        before they are ever read; the caller keeps start + B within the cache) and returns the last real
+        token's logits [1, V] fp32."""
         h = F.embedding(tokens, self.w["embed"])
+        attend = self._prefill_attention(0 if fresh else None, tokens.numel(), start_t)
         # only the last real row goes through the final norm and the LM head
-        x = self._layers(h, start_t, 0, self._prefill_attention(0, tokens.numel(), start_t), rows=last_t)
+        x = self._layers(h, start_t, 0, attend, rows=last_t)
         return F.linear(x, self.w["lm_head"]).float()
 
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:

@@ -150,7 +150,8 @@ def test_graph_prefill_after_a_cached_prefix_gives_what_a_fresh_prefill_gives(tr
     model.prefill(torch.tensor(first), 0)  # the earlier turn, cached
     padded = torch.tensor(new + [0] * (bucket - len(new)))
     with torch.inference_mode():
-        logits = model.prefill_static(padded, torch.tensor([len(new) - 1]), torch.tensor([start], dtype=torch.int32))
+        logits = model.prefill_static(padded, torch.tensor([len(new) - 1]), torch.tensor([start], dtype=torch.int32),
+                                       fresh=False)
     torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(model.k_cache[:, :, :len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.v_cache[:, :, :len(whole)], v_fresh, atol=1e-5, rtol=1e-5)

@@ -114,15 +114,16 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     from model_loader.engine import Engine
     from model_loader.kernels import triton_ops
 
-    engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=256)
+    engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=512)
     model = engine.model
     ids = torch.tensor(engine.chat.encode_plain("Hello, compile."))
     model.prefill(ids, 0)
     model.prefill(torch.arange(100, 200), ids.numel())  # after a cached prefix
-    q = torch.randn(8, 4, 16, dtype=torch.bfloat16)
-    for splits in (1, 2):  # the prefill attention in one pass and cut into key splits (+ its reduce)
-        model.prefill_attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25,
-                                splits=splits)
+    for t in (8, 300):  # both block shapes of the prefill attention, in one pass and cut into key splits
+        q = torch.randn(t, 4, 16, dtype=torch.bfloat16)
+        for splits in (1, 2):
+            model.prefill_attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32),
+                                    0.25, splits=splits)
     pos = torch.tensor([ids.numel()], dtype=torch.int32)
     for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
         model.set_decode_attention_config(config)

@@ -210,17 +210,18 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
 
 @triton.jit
 def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, block_n, max_splits, min_chunk,
-                               D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    # Combines the active splits of one query head (online log-sum-exp, BLOCK_S splits at a time). The split
-    # shape comes as plain ints so one compiled reduce serves every split kernel configuration.
+                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    # Combines the active splits of one query head for BLOCK_D of its dimensions (online log-sum-exp, BLOCK_S
+    # splits at a time): heads x D/BLOCK_D programs, so the combine is not a dozen long serial programs. The
+    # split shape comes as plain ints so one compiled reduce serves every split kernel configuration.
     _pdl_start(PDL)
     head = tl.program_id(0)
     length = tl.load(pos_ptr) + 1
     active = tl.cdiv(length, _decode_chunk(length, max_splits, min_chunk, block_n))
-    d = tl.arange(0, D)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    acc = tl.zeros([D], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, active, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         s_mask = s < active
@@ -252,11 +253,12 @@ class DecodeAttnConfig:
 
 # Candidates timed at warm-up for each depth bucket (DecodeAttention.tune). The first is the default where
 # nothing was tuned (CPU interpreter, reference runs).
+# From the H200 sweep (benchmarks/decode_attention_depths.py, 2026-12-03, 108 shapes): the first is fastest up to
+# ~1k tokens, the second from ~4k to 32k (within 1% of the best at each), the third at ~16k.
 DECODE_ATTN_CONFIGS = (
-    DecodeAttnConfig(64, 64, 64, 4, 2),
-    DecodeAttnConfig(32, 32, 32, 4, 2),  # the split count before depth-following (2026-12-02)
-    DecodeAttnConfig(128, 64, 64, 4, 2),
-    DecodeAttnConfig(256, 64, 32, 4, 2),
+    DecodeAttnConfig(32, 32, 32, 4, 2),
+    DecodeAttnConfig(64, 128, 128, 4, 3),
+    DecodeAttnConfig(128, 256, 128, 4, 4),
 )
 
 
@@ -292,9 +294,10 @@ class DecodeAttention:
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
             num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
-        _decode_attn_reduce_kernel[(self.num_heads,)](
+        block_d = min(32, self.head_dim)
+        _decode_attn_reduce_kernel[(self.num_heads, self.head_dim // block_d)](
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
-            BLOCK_S=32, num_warps=4, **pdl)
+            BLOCK_D=block_d, BLOCK_S=32, num_warps=2, **pdl)
         return self.out
 
 
@@ -380,7 +383,9 @@ class PrefillAttention:
     """Causal attention for a prefill over a cached prefix (or none), start read from a device tensor. The
     split scratch is allocated once for the largest prefill (PREFILL_CHUNK tokens) it is asked to split."""
 
-    BLOCK_M, BLOCK_N = 64, 64
+    # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)), from the H200 sweep
+    # (benchmarks/prefill_attention_sweep.py, 2026-12-03): small blocks for short prefills, large ones for long.
+    SHAPES = ((256, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
     MAX_SPLITS = 16
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, max_tokens: int):
@@ -395,9 +400,12 @@ class PrefillAttention:
         self.mid_o = torch.empty((rows, head_dim), device=self.device, dtype=torch.float32)
         self.mid_lse = torch.empty((rows,), device=self.device, dtype=torch.float32)
 
+    def shape_for(self, n_tokens: int) -> tuple[int, int, int, int]:
+        return next(shape for upto, shape in self.SHAPES if upto is None or n_tokens <= upto)
+
     def splits_for(self, n_tokens: int) -> int:
         """Key splits so that about two programs per SM run: 1 for long prefills, up to MAX_SPLITS for short."""
-        programs = triton.cdiv(n_tokens, self.BLOCK_M) * self.num_heads
+        programs = triton.cdiv(n_tokens, self.shape_for(n_tokens)[0]) * self.num_heads
         splits = 1
         while splits < self.MAX_SPLITS and programs * splits < 2 * self.sms:
             splits *= 2
@@ -411,10 +419,11 @@ class PrefillAttention:
         if splits * t * self.num_heads > self.mid_lse.numel():
             raise ValueError(f"a {t}-token prefill in {splits} splits needs more scratch than was allocated")
         pdl = pdl_launch_args(q.device)
-        _prefill_attn_kernel[(triton.cdiv(t, self.BLOCK_M), self.num_heads, splits)](
+        block_m, block_n, warps, stages = self.shape_for(t)
+        _prefill_attn_kernel[(triton.cdiv(t, block_m), self.num_heads, splits)](
             q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, splits,
-            NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N,
-            SPLIT=splits > 1, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2, **pdl)
+            NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+            SPLIT=splits > 1, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages, **pdl)
         if splits > 1:
             _prefill_attn_reduce_kernel[(t * self.num_heads,)](self.mid_o, self.mid_lse, out, t, splits,
                                                                NUM_HEADS=self.num_heads, D=self.head_dim,

@@ -1,0 +1,97 @@
+"""Time to first token of follow-up turns and of the stop-thinking injection (issue 12, point 2).
+
+A follow-up: a cached prefix of P tokens (a finished earlier turn) plus N new tokens (the reply sent back and
+the new user turn); TTFT is the engine's own (call to first token). The whole table runs once right after
+warm-up ("first": nothing may compile or capture lazily after ready) and once more ("again").
+Stop thinking: a reply in its reasoning, the request made between two tokens; latency = from the request to
+the first token generated after the injected "</think>" (the queued decode steps finishing, the injection's
+prefill, its first token).
+
+    python benchmarks/followup_latency.py --model /tmp/full [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model_loader.bench import bench_prompt  # noqa: E402
+from model_loader.engine import STOP_THINKING_TEXT, Engine  # noqa: E402
+from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings  # noqa: E402
+
+PREFIXES = (512, 4096, 8192)
+NEW = (16, 256, 1024, 2048)
+
+
+def one_token(engine: Engine, ids: list[int]):
+    s = SamplingSettings(temperature=0, max_new_tokens=1, ignore_eos=True)
+    return [e for e in engine.generate_ids(ids, s) if isinstance(e, Finished)][0].stats
+
+
+def followups(engine: Engine, pool: list[int], prefixes, new) -> list[dict]:
+    rows = []
+    for p in prefixes:
+        for n in new:
+            engine.reset_cache()
+            one_token(engine, pool[:p])
+            st = one_token(engine, pool[:p + n])
+            assert st.prefix_reused_tokens == p, (p, n, st.prefix_reused_tokens)
+            rows.append({"prefix": p, "new": n, "ttft_ms": round(st.ttft_ms, 2)})
+    return rows
+
+
+def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 64) -> list[float]:
+    injected = len(engine.chat.encode_plain(STOP_THINKING_TEXT))
+    out = []
+    for r in range(runs):
+        engine.reset_cache()
+        control = GenerationControl()
+        asked_at, asked_n = None, None
+        latency = None
+        s = SamplingSettings(temperature=0.6, max_new_tokens=after + 64, ignore_eos=True, seed=r)
+        for ev in engine.generate_ids(pool[:512 + r], s, control, in_reasoning=True):
+            if not isinstance(ev, Delta):
+                continue
+            if asked_at is None and ev.token_count >= after:
+                control.stop_thinking()
+                asked_at, asked_n = time.perf_counter(), ev.token_count
+            elif asked_at is not None and latency is None and ev.token_count > asked_n + injected:
+                latency = (time.perf_counter() - asked_at) * 1000.0
+        out.append(round(latency, 2) if latency is not None else float("nan"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--json")
+    ap.add_argument("--prefixes", default=",".join(map(str, PREFIXES)))
+    ap.add_argument("--new", default=",".join(map(str, NEW)))
+    ap.add_argument("--device")
+    args = ap.parse_args()
+    prefixes = [int(x) for x in args.prefixes.split(",")]
+    new = [int(x) for x in args.new.split(",")]
+    engine = Engine.load(args.model, device=args.device, context_length=max(prefixes) + max(new) + 64)
+    engine.warm_up()
+    pool = bench_prompt(engine, max(prefixes) + max(new))
+    result = {"model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
+              "quantization": engine.info.quantization, "warmup_s": round(engine.info.warmup_s, 2),
+              "first": followups(engine, pool, prefixes, new),
+              "again": followups(engine, pool, prefixes, new)}
+    result["stop_thinking_ms"] = stop_thinking(engine, pool)
+    for key in ("first", "again"):
+        print(key + ": " + "; ".join(f"{r['prefix']}+{r['new']}: {r['ttft_ms']} ms" for r in result[key]))
+    st = result["stop_thinking_ms"]
+    print(f"stop thinking -> first token after </think>: {st} ms (median {statistics.median(st):.2f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
