@@ -130,7 +130,7 @@ class PrefillGraphs:
     input read by our Triton attention, so one graph serves any prefix. All are captured at warm-up (nothing is
     compiled or captured after "ready") and share one memory pool (they never run at once)."""
 
-    BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
 
     def __init__(self, model: Qwen2Model):
         self.model = model
@@ -382,11 +382,12 @@ class Engine:
         self.model.w = {"layers": []}
         self.model.k_cache = self.model.v_cache = None
         # Everything else the model and the decode step hold on the device: the 4-bit prefill's dequantise
-        # scratch (as large as the biggest weight), RoPE tables, the attention's split buffers, the step's
+        # scratch (as large as the biggest weight), RoPE tables, the attentions' split buffers, the step's
         # token/position and the sampler's parameters.
         self.model.linear.scratch = None
         self.model.cos = self.model.sin = None
         self.model.decode_attention = None
+        self.model.prefill_attention = None  # its split scratch
         self.step = None
         self.params = None
         self.closed = True
@@ -537,15 +538,17 @@ class Engine:
                 launched += 1
 
             while finish is None:
-                # Keep one step queued beyond the one we wait for, so the GPU never waits on the host.
-                while launched < limit and len(pending) < QUEUED_STEPS:
-                    launch()
+                # Cancel and stop-thinking are checked before topping the queue up: a step launched now would
+                # only delay them by its GPU time.
                 if control.cancelled:
                     finish = "cancelled"
                     break
                 if splitter.in_reasoning and control.take_stop_thinking():
                     inject = True
                     break
+                # Keep steps queued beyond the one we wait for, so the GPU never waits on the host.
+                while launched < limit and len(pending) < QUEUED_STEPS:
+                    launch()
                 if not pending:
                     finish = "context_full" if n_prompt + len(tokens) >= ctx - 1 else "max_new_tokens"
                     break

@@ -149,8 +149,9 @@ def test_rope_bias_cache_takes_the_position_from_the_device_tensor(device, hq, h
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("start,t", [(0, 5), (0, 70), (37, 1), (37, 16), (300, 130), (200, 300), (1000, 3)])
-@pytest.mark.parametrize("splits", [None, 3, 16])
+@pytest.mark.parametrize("start,t,splits", [(0, 5, None), (0, 70, None), (0, 70, 16), (37, 1, None), (37, 1, 16),
+                                             (37, 16, 3), (300, 130, None), (300, 130, 3), (200, 300, None),
+                                             (200, 300, 3), (1000, 3, None), (1000, 3, 16)])
 def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, hkv, d, hidden, start, t, splits):
     """Bottom-right causal attention over the cache with the prefix length read from a device tensor: fresh
     prompts (start 0), follow-ups and short injections, whole or cut into key splits (what short prefills over
