@@ -72,6 +72,8 @@ def run(cmd: list[str], pythonpath: str, timeout: int = 900) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     info = json.loads(tail[1])
     body = tail[0].strip()
+    if "--json" in cmd and "{" not in body:  # the command reported an error instead of its result
+        raise SystemExit(f"{' '.join(cmd)} printed no result:\n{body[-2000:]}\n{out.stderr[-2000:]}")
     info["output"] = json.loads(body[body.index("{"):]) if "--json" in cmd else body[-2000:]
     return info
 
@@ -151,6 +153,8 @@ def main() -> int:
                     if m.startswith(str(src)) and m not in at_import]  # loaded on first use by this work
             report["mapped_excluded"] += [r for r in rels if exclusions.left_out(r)]
             report.setdefault("mapped_candidates", []).extend(r for r in rels if exclusions.candidate(r))
+            if cmd[0] == "quantize":  # the trimmed run writes the same output folder again
+                shutil.rmtree(cmd[cmd.index("--out") + 1], ignore_errors=True)
             trimmed = run(cmd, f"{tmp / 'site'}{os.pathsep}{repo}")
             if not trimmed["torch"].startswith(str(tmp / "site")):
                 raise SystemExit(f"the trimmed run imported torch from {trimmed['torch']}, not the copy")

@@ -143,14 +143,16 @@ def test_graph_prefill_after_a_cached_prefix_gives_what_a_fresh_prefill_gives(tr
     start = next(i for i, (a, b) in enumerate(zip(first, whole)) if a != b)
     new = whole[start:]
     assert start > 0 and len(new) < bucket
-    fresh = model.prefill(torch.tensor(whole), 0)
+    dev = model.device
+    fresh = model.prefill(torch.tensor(whole, device=dev), 0)
     k_fresh, v_fresh = model.k_cache[:, :, :len(whole)].clone(), model.v_cache[:, :, :len(whole)].clone()
     model.k_cache.zero_()
     model.v_cache.zero_()
-    model.prefill(torch.tensor(first), 0)  # the earlier turn, cached
-    padded = torch.tensor(new + [0] * (bucket - len(new)))
+    model.prefill(torch.tensor(first, device=dev), 0)  # the earlier turn, cached
+    padded = torch.tensor(new + [0] * (bucket - len(new)), device=dev)
     with torch.inference_mode():
-        logits = model.prefill_static(padded, torch.tensor([len(new) - 1]), torch.tensor([start], dtype=torch.int32),
+        logits = model.prefill_static(padded, torch.tensor([len(new) - 1], device=dev),
+                                       torch.tensor([start], dtype=torch.int32, device=dev),
                                        fresh=False)
     torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(model.k_cache[:, :, :len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
