@@ -74,8 +74,9 @@ _ids = itertools.count(1)
 class EngineService(QObject):
     """Owner of the engine worker; see the module docstring."""
 
-    stage = Signal(str)  # "importing", "loading", "warming"
+    stage = Signal(str)  # "importing", "loading", "warming", "preparing" (first start: compiling GPU kernels)
     progress = Signal(object, object)  # bytes done, bytes total
+    warmup_progress = Signal(int, int, str)  # step, steps, what
     ready = Signal(object)  # the worker's info dict
     load_failed = Signal(str, str)  # kind, message
     queue_changed = Signal()  # a request was queued, started or ended
@@ -101,6 +102,7 @@ class EngineService(QObject):
         w, q = self.host.worker, Qt.QueuedConnection  # explicit: these slots run on this (the service's) thread
         w.stage.connect(self._on_stage, q)
         w.progress.connect(self.progress, q)
+        w.warmup_progress.connect(self.warmup_progress, q)
         w.ready.connect(self._on_ready, q)
         w.started.connect(self._on_started, q)
         w.delta.connect(self._on_delta, q)

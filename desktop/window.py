@@ -63,6 +63,7 @@ class MainWindow(QMainWindow):
         self.engine_factory = None  # tests: a callable(request, progress) -> engine, instead of Engine.load
         self.quantize_options = dict(group_size=128)  # the 4-bit copy; tests use 32 (the tiny model is 64 wide)
         self.engine_state = "none"  # none | loading | warming | ready | failed
+        self._warmup_text = ""
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
         self.editing_msg_id: int | None = None
@@ -318,6 +319,7 @@ class MainWindow(QMainWindow):
             svc = self.service = EngineService(self, engine_factory=self.engine_factory)
             svc.stage.connect(self._on_stage)
             svc.progress.connect(self._on_progress)
+            svc.warmup_progress.connect(self._on_warmup_progress)
             svc.ready.connect(self._on_ready)
             svc.load_failed.connect(self._on_load_failed)
             svc.quantize_progress.connect(self.welcome.on_quantize_progress)
@@ -360,12 +362,21 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.start_engine()
 
+    STAGE_TEXT = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…",
+                  "preparing": "Preparing GPU kernels (first start only)…"}
+
     def _on_stage(self, stage: str) -> None:
-        text = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…"}[stage]
-        self.engine_state = {"importing": "loading", "loading": "loading", "warming": "warming"}[stage]
-        self._set_status(text, busy=True)
-        if stage == "warming":
-            self.progress.setRange(0, 0)  # indeterminate: warm-up has no byte count
+        self.engine_state = "warming" if stage in ("warming", "preparing") else "loading"
+        self._warmup_text = self.STAGE_TEXT[stage]
+        self._set_status(self.STAGE_TEXT[stage], busy=True)
+
+    def _on_warmup_progress(self, done: int, total: int, what: str) -> None:
+        # "Preparing GPU kernels (first start only)… 3/14: timing the attention kernels"
+        if self.engine_state != "warming" or not total:
+            return
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+        self.status_label.setText(f"{self._warmup_text} {min(done + 1, total)}/{total}: {what}")
 
     def _on_progress(self, done: int, total: int) -> None:
         self.progress.setRange(0, 1000)

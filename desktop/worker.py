@@ -114,8 +114,9 @@ def _asdict(obj):
 class EngineWorker(QObject):
     """Lives on the engine thread. Every public signal is delivered to the GUI queued."""
 
-    stage = Signal(str)  # "importing", "loading", "warming"
+    stage = Signal(str)  # "importing", "loading", "warming", "preparing" (warming that compiles GPU kernels)
     progress = Signal(object, object)  # bytes done, bytes total (Python ints: shards exceed 2**31)
+    warmup_progress = Signal(int, int, str)  # step, steps, what
     ready = Signal(object)  # dict: EngineInfo fields + "memory"
     started = Signal(int, object)  # generation id, dict(prompt_tokens, prefix_reused_tokens, context_length)
     delta = Signal(int, str, str, int)  # generation id, text, "reasoning" | "answer", tokens so far in this reply
@@ -170,8 +171,15 @@ class EngineWorker(QObject):
                 engine = Engine.load(request["spec"], device=device,
                                      context_length="auto" if ctx in (0, None, "auto") else int(ctx),
                                      dtype=request.get("dtype") or None, progress=on_progress)
-            self.stage.emit("warming")
-            engine.warm_up()
+            # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
+            self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
+
+            def on_warmup(done: int, total: int, what: str) -> None:
+                if self._abort_load.is_set():
+                    raise LoadAborted()
+                self.warmup_progress.emit(done, total, what)
+
+            engine.warm_up(progress=on_warmup)
         except LoadAborted:
             return
         except OutOfMemoryError as err:

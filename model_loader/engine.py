@@ -26,6 +26,7 @@ from model_loader.context import NoRoomForContext, auto_context
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
+from model_loader import kernel_cache
 from model_loader.kernels import triton_available, triton_works
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
@@ -337,34 +338,59 @@ class Engine:
                  info.device_name, info.dtype, info.kernels, graphs, info.quantization, info.load_s)
         return cls(folder, model, chat, info)
 
-    def warm_up(self) -> None:
-        """Compile the kernels, capture the decode graphs and run one short prefill, so the first reply
-        starts at full speed. Must run on the thread that will generate."""
+    @property
+    def first_start(self) -> bool:
+        """Warm-up will compile GPU kernels (nothing prepared on this machine yet: model_loader.kernel_cache)."""
+        return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(self.model.device)
+
+    def warm_up(self, progress=None) -> None:
+        """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
+        nothing compiles or captures after this and the first reply starts at full speed. Must run on the thread
+        that will generate. progress(done, total, what) is called between the steps."""
         t0 = time.perf_counter()
+        graphs = self.info.cuda_graphs
+        buckets = sorted(self.prefill_graphs.buckets, reverse=True) if self.prefill_graphs is not None else []
+        total = 1 + (2 if graphs else 0) + 2 + len(buckets)
+        done = 0
+
+        def step(what: str) -> None:
+            nonlocal done
+            if progress is not None:
+                progress(done, total, what)
+            done += 1
+
         try:
+            step("compiling the prefill kernels")
             with torch.inference_mode():
                 ids = torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
                 self.model.prefill(ids, 0)
-                self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse (masked) path too
-            if self.info.cuda_graphs:  # before any capture: the graphs record whichever kernels win
+                self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse path too
+            if graphs:  # before any capture: the graphs record whichever kernels win
+                step("timing the matrix-vector kernels")
                 tuned = self.model.tune_gemv()
                 self.info.gemv = dict(tuned["choice"])
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
+                step("timing the attention kernels")
                 attention = self.model.tune_decode_attention()
                 self.step.plan = attention["plan"]
                 self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
                 log.info("decode attention per depth bucket: %s (us per layer: %s)", self.info.decode_attention,
                          attention["timings_us"])
             for mode in ("greedy", "sample"):
+                step(f"capturing the {mode} decode step")
                 self.step.capture(mode)
-            if self.prefill_graphs is not None:
-                for bucket in sorted(self.prefill_graphs.buckets, reverse=True):  # largest first: sizes the pool
-                    self.prefill_graphs.capture(bucket)
+            for bucket in buckets:  # largest first: sizes the pool
+                step(f"capturing the {bucket}-token prefill")
+                self.prefill_graphs.capture(bucket)
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize(self.model.device)
         except torch.cuda.OutOfMemoryError as err:
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while warming up; {OOM_ADVICE}") from err
+        if progress is not None:
+            progress(total, total, "ready")
+        if self.info.kernels == "triton":
+            kernel_cache.mark_prepared(self.model.device)
         self._cache_tokens = []  # warm-up wrote junk into the cache
         self.info.warmup_s = time.perf_counter() - t0
         self.ready = True

@@ -87,7 +87,7 @@ class FakeEngine:
                            torch_reserved_bytes=int(3.95 * gib), peak_allocated_bytes=int(3.9 * gib),
                            device_total_bytes=8 * gib, device_free_bytes=int(3.4 * gib), gpu_utilization_pct=93)
 
-    def warm_up(self) -> None:
+    def warm_up(self, progress=None) -> None:
         pass
 
     def generate(self, messages, settings=None, control=None):

@@ -5,7 +5,7 @@
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
 open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
 the local API server at work (real requests from the openai client; a chat reply waiting behind one) with its
-settings.
+settings, and the first start preparing GPU kernels.
 """
 
 from __future__ import annotations
@@ -105,7 +105,33 @@ def main(out: str) -> None:
     wait_until(lambda: not win.welcome.scanning)
     shoot(win, out_dir / "screenshot-welcome.png")
     win.close()
+    first_start_shot(out_dir, tmp)
     api_shots(out_dir, tmp)
+
+
+def first_start_shot(out_dir: Path, tmp: Path) -> None:
+    """The first start on a machine: the warm-up compiling GPU kernels, its steps as progress."""
+    import threading
+
+    class CompilingEngine(FakeEngine):
+        first_start = True
+        release = threading.Event()
+
+        def warm_up(self, progress=None):
+            for i, what in enumerate(["compiling the prefill kernels", "timing the matrix-vector kernels",
+                                      "timing the attention kernels"]):
+                progress(i, 14, what)
+            self.release.wait(30)
+
+    engine = CompilingEngine()
+    win = make_window("dark", tmp / "first-start", engine, live=False)
+    (tmp / "first-start").mkdir(exist_ok=True)
+    win.start_engine()
+    wait_until(lambda: "3/14" in win.status_label.text())
+    shoot(win, out_dir / "screenshot-first-start.png")
+    engine.release.set()
+    wait_until(lambda: win.engine_state == "ready")
+    win.close()
 
 
 def api_shots(out_dir: Path, tmp: Path) -> None:

@@ -194,7 +194,7 @@ class StressEngine:
                            torch_reserved_bytes=1, peak_allocated_bytes=1, device_total_bytes=8 * 2**30,
                            device_free_bytes=4 * 2**30, gpu_utilization_pct=90)
 
-    def warm_up(self) -> None:
+    def warm_up(self, progress=None) -> None:
         pass
 
     def generate(self, messages, settings=None, control=None):
