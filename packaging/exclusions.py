@@ -33,13 +33,33 @@ LEFT_OUT: list[tuple[str, str]] = [
 
 # Next in line, NOT left out yet: lazily loaded, so likely unneeded, but only a GPU run can show it. The proof
 # script deletes these too when asked (--candidates) and reports whether the full install ever mapped them;
-# an entry moves up to LEFT_OUT once that ran clean on a GPU.
+# an entry moves up to LEFT_OUT once that ran clean on a GPU. R1DESK_LEAVE_OUT_CANDIDATES=1 makes the spec leave
+# them out already (to measure the size; not for a release before that GPU run).
 CANDIDATES: list[tuple[str, str]] = [
     ("nvidia/cudnn/lib/libcudnn_[aeghio]*", "cuDNN's engine and op libraries (~850 MB), loaded when a cuDNN kernel "
                                             "first runs; r1desk's attention is SDPA flash/efficient or Triton, its "
                                             "matmuls cuBLAS (libcudnn.so.9 itself is linked by torch: it stays)"),
     ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),
     ("torch/lib/libtorch_cuda_linalg.so", "torch.linalg's CUDA library, loaded on first use only"),
+    ("nvidia/*/lib/libnvJitLink.so*", "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed "
+                                      "and left out with it"),
+]
+
+# Linked by libtorch_cuda.so (DT_NEEDED), so a library of each name must exist at `import torch`, but r1desk never
+# calls into them: they can be replaced by stubs of a few KB (packaging/stubs.py: same SONAME, version nodes and
+# the names torch imports; each function says what was left out and aborts). ~1.0 GiB with torch 2.14.1 cu13.
+# NOT applied by default yet: `import torch`, a CPU chat and Triton's compiler work with them (2026-12-03, the
+# development machine); a GPU run of prove_exclusions.py --stubs must pass before the spec applies them unasked
+# (R1DESK_STUB_LIBS=1 applies them now).
+STUB_CANDIDATES: list[tuple[str, str]] = [
+    ("nvidia/*/lib/libcufft.so.*", "cuFFT: FFTs; r1desk runs none"),
+    ("nvidia/*/lib/libcurand.so.*", "cuRAND's host API; torch's CUDA random numbers come from its own Philox "
+                                    "kernels"),
+    ("nvidia/*/lib/libcusparse.so.*", "cuSPARSE: sparse tensors; r1desk has none"),
+    ("nvidia/cusparselt/lib/libcusparseLt.so.*", "cuSPARSELt: 2:4-sparse matmuls; r1desk has none"),
+    ("nvidia/nccl/lib/libnccl.so.*", "NCCL: multi-GPU communication; r1desk runs on one GPU"),
+    ("nvidia/*/lib/libcufile.so.*", "cuFile: GPUDirect Storage; weights are read through safetensors' mmap"),
+    ("nvidia/nvshmem/lib/libnvshmem_host.so.*", "NVSHMEM: multi-GPU symmetric memory; r1desk uses none"),
 ]
 
 # Shipped, but with their debug information removed (`strip --strip-debug`: symbols stay, so nothing that looks
@@ -60,6 +80,11 @@ def left_out(path: str) -> str | None:
 def candidate(path: str) -> str | None:
     """Why `path` might be left out once a GPU run has shown it unneeded (CANDIDATES); None if not a candidate."""
     return _why(path, CANDIDATES)
+
+
+def stub_candidate(path: str) -> str | None:
+    """Why `path` could be shipped as a stub (STUB_CANDIDATES); None if it ships as it is."""
+    return _why(path, STUB_CANDIDATES)
 
 
 def strip_debug(path: str) -> bool:

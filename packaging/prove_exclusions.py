@@ -2,6 +2,7 @@
 
     python packaging/prove_exclusions.py --model /tmp/full --awq /tmp/full-awq [--out proof.json]
     python packaging/prove_exclusions.py --cpu-only --model TINY      # the import-level part, on any machine
+    ... --candidates / --stubs: also delete exclusions.CANDIDATES / replace STUB_CANDIDATES by stub libraries
 
 1. Runs r1desk's GPU work on the full install (bf16 and 4-bit `bench`, `chat`, `quantize`) and records every
    shared library each process mapped (/proc/self/maps) beyond what a bare `import torch, triton` maps: none of
@@ -95,9 +96,11 @@ def workload(model: str, awq: str | None, cpu_only: bool, scratch_models: Path) 
     return cmds
 
 
-def make_copy(src: Path, dst: Path, candidates: bool = False) -> dict:
-    """The trimmed copy: hard links where possible (fast, no space), real copies for files that get stripped."""
+def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = False) -> dict:
+    """The trimmed copy: hard links where possible (fast, no space), real copies for files that get stripped;
+    with `stubs`, exclusions.STUB_CANDIDATES replaced by stub libraries (packaging/stubs.py)."""
     removed: dict[str, dict] = {}
+    to_stub: list[tuple[Path, Path]] = []
     for pkg in PACKAGES:
         if not (src / pkg).exists():
             continue
@@ -106,6 +109,9 @@ def make_copy(src: Path, dst: Path, candidates: bool = False) -> dict:
                 continue
             rel = path.relative_to(src).as_posix()
             why = exclusions.left_out(rel) or (exclusions.candidate(rel) if candidates else None)
+            if why is None and stubs and exclusions.stub_candidate(rel) and not path.is_symlink():
+                why = "replaced by a stub: " + exclusions.stub_candidate(rel)
+                to_stub.append((path, dst / rel))
             if why is not None:
                 entry = removed.setdefault(why, {"files": 0, "bytes": 0, "examples": []})
                 entry["files"] += 1
@@ -122,6 +128,13 @@ def make_copy(src: Path, dst: Path, candidates: bool = False) -> dict:
                     os.link(path, target)
                 except OSError:
                     shutil.copy2(path, target)
+    if to_stub:
+        import stubs as stub_builder
+
+        for real, target in to_stub:  # the copy's libraries that link each one decide which names it needs
+            stub_builder.make_stub(real, target, stub_builder.consumers_of(real, dst))
+            removed["replaced by a stub: " + exclusions.stub_candidate(real.relative_to(src).as_posix())][
+                "bytes"] -= target.stat().st_size
     return removed
 
 
@@ -132,13 +145,15 @@ def main() -> int:
     ap.add_argument("--cpu-only", action="store_true", help="no GPU here: the import-level part only")
     ap.add_argument("--candidates", action="store_true",
                     help="also delete exclusions.CANDIDATES and report whether the full install mapped them")
+    ap.add_argument("--stubs", action="store_true",
+                    help="also replace exclusions.STUB_CANDIDATES by stub libraries (needs a C compiler)")
     ap.add_argument("--out")
     args = ap.parse_args()
     src = site_packages()
     repo = str(ROOT)
     with tempfile.TemporaryDirectory(prefix="r1desk-proof-") as tmp:
         tmp = Path(tmp)
-        removed = make_copy(src, tmp / "site", args.candidates)
+        removed = make_copy(src, tmp / "site", args.candidates, args.stubs)
         sizes = {"removed_bytes": sum(e["bytes"] for e in removed.values()),
                  "kept_bytes": sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file())}
         report = {"site_packages": str(src), "removed": removed, **sizes, "full": [], "trimmed": [],

@@ -398,3 +398,54 @@ def test_the_spec_and_the_proof_script_leave_out_one_list():
 ])
 def test_what_the_gpu_release_leaves_out(path, left_out):
     assert (_exclusions().left_out(path) is not None) == left_out
+
+
+def test_stub_libraries_keep_the_name_and_versions_and_only_what_their_users_import(tmp_path):
+    """packaging/stubs.py on a small library pair built here: the stub keeps the SONAME and version node, defines
+    exactly the names the consumer imports (not the library's other exports, and never a name the C++ runtime
+    defines, such as the operator delete some CUDA libraries re-export); the consumer loads against it, and
+    calling a stubbed function says what was left out and aborts."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "packaging"))
+    try:
+        import stubs
+    finally:
+        sys.path.remove(str(ROOT / "packaging"))
+    real_dir, stub_dir = tmp_path / "real", tmp_path / "stub"
+    real_dir.mkdir()
+    stub_dir.mkdir()
+    (tmp_path / "real.c").write_text("int big_used(int x) { return x + 1; }\nint big_unused(void) { return 2; }\n"
+                                     "int big_table[4] = {1, 2, 3, 4};\n"
+                                     "void _ZdlPvm(void *p, unsigned long n) { (void)p; (void)n; }\n")
+    (tmp_path / "real.map").write_text("libbig.so.7 { global: *; };\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libbig.so.7", f"-Wl,--version-script={tmp_path / 'real.map'}",
+                    "-o", str(real_dir / "libbig.so.7"), str(tmp_path / "real.c")], check=True)
+    (tmp_path / "user.c").write_text("extern int big_used(int); extern int big_table[];\n"
+                                     "extern void _ZdlPvm(void *, unsigned long);\n"
+                                     "int user_calls(int x) { _ZdlPvm(0, 0); return big_used(x) + big_table[0]; }\n")
+    user = real_dir / "libuser.so"
+    # linked as torch's libraries are: the C++ runtime first, so operator delete binds to it, not to libbig
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(user), str(tmp_path / "user.c"), "-l:libstdc++.so.6",
+                    f"-L{real_dir}", "-l:libbig.so.7"], check=True)
+    stub = stubs.make_stub(real_dir / "libbig.so.7", stub_dir / "libbig.so.7", stubs.consumers_of(real_dir / "libbig.so.7",
+                                                                                                 real_dir))
+    assert stubs.soname(stub) == "libbig.so.7" and stubs.version_nodes(stub) == ["libbig.so.7"]
+    assert {name for name, _, _ in stubs.exported(stub)} == {"big_used", "big_table"}
+    script = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+              "u = ctypes.CDLL(sys.argv[2]); print('loaded', flush=True); u.user_calls(1)")
+    done = subprocess.run([sys.executable, "-c", script, str(stub), str(user)], capture_output=True, text=True)
+    assert done.stdout.strip() == "loaded" and done.returncode != 0
+    assert "this build leaves libbig.so.7 out" in done.stderr and "big_used was called" in done.stderr
+    with_real = subprocess.run([sys.executable, "-c", script.replace("u.user_calls(1)", "print(u.user_calls(1))"),
+                                str(real_dir / "libbig.so.7"), str(user)], capture_output=True, text=True)
+    assert with_real.stdout.split() == ["loaded", "3"]  # the same consumer with the real library
+
+
+def test_stub_candidates_are_named_once_and_used_by_the_spec_and_the_proof():
+    ex = _exclusions()
+    assert ex.stub_candidate("nvidia/cu13/lib/libcufft.so.12") and ex.stub_candidate("nvidia/nccl/lib/libnccl.so.2")
+    assert ex.stub_candidate("nvidia/cu13/lib/libcufftw.so.12") is None  # left out outright, not stubbed
+    assert ex.stub_candidate("nvidia/cu13/lib/libcublasLt.so.13") is None
+    for text in (SPEC.read_text(encoding="utf-8"), (ROOT / "packaging" / "prove_exclusions.py").read_text()):
+        assert "exclusions.stub_candidate(" in text and "make_stub(" in text
