@@ -123,6 +123,8 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = Fals
             target.parent.mkdir(parents=True, exist_ok=True)
             if exclusions.strip_debug(rel):
                 subprocess.run(["strip", "--strip-debug", "-o", str(target), str(path)], check=True)
+            elif candidates and rel in exclusions.STRIP_UNNEEDED_CANDIDATES:
+                subprocess.run(["strip", "--strip-unneeded", "-o", str(target), str(path)], check=True)
             else:
                 try:
                     os.link(path, target)
