@@ -5,7 +5,7 @@ the same files from a copy of an installed torch stack and runs r1desk on it on 
 checks both use this module). Paths are relative to site-packages, which is also where PyInstaller puts them
 inside the bundle's _internal/ folder. A file may only be listed when torch does not need it at import (the
 loader resolves every DT_NEEDED library of libtorch_cuda.so then: cuFFT, cuRAND, cuSPARSE(Lt), NCCL, cuFile,
-NVSHMEM, cuDNN's front library all stay until they are replaced by something smaller) and r1desk never loads
+NVSHMEM, NVRTC, cuDNN's front library; the first of these can be replaced by stubs, STUB_CANDIDATES) and r1desk never loads
 it at first use (the proof runs every path: bf16 and 4-bit bench, chat, quantize, and checks that none of these
 files was loaded on first use by the full install doing the same work). CUPTI (4 MB, profiler-only) stays for
 now: torch preloads it at import, and no GPU run has shown it unneeded yet.
