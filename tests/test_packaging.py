@@ -419,14 +419,16 @@ def test_stub_libraries_keep_the_name_and_versions_and_only_what_their_users_imp
                                      "int big_table[4] = {1, 2, 3, 4};\n"
                                      "void _ZdlPvm(void *p, unsigned long n) { (void)p; (void)n; }\n")
     (tmp_path / "real.map").write_text("libbig.so.7 { global: *; };\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libbig.so.7", f"-Wl,--version-script={tmp_path / 'real.map'}",
+    cc = stubs.compiler()
+    assert cc, "a C compiler (cc or gcc) is needed to build the GPU release's stub libraries"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libbig.so.7", f"-Wl,--version-script={tmp_path / 'real.map'}",
                     "-o", str(real_dir / "libbig.so.7"), str(tmp_path / "real.c")], check=True)
     (tmp_path / "user.c").write_text("extern int big_used(int); extern int big_table[];\n"
                                      "extern void _ZdlPvm(void *, unsigned long);\n"
                                      "int user_calls(int x) { _ZdlPvm(0, 0); return big_used(x) + big_table[0]; }\n")
     user = real_dir / "libuser.so"
     # linked as torch's libraries are: the C++ runtime first, so operator delete binds to it, not to libbig
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(user), str(tmp_path / "user.c"), "-l:libstdc++.so.6",
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(user), str(tmp_path / "user.c"), "-l:libstdc++.so.6",
                     f"-L{real_dir}", "-l:libbig.so.7"], check=True)
     stub = stubs.make_stub(real_dir / "libbig.so.7", stub_dir / "libbig.so.7", stubs.consumers_of(real_dir / "libbig.so.7",
                                                                                                  real_dir))
