@@ -170,3 +170,40 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
     attn.mid_o.fill_(float("nan"))
     start_t = torch.tensor([start], device=device, dtype=torch.int32)
     torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))
+
+
+def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_short(device, monkeypatch):
+    """The tuned tiles (H200, bf16) need more shared memory than fp32 models or small GPUs have: Triton refuses
+    them at launch (OutOfResources) and the next smaller tile shape must run instead, with the same result, and
+    be remembered so that a refused shape is not compiled again. The GPU's limit is simulated here: shapes
+    over 64 rows, or with more than one pipeline stage, are refused."""
+    from triton.runtime.errors import OutOfResources
+
+    real = triton_ops._prefill_attn_kernel
+    refused = []
+
+    class SmallGpu:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                if kw["BLOCK_M"] > 64 or kw["num_stages"] > 1:
+                    refused.append((kw["BLOCK_M"], kw["num_stages"]))
+                    raise OutOfResources(200_000, 101_376, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(triton_ops, "_prefill_attn_kernel", SmallGpu())
+    hq, hkv, d = 12, 2, 128
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(7)
+    k = torch.randn(hkv, 640, d, generator=g).to(device, dt)
+    v = torch.randn(hkv, 640, d, generator=g).to(device, dt)
+    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=512)
+    start_t = torch.tensor([40], device=device, dtype=torch.int32)
+    for t in (300, 20):  # the long and the short tuned shape
+        q = torch.randn(t, hq, d, generator=g).to(device, dt)
+        ref = reference.prefill_attention(q, k, v, 40, 1 / math.sqrt(d))
+        torch.testing.assert_close(attn(q, k, v, start_t, 1 / math.sqrt(d)), ref, **_tol(device))
+    assert attn.working == {(128, 128, 8, 3): (64, 64, 4, 1), (64, 64, 4, 3): (64, 64, 4, 1)}
+    before = len(refused)
+    attn(torch.randn(300, hq, d, generator=g).to(device, dt), k, v, start_t, 0.1)
+    assert len(refused) == before  # remembered: the refused shape is not tried again

@@ -381,6 +381,9 @@ class PrefillAttention:
     # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)), from the H200 sweep
     # (benchmarks/prefill_attention_sweep.py, 2026-12-03): small blocks for short prefills, large ones for long.
     SHAPES = ((256, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
+    # Smaller tiles, one pipeline stage: where a shape above needs more shared memory than the GPU has (fp32
+    # models: 393 KB for 128 x 128 at head dim 128; fp16 on a 64 KB Turing card), the first of these that fits.
+    FALLBACKS = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     MAX_SPLITS = 16
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, max_tokens: int):
@@ -389,18 +392,21 @@ class PrefillAttention:
         self.device = torch.device(device)
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else 8)
+        self.working: dict[tuple, tuple] = {}  # tuned shape -> the shape that compiled for this GPU and dtype
         # Allocated now for the most any prefill of up to max_tokens splits into: it must exist before graph
-        # capture (and stays the same memory for every graph).
+        # capture (and stays the same memory for every graph). A fallback shape has smaller row blocks, so it
+        # splits into no more than this.
         rows = max(self.splits_for(t) * t for t in range(1, max_tokens + 1)) * num_heads
         self.mid_o = torch.empty((rows, head_dim), device=self.device, dtype=torch.float32)
         self.mid_lse = torch.empty((rows,), device=self.device, dtype=torch.float32)
 
     def shape_for(self, n_tokens: int) -> tuple[int, int, int, int]:
-        return next(shape for upto, shape in self.SHAPES if upto is None or n_tokens <= upto)
+        tuned = next(shape for upto, shape in self.SHAPES if upto is None or n_tokens <= upto)
+        return self.working.get(tuned, tuned)
 
-    def splits_for(self, n_tokens: int) -> int:
+    def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
         """Key splits so that about two programs per SM run: 1 for long prefills, up to MAX_SPLITS for short."""
-        programs = triton.cdiv(n_tokens, self.shape_for(n_tokens)[0]) * self.num_heads
+        programs = triton.cdiv(n_tokens, (shape or self.shape_for(n_tokens))[0]) * self.num_heads
         splits = 1
         while splits < self.MAX_SPLITS and programs * splits < 2 * self.sms:
             splits *= 2
@@ -409,16 +415,33 @@ class PrefillAttention:
     def __call__(self, q, k_cache, v_cache, start_t, scale, splits: int | None = None):
         # q: [T, Hq, D] (contiguous); k_cache/v_cache: [Hkv, max_ctx, D]; start_t: [1] int32 -> [T, Hq*D]
         t = q.shape[0]
-        splits = splits or self.splits_for(t)
         out = torch.empty((t, self.num_heads * self.head_dim), device=q.device, dtype=q.dtype)
-        if splits * t * self.num_heads > self.mid_lse.numel():
-            raise ValueError(f"a {t}-token prefill in {splits} splits needs more scratch than was allocated")
         pdl = pdl_launch_args(q.device)
-        block_m, block_n, warps, stages = self.shape_for(t)
-        _prefill_attn_kernel[(triton.cdiv(t, block_m), self.num_heads, splits)](
-            q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, splits,
-            NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            SPLIT=splits > 1, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages, **pdl)
+        tuned = next(shape for upto, shape in self.SHAPES if upto is None or t <= upto)
+        if tuned in self.working:
+            candidates = [self.working[tuned]]
+        else:
+            candidates = [tuned] + [f for f in self.FALLBACKS if f[0] <= tuned[0] and f != tuned]
+        from triton.runtime.errors import OutOfResources
+
+        for shape in candidates:
+            n_splits = splits or self.splits_for(t, shape)
+            if n_splits * t * self.num_heads > self.mid_lse.numel():
+                raise ValueError(f"a {t}-token prefill in {n_splits} splits needs more scratch than was allocated")
+            block_m, block_n, warps, stages = shape
+            try:  # a shape too big for this GPU's shared memory fails here, before anything runs
+                _prefill_attn_kernel[(triton.cdiv(t, block_m), self.num_heads, n_splits)](
+                    q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
+                    n_splits, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
+                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, num_warps=warps,
+                    num_stages=stages, **pdl)
+            except OutOfResources:
+                if shape == candidates[-1]:
+                    raise
+                continue
+            self.working[tuned] = shape
+            splits = n_splits
+            break
         if splits > 1:
             _prefill_attn_reduce_kernel[(t * self.num_heads,)](self.mid_o, self.mid_lse, out, t, splits,
                                                                NUM_HEADS=self.num_heads, D=self.head_dim,
@@ -455,7 +478,7 @@ def tune_decode_attention(attn: DecodeAttention, k_cache, v_cache, scale: float,
             for c, us in results.items():
                 total.setdefault(c, []).append(us)
         total = {c: sum(us) for c, us in total.items() if len(us) == len(depths)}  # ran at every depth
-        best = min(total, key=total.get)
+        best = min(total, key=total.get) if total else configs[0]  # none ran: the default reports why later
         plan.append((hi, best))
         timings[hi] = {str(c): round(us, 2) for c, us in total.items()}
         lo = hi + 1
