@@ -339,9 +339,17 @@ class Engine:
         return cls(folder, model, chat, info)
 
     @property
+    def _kernel_variant(self) -> str:
+        """What our kernels are compiled for besides the GPU: dtype, head layout, quantization."""
+        cfg = self.model.cfg
+        return (f"{self.info.dtype}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x{cfg.head_dim}|"
+                f"{cfg.hidden_size}|{self.info.quantization}")
+
+    @property
     def first_start(self) -> bool:
-        """Warm-up will compile GPU kernels (nothing prepared on this machine yet: model_loader.kernel_cache)."""
-        return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(self.model.device)
+        """Warm-up will compile GPU kernels (none prepared here for this GPU and model kind: kernel_cache)."""
+        return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(self.model.device,
+                                                                                   self._kernel_variant)
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
@@ -390,7 +398,7 @@ class Engine:
         if progress is not None:
             progress(total, total, "ready")
         if self.info.kernels == "triton":
-            kernel_cache.mark_prepared(self.model.device)
+            kernel_cache.mark_prepared(self.model.device, self._kernel_variant)
         self._cache_tokens = []  # warm-up wrote junk into the cache
         self.info.warmup_s = time.perf_counter() - t0
         self.ready = True

@@ -2,7 +2,8 @@
 
 Triton compiles our kernels for the user's GPU on first use and caches them on disk, so the first start on a
 machine takes several times longer than the next ones (H200: 13 s bf16 / 25 s 4-bit to ready, then 4 s). A
-marker per (GPU, torch, Triton, r1desk version) is written after a complete warm-up; while it is missing, the
+marker per (GPU, torch, Triton, r1desk version, and the model's kernel-relevant shape: dtype, heads, head dim,
+quantization) is written after a complete warm-up; while it is missing, the
 window says "Preparing GPU kernels (first start only)" instead of a bare "Warming up" that seems to hang.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 
-def _marker(device) -> Path | None:
+def _marker(device, variant: str = "") -> Path | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -30,21 +31,22 @@ def _marker(device) -> Path | None:
     except PackageNotFoundError:
         ours = "source"
     key = "|".join([torch.cuda.get_device_name(device), str(torch.cuda.get_device_capability(device)),
-                    torch.__version__, triton_version, ours])
+                    torch.__version__, triton_version, ours, variant])
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("r1desk", appauthor=False)) / "kernels" / (
         hashlib.sha256(key.encode()).hexdigest()[:16] + ".ready")
 
 
-def kernels_prepared(device) -> bool:
-    """True where nothing needs compiling (not a CUDA device) or a warm-up has completed here before."""
-    marker = _marker(device)
+def kernels_prepared(device, variant: str = "") -> bool:
+    """True where nothing needs compiling (not a CUDA device) or a warm-up of this variant (the model's dtype
+    and shapes, which the kernels are compiled for) has completed here before."""
+    marker = _marker(device, variant)
     return marker is None or marker.exists()
 
 
-def mark_prepared(device) -> None:
-    marker = _marker(device)
+def mark_prepared(device, variant: str = "") -> None:
+    marker = _marker(device, variant)
     if marker is None:
         return
     try:

@@ -40,3 +40,12 @@ def test_warm_up_reports_its_steps_in_order(tiny_model):
     assert seen[-1] == (seen[0][1], seen[0][1], "ready")
     assert seen[0][2] == "compiling the prefill kernels" and "capturing the greedy decode step" in [s[2] for s in seen]
     assert not engine.first_start  # the CPU compiles nothing
+
+
+def test_another_kind_of_model_compiles_for_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _fake_gpu(monkeypatch)
+    kernel_cache.mark_prepared("cuda", "bfloat16|12/2x128|1536|None")
+    assert kernel_cache.kernels_prepared("cuda", "bfloat16|12/2x128|1536|None")
+    assert not kernel_cache.kernels_prepared("cuda", "bfloat16|28/4x128|3584|None")  # the 7B
+    assert not kernel_cache.kernels_prepared("cuda", "bfloat16|12/2x128|1536|awq-int4 (Triton int4 kernels)")
