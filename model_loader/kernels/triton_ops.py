@@ -400,8 +400,12 @@ class PrefillAttention:
         self.mid_o = torch.empty((rows, head_dim), device=self.device, dtype=torch.float32)
         self.mid_lse = torch.empty((rows,), device=self.device, dtype=torch.float32)
 
+    def _tuned(self, n_tokens: int) -> tuple[int, int, int, int]:
+        return next(shape for upto, shape in self.SHAPES if upto is None or n_tokens <= upto)
+
     def shape_for(self, n_tokens: int) -> tuple[int, int, int, int]:
-        tuned = next(shape for upto, shape in self.SHAPES if upto is None or n_tokens <= upto)
+        """The tile shape a prefill of n_tokens runs with here (the tuned one, or the fallback that fit)."""
+        tuned = self._tuned(n_tokens)
         return self.working.get(tuned, tuned)
 
     def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
@@ -417,7 +421,7 @@ class PrefillAttention:
         t = q.shape[0]
         out = torch.empty((t, self.num_heads * self.head_dim), device=q.device, dtype=q.dtype)
         pdl = pdl_launch_args(q.device)
-        tuned = next(shape for upto, shape in self.SHAPES if upto is None or t <= upto)
+        tuned = self._tuned(t)
         if tuned in self.working:
             candidates = [self.working[tuned]]
         else:
