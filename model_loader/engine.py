@@ -266,9 +266,14 @@ class Engine:
         interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         triton_ok = triton_available(dev) if use_triton is None else (
             use_triton and (triton_available(dev) or interpreting))
+        # Whether Triton really works here (it compiles a C launcher and a kernel: a first start spends ~0.8 s on
+        # it) is checked on a helper thread while the weights load; the choices made before the answer are
+        # undone below if it says no.
+        triton_check: dict = {}
+        check_thread = None
         if triton_ok and dev.type == "cuda":
-            triton_ok = triton_works(dev)  # compiles on first use: fall back rather than fail at warm-up
-        graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
+            check_thread = threading.Thread(target=lambda: triton_check.update(ok=triton_works(dev)),
+                                            name="r1desk-triton-check", daemon=True)
         breakdown: dict[str, float] = {}
         # The tokenizer (importing transformers is most of it) loads on a helper thread while the weights copy.
         tok_box: dict = {}
@@ -289,13 +294,26 @@ class Engine:
                 torch.cuda.init()
                 torch.empty(1, device=dev)  # create the CUDA context now, so it is timed on its own
             breakdown["device_init_s"] = time.perf_counter() - t
+            if check_thread is not None:
+                check_thread.start()
             t = time.perf_counter()
             int4 = choose_int4_layout(dev, torch_dtype, triton_ok, int4_kernel) if cfg.awq else None
             # 4-bit users are saving VRAM: keep their embedding table in host memory (see host_mapped_alias)
             on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
                                    embed_on_host=on_host)
+            if check_thread is not None:
+                check_thread.join()
+                if not triton_check.get("ok"):  # triton_works logged why
+                    triton_ok = False
+                    if int4 == "triton":  # that layout needs Triton's kernels: load the weights for another path
+                        del weights
+                        torch.cuda.empty_cache()
+                        int4 = choose_int4_layout(dev, torch_dtype, False, int4_kernel) if cfg.awq else None
+                        weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq,
+                                               int4_layout=int4, embed_on_host=on_host)
             breakdown["weights_s"] = time.perf_counter() - t
+            graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
             if auto:  # measured now, with the weights in place and before the KV cache is allocated
                 try:
                     ctx = auto_context(dev, cfg, torch_dtype.itemsize)
@@ -318,6 +336,8 @@ class Engine:
             raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
         finally:
             tok_thread.join()
+            if check_thread is not None and check_thread.is_alive():  # a load that failed early
+                check_thread.join()
         if "error" in tok_box:
             raise tok_box["error"]
         chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
@@ -351,6 +371,37 @@ class Engine:
         return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(self.model.device,
                                                                                    self._kernel_variant)
 
+    def _warm_up_ids(self) -> torch.Tensor:
+        return torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
+
+    def _compile_ahead(self, buckets: list[int]) -> bool:
+        """Run every path of the warm-up once with Triton launches made compile-only, all compiles on a thread
+        pool (kernels.precompile), so the warm-up below finds each kernel compiled. False where that isn't
+        possible here (then the warm-up compiles as it goes)."""
+        if self.info.kernels != "triton" or self.model.device.type != "cuda":
+            return False
+        from model_loader.kernels import precompile, triton_ops
+
+        model = self.model
+        with precompile.compiling_ahead() as possible:
+            if not possible:
+                return False
+            with torch.inference_mode():
+                ids = self._warm_up_ids()
+                model.prefill(ids, 0)
+                model.prefill(ids[:2], ids.numel())
+                if self.info.cuda_graphs:
+                    model.linear.call_every_candidate(model.w, model.dtype)
+                    for config in triton_ops.DECODE_ATTN_CONFIGS:
+                        model.set_decode_attention_config(config)
+                        model.decode(self.step.token, self.step.pos, 0)
+                    model.set_decode_attention_config(None)
+                    graphs = self.prefill_graphs
+                    for bucket in buckets:
+                        for fresh in (True, False):
+                            model.prefill_static(graphs.tokens[:bucket], graphs.last, graphs.start, fresh)
+        return True
+
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
         nothing compiles or captures after this and the first reply starts at full speed. Must run on the thread
@@ -358,7 +409,7 @@ class Engine:
         t0 = time.perf_counter()
         graphs = self.info.cuda_graphs
         buckets = sorted(self.prefill_graphs.buckets, reverse=True) if self.prefill_graphs is not None else []
-        total = 1 + (2 if graphs else 0) + 2 + len(buckets)
+        total = 2 + (2 if graphs else 0) + 2 + len(buckets)
         done = 0
 
         def step(what: str) -> None:
@@ -368,9 +419,13 @@ class Engine:
             done += 1
 
         try:
-            step("compiling the prefill kernels")
+            step("compiling the GPU kernels")
+            t = time.perf_counter()
+            if self._compile_ahead(buckets):
+                log.info("kernels compiled ahead in %.2f s", time.perf_counter() - t)
+            step("running the prefill kernels")
             with torch.inference_mode():
-                ids = torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
+                ids = self._warm_up_ids()
                 self.model.prefill(ids, 0)
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse path too
             if graphs:  # before any capture: the graphs record whichever kernels win

@@ -87,12 +87,10 @@ class Linears:
             return self(int4_triton.int4_gemv(x, gate_up_w, config, silu_output=True), down_w)
         return self(silu_mul(self(x, gate_up_w)), down_w)
 
-    def tune(self, weights: dict, dtype) -> dict:
-        """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
-        configs against each other (the gate/up one with its SiLU output, as it runs); keep the fastest.
-        Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
-        from model_loader.kernels.triton_ops import gemv_autotune
-
+    @staticmethod
+    def single_token_uses(weights: dict) -> tuple[dict, dict]:
+        """The single-token GEMVs a decode step makes, grouped as tune() times them: ({dense shape: [weights]},
+        {(int4 shape, SiLU output?): [weights]})."""
         dense: dict[tuple[int, int], list[torch.Tensor]] = {}
         int4: dict[tuple[tuple[int, int], bool], list[RowPackedInt4]] = {}
         for layer in weights["layers"]:
@@ -102,6 +100,33 @@ class Linears:
                     dense.setdefault(tuple(w.shape), []).append(w)
                 elif isinstance(w, RowPackedInt4):
                     int4.setdefault((w.shape, w.gate_up_pairs), []).append(w)
+        return dense, int4
+
+    def call_every_candidate(self, weights: dict, dtype) -> None:
+        """Call each single-token kernel configuration tune() may choose, once per weight use, as tune() calls
+        it: the pass that kernels.precompile runs to compile them all at once, before tune() times them."""
+        from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv
+
+        dense, int4 = self.single_token_uses(weights)
+        for (_, k), ws in dense.items():
+            x = torch.zeros(1, k, device=ws[0].device, dtype=ws[0].dtype)
+            for config in GEMV_CONFIGS:
+                gemv(x, ws[0], config)
+        if int4:
+            from model_loader.kernels.int4_triton import INT4_GEMV_CONFIGS, int4_gemv
+
+            for ((_, k), silu), ws in int4.items():
+                x = torch.zeros(1, k, device=ws[0].qweight.device, dtype=dtype)
+                for config in INT4_GEMV_CONFIGS:
+                    int4_gemv(x, ws[0], config, silu_output=silu)
+
+    def tune(self, weights: dict, dtype) -> dict:
+        """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
+        configs against each other (the gate/up one with its SiLU output, as it runs); keep the fastest.
+        Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
+        from model_loader.kernels.triton_ops import gemv_autotune
+
+        dense, int4 = self.single_token_uses(weights)
         choice, timings = {}, {}
         if dense:
             result = gemv_autotune(dense)

@@ -52,9 +52,17 @@ print(json.dumps(sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so"
 """
 
 
+def env_with_path(pythonpath: str) -> dict:
+    """This environment with pythonpath first, then whatever PYTHONPATH already held (small dependencies
+    installed beside the system's torch, such as platformdirs, must stay importable; torch still comes from
+    the first entry that has it)."""
+    inherited = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=pythonpath + (os.pathsep + inherited if inherited else ""))
+
+
 def bare_import_maps(pythonpath: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", BARE_IMPORT], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=pythonpath), cwd=ROOT)
+                         env=env_with_path(pythonpath), cwd=ROOT)
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -65,9 +73,8 @@ def site_packages() -> Path:
 
 
 def run(cmd: list[str], pythonpath: str, timeout: int = 900) -> dict:
-    env = dict(os.environ, PYTHONPATH=pythonpath)
     out = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MAPS, *cmd], capture_output=True, text=True,
-                         env=env, timeout=timeout, cwd=ROOT)
+                         env=env_with_path(pythonpath), timeout=timeout, cwd=ROOT)
     tail = out.stdout.rsplit("\nMAPS ", 1)
     if out.returncode != 0 or len(tail) != 2:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")

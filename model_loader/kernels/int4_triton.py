@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from model_loader.awq import RowPackedInt4
+from model_loader.kernels.precompile import launch
 from model_loader.kernels.triton_ops import pdl_launch_args, time_configs
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
@@ -220,7 +221,7 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
     out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
+    launch(_int4_gemv_kernel, (triton.cdiv(n, block_n), splits))(
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n,
         NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
@@ -247,7 +248,7 @@ def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:
     n, k = w.shape
     dense = out.view(-1)[: n * k].view(n, k)
     block_n = 16
-    _int4_dequantize_kernel[(triton.cdiv(n, block_n), k // (8 * w.interleave))](
+    launch(_int4_dequantize_kernel, (triton.cdiv(n, block_n), k // (8 * w.interleave)))(
         w.qweight, w.scales, w.zeros, dense, n, k, w.scales.shape[1],
         GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, GATE_UP_PAIRS=w.gate_up_pairs, num_warps=4)
     return dense
@@ -279,7 +280,7 @@ def int4pack_dequantize(w, out: torch.Tensor) -> torch.Tensor:
     n, k = w.out_features, w.in_features
     dense = out.view(-1)[: n * k].view(n, k)
     block_n, block_k = 16, 128
-    _int4pack_dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+    launch(_int4pack_dequantize_kernel, (triton.cdiv(n, block_n), triton.cdiv(k, block_k)))(
         w.packed, w.scales_and_zeros, dense, n, k, w.packed.shape[1], w.packed.shape[3],
         GROUP=w.group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return dense

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from model_loader.kernels import precompile
+from model_loader.kernels.precompile import launch
+
 _PDL_OK: dict = {}
 
 
@@ -77,7 +80,7 @@ def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
     if residual is None:
         residual = residual_out if residual_out is not None else torch.empty_like(x)
     out = torch.empty_like(x) if out is None else out
-    _add_rms_norm_kernel[(t,)](x, residual, weight, out, h, eps, HAS_RES=has_res,
+    launch(_add_rms_norm_kernel, (t,))(x, residual, weight, out, h, eps, HAS_RES=has_res,
                                BLOCK=triton.next_power_of_2(h), num_warps=4, **pdl_launch_args(x.device))
     return out, residual
 
@@ -86,7 +89,7 @@ def rms_norm(x, weight, eps):
     out = torch.empty_like(x)
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
-    _add_rms_norm_kernel[(x.shape[0],)](x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
+    launch(_add_rms_norm_kernel, (x.shape[0],))(x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
                                         BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4, **pdl_launch_args(x.device))
     return out
 
@@ -124,7 +127,7 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
-    _rope_bias_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
+    launch(_rope_bias_cache_kernel, (t, num_heads + 2 * num_kv_heads))(
         qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, k_cache.shape[1],
         NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1, **pdl_launch_args(qkv.device))
     return q
@@ -147,7 +150,7 @@ def silu_mul(gate_up, out=None):
     i = two_i // 2
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, BLOCK=block, num_warps=4, **pdl_launch_args(gate_up.device))
+    launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(gate_up, out, i, BLOCK=block, num_warps=4, **pdl_launch_args(gate_up.device))
     return out
 
 
@@ -297,13 +300,13 @@ class DecodeAttention:
         c = config or self.config
         assert c.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
-        _decode_attn_split_kernel[(self.num_kv_heads, c.max_splits)](
+        launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
             num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
         block_d = min(32, self.head_dim)
-        _decode_attn_reduce_kernel[(self.num_heads, self.head_dim // block_d)](
+        launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
             BLOCK_D=block_d, BLOCK_S=32, num_warps=2, **pdl)
         return self.out
@@ -434,7 +437,7 @@ class PrefillAttention:
                 raise ValueError(f"a {t}-token prefill in {n_splits} splits needs more scratch than was allocated")
             block_m, block_n, warps, stages = shape
             try:  # a shape too big for this GPU's shared memory fails here, before anything runs
-                _prefill_attn_kernel[(triton.cdiv(t, block_m), self.num_heads, n_splits)](
+                launch(_prefill_attn_kernel, (triton.cdiv(t, block_m), self.num_heads, n_splits))(
                     q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
                     n_splits, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
                     BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, num_warps=warps,
@@ -443,11 +446,12 @@ class PrefillAttention:
                 if shape == candidates[-1]:
                     raise
                 continue
-            self.working[tuned] = shape
+            if not precompile.active():  # a compile-only pass proves nothing about shared memory
+                self.working[tuned] = shape
             splits = n_splits
             break
         if splits > 1:
-            _prefill_attn_reduce_kernel[(t * self.num_heads,)](self.mid_o, self.mid_lse, out, t, splits,
+            launch(_prefill_attn_reduce_kernel, (t * self.num_heads,))(self.mid_o, self.mid_lse, out, t, splits,
                                                                NUM_HEADS=self.num_heads, D=self.head_dim,
                                                                MAX_SPLITS=self.MAX_SPLITS, num_warps=4, **pdl)
         return out
@@ -516,7 +520,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     n, k = w.shape
     block_n, block_k, warps = config
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
                                              **pdl_launch_args(x.device))
     return out
 

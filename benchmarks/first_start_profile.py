@@ -1,0 +1,116 @@
+"""Where the time to ready goes on a machine that never ran r1desk (issue 12, point 4).
+
+Loads a model and warms it up with an empty Triton cache (a fresh folder, unless --cache names one), and
+reports the load's parts, each warm-up step's wall time, and every Triton kernel compile and C launcher build
+with its duration (the compile and the launcher constructor are wrapped for timing only; nothing else changes).
+Run it twice with the same --cache to see a cached start.
+
+    python benchmarks/first_start_profile.py --model M [--cache DIR] [--context 4096] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--cache", help="Triton cache folder (default: a new empty one)")
+    ap.add_argument("--context", default="4096")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    cache = args.cache or tempfile.mkdtemp(prefix="triton-cache-")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    t_start = time.perf_counter()
+
+    import triton
+    import triton.compiler
+    import triton.compiler.compiler
+    from triton.runtime import driver
+
+    compiles: list[dict] = []
+    launchers: list[dict] = []
+    lock = threading.Lock()
+    original_compile = triton.compiler.compiler.compile
+
+    def timed_compile(src, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return original_compile(src, *a, **kw)
+        finally:
+            name = getattr(getattr(src, "fn", None), "__name__", type(src).__name__)
+            with lock:
+                compiles.append({"kernel": name, "s": time.perf_counter() - t, "at_s": t - t_start,
+                                 "thread": threading.current_thread().name,
+                                 "constexprs": str(getattr(src, "constants", ""))[:160]})
+
+    triton.compiler.compiler.compile = timed_compile
+    triton.compiler.compile = timed_compile
+    try:
+        active = driver.active
+    except RuntimeError:  # no GPU driver (a CPU run of this script): nothing launches
+        active = None
+    original_launcher = getattr(active, "launcher_cls", None)
+
+    def timed_launcher(src, metadata):
+        t = time.perf_counter()
+        try:
+            return original_launcher(src, metadata)
+        finally:
+            with lock:
+                launchers.append({"kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
+                                  "s": time.perf_counter() - t, "at_s": t - t_start})
+
+    if active is not None:
+        active.launcher_cls = timed_launcher
+
+    from model_loader.engine import Engine
+
+    steps: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    engine = Engine.load(args.model, context_length=args.context)
+    t_loaded = time.perf_counter()
+    first = engine.first_start
+    engine.warm_up(progress=lambda done, total, what: steps.append((time.perf_counter(), what)))
+    t_ready = time.perf_counter()
+    step_times = [{"step": a[1], "s": round(b[0] - a[0], 3)} for a, b in zip(steps, steps[1:])]
+    result = {
+        "model": engine.info.model_name, "quantization": engine.info.quantization, "cache": cache,
+        "first_start_marker_missing": first, "imports_s": round(t0 - t_start, 3),
+        "load_s": round(t_loaded - t0, 3), "load_breakdown": {k: round(v, 3) for k, v in
+                                                               engine.info.load_breakdown.items()},
+        "warm_up_s": round(t_ready - t_loaded, 3), "ready_s": round(t_ready - t0, 3), "warm_up_steps": step_times,
+        "compiles": len(compiles), "compile_s_total": round(sum(c["s"] for c in compiles), 3),
+        "launchers": len(launchers), "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
+        "compile_list": sorted(compiles, key=lambda c: -c["s"]), "launcher_list": launchers,
+    }
+    print(f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "
+          f"{result['load_s']} s {result['load_breakdown']} + warm-up {result['warm_up_s']} s "
+          f"(imports before: {result['imports_s']} s)")
+    for s in step_times:
+        print(f"  {s['s']:7.3f} s  {s['step']}")
+    print(f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "
+          f"{result['launchers']}, {result['launcher_s_total']} s")
+    on_pool = [c for c in compiles if c["thread"].startswith("r1desk-compile")]
+    print(f"  compiled ahead on the pool: {len(on_pool)} ({sum(c['s'] for c in on_pool):.3f} s of compile time); "
+          f"elsewhere: {len(compiles) - len(on_pool)} "
+          f"({', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in compiles if c not in on_pool}))})")
+    for c in result["compile_list"][:40]:
+        print(f"  {c['s']:6.3f} s  at {c['at_s']:6.2f}  {c['kernel']}  [{c['thread']}] {c['constexprs']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
