@@ -11,6 +11,7 @@ captured them: load, warm_up and generate must all run on the same thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import time
@@ -374,33 +375,27 @@ class Engine:
     def _warm_up_ids(self) -> torch.Tensor:
         return torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
 
-    def _compile_ahead(self, buckets: list[int]) -> bool:
-        """Run every path of the warm-up once with Triton launches made compile-only, all compiles on a thread
-        pool (kernels.precompile), so the warm-up below finds each kernel compiled. False where that isn't
-        possible here (then the warm-up compiles as it goes)."""
-        if self.info.kernels != "triton" or self.model.device.type != "cuda":
-            return False
+    def _compile_ahead(self, buckets: list[int]) -> None:
+        """Every path of the warm-up once with compile-only Triton launches (kernels.precompile.compile_only):
+        submits every kernel variant the warm-up needs to the compile pool at once."""
         from model_loader.kernels import precompile, triton_ops
 
         model = self.model
-        with precompile.compiling_ahead() as possible:
-            if not possible:
-                return False
-            with torch.inference_mode():
-                ids = self._warm_up_ids()
-                model.prefill(ids, 0)
-                model.prefill(ids[:2], ids.numel())
-                if self.info.cuda_graphs:
-                    model.linear.call_every_candidate(model.w, model.dtype)
-                    for config in triton_ops.DECODE_ATTN_CONFIGS:
-                        model.set_decode_attention_config(config)
-                        model.decode(self.step.token, self.step.pos, 0)
-                    model.set_decode_attention_config(None)
-                    graphs = self.prefill_graphs
-                    for bucket in buckets:
-                        for fresh in (True, False):
-                            model.prefill_static(graphs.tokens[:bucket], graphs.last, graphs.start, fresh)
-        return True
+        with precompile.compile_only(), torch.inference_mode():
+            if self.info.cuda_graphs:  # the longest compiles first: the GEMV candidates (4-bit: ~1-2 s each)
+                model.linear.call_every_candidate(model.w, model.dtype)
+            ids = self._warm_up_ids()
+            model.prefill(ids, 0)
+            model.prefill(ids[:2], ids.numel())
+            if self.info.cuda_graphs:
+                for config in triton_ops.DECODE_ATTN_CONFIGS:
+                    model.set_decode_attention_config(config)
+                    model.decode(self.step.token, self.step.pos, 0)
+                model.set_decode_attention_config(None)
+                graphs = self.prefill_graphs
+                for bucket in buckets:  # the variants differ by tile shape and split; every bucket to be sure
+                    for fresh in (True, False):
+                        model.prefill_static(graphs.tokens[:bucket], graphs.last, graphs.start, fresh)
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
@@ -418,11 +413,34 @@ class Engine:
                 progress(done, total, what)
             done += 1
 
+        # On a first start every compile goes to a thread pool and the warm-up's paths are first walked with
+        # compile-only launches, so all kernels compile at once while the warm-up proceeds (each launch waits
+        # only for its own kernel). Once this GPU and model kind are prepared (kernel_cache), everything is in
+        # Triton's disk cache and that walk would only cost time.
+        pool = None
+        with contextlib.ExitStack() as stack:
+            if self.first_start and self.model.device.type == "cuda":
+                from model_loader.kernels import precompile
+
+                pool = stack.enter_context(precompile.compile_pool())
+            self._warm_up_steps(step, graphs, buckets, pool)
+        if progress is not None:
+            progress(total, total, "ready")
+        if self.info.kernels == "triton":
+            kernel_cache.mark_prepared(self.model.device, self._kernel_variant)
+        self._cache_tokens = []  # warm-up wrote junk into the cache
+        self.info.warmup_s = time.perf_counter() - t0
+        self.ready = True
+
+    def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool) -> None:
         try:
             step("compiling the GPU kernels")
-            t = time.perf_counter()
-            if self._compile_ahead(buckets):
-                log.info("kernels compiled ahead in %.2f s", time.perf_counter() - t)
+            if pool is not None:  # a first start: kernels.precompile.CompilePool
+                t = time.perf_counter()
+                self._compile_ahead(buckets)
+                log.info("kernel compiles submitted in %.2f s", time.perf_counter() - t)
+                if not pool.launch_while_compiling:
+                    pool.finish()
             step("running the prefill kernels")
             with torch.inference_mode():
                 ids = self._warm_up_ids()
@@ -450,13 +468,6 @@ class Engine:
         except torch.cuda.OutOfMemoryError as err:
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory while warming up; {OOM_ADVICE}") from err
-        if progress is not None:
-            progress(total, total, "ready")
-        if self.info.kernels == "triton":
-            kernel_cache.mark_prepared(self.model.device, self._kernel_variant)
-        self._cache_tokens = []  # warm-up wrote junk into the cache
-        self.info.warmup_s = time.perf_counter() - t0
-        self.ready = True
 
     def close(self) -> None:
         """Free the model's device memory now (weights, KV cache, graphs). The engine is unusable afterwards."""

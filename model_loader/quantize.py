@@ -24,8 +24,10 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
 from model_loader import awq as fmt
+from model_loader.kernels.reference import SDPA_BACKENDS
 from model_loader.errors import ModelError
 
 N_GRID = 20
@@ -112,7 +114,8 @@ class LayerMath:
         q, k = rope(q), rope(k)
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_kernel(SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out.transpose(1, 2).reshape(s, length, hq * d)
 
     @staticmethod

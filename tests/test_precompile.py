@@ -1,6 +1,6 @@
-"""Compiling ahead (kernels.precompile): the warm-up's paths run once with compile-only launches on a thread
-pool; afterwards the warm-up itself must find every kernel variant compiled (on a GPU), and where kernels are
-interpreted nothing is attempted and the warm-up still works."""
+"""Compiling ahead (kernels.precompile): on a first start the warm-up's paths run once with compile-only launches,
+their compiles on a thread pool; the warm-up itself must then need no kernel variant beyond those (on a GPU).
+Where kernels are interpreted nothing is attempted and the warm-up still works."""
 
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
@@ -30,27 +30,29 @@ def test_launch_is_the_plain_launch_outside_compiling_ahead():
     assert precompile.launch(Kernel(), (3,)) == ("launch", (3,))
 
 
-def test_warm_up_compiles_nothing_after_compiling_ahead(tiny_model, device, monkeypatch):
+def test_a_first_start_compiles_ahead_and_the_warm_up_compiles_nothing_more(tiny_model, device, monkeypatch,
+                                                                             tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel_cache marker: a first start
     on_gpu = device == "cuda"
     engine = Engine.load(tiny_model, device=device, use_triton=True, context_length=1024 if on_gpu else 128)
+    assert engine.first_start == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
     kernels = _our_kernels() if on_gpu else []
     for kernel in kernels:  # forget what earlier tests compiled in this process (Triton's disk cache remains)
         kernel.device_caches.clear()
-    seen = []
+    submitted = []
     original = Engine._compile_ahead
 
     def compile_ahead_then_look(self, buckets):
-        ran = original(self, buckets)
-        seen.append((ran, _compiled(kernels)))
-        return ran
+        original(self, buckets)
+        submitted.append(_compiled(kernels))
 
     monkeypatch.setattr(Engine, "_compile_ahead", compile_ahead_then_look)
     engine.warm_up()
-    ran, compiled_ahead = seen[0]
-    assert ran == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
+    assert len(submitted) == (1 if on_gpu else 0)
     if on_gpu:
-        assert len(compiled_ahead) >= 10
-        assert _compiled(kernels) == compiled_ahead, "the warm-up compiled variants the pass ahead missed"
+        assert len(submitted[0]) >= 10
+        assert _compiled(kernels) == submitted[0], "the warm-up compiled variants the pass ahead missed"
+        assert not engine.first_start  # marked prepared: the next start skips the pass
     settings = SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True)
     out = [ev for ev in engine.generate_ids(engine.chat.encode_plain("Hi"), settings) if isinstance(ev, Finished)]
     assert out[0].stats.completion_tokens == 4

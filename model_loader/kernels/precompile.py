@@ -6,10 +6,11 @@ model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). The compiler s
 the GIL released (MLIR passes, ptxas and the C compiler are native code or subprocesses), so compiling on
 threads scales with the cores.
 
-How: the engine runs every path of its warm-up once inside `compiling_ahead()`, where `launch(kernel, grid)`
-only *warms up* each Triton kernel (binds the same arguments and compiles; launches nothing) under Triton's
-AsyncCompileMode, which hands each compile to a thread pool. Leaving the block waits for every compile and
-stores the kernels where the normal launches find them. Going through the real code paths, rather than a list
+How: the engine's warm-up runs inside `compile_pool()` (Triton's AsyncCompileMode: each compile goes to a
+thread pool, and a launch waits only for its own kernel). It first runs every path of the warm-up once inside
+`compile_only()`, where `launch(kernel, grid)` only *warms up* each Triton kernel (binds the same arguments and
+submits its compile; launches nothing), so every compile is under way at once; the real warm-up then runs
+while they finish. Going through the real code paths, rather than a list
 of kernels kept by hand, is what guarantees the same specialisations (dtypes, alignments, divisibility of the
 integer arguments, constexprs) as the warm-up itself: nothing compiles twice.
 
@@ -28,17 +29,17 @@ from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
-_state = threading.local()  # .active: this thread is inside compiling_ahead()
+_state = threading.local()  # .active: this thread is inside compile_only()
 
 
 def active() -> bool:
-    """True while this thread runs the warm-up paths only to compile (launches are compile-only)."""
+    """True while this thread runs the warm-up paths only to compile (inside compile_only())."""
     return getattr(_state, "active", False)
 
 
 def launch(kernel, grid):
-    """kernel[grid], to be called with the kernel's arguments; inside compiling_ahead(), a compile-only warm-up
-    of the same call."""
+    """kernel[grid], to be called with the kernel's arguments; inside compile_only(), a compile-only warm-up of
+    the same call."""
     if active():
         return functools.partial(kernel.warmup, grid=grid)
     return kernel[grid]
@@ -54,12 +55,23 @@ def _async_compile_mode():
     return AsyncCompileMode
 
 
-def _prepare_launcher(kernel) -> None:
+def _launcher_key(kernel) -> tuple:
+    # Kernels of one function whose constexpr arguments sit at the same positions get the same launcher source.
+    constants = getattr(kernel.src, "constants", {}) or {}
+    return getattr(getattr(kernel.src, "fn", None), "__name__", None), tuple(sorted(map(str, constants)))
+
+
+def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
     """Build the kernel's C launcher now, on this worker thread. Triton 3.6 compiles one with the C compiler per
     kernel signature (~0.2 s each) on the thread of the first launch, and caches it on disk; built here, the
     first launch finds it. Later Tritons launch generically and this costs nothing. Any failure only means the
     first launch builds it as before."""
     try:
+        key = _launcher_key(kernel)
+        with lock:
+            if key in prepared:  # another variant of the same kernel built (or is building) this one
+                return
+            prepared.add(key)
         from triton.runtime import driver
 
         driver.active.launcher_cls(kernel.src, kernel.metadata)
@@ -68,12 +80,17 @@ def _prepare_launcher(kernel) -> None:
 
 
 class _CompilePool(ThreadPoolExecutor):
-    """Each compile job also prepares its kernel's launcher."""
+    """Each compile job also prepares its kernel's launcher (once per launcher)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._launchers: set = set()
+        self._launchers_lock = threading.Lock()
 
     def submit(self, fn, /, *args, **kwargs):
         def compile_and_prepare():
             kernel = fn(*args, **kwargs)
-            _prepare_launcher(kernel)
+            _prepare_launcher(kernel, self._launchers, self._launchers_lock)
             return kernel
 
         return super().submit(compile_and_prepare)
@@ -84,31 +101,59 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 16))
 
 
+class CompilePool:
+    """Triton's AsyncCompileMode over a thread pool, entered on creation. finish() waits for every compile and
+    stores the kernels where launches find them (idempotent)."""
+
+    def __init__(self, mode_cls, workers: int):
+        self.executor = _CompilePool(max_workers=workers, thread_name_prefix="r1desk-compile")
+        try:
+            self.mode = mode_cls(self.executor, ignore_errors=True)
+        except TypeError:  # Tritons whose AsyncCompileMode takes only the executor
+            self.mode = mode_cls(self.executor)
+        # A launch of a kernel still compiling goes through Triton's FutureKernel, which forwards attributes to
+        # the compiled kernel (waiting for it) in the Tritons that have __getattr__ on it; elsewhere every
+        # compile must be finished before the first real launch.
+        from triton.runtime._async_compile import FutureKernel
+
+        self.launch_while_compiling = hasattr(FutureKernel, "__getattr__")
+        self.mode.__enter__()
+        self.open = True
+
+    def finish(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            self.mode.__exit__(None, None, None)
+        except Exception as err:  # a kernel that doesn't compile: its launch reports it
+            log.warning("compiling ahead: %s: %s", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        finally:
+            self.executor.shutdown(wait=True)
+
+
 @contextmanager
-def compiling_ahead(workers: int | None = None):
-    """Inside: launches through `launch` only compile, on `workers` threads. Yields whether compiling ahead is
-    possible here (False: run nothing inside, the warm-up compiles as it goes). Compile errors are not raised
-    here: the warm-up's own launch of that kernel meets them where they are handled today (a configuration
-    this GPU can't run is skipped, a broken Triton falls back)."""
+def compile_pool(workers: int | None = None):
+    """Inside: every Triton compile goes to a pool of `workers` threads. Yields a CompilePool, or None where that
+    isn't possible here (then compiles happen on the launching thread as usual). Leaving waits for every
+    compile. Compile errors are not raised here: a launch of that kernel meets them where they are handled
+    today (a configuration this GPU can't run is skipped, a broken Triton falls back)."""
     mode_cls = _async_compile_mode()
     if mode_cls is None:
-        yield False
+        yield None
         return
-    pool = _CompilePool(max_workers=workers or default_workers(), thread_name_prefix="r1desk-compile")
+    pool = CompilePool(mode_cls, workers or default_workers())
     try:
-        mode = mode_cls(pool, ignore_errors=True)
-    except TypeError:  # Tritons whose AsyncCompileMode takes only the executor
-        mode = mode_cls(pool)
-    try:
-        mode.__enter__()
-        _state.active = True
-        try:
-            yield True
-        finally:
-            _state.active = False
-            try:
-                mode.__exit__(None, None, None)  # waits for every compile and stores the kernels
-            except Exception as err:  # a kernel that doesn't compile: the warm-up's own launch reports it
-                log.warning("compiling ahead: %s: %s", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        yield pool
     finally:
-        pool.shutdown(wait=True)
+        pool.finish()
+
+
+@contextmanager
+def compile_only():
+    """Inside (and inside compile_pool): launches through `launch` only submit their kernel's compile."""
+    _state.active = True
+    try:
+        yield
+    finally:
+        _state.active = False

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# The SDPA backends r1desk uses everywhere. cuDNN's attention, which torch may prefer on Hopper, lives in ~466 MB
+# of cuDNN engine libraries that the GPU release leaves out (packaging/exclusions.py); naming the backends keeps
+# a pip install and the release on the same kernels and the same greedy tokens. Measured on the H200
+# (2026-12-03, 512-token prompt): TTFT 4.01 ms with these against 3.84 ms where torch chose cuDNN.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -63,7 +70,8 @@ def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float):
     hkv = k_cache.shape[0]
     k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
     v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
-    out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
     return out[:, 0].to(q.dtype)
 
 
@@ -76,5 +84,6 @@ def prefill_attention(q, k_cache, v_cache, start: int, scale: float):
     k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
     v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
     mask = torch.arange(length, device=q.device)[None, :] <= (torch.arange(t, device=q.device)[:, None] + start)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1).reshape(t, -1)
