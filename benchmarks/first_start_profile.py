@@ -74,6 +74,9 @@ def main() -> None:
     if active is not None:
         active.launcher_cls = timed_launcher
 
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # the warm-up logs its timings
     from model_loader.engine import Engine
 
     steps: list[tuple[float, str]] = []
@@ -92,6 +95,7 @@ def main() -> None:
         "warm_up_s": round(t_ready - t_loaded, 3), "ready_s": round(t_ready - t0, 3), "warm_up_steps": step_times,
         "compiles": len(compiles), "compile_s_total": round(sum(c["s"] for c in compiles), 3),
         "launchers": len(launchers), "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
+        "gemv_choice": engine.info.gemv, "decode_attention": engine.info.decode_attention,
         "compile_list": sorted(compiles, key=lambda c: -c["s"]), "launcher_list": launchers,
     }
     print(f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "

@@ -28,6 +28,7 @@ from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
+from model_loader.kernels import reference
 from model_loader.kernels import triton_available, triton_works
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
@@ -257,6 +258,7 @@ class Engine:
         unusable."""
         t0 = time.perf_counter()
         folder = resolve_model(spec)
+        reference.keep_off_cudnn()
         dev = pick_device(device)
         torch_dtype = pick_dtype(dev, dtype)
         cfg = folder.config

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from model_loader import awq as fmt
-from model_loader.kernels.reference import SDPA_BACKENDS
+from model_loader.kernels.reference import SDPA_BACKENDS, keep_off_cudnn
 from model_loader.errors import ModelError
 
 N_GRID = 20
@@ -193,6 +193,7 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out}: output folder exists and is not empty")
+    keep_off_cudnn()
     dev = pick_device(device)
     tok = load_tokenizer(folder.path)
     eos = cfg.eos_token_id[0] if cfg.eos_token_id else tok.eos_token_id

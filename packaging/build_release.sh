@@ -7,9 +7,9 @@
 #   packaging/build_release.sh                       # PyPI's torch (the CUDA build on Linux)
 #   TORCH="torch==2.14.1" packaging/build_release.sh
 #   TORCH="torch --index-url https://download.pytorch.org/whl/cu128" packaging/build_release.sh   # Windows
-#   R1DESK_STUB_LIBS=1 R1DESK_LEAVE_OUT_CANDIDATES=1 packaging/build_release.sh   # the smaller release: stubs for
-#       the libraries torch links but r1desk never calls, and exclusions.CANDIDATES left out (Linux; not yet
-#       proven on a GPU: run packaging/prove_exclusions.py --candidates --stubs there first)
+#   R1DESK_NO_STUBS=1 packaging/build_release.sh   # keep the real libraries that the release replaces by stubs
+#       (exclusions.STUBBED: libraries torch links but r1desk never calls; Linux). Whenever packaging/exclusions.py
+#       changes, run packaging/prove_exclusions.py on a GPU machine first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

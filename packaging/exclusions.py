@@ -5,7 +5,7 @@ the same files from a copy of an installed torch stack and runs r1desk on it on 
 checks both use this module). Paths are relative to site-packages, which is also where PyInstaller puts them
 inside the bundle's _internal/ folder. A file may only be listed when torch does not need it at import (the
 loader resolves every DT_NEEDED library of libtorch_cuda.so then: cuFFT, cuRAND, cuSPARSE(Lt), NCCL, cuFile,
-NVSHMEM, NVRTC, cuDNN's front library; the first of these can be replaced by stubs, STUB_CANDIDATES) and r1desk never loads
+NVSHMEM, NVRTC, cuDNN's front library; all but the last ship as stubs, STUBBED) and r1desk never loads
 it at first use (the proof runs every path: bf16 and 4-bit bench, chat, quantize, and checks that none of these
 files was loaded on first use by the full install doing the same work). CUPTI (4 MB, profiler-only) stays for
 now: torch preloads it at import, and no GPU run has shown it unneeded yet.
@@ -29,16 +29,12 @@ LEFT_OUT: list[tuple[str, str]] = [
     ("nvidia/nvshmem/lib/nvshmem_transport_*", "NVSHMEM network transports: multi-node jobs only"),
     ("nvidia/nvshmem/lib/nvshmem_bootstrap_*", "NVSHMEM bootstraps (MPI, PMI, UCX): multi-process jobs only"),
     ("nvidia/nvshmem/lib/*.bc", "NVSHMEM device bitcode: only for compiling NVSHMEM kernels"),
-]
-
-# Next in line, NOT left out yet: lazily loaded, so likely unneeded, but only a GPU run can show it. The proof
-# script deletes these too when asked (--candidates) and reports whether the full install ever mapped them;
-# an entry moves up to LEFT_OUT once that ran clean on a GPU. R1DESK_LEAVE_OUT_CANDIDATES=1 makes the spec leave
-# them out already (to measure the size; not for a release before that GPU run).
-CANDIDATES: list[tuple[str, str]] = [
-    ("nvidia/cudnn/lib/libcudnn_[aeghio]*", "cuDNN's engine and op libraries (~850 MB), loaded when a cuDNN kernel "
-                                            "first runs; r1desk's attention is SDPA flash/efficient or Triton, its "
-                                            "matmuls cuBLAS (libcudnn.so.9 itself is linked by torch: it stays)"),
+    # Lazily loaded and shown unneeded on the H200 (prove_exclusions.py --candidates, 2026-12-03, fourth session):
+    ("nvidia/cudnn/lib/libcudnn_[aeho]*", "cuDNN's engine and op libraries (~700 MB), loaded when a cuDNN kernel "
+                                          "first runs; r1desk's attention is SDPA flash/efficient (kernels.reference."
+                                          "SDPA_BACKENDS: never cuDNN's) or Triton, its matmuls cuBLAS. libcudnn.so.9 "
+                                          "(linked by torch) and libcudnn_graph.so.9 (loaded by torch at run time even "
+                                          "with cuDNN off: the H200 proof saw it mapped) stay"),
     ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),
     ("torch/lib/libtorch_cuda_linalg.so", "torch.linalg's CUDA library, loaded on first use only"),
     ("nvidia/*/lib/libnvJitLink.so*", "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed "
@@ -48,13 +44,18 @@ CANDIDATES: list[tuple[str, str]] = [
                                             "profiling (~110 MB: PyInstaller copies each symlink)"),
 ]
 
+# Next in line, NOT left out yet: lazily loaded, so likely unneeded, but only a GPU run can show it. The proof
+# script deletes these too when asked (--candidates) and reports whether the full install ever mapped them;
+# an entry moves up to LEFT_OUT once that ran clean on a GPU. R1DESK_LEAVE_OUT_CANDIDATES=1 makes the spec leave
+# them out already (to measure the size; not for a release before that GPU run). None at the moment.
+CANDIDATES: list[tuple[str, str]] = []
+
 # Linked by libtorch_cuda.so (DT_NEEDED), so a library of each name must exist at `import torch`, but r1desk never
 # calls into them: they can be replaced by stubs of a few KB (packaging/stubs.py: same SONAME, version nodes and
 # the names torch imports; each function says what was left out and aborts). ~1.0 GiB with torch 2.14.1 cu13.
-# NOT applied by default yet: `import torch`, a CPU chat and Triton's compiler work with them (2026-12-03, the
-# development machine); a GPU run of prove_exclusions.py --stubs must pass before the spec applies them unasked
-# (R1DESK_STUB_LIBS=1 applies them now).
-STUB_CANDIDATES: list[tuple[str, str]] = [
+# Proven on the H200 (prove_exclusions.py, 2026-12-03, fourth session: same greedy tokens and speeds as the full
+# install); the spec applies them on Linux (R1DESK_NO_STUBS=1 ships the real libraries instead).
+STUBBED: list[tuple[str, str]] = [
     ("nvidia/*/lib/libcufft.so.*", "cuFFT: FFTs; r1desk runs none"),
     ("nvidia/*/lib/libcurand.so.*", "cuRAND's host API; torch's CUDA random numbers come from its own Philox "
                                     "kernels"),
@@ -72,10 +73,9 @@ STUB_CANDIDATES: list[tuple[str, str]] = [
 STRIP_DEBUG: list[str] = ["triton/_C/libtriton.so", "triton/_C/libproton.so"]
 
 
-# With the candidates: symbols only the static linker needs removed too (`strip --strip-unneeded`; the dynamic
-# symbol table stays): libtorch_cuda 479 -> 405 MB, libtorch_cpu 425 -> 339 MB (torch 2.14.1 cu13).
-STRIP_UNNEEDED_CANDIDATES: list[str] = ["torch/lib/libtorch_cuda.so", "torch/lib/libtorch_cpu.so",
-                                        "torch/lib/libtorch_python.so"]
+# Symbols only the static linker needs removed too (`strip --strip-unneeded`; the dynamic symbol table stays):
+# libtorch_cuda 479 -> 405 MB, libtorch_cpu 425 -> 339 MB (torch 2.14.1 cu13). Proven with the rest above.
+STRIP_UNNEEDED: list[str] = ["torch/lib/libtorch_cuda.so", "torch/lib/libtorch_cpu.so", "torch/lib/libtorch_python.so"]
 
 
 def _why(path: str, rules: list[tuple[str, str]]) -> str | None:
@@ -93,9 +93,9 @@ def candidate(path: str) -> str | None:
     return _why(path, CANDIDATES)
 
 
-def stub_candidate(path: str) -> str | None:
-    """Why `path` could be shipped as a stub (STUB_CANDIDATES); None if it ships as it is."""
-    return _why(path, STUB_CANDIDATES)
+def stubbed(path: str) -> str | None:
+    """Why `path` ships as a stub (STUBBED); None if it ships as it is."""
+    return _why(path, STUBBED)
 
 
 def strip_debug(path: str) -> bool:

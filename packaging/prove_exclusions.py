@@ -2,7 +2,7 @@
 
     python packaging/prove_exclusions.py --model /tmp/full --awq /tmp/full-awq [--out proof.json]
     python packaging/prove_exclusions.py --cpu-only --model TINY      # the import-level part, on any machine
-    ... --candidates / --stubs: also delete exclusions.CANDIDATES / replace STUB_CANDIDATES by stub libraries
+    ... --candidates: also delete exclusions.CANDIDATES; --no-stubs: keep the real libraries of exclusions.STUBBED
 
 1. Runs r1desk's GPU work on the full install (bf16 and 4-bit `bench`, `chat`, `quantize`) and records every
    shared library each process mapped (/proc/self/maps) beyond what a bare `import torch, triton` maps: none of
@@ -103,9 +103,9 @@ def workload(model: str, awq: str | None, cpu_only: bool, scratch_models: Path) 
     return cmds
 
 
-def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = False) -> dict:
+def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = True) -> dict:
     """The trimmed copy: hard links where possible (fast, no space), real copies for files that get stripped;
-    with `stubs`, exclusions.STUB_CANDIDATES replaced by stub libraries (packaging/stubs.py)."""
+    with `stubs`, exclusions.STUBBED replaced by stub libraries (packaging/stubs.py), as the spec does."""
     removed: dict[str, dict] = {}
     to_stub: list[tuple[Path, Path]] = []
     for pkg in PACKAGES:
@@ -116,8 +116,8 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = Fals
                 continue
             rel = path.relative_to(src).as_posix()
             why = exclusions.left_out(rel) or (exclusions.candidate(rel) if candidates else None)
-            if why is None and stubs and exclusions.stub_candidate(rel) and not path.is_symlink():
-                why = "replaced by a stub: " + exclusions.stub_candidate(rel)
+            if why is None and stubs and exclusions.stubbed(rel) and not path.is_symlink():
+                why = "replaced by a stub: " + exclusions.stubbed(rel)
                 to_stub.append((path, dst / rel))
             if why is not None:
                 entry = removed.setdefault(why, {"files": 0, "bytes": 0, "examples": []})
@@ -130,7 +130,7 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = Fals
             target.parent.mkdir(parents=True, exist_ok=True)
             if exclusions.strip_debug(rel):
                 subprocess.run(["strip", "--strip-debug", "-o", str(target), str(path)], check=True)
-            elif candidates and rel in exclusions.STRIP_UNNEEDED_CANDIDATES:
+            elif rel in exclusions.STRIP_UNNEEDED:
                 subprocess.run(["strip", "--strip-unneeded", "-o", str(target), str(path)], check=True)
             else:
                 try:
@@ -142,7 +142,7 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = Fals
 
         for real, target in to_stub:  # the copy's libraries that link each one decide which names it needs
             stub_builder.make_stub(real, target, stub_builder.consumers_of(real, dst))
-            removed["replaced by a stub: " + exclusions.stub_candidate(real.relative_to(src).as_posix())][
+            removed["replaced by a stub: " + exclusions.stubbed(real.relative_to(src).as_posix())][
                 "bytes"] -= target.stat().st_size
     return removed
 
@@ -154,8 +154,8 @@ def main() -> int:
     ap.add_argument("--cpu-only", action="store_true", help="no GPU here: the import-level part only")
     ap.add_argument("--candidates", action="store_true",
                     help="also delete exclusions.CANDIDATES and report whether the full install mapped them")
-    ap.add_argument("--stubs", action="store_true",
-                    help="also replace exclusions.STUB_CANDIDATES by stub libraries (needs a C compiler)")
+    ap.add_argument("--no-stubs", dest="stubs", action="store_false",
+                    help="keep the real libraries of exclusions.STUBBED (the spec with R1DESK_NO_STUBS=1)")
     ap.add_argument("--out")
     args = ap.parse_args()
     src = site_packages()

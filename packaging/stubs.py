@@ -1,4 +1,4 @@
-"""Stand-in libraries for CUDA libraries that torch links but r1desk never calls (exclusions.STUB_CANDIDATES).
+"""Stand-in libraries for CUDA libraries that torch links but r1desk never calls (exclusions.STUBBED).
 
 libtorch_cuda.so names cuFFT, cuRAND, cuSPARSE(Lt), NCCL, cuFile and NVSHMEM as DT_NEEDED, so the loader must
 find a library of each name at `import torch`, with the version nodes torch's symbols ask for; but torch

@@ -17,6 +17,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def keep_off_cudnn() -> None:
+    """r1desk runs no cuDNN kernel (no convolutions; attention is SDPA_BACKENDS or Triton). Turning cuDNN off
+    also keeps torch from loading cuDNN's libraries for its checks, which the GPU release leaves out
+    (packaging/exclusions.py; the H200 proof saw libcudnn_graph loaded while cuDNN was on)."""
+    torch.backends.cudnn.enabled = False
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """residual <- x + residual (in place; x itself when residual is None); returns (norm(residual), residual)."""
     # x, residual: [T, H]
