@@ -18,9 +18,10 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 
 def keep_off_cudnn() -> None:
-    """r1desk runs no cuDNN kernel (no convolutions; attention is SDPA_BACKENDS or Triton). Turning cuDNN off
-    also keeps torch from loading cuDNN's libraries for its checks, which the GPU release leaves out
-    (packaging/exclusions.py; the H200 proof saw libcudnn_graph loaded while cuDNN was on)."""
+    """r1desk runs no cuDNN kernel (no convolutions; attention is SDPA_BACKENDS or Triton), and the GPU release
+    leaves cuDNN's engine libraries out (packaging/exclusions.py): with cuDNN off, no op can pick a cuDNN kernel
+    that would fail there. (It does not keep torch from loading libcudnn_graph, which therefore ships: seen on
+    the H200, 2026-12-03.)"""
     torch.backends.cudnn.enabled = False
 
 
