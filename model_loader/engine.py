@@ -307,6 +307,8 @@ class Engine:
                                    embed_on_host=on_host)
             if check_thread is not None:
                 check_thread.join()
+                if not triton_check.get("ok"):  # once more now that the load is done (it may have run short of memory)
+                    triton_check["ok"] = triton_works(dev)
                 if not triton_check.get("ok"):  # triton_works logged why
                     triton_ok = False
                     if int4 == "triton":  # that layout needs Triton's kernels: load the weights for another path
@@ -415,10 +417,9 @@ class Engine:
                 progress(done, total, what)
             done += 1
 
-        # On a first start every compile goes to a thread pool and the warm-up's paths are first walked with
-        # compile-only launches, so all kernels compile at once while the warm-up proceeds (each launch waits
-        # only for its own kernel). Once this GPU and model kind are prepared (kernel_cache), everything is in
-        # Triton's disk cache and that walk would only cost time.
+        # On a first start the warm-up's paths are first walked with compile-only launches, every compile on a
+        # thread pool, so all kernels compile at once (kernels.precompile). Once this GPU and model kind are
+        # prepared (kernel_cache), everything is in Triton's disk cache and that walk would only cost time.
         pool = None
         with contextlib.ExitStack() as stack:
             if self.first_start and self.model.device.type == "cuda":
@@ -440,9 +441,8 @@ class Engine:
             if pool is not None:  # a first start: kernels.precompile.CompilePool
                 t = time.perf_counter()
                 self._compile_ahead(buckets)
-                log.info("kernel compiles submitted in %.2f s", time.perf_counter() - t)
-                if not pool.launch_while_compiling:
-                    pool.finish()
+                pool.finish()
+                log.info("kernels compiled ahead in %.2f s", time.perf_counter() - t)
             step("running the prefill kernels")
             with torch.inference_mode():
                 ids = self._warm_up_ids()

@@ -37,11 +37,16 @@ LEFT_OUT: list[tuple[str, str]] = [
                                           "with cuDNN off: the H200 proof saw it mapped) stay"),
     ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),
     ("torch/lib/libtorch_cuda_linalg.so", "torch.linalg's CUDA library, loaded on first use only"),
-    ("nvidia/*/lib/libnvJitLink.so*", "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed "
-                                      "and left out with it"),
-    ("nvidia/*/lib/libnvrtc-builtins.so*", "NVRTC's builtins, loaded only by NVRTC (stubbed)"),
     ("triton/backends/nvidia/lib/cupti*/*", "CUPTI and NVPerf for Triton's profiler (proton), loaded only when "
                                             "profiling (~110 MB: PyInstaller copies each symlink)"),
+]
+
+# Left out only where their users ship as stubs (STUBBED; not with R1DESK_NO_STUBS=1, where the real cuSPARSE
+# needs nvJitLink at `import torch` and the real NVRTC its builtins).
+LEFT_OUT_WITH_STUBS: list[tuple[str, str]] = [
+    ("nvidia/*/lib/libnvJitLink.so*", "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed "
+                                      "and left out"),
+    ("nvidia/*/lib/libnvrtc-builtins.so*", "NVRTC's builtins, loaded only by NVRTC (stubbed)"),
 ]
 
 # Next in line, NOT left out yet: lazily loaded, so likely unneeded, but only a GPU run can show it. The proof
@@ -83,9 +88,10 @@ def _why(path: str, rules: list[tuple[str, str]]) -> str | None:
     return next((why for pattern, why in rules if fnmatchcase(p, pattern)), None)
 
 
-def left_out(path: str) -> str | None:
-    """Why `path` (relative to site-packages / the bundle's _internal, either slash) is left out; None if kept."""
-    return _why(path, LEFT_OUT)
+def left_out(path: str, stubs: bool = True) -> str | None:
+    """Why `path` (relative to site-packages / the bundle's _internal, either slash) is left out; None if kept.
+    stubs: whether STUBBED ship as stubs (then LEFT_OUT_WITH_STUBS are left out too)."""
+    return _why(path, LEFT_OUT) or (_why(path, LEFT_OUT_WITH_STUBS) if stubs else None)
 
 
 def candidate(path: str) -> str | None:

@@ -9,9 +9,11 @@
    packaging/exclusions.py's files may be among those loaded on first use. (At import torch preloads every
    NVIDIA library it knows of, with required=False: mapped then, a file is not thereby needed; absent, it is
    skipped. Whether the work needs one of those is what step 2 shows.)
-2. Copies this environment's torch, nvidia and triton packages to a scratch folder, deletes exactly what
-   exclusions.LEFT_OUT names and strips exclusions.STRIP_DEBUG, puts the copy first on PYTHONPATH and runs the
-   same work again: it must succeed, from the copy, with the same greedy tokens and speeds within noise.
+2. Copies this environment's torch, nvidia and triton packages to a scratch folder, deletes exactly what the
+   release leaves out (exclusions.left_out), replaces exclusions.STUBBED by stubs, strips STRIP_DEBUG and
+   STRIP_UNNEEDED as the spec does, puts the copy first on PYTHONPATH and runs the same work again: it must
+   succeed, from the copy (no library of those packages mapped from the full install), with the same greedy
+   tokens and speeds within noise.
 Writes what was removed (per rule, bytes and files) and both runs' numbers. Re-run whenever the lists change.
 """
 
@@ -115,7 +117,7 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = True
             if path.is_dir():
                 continue
             rel = path.relative_to(src).as_posix()
-            why = exclusions.left_out(rel) or (exclusions.candidate(rel) if candidates else None)
+            why = exclusions.left_out(rel, stubs) or (exclusions.candidate(rel) if candidates else None)
             if why is None and stubs and exclusions.stubbed(rel) and not path.is_symlink():
                 why = "replaced by a stub: " + exclusions.stubbed(rel)
                 to_stub.append((path, dst / rel))
@@ -166,22 +168,28 @@ def main() -> int:
         sizes = {"removed_bytes": sum(e["bytes"] for e in removed.values()),
                  "kept_bytes": sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file())}
         report = {"site_packages": str(src), "removed": removed, **sizes, "full": [], "trimmed": [],
-                  "mapped_excluded": []}
+                  "mapped_excluded": [], "trimmed_mapped_from_full_install": []}
         at_import = bare_import_maps(repo)
         report["preloaded_at_import_and_left_out"] = sorted(
             Path(m).relative_to(src).as_posix() for m in at_import
-            if m.startswith(str(src)) and exclusions.left_out(Path(m).relative_to(src).as_posix()))
+            if m.startswith(str(src)) and exclusions.left_out(Path(m).relative_to(src).as_posix(), args.stubs))
         for cmd in workload(args.model, args.awq, args.cpu_only, tmp):
             full = run(cmd, repo)
             rels = [Path(m).relative_to(src).as_posix() for m in full["maps"]
                     if m.startswith(str(src)) and m not in at_import]  # loaded on first use by this work
-            report["mapped_excluded"] += [r for r in rels if exclusions.left_out(r)]
+            report["mapped_excluded"] += [r for r in rels if exclusions.left_out(r, args.stubs)]
             report.setdefault("mapped_candidates", []).extend(r for r in rels if exclusions.candidate(r))
             if cmd[0] == "quantize":  # the trimmed run writes the same output folder again
                 shutil.rmtree(cmd[cmd.index("--out") + 1], ignore_errors=True)
             trimmed = run(cmd, f"{tmp / 'site'}{os.pathsep}{repo}")
             if not trimmed["torch"].startswith(str(tmp / "site")):
                 raise SystemExit(f"the trimmed run imported torch from {trimmed['torch']}, not the copy")
+            # The full install is still on sys.path (this interpreter's site-packages): a library of the trimmed
+            # packages mapped from there would mean the copy fell back to it (torch preloads NVIDIA libraries
+            # it finds on sys.path), and the copy would prove nothing about that file.
+            report["trimmed_mapped_from_full_install"] += [
+                m for m in trimmed["maps"]
+                if m.startswith(str(src)) and Path(m).relative_to(src).parts[0] in PACKAGES]
             report["full"].append({"cmd": cmd[0], "output": full["output"]})
             report["trimmed"].append({"cmd": cmd[0], "output": trimmed["output"]})
             print(f"{cmd[0]}: ok on the full install and on the trimmed copy", flush=True)
@@ -193,6 +201,10 @@ def main() -> int:
     if args.candidates:
         mapped = sorted(set(report.get("mapped_candidates", [])))
         print("candidates the full install mapped (they must stay):", *(mapped or ["none"]), sep="\n  ")
+    if report["trimmed_mapped_from_full_install"]:
+        print("FAILED: the trimmed runs mapped libraries from the full install, not the copy:",
+              *sorted(set(report["trimmed_mapped_from_full_install"])), sep="\n  ")
+        return 1
     if report["mapped_excluded"]:
         print("FAILED: the full install mapped files the release leaves out:", *report["mapped_excluded"], sep="\n  ")
         return 1

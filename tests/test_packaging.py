@@ -378,7 +378,7 @@ def test_the_spec_and_the_proof_script_leave_out_one_list():
         assert "import exclusions" in text
         assert re.search(r"exclusions\.left_out\(", text) and re.search(r"exclusions\.(STRIP_DEBUG|strip_debug)", text)
         assert not re.search(r"libcusolverMg|libnvperf|nvshmem_transport", text)  # no second copy of an entry
-    assert "exclusions.left_out(dest) is not None" in spec  # applied to every binary and data file's destination
+    assert "exclusions.left_out(dest, STUBS) is not None" in spec  # applied to every binary and data file's destination
 
 
 @pytest.mark.parametrize("path, left_out", [
@@ -401,6 +401,15 @@ def test_the_spec_and_the_proof_script_leave_out_one_list():
 ])
 def test_what_the_gpu_release_leaves_out(path, left_out):
     assert (_exclusions().left_out(path) is not None) == left_out
+
+
+def test_without_stubs_what_only_the_stubs_make_unneeded_stays():
+    """R1DESK_NO_STUBS=1 ships the real cuSPARSE, which needs nvJitLink at `import torch`, and the real NVRTC,
+    which loads its builtins: those must then stay in."""
+    ex = _exclusions()
+    for path in ("nvidia/cu13/lib/libnvJitLink.so.13", "nvidia/cu13/lib/libnvrtc-builtins.so.13.0"):
+        assert ex.left_out(path) is not None and ex.left_out(path, stubs=False) is None, path
+    assert ex.left_out("nvidia/cudnn/lib/libcudnn_ops.so.9", stubs=False) is not None  # not tied to the stubs
 
 
 def test_stub_libraries_keep_the_name_and_versions_and_only_what_their_users_import(tmp_path):

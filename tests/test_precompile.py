@@ -26,6 +26,23 @@ def test_launch_is_the_plain_launch_outside_compiling_ahead():
     assert precompile.launch(Kernel(), (3,)) == ("launch", (3,))
 
 
+def test_the_compile_pool_enters_and_leaves_tritons_async_mode_once():
+    from concurrent.futures import Future
+
+    from triton.runtime._async_compile import AsyncCompileMode, active_mode
+
+    pool = precompile.CompilePool(AsyncCompileMode, workers=2)
+    assert active_mode.get() is pool.mode
+    done = pool.executor.submit(lambda: "compiled")
+    assert isinstance(done, Future) and done.result() == "compiled"
+    pool.finish()
+    pool.finish()  # idempotent: compile_pool() calls it again on the way out
+    assert active_mode.get() is None
+    again = precompile.CompilePool(AsyncCompileMode, workers=1)  # nothing left active to refuse a new one
+    again.finish()
+    assert active_mode.get() is None
+
+
 def test_a_first_start_compiles_every_kernel_on_the_pool(tiny_model, device, monkeypatch, tmp_path):
     """Every Triton compile of the warm-up (a disk-cache hit still goes through triton's compile()) runs on a
     compile-pool thread: the pass ahead submitted each variant the warm-up launches, none is compiled on the

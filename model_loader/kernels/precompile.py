@@ -6,13 +6,14 @@ model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). The compiler s
 the GIL released (MLIR passes, ptxas and the C compiler are native code or subprocesses), so compiling on
 threads scales with the cores.
 
-How: the engine's warm-up runs inside `compile_pool()` (Triton's AsyncCompileMode: each compile goes to a
-thread pool, and a launch waits only for its own kernel). It first runs every path of the warm-up once inside
-`compile_only()`, where `launch(kernel, grid)` only *warms up* each Triton kernel (binds the same arguments and
-submits its compile; launches nothing), so every compile is under way at once; the real warm-up then runs
-while they finish. Going through the real code paths, rather than a list
-of kernels kept by hand, is what guarantees the same specialisations (dtypes, alignments, divisibility of the
-integer arguments, constexprs) as the warm-up itself: nothing compiles twice.
+How: on a first start the engine walks every path of its warm-up once inside `compile_pool()` (Triton's
+AsyncCompileMode over a thread pool) and `compile_only()`, where `launch(kernel, grid)` only *warms up* each
+Triton kernel (binds the same arguments and submits its compile; launches nothing), so every compile is under
+way at once; then it waits for them all (CompilePool.finish) and runs the warm-up proper, which finds every
+kernel compiled. Going through the real code paths, rather than a list of kernels kept by hand, is what
+guarantees the same specialisations (dtypes, alignments, divisibility of the integer arguments, constexprs) as
+the warm-up itself: nothing compiles twice. (The warm-up does not overlap the compiles: with some Tritons a
+launch of a kernel still compiling would fail, and CUDA-graph capture should not run beside compiler threads.)
 
 Where Triton has no AsyncCompileMode, or kernels are interpreted (TRITON_INTERPRET=1), nothing is compiled
 ahead and the warm-up compiles as before.
@@ -103,7 +104,7 @@ def default_workers() -> int:
 
 class CompilePool:
     """Triton's AsyncCompileMode over a thread pool, entered on creation. finish() waits for every compile and
-    stores the kernels where launches find them (idempotent)."""
+    stores the kernels where launches find them (idempotent; always called by compile_pool())."""
 
     def __init__(self, mode_cls, workers: int):
         self.executor = _CompilePool(max_workers=workers, thread_name_prefix="r1desk-compile")
@@ -111,13 +112,12 @@ class CompilePool:
             self.mode = mode_cls(self.executor, ignore_errors=True)
         except TypeError:  # Tritons whose AsyncCompileMode takes only the executor
             self.mode = mode_cls(self.executor)
-        # A launch of a kernel still compiling goes through Triton's FutureKernel, which forwards attributes to
-        # the compiled kernel (waiting for it) in the Tritons that have __getattr__ on it; elsewhere every
-        # compile must be finished before the first real launch.
-        from triton.runtime._async_compile import FutureKernel
-
-        self.launch_while_compiling = hasattr(FutureKernel, "__getattr__")
-        self.mode.__enter__()
+        self.open = False
+        try:
+            self.mode.__enter__()
+        except BaseException:
+            self.executor.shutdown(wait=False)
+            raise
         self.open = True
 
     def finish(self) -> None:
@@ -129,6 +129,12 @@ class CompilePool:
         except Exception as err:  # a kernel that doesn't compile: its launch reports it
             log.warning("compiling ahead: %s: %s", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
         finally:
+            # Some Tritons (3.6) clear the active mode only after waiting; after an interruption there it would
+            # stay set, and every later compile on this thread would go to a pool that is shut down.
+            from triton.runtime import _async_compile
+
+            if _async_compile.active_mode.get() is self.mode:
+                _async_compile.active_mode.set(None)
             self.executor.shutdown(wait=True)
 
 
@@ -136,13 +142,18 @@ class CompilePool:
 def compile_pool(workers: int | None = None):
     """Inside: every Triton compile goes to a pool of `workers` threads. Yields a CompilePool, or None where that
     isn't possible here (then compiles happen on the launching thread as usual). Leaving waits for every
-    compile. Compile errors are not raised here: a launch of that kernel meets them where they are handled
+    compile (if finish() was not called already). Compile errors are not raised here: a launch of that kernel meets them where they are handled
     today (a configuration this GPU can't run is skipped, a broken Triton falls back)."""
     mode_cls = _async_compile_mode()
-    if mode_cls is None:
+    pool = None
+    if mode_cls is not None:
+        try:
+            pool = CompilePool(mode_cls, workers or default_workers())
+        except RuntimeError as err:  # "Another AsyncCompileMode is already active": compile as usual
+            log.warning("not compiling ahead: %s", err)
+    if pool is None:
         yield None
         return
-    pool = CompilePool(mode_cls, workers or default_workers())
     try:
         yield pool
     finally:
