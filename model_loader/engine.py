@@ -437,7 +437,8 @@ class Engine:
 
     def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool) -> None:
         try:
-            step("compiling the GPU kernels")
+            step(f"compiling every kernel at once ({pool.workers} CPU threads)" if pool is not None
+                 else "preparing the kernels")
             if pool is not None:  # a first start: kernels.precompile.CompilePool
                 t = time.perf_counter()
                 self._compile_ahead(buckets)

@@ -38,7 +38,7 @@ def test_warm_up_reports_its_steps_in_order(tiny_model):
     engine.warm_up(progress=lambda done, total, what: seen.append((done, total, what)))
     assert [s[0] for s in seen] == list(range(len(seen) - 1)) + [seen[-1][1]]  # 0, 1, ..., then total
     assert seen[-1] == (seen[0][1], seen[0][1], "ready")
-    assert seen[0][2] == "compiling the GPU kernels" and "capturing the greedy decode step" in [s[2] for s in seen]
+    assert seen[0][2] == "preparing the kernels" and "capturing the greedy decode step" in [s[2] for s in seen]
     assert not engine.first_start  # the CPU compiles nothing
 
 

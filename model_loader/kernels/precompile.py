@@ -107,6 +107,7 @@ class CompilePool:
     stores the kernels where launches find them (idempotent; always called by compile_pool())."""
 
     def __init__(self, mode_cls, workers: int):
+        self.workers = workers
         self.executor = _CompilePool(max_workers=workers, thread_name_prefix="r1desk-compile")
         try:
             self.mode = mode_cls(self.executor, ignore_errors=True)
