@@ -12,10 +12,9 @@ import json
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from model_loader.kernels import triton_ops as T
-from model_loader.kernels.reference import SDPA_BACKENDS
+from model_loader.kernels.reference import keep_off_cudnn
 
 LAYERS, HQ, HKV, D = 28, 12, 2, 128
 CASES = ((0, 512), (0, 2048), (512, 1024), (4096, 1024), (4096, 2048), (8192, 2048), (4096, 16), (8192, 256))
@@ -25,6 +24,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
+    keep_off_cudnn()  # SDPA as r1desk's prefill runs it (never cuDNN's attention)
     max_ctx = max(s + t for s, t in CASES)
     k = torch.randn(LAYERS, HKV, max_ctx, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -42,9 +42,8 @@ def main() -> None:
                              lambda i, c: kernels[c](q, k[i], v[i], start_t, D ** -0.5))
         flops = 4 * HQ * D * t * (start + (t + 1) / 2)
         q4 = q.transpose(0, 1)[None]
-        with sdpa_kernel(SDPA_BACKENDS):  # the backends r1desk's prefill uses (never cuDNN's attention)
-            sdpa = T.time_configs(list(range(LAYERS)), [None], lambda i, c: F.scaled_dot_product_attention(
-                q4, k[i, :, :t][None], v[i, :, :t][None], is_causal=True, enable_gqa=True))
+        sdpa = T.time_configs(list(range(LAYERS)), [None], lambda i, c: F.scaled_dot_product_attention(
+            q4, k[i, :, :t][None], v[i, :, :t][None], is_causal=True, enable_gqa=True))
         best = sorted(res.items(), key=lambda kv: kv[1])
         for c, us in best:
             rows.append({"start": start, "new": t, "config": c, "us_per_layer": round(us, 2),

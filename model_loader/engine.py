@@ -28,7 +28,7 @@ from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
-from model_loader.kernels import reference
+from model_loader.kernels import precompile, reference
 from model_loader.kernels import triton_available, triton_works
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
@@ -382,7 +382,7 @@ class Engine:
     def _compile_ahead(self, buckets: list[int]) -> None:
         """Every path of the warm-up once with compile-only Triton launches (kernels.precompile.compile_only):
         submits every kernel variant the warm-up needs to the compile pool at once."""
-        from model_loader.kernels import precompile, triton_ops
+        from model_loader.kernels import triton_ops
 
         model = self.model
         with precompile.compile_only(), torch.inference_mode():
@@ -420,12 +420,8 @@ class Engine:
         # On a first start the warm-up's paths are first walked with compile-only launches, every compile on a
         # thread pool, so all kernels compile at once (kernels.precompile). Once this GPU and model kind are
         # prepared (kernel_cache), everything is in Triton's disk cache and that walk would only cost time.
-        pool = None
-        with contextlib.ExitStack() as stack:
-            if self.first_start and self.model.device.type == "cuda":
-                from model_loader.kernels import precompile
-
-                pool = stack.enter_context(precompile.compile_pool())
+        ahead = self.first_start and self.model.device.type == "cuda"
+        with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
             self._warm_up_steps(step, graphs, buckets, pool)
         if progress is not None:
             progress(total, total, "ready")

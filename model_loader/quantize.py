@@ -24,10 +24,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from model_loader import awq as fmt
-from model_loader.kernels.reference import SDPA_BACKENDS, keep_off_cudnn
+from model_loader.kernels.reference import keep_off_cudnn
 from model_loader.errors import ModelError
 
 N_GRID = 20
@@ -114,8 +113,7 @@ class LayerMath:
         q, k = rope(q), rope(k)
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
-        with sdpa_kernel(SDPA_BACKENDS):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out.transpose(1, 2).reshape(s, length, hq * d)
 
     @staticmethod

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from model_loader.awq import Int4Weight, RowPackedInt4
 from model_loader.config import Qwen2Config
 from model_loader.kernels import reference
-from model_loader.kernels.reference import SDPA_BACKENDS
 from model_loader.linears import Linears
 
 
@@ -127,8 +125,7 @@ class Qwen2Model:
             q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]: 4-D so SDPA can pick its flash kernel
             k = self.k_cache[layer, :, :length][None]  # [1, Hkv, L, D]
             v = self.v_cache[layer, :, :length][None]
-            with sdpa_kernel(SDPA_BACKENDS):
-                out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
             return out[0].transpose(0, 1).reshape(t, -1)
 
         return attend

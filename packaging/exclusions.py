@@ -32,7 +32,7 @@ LEFT_OUT: list[tuple[str, str]] = [
     # Lazily loaded and shown unneeded on the H200 (prove_exclusions.py --candidates, 2026-12-03, fourth session):
     ("nvidia/cudnn/lib/libcudnn_[aeho]*", "cuDNN's engine and op libraries (~700 MB), loaded when a cuDNN kernel "
                                           "first runs; r1desk's attention is SDPA flash/efficient (kernels.reference."
-                                          "SDPA_BACKENDS: never cuDNN's) or Triton, its matmuls cuBLAS. libcudnn.so.9 "
+                                          "keep_off_cudnn: never cuDNN's) or Triton, its matmuls cuBLAS. libcudnn.so.9 "
                                           "(linked by torch) and libcudnn_graph.so.9 (loaded by torch at run time even "
                                           "with cuDNN off: the H200 proof saw it mapped) stay"),
     ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),

@@ -80,7 +80,7 @@ def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
         log.debug("launcher not prepared ahead (%s: %s)", type(err).__name__, err)
 
 
-class _CompilePool(ThreadPoolExecutor):
+class _LauncherPreparingExecutor(ThreadPoolExecutor):
     """Each compile job also prepares its kernel's launcher (once per launcher)."""
 
     def __init__(self, *args, **kwargs):
@@ -108,7 +108,7 @@ class CompilePool:
 
     def __init__(self, mode_cls, workers: int):
         self.workers = workers
-        self.executor = _CompilePool(max_workers=workers, thread_name_prefix="r1desk-compile")
+        self.executor = _LauncherPreparingExecutor(max_workers=workers, thread_name_prefix="r1desk-compile")
         try:
             self.mode = mode_cls(self.executor, ignore_errors=True)
         except TypeError:  # Tritons whose AsyncCompileMode takes only the executor
@@ -143,8 +143,9 @@ class CompilePool:
 def compile_pool(workers: int | None = None):
     """Inside: every Triton compile goes to a pool of `workers` threads. Yields a CompilePool, or None where that
     isn't possible here (then compiles happen on the launching thread as usual). Leaving waits for every
-    compile (if finish() was not called already). Compile errors are not raised here: a launch of that kernel meets them where they are handled
-    today (a configuration this GPU can't run is skipped, a broken Triton falls back)."""
+    compile (if finish() was not called already). Compile errors are not raised here: a launch of that kernel
+    meets them where they are handled today (a configuration this GPU can't run is skipped, a broken Triton
+    falls back)."""
     mode_cls = _async_compile_mode()
     pool = None
     if mode_cls is not None:

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-# The SDPA backends r1desk uses everywhere. cuDNN's attention, which torch may prefer on Hopper, lives in ~466 MB
-# of cuDNN engine libraries that the GPU release leaves out (packaging/exclusions.py); naming the backends keeps
-# a pip install and the release on the same kernels and the same greedy tokens. Measured on the H200
-# (2026-12-03, 512-token prompt): TTFT 4.01 ms with these against 3.84 ms where torch chose cuDNN.
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def keep_off_cudnn() -> None:
-    """r1desk runs no cuDNN kernel (no convolutions; attention is SDPA_BACKENDS or Triton), and the GPU release
-    leaves cuDNN's engine libraries out (packaging/exclusions.py): with cuDNN off, no op can pick a cuDNN kernel
-    that would fail there. (It does not keep torch from loading libcudnn_graph, which therefore ships: seen on
-    the H200, 2026-12-03.)"""
+    """r1desk runs no cuDNN kernel: no convolutions, and attention is SDPA's flash / memory-efficient / math
+    kernels or Triton. cuDNN's attention, which torch may prefer on Hopper, lives in ~466 MB of cuDNN engine
+    libraries that the GPU release leaves out (packaging/exclusions.py); with it off a pip install and the
+    release run the same kernels and give the same greedy tokens (H200, 2026-12-03: TTFT 4.01 ms at 512 tokens
+    against 3.84 ms where torch chose cuDNN). Process-wide, set once at load: no per-call context on the
+    per-token path. (It does not keep torch from loading libcudnn_graph, which therefore ships.)"""
     torch.backends.cudnn.enabled = False
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -78,8 +74,7 @@ def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float):
     hkv = k_cache.shape[0]
     k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
     v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
-    with sdpa_kernel(SDPA_BACKENDS):
-        out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
+    out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
     return out[:, 0].to(q.dtype)
 
 
@@ -92,6 +87,5 @@ def prefill_attention(q, k_cache, v_cache, start: int, scale: float):
     k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
     v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
     mask = torch.arange(length, device=q.device)[None, :] <= (torch.arange(t, device=q.device)[:, None] + start)
-    with sdpa_kernel(SDPA_BACKENDS):
-        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1).reshape(t, -1)
