@@ -1,53 +1,96 @@
-"""Where the time of one decode step goes on a CUDA GPU (a development tool, not part of the app).
+"""Where the time of one decode step goes on a CUDA GPU, by context depth (a development tool, not part of the app).
 
-Prints the pure GPU time of the captured decode graph (replays back to back, no host sync per token), the
-same step run eagerly, and torch.profiler's per-kernel totals for one eager step.
-usage: python benchmarks/profile_decode.py MODEL_DIR [torch|triton|dequantize]  (the 4-bit kernel, for AWQ models)
+For each depth: the pure GPU time of the captured decode graph the engine would replay there (replays back to
+back, no host sync per token), and torch.profiler's per-kernel totals over a few replays of that graph (CUPTI
+reports the kernels inside a graph), so two depths or two models can be compared kernel by kernel.
+usage: python benchmarks/profile_decode.py MODEL_DIR [--int4-kernel torch|triton|dequantize]
+           [--depths 512,4096,16384] [--context N] [--json OUT]
 """
 
-import sys
+import argparse
+import json
+from collections import defaultdict
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from model_loader.engine import Engine
 
+STEPS_TIMED = 200
+STEPS_PROFILED = 20
 
-def main(model: str, int4_kernel: str | None = None) -> None:
-    engine = Engine.load(model, device="cuda", context_length=4096, int4_kernel=int4_kernel)
+
+def graph_for(step, mode: str, depth: int):
+    config = step.config_for(depth + 1)
+    return step.graphs[(mode, config)], config
+
+
+def time_graph(step, graph, depth: int) -> float:
+    """GPU microseconds per replay, starting at `depth` (the graph advances the position itself)."""
+    step.pos.fill_(depth)
+    for _ in range(10):
+        graph.replay()
+    step.pos.fill_(depth)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS_TIMED):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / STEPS_TIMED * 1000
+
+
+def kernel_table(step, run, depth: int) -> dict:
+    """{kernel name: GPU microseconds per step} over STEPS_PROFILED calls of run()."""
+    step.pos.fill_(depth)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS_PROFILED):
+            run()
+        torch.cuda.synchronize()
+    per_kernel = defaultdict(float)
+    counts = defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            name = event.name if len(event.name) < 90 else event.name[:87] + "..."
+            per_kernel[name] += event.device_time_total / STEPS_PROFILED
+            counts[name] += 1
+    return {name: {"us": round(us, 2), "launches": counts[name] // STEPS_PROFILED}
+            for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--int4-kernel")
+    ap.add_argument("--depths", default="512,4096,16384")
+    ap.add_argument("--context", type=int)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    context = args.context or max(depths) + 512
+    engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel)
     engine.warm_up()
     step = engine.step
-    with torch.inference_mode():
-        engine.model.prefill(torch.arange(512, device="cuda") + 1000, 0)
-    for mode in ("greedy", "sample"):
-        step.pos.fill_(512)
-        step.token.fill_(1)
-        graph = step.graphs[(mode, step.config_for(513))]
-        for _ in range(10):
-            graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        n = 200
-        step.pos.fill_(512)
-        start.record()
-        for _ in range(n):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / n
-        print(f"graph[{mode}]: {ms * 1000:.1f} us/step -> {1000 / ms:.0f} tok/s (GPU only)")
-    # eager, for the launch-overhead comparison and the kernel table
-    step.pos.fill_(512)
-    with torch.inference_mode():
-        for _ in range(3):
-            step._step("greedy", 512)
-        torch.cuda.synchronize()
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step._step("greedy", 512)
-            torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18))
+    report = {"model": args.model, "device": torch.cuda.get_device_name(), "context": context,
+              "plan": [(upper, str(config)) for upper, config in step.plan], "depths": []}
+    for depth in depths:
+        graph, config = graph_for(step, "greedy", depth)
+        us = time_graph(step, graph, depth)
+        kernels, source = kernel_table(step, graph.replay, depth), "graph"
+        if not kernels:  # a CUPTI that doesn't report the kernels inside graphs: the same step run eagerly
+            with torch.inference_mode():
+                kernels, source = kernel_table(step, lambda: step._step("greedy", depth, config), depth), "eager"
+        report["depths"].append({"depth": depth, "attention_config": str(config), "step_us": round(us, 1),
+                                 "tok_s": round(1e6 / us, 1), "kernels_from": source, "kernels_sum_us": round(sum(
+                                     k["us"] for k in kernels.values()), 1), "kernels": kernels})
+        print(f"depth {depth:>6}: {us:7.1f} us/step -> {1e6 / us:6.1f} tok/s (GPU only; attention {config})")
+        for name, k in list(kernels.items())[:12]:
+            print(f"    {k['us']:8.1f} us  x{k['launches']:<4} {name}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    main()

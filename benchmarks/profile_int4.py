@@ -5,9 +5,10 @@ from HBM as when decoding): single-token time of bf16 cuBLAS, torch's int4 kerne
 configs (gate/up also with its rows in pairs and its SiLU(gate) * up output, as the decoder calls it); 512-row (prefill)
 time of bf16 cuBLAS, torch's int4 kernel and our dequantise + cuBLAS. Also checks our kernels against the
 dequantised weight. Prints one JSON object.
-usage: python benchmarks/profile_int4.py [--group 128] [--sweep] [--precompile PROCESSES]
+usage: python benchmarks/profile_int4.py [--group 128] [--sweep] [--precompile PROCESSES] [--shapes 1.5b,7b]
   --sweep       time a wide grid of GEMV configs instead of the autotuner's list (to choose that list)
   --precompile  compile every config first in that many processes (Triton caches them on disk)
+  --shapes      which models' linear shapes (keys of MODEL_SHAPES; the report has one entry per model)
 """
 
 import argparse
@@ -21,7 +22,11 @@ import torch.nn.functional as F
 from model_loader import awq as fmt
 from model_loader.kernels import int4_triton, triton_ops
 
-SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
+MODEL_SHAPES = {  # (N, K) of each linear: DeepSeek-R1-Distill-Qwen-1.5B, and -7B
+    "1.5b": {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)},
+    "7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)},
+}
+_SHAPES = MODEL_SHAPES["1.5b"]  # the shapes main() and _compile() measure
 LAYERS = 28
 
 
@@ -45,7 +50,7 @@ def _random_weights(n: int, k: int, group: int, count: int, dev) -> tuple[list, 
 def _compile(job) -> int:
     configs, group = job
     dev = torch.device("cuda")
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in _SHAPES.items():
         plain = _random_weights(n, k, group, 1, dev)[0][0]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         for config in configs:
@@ -64,10 +69,10 @@ def precompile(configs: list, group: int, processes: int) -> None:
         pool.map(_compile, jobs)
 
 
-def main(group: int, configs: list) -> None:
+def main(group: int, configs: list) -> dict:
     dev = torch.device("cuda")
     report = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "group_size": group}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in _SHAPES.items():
         rows, raw = _random_weights(n, k, group, LAYERS, dev)
         packs = [fmt.to_int4pack(q, z, s, group) for q, z, s in raw]
         dense = [fmt.dequantize_row_packed(w).to(torch.bfloat16) for w in rows[:4]] * (LAYERS // 4)
@@ -112,7 +117,7 @@ def main(group: int, configs: list) -> None:
         report[name] = entry
         del rows, packs, dense, scratch
         torch.cuda.empty_cache()
-    print(json.dumps(report, indent=1))
+    return report
 
 
 if __name__ == "__main__":
@@ -120,8 +125,13 @@ if __name__ == "__main__":
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--precompile", type=int, default=0)
+    parser.add_argument("--shapes", default="1.5b")
     args = parser.parse_args()
     chosen = sweep_configs() if args.sweep else list(int4_triton.INT4_GEMV_CONFIGS)
-    if args.precompile:
-        precompile(chosen, args.group, args.precompile)
-    main(args.group, chosen)
+    reports = {}
+    for model in args.shapes.split(","):
+        _SHAPES = MODEL_SHAPES[model]  # read by _compile (the precompile processes re-import: 1.5b there)
+        if args.precompile and model == "1.5b":
+            precompile(chosen, args.group, args.precompile)
+        reports[model] = main(args.group, chosen)
+    print(json.dumps(reports if len(reports) > 1 else reports.popitem()[1], indent=1))

@@ -113,11 +113,11 @@ class Linears:
             for config in GEMV_CONFIGS:
                 gemv(x, ws[0], config)
         if int4:
-            from model_loader.kernels.int4_triton import INT4_GEMV_CONFIGS, int4_gemv
+            from model_loader.kernels.int4_triton import int4_gemv, int4_gemv_candidates
 
-            for ((_, k), silu), ws in int4.items():
-                x = torch.zeros(1, k, device=ws[0].qweight.device, dtype=dtype)
-                for config in INT4_GEMV_CONFIGS:
+            for (shape, silu), ws in int4.items():
+                x = torch.zeros(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
+                for config in int4_gemv_candidates(shape, silu):
                     int4_gemv(x, ws[0], config, silu_output=silu)
 
     def tune(self, weights: dict, dtype) -> dict:

@@ -240,3 +240,37 @@ def _tensors_of(root) -> list:
         elif hasattr(obj, "__dict__") and not isinstance(obj, type) and type(obj).__module__.startswith("model_loader"):
             stack.extend(vars(obj).values())
     return found
+
+
+def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypatch):
+    """A weight use measured on the H200 gets only its listed GEMV configurations, both in the pass that
+    compiles them ahead (Linears.call_every_candidate) and in the tuning that times them; any other shape tries
+    every configuration. (Each configuration is a compile of 1-2 s on a first start.)"""
+    from model_loader.linears import Linears
+
+    measured = ((32, 4, 4, 3), (64, 2, 4, 1))
+    monkeypatch.setitem(int4_triton.INT4_GEMV_MEASURED, (48, 256, False), measured)
+
+    def packed(n_out, k_in, pairs=False):
+        w = fmt.to_row_packed(*_random_awq(n_out, k_in, 64), 64)
+        return fmt.pair_gate_up(w) if pairs else w
+
+    weights = {"layers": [{"qkv_w": packed(48, 256), "o_w": packed(40, 384), "gate_up_w": packed(64, 256, True),
+                           "down_w": packed(48, 256)}]}
+    compiled, timed = [], []
+    monkeypatch.setattr(int4_triton, "int4_gemv", lambda x, w, config, silu_output=False: compiled.append(
+        (w.shape, silu_output, config)))
+    monkeypatch.setattr(int4_triton, "time_configs", lambda ws, configs, call: timed.append(
+        (ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {})
+    linears = Linears(weights, "cpu", torch.float32)
+    linears.call_every_candidate(weights, torch.float32)
+    linears.tune(weights, torch.float32)
+    every = tuple(int4_triton.INT4_GEMV_CONFIGS)
+    expected = {((48, 256), False): measured, ((40, 384), False): every, ((64, 256), True): every}
+    assert {(shape, silu): tuple(c for s, si, c in compiled if (s, si) == (shape, silu))
+            for shape, silu in expected} == expected
+    assert {(shape, silu): configs for shape, silu, configs in timed} == expected
+    # the real lists: each one a subset of the full list, for the R1-1.5B shapes
+    for (n, k, silu), configs in int4_triton.INT4_GEMV_MEASURED.items():
+        assert configs and set(configs) <= set(every)
+        assert int4_triton.int4_gemv_candidates((n, k), silu) == configs

@@ -202,6 +202,22 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 # (benchmarks/profile_int4.py --sweep): the best few per shape of the R1-1.5B model.
 INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3), (64, 2, 4, 1), (64, 4, 4, 3))
 DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # when warm-up did not tune (no CUDA graphs)
+# Each configuration is its own compiled kernel, 1-2 s of a first start each on the H200's host (18 of them were
+# most of the 4-bit model's first start). For the weight uses measured on the H200 (N, K, SiLU output) only the
+# configurations that came within a few percent of the best there are tried (benchmarks/profile_int4.py,
+# docs/BENCHMARKS.md); any other shape tries all of INT4_GEMV_CONFIGS.
+INT4_GEMV_MEASURED = {
+    # DeepSeek-R1-Distill-Qwen-1.5B / Qwen2.5-1.5B: qkv, o, gate/up (SiLU output), down
+    (2048, 1536, False): ((32, 4, 4, 3), (32, 4, 4, 4)),
+    (1536, 1536, False): ((32, 4, 4, 3), (32, 4, 4, 4)),
+    (17920, 1536, True): ((32, 4, 4, 3), (64, 4, 4, 3)),
+    (1536, 8960, False): ((64, 8, 8, 1), (64, 2, 4, 1)),
+}
+
+
+def int4_gemv_candidates(shape: tuple, silu_output: bool) -> tuple:
+    """The GEMV configurations the warm-up tries (and compiles) for one weight use."""
+    return INT4_GEMV_MEASURED.get((*shape, silu_output), INT4_GEMV_CONFIGS)
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
@@ -299,14 +315,16 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
     return bool(((got - expected).abs() <= 0.5 * step).all())
 
 
-def int4_gemv_autotune(weights_by_use: dict, dtype, configs=INT4_GEMV_CONFIGS) -> dict:
+def int4_gemv_autotune(weights_by_use: dict, dtype, configs=None) -> dict:
     """weights_by_use: {(shape, silu_output): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this
-    GPU (triton_ops.time_configs), timed on the call the decoder makes. Returns {"choice": {(shape, silu_output):
-    config}, "timings_us": {(shape, silu_output): {config: us}}}."""
+    GPU (triton_ops.time_configs) among `configs` (default: int4_gemv_candidates for the use), timed on the call
+    the decoder makes. Returns {"choice": {(shape, silu_output): config}, "timings_us": {(shape, silu_output):
+    {config: us}}}."""
     choice, timings = {}, {}
     for (shape, silu), ws in weights_by_use.items():
         x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-        results = time_configs(ws, configs, lambda w, config: int4_gemv(x, w, config, silu_output=silu))
+        tried = configs if configs is not None else int4_gemv_candidates(shape, silu)
+        results = time_configs(ws, tried, lambda w, config: int4_gemv(x, w, config, silu_output=silu))
         choice[(shape, silu)] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
         timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}
