@@ -32,7 +32,10 @@ def _gpu_facts() -> dict:
     try:
         x = torch.zeros(8, device="cuda")
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
+        from model_loader.kernels.side_stream import side_stream
+
+        stream = side_stream()
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             x.add_(1)
         torch.cuda.current_stream().wait_stream(stream)

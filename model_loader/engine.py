@@ -30,6 +30,7 @@ from model_loader.events import Delta, Finished, GenerationControl, GenerationSt
 from model_loader import kernel_cache
 from model_loader.kernels import precompile, reference
 from model_loader.kernels import triton_available, triton_works
+from model_loader.kernels.side_stream import side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
@@ -102,7 +103,7 @@ class DecodeStep:
         for config in dict.fromkeys(config for _, config in self.plan):
             if not self.use_graphs or (mode, config) in self.graphs:
                 continue
-            stream = torch.cuda.Stream()
+            stream = side_stream(self.model.device)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
                 for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
@@ -157,7 +158,7 @@ class PrefillGraphs:
                 continue
             tokens = self.tokens[:bucket]
             self.start.zero_()
-            stream = torch.cuda.Stream()
+            stream = side_stream(self.model.device)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
                 self.model.prefill_static(tokens, self.last, self.start, fresh)  # warm-up outside the graph

@@ -198,29 +198,34 @@ def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout(device):
 def test_close_frees_every_tensor_of_a_4bit_model_the_dequantise_scratch_included(tiny_awq, device):
     """Engine.close() must give back all the device memory: weights, KV cache, graphs and the 4-bit prefill's
     dequantise scratch buffer. Checked on the memory itself: every tensor the engine held is gone afterwards
-    (weak references die), and on a GPU the allocator is back where it was before the load."""
+    (weak references die), and on a GPU a second load, reply and close leave the allocator exactly where the
+    first close left it (what a user switching models sees). The first cycle is the baseline because torch keeps
+    a cuBLAS workspace per stream that has run cuBLAS for the life of the process; the engine runs everything
+    on the default stream and one side stream (kernels.side_stream), so none is added after that."""
     import gc
     import weakref
 
     from model_loader.events import SamplingSettings
 
-    if device == "cuda":
-        torch.cuda.synchronize()
+    def load_reply_close() -> None:
+        engine = Engine.load(tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256)
+        engine.warm_up()
+        list(engine.generate([{"role": "user", "content": "Hi"}], SamplingSettings(temperature=0, max_new_tokens=3)))
+        assert engine.model.linear.scratch is not None and engine.model.linear.scratch_bytes > 0
+        held = [weakref.ref(t) for t in _tensors_of(engine)]
+        assert len(held) > 10 and any(r() is engine.model.linear.scratch for r in held)
+        engine.close()
         gc.collect()
-        before = torch.cuda.memory_allocated()
-    engine = Engine.load(tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256)
-    engine.warm_up()
-    list(engine.generate([{"role": "user", "content": "Hi"}], SamplingSettings(temperature=0, max_new_tokens=3)))
-    assert engine.model.linear.scratch is not None and engine.model.linear.scratch_bytes > 0
-    held = [weakref.ref(t) for t in _tensors_of(engine)]
-    assert len(held) > 10 and any(r() is engine.model.linear.scratch for r in held)
-    engine.close()
-    gc.collect()
-    alive = [r() for r in held if r() is not None]
-    assert not alive, [tuple(t.shape) for t in alive]
+        alive = [r() for r in held if r() is not None]
+        assert not alive, [tuple(t.shape) for t in alive]
+
+    load_reply_close()
     if device == "cuda":
         torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() <= before + 2**20  # within a MiB of where it started
+        after_first = torch.cuda.memory_allocated()
+        load_reply_close()
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() <= after_first + 2**20  # within a MiB
 
 
 def _tensors_of(root) -> list:

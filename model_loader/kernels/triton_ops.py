@@ -24,6 +24,7 @@ import triton.language as tl
 
 from model_loader.kernels import precompile
 from model_loader.kernels.precompile import launch
+from model_loader.kernels.side_stream import side_stream
 
 _PDL_OK: dict = {}
 
@@ -189,9 +190,14 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                               BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                              PDL: tl.constexpr, IEEE: tl.constexpr):
+                              PDL: tl.constexpr, IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
-    _pdl_start(PDL)
+    # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
+    # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
+    if PDL:
+        if not LATE_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # the current token is already in the cache
@@ -217,6 +223,9 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         out_base = heads * MAX_SPLITS + split
         tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
         tl.store(mid_lse_ptr + out_base, m_i + tl.log(l_i), mask=g_mask)
+    if PDL:
+        if LATE_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -257,9 +266,11 @@ class DecodeAttnConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    late_launch: bool = False  # the next kernels launch only after the K/V reads (see the split kernel)
 
     def __str__(self) -> str:
-        return f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, {self.num_stages} stages"
+        return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
+                f"{self.num_stages} stages" + (", late launch" if self.late_launch else ""))
 
 
 # Candidates timed at warm-up for each depth bucket (DecodeAttention.tune). The first is the default where
@@ -304,7 +315,7 @@ class DecodeAttention:
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
-            num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+            LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
         block_d = min(32, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
@@ -527,7 +538,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
 
 def _graph_time_us(fn, calls: int) -> float:
     """GPU time of one call, from a CUDA graph of `calls` calls (no launch overhead in the measurement)."""
-    stream = torch.cuda.Stream()
+    stream = side_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()

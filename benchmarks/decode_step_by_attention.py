@@ -1,0 +1,65 @@
+"""The whole decode step's GPU time for each decode-attention configuration, by context depth (a development tool).
+
+The warm-up tunes the attention alone (triton_ops.tune_decode_attention); inside the step its kernels overlap
+their neighbours (programmatic dependent launch), so this captures one greedy decode graph per candidate
+configuration (also each with `late_launch`) and times the graph itself at each depth.
+usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--json OUT]
+"""
+
+import argparse
+import dataclasses
+import json
+
+import torch
+
+from model_loader.engine import Engine
+from model_loader.kernels import triton_ops
+
+STEPS = 200
+
+
+def step_us(step, graph, depth: int) -> float:
+    step.pos.fill_(depth)
+    for _ in range(10):
+        graph.replay()
+    step.pos.fill_(depth)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / STEPS * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--depths", default="512,4096,16384,32768")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
+    engine.warm_up()
+    step = engine.step
+    configs = []
+    for c in triton_ops.DECODE_ATTN_CONFIGS:
+        configs += [dataclasses.replace(c, late_launch=False), dataclasses.replace(c, late_launch=True)]
+    rows = {}
+    for config in configs:
+        step.plan = [(engine.model.max_ctx, config)]
+        step.capture("greedy")
+        graph = step.graphs[("greedy", config)]
+        rows[str(config)] = {depth: round(step_us(step, graph, depth), 1) for depth in depths}
+        print(f"{str(config):70s} " + " ".join(f"{us:8.1f}" for us in rows[str(config)].values()), flush=True)
+    best = {depth: min(rows, key=lambda c: rows[c][depth]) for depth in depths}
+    for depth in depths:
+        print(f"depth {depth}: best {best[depth]} {rows[best[depth]][depth]} us")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "device": torch.cuda.get_device_name(), "step_us": rows,
+                       "best": best}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
