@@ -1,9 +1,10 @@
 """The whole decode step's GPU time for each decode-attention configuration, by context depth (a development tool).
 
-The warm-up tunes the attention alone (triton_ops.tune_decode_attention); inside the step its kernels overlap
-their neighbours (programmatic dependent launch), so this captures one greedy decode graph per candidate
-configuration (also each with `late_launch`) and times the graph itself at each depth.
-usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--json OUT]
+Inside the step the attention's kernels overlap their neighbours (programmatic dependent launch), so timing it
+alone ranks its shapes differently: this captures one greedy decode graph per configuration (each candidate of
+triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes) and times the graph itself
+at each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
+usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--json OUT]
 """
 
 import argparse
@@ -16,6 +17,12 @@ from model_loader.engine import Engine
 from model_loader.kernels import triton_ops
 
 STEPS = 200
+
+
+def _extra():
+    C = triton_ops.DecodeAttnConfig
+    return [C(128, 256, 128, 4, 4), C(64, 128, 128, 8, 3), C(128, 128, 64, 4, 3), C(64, 128, 64, 4, 4),
+            C(64, 128, 128, 4, 2), C(128, 128, 128, 8, 2)]
 
 
 def step_us(step, graph, depth: int) -> float:
@@ -37,14 +44,14 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--depths", default="512,4096,16384,32768")
     ap.add_argument("--json")
+    ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
     engine.warm_up()
     step = engine.step
-    configs = []
-    for c in triton_ops.DECODE_ATTN_CONFIGS:
-        configs += [dataclasses.replace(c, late_launch=False), dataclasses.replace(c, late_launch=True)]
+    base = list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
+    configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     rows = {}
     for config in configs:
         step.plan = [(engine.model.max_ctx, config)]

@@ -72,9 +72,10 @@ def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtyp
 
 class DecodeStep:
     """Static input/output buffers for one decode step, and its CUDA graphs: one per sampling mode and decode
-    attention configuration. `plan` maps depth buckets to the configuration tuned for them at warm-up
-    (triton_ops.tune_decode_attention); the host knows each step's position, so it picks the graph without
-    asking the GPU anything."""
+    attention configuration. `plan` maps depth buckets to the configuration tuned for them at warm-up (tune());
+    the host knows each step's position, so it picks the graph without asking the GPU anything."""
+
+    TUNE_REPLAYS = 8  # timed replays per configuration and depth (after two untimed ones)
 
     def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool):
         self.model, self.params, self.use_graphs = model, params, use_graphs
@@ -83,6 +84,7 @@ class DecodeStep:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # (mode, attention config) -> graph
         self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
         self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
+        self.tuned_us: dict = {}  # tune(): {upper depth: {config: us per step}}
 
     def config_for(self, length: int):
         """The attention configuration for a step that attends over `length` cached tokens."""
@@ -115,6 +117,46 @@ class DecodeStep:
             with torch.cuda.graph(graph), torch.inference_mode():
                 self._step(mode, 0, config)
             self.graphs[(mode, config)] = graph
+
+    def tune(self, configs, buckets: list[int]) -> dict:
+        """Choose each depth bucket's decode attention configuration by timing the whole decode step: a greedy
+        graph captured per configuration, replayed at the top of each bucket. Timed alone, the attention ranks
+        its shapes differently than inside the step, where its kernels overlap their neighbours (programmatic
+        dependent launch): on the H200 (2026-12-03) the shape that is fastest alone up to 1k tokens made the bf16
+        step 3% slower than another. Sets `plan`, keeps the chosen graphs and returns {"plan", "timings_us":
+        {upper depth: {config: us per step}}}. Configurations this GPU can't run are skipped."""
+        for config in configs:
+            self.plan = [(self.model.max_ctx, config)]
+            try:
+                self.capture("greedy")
+            except Exception as err:  # e.g. more shared memory than this GPU has: the others still serve
+                log.info("decode attention %s can't run here: %s", config, err)
+        timings, plan = {}, []
+        for upper in buckets:
+            first = max(0, upper - 3 - self.TUNE_REPLAYS)  # the last timed step attends over `upper` tokens
+            row = {config: self._time(self.graphs[("greedy", config)], first)
+                   for config in configs if ("greedy", config) in self.graphs}
+            plan.append((upper, min(row, key=row.get)))
+            timings[upper] = {str(config): round(us, 1) for config, us in row.items()}
+        chosen = {config for _, config in plan}
+        for config in configs:
+            if config not in chosen:
+                self.graphs.pop(("greedy", config), None)
+        self.plan, self.tuned_us = plan, timings
+        return {"plan": plan, "timings_us": timings}
+
+    def _time(self, graph, first: int) -> float:
+        """GPU microseconds per replay of a decode graph from position `first` (each replay advances it)."""
+        self.pos.fill_(first)
+        for _ in range(2):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.TUNE_REPLAYS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / self.TUNE_REPLAYS
 
     def run(self, mode: str, pos: int) -> None:
         config = self.config_for(pos + 1)
@@ -452,10 +494,11 @@ class Engine:
                 self.info.gemv = dict(tuned["choice"])
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
                 step("timing the attention kernels")
-                attention = self.model.tune_decode_attention()
-                self.step.plan = attention["plan"]
+                from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
+
+                attention = self.step.tune(triton_ops.DECODE_ATTN_CONFIGS, triton_ops.depth_buckets(self.model.max_ctx))
                 self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
-                log.info("decode attention per depth bucket: %s (us per layer: %s)", self.info.decode_attention,
+                log.info("decode attention per depth bucket: %s (us per decode step: %s)", self.info.decode_attention,
                          attention["timings_us"])
             for mode in ("greedy", "sample"):
                 step(f"capturing the {mode} decode step")

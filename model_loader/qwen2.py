@@ -55,10 +55,6 @@ class Qwen2Model:
         """Measure the single-token kernels per weight shape on this GPU and keep the fastest (Linears.tune)."""
         return self.linear.tune(self.w, self.dtype)
 
-    def tune_decode_attention(self) -> dict:
-        """Time the decode attention's configurations per depth bucket on this GPU (triton_ops)."""
-        return self.ops.tune_decode_attention(self.decode_attention, self.k_cache, self.v_cache, self.scale)
-
     def set_decode_attention_config(self, config) -> None:
         """The configuration the next decode steps (or graph captures) use; None: the default."""
         if self.use_triton:

@@ -207,3 +207,36 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
     before = len(refused)
     attn(torch.randn(300, hq, d, generator=g).to(device, dt), k, v, start_t, 0.1)
     assert len(refused) == before  # remembered: the refused shape is not tried again
+
+
+def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tiny_model, device):
+    """On a GPU the warm-up times one captured decode step per attention configuration at the top of each depth
+    bucket and keeps the fastest per bucket (DecodeStep.tune): every bucket gets the configuration with the least
+    time it measured, and only the chosen configurations keep graphs, for both sampling modes. The replies
+    across a bucket boundary are the same as without graphs. Without graphs (the CPU) nothing is tuned."""
+    from model_loader.engine import Engine
+    from model_loader.events import SamplingSettings
+
+    engine = Engine.load(tiny_model, device=device, use_triton=True, context_length=1100)
+    engine.warm_up()
+    if device != "cuda":
+        assert engine.info.decode_attention == {} and not engine.step.graphs
+        return
+    buckets = triton_ops.depth_buckets(engine.model.max_ctx)
+    assert buckets == [1024, 1100]
+    assert list(engine.info.decode_attention) == [f"<={b}" for b in buckets]
+    timings = engine.step.tuned_us
+    for upper, config in engine.step.plan:
+        assert timings[upper][str(config)] == min(timings[upper].values())
+        assert set(timings[upper]) == {str(c) for c in triton_ops.DECODE_ATTN_CONFIGS}
+    chosen = {config for _, config in engine.step.plan}
+    assert set(engine.step.graphs) == {(mode, c) for mode in ("greedy", "sample") for c in chosen}
+    prompt = [{"role": "user", "content": "Count slowly " * 330}]  # ~1,000 tokens: crosses 1,024 while decoding
+    settings = SamplingSettings(temperature=0, max_new_tokens=60, ignore_eos=True)
+    graphed = [e for e in engine.generate(prompt, settings)]
+    engine.step.graphs.clear()  # the same steps without graphs
+    engine.step.use_graphs = False
+    engine.reset_cache()
+    eager = [e for e in engine.generate(prompt, settings)]
+    text = lambda events: "".join(getattr(e, "text", "") for e in events)  # noqa: E731
+    assert text(graphed) == text(eager)

@@ -273,14 +273,16 @@ class DecodeAttnConfig:
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else ""))
 
 
-# Candidates timed at warm-up for each depth bucket (DecodeAttention.tune). The first is the default where
-# nothing was tuned (CPU interpreter, reference runs).
-# From the H200 sweep (benchmarks/decode_attention_depths.py, 2026-12-03, 108 shapes): the first is fastest up to
-# ~1k tokens, the second from ~4k to 32k (within 1% of the best at each), the third at ~16k.
+# Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
+# first is the default where nothing was tuned (CPU interpreter, reference runs). From H200 measurements
+# (2026-12-03): attention alone (benchmarks/decode_attention_depths.py, 108 shapes) gave the first two; the whole
+# step (benchmarks/decode_step_by_attention.py) showed the second best for bf16 at every depth, the first best for
+# 4-bit up to ~1k tokens, and the second with late_launch best for 4-bit from 4k to 32k (its GEMVs request their
+# weights early, which competed with long cache reads). 128 splits of >= 256 tokens won nowhere by over 0.5%.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2),
     DecodeAttnConfig(64, 128, 128, 4, 3),
-    DecodeAttnConfig(128, 256, 128, 4, 4),
+    DecodeAttnConfig(64, 128, 128, 4, 3, late_launch=True),
 )
 
 
@@ -475,33 +477,6 @@ DEPTH_BUCKETS = (1024, 4096, 16384, 32768)
 def depth_buckets(max_ctx: int) -> list[int]:
     """Upper depths of the buckets a context of max_ctx tokens needs (the last one is max_ctx)."""
     return [b for b in DEPTH_BUCKETS if b < max_ctx] + [max_ctx]
-
-
-def tune_decode_attention(attn: DecodeAttention, k_cache, v_cache, scale: float,
-                          configs=DECODE_ATTN_CONFIGS) -> dict:
-    """For each depth bucket of this cache, the configuration with the least GPU time over all layers' caches
-    (k_cache/v_cache: [layers, Hkv, max_ctx, D]), timed at the bucket's two ends. Returns {"plan": [(upper depth,
-    config)], "timings_us": {upper depth: {str(config): us per layer}}}. Configs this GPU can't run are skipped."""
-    max_ctx = k_cache.shape[2]
-    q = torch.randn(attn.num_heads, attn.head_dim, device=k_cache.device, dtype=k_cache.dtype)
-    pos_t = torch.zeros(1, dtype=torch.int32, device=k_cache.device)
-    layers = list(range(k_cache.shape[0]))
-    plan, timings, lo = [], {}, 1
-    for hi in depth_buckets(max_ctx):
-        total: dict = {}
-        depths = sorted({max(lo, hi // 2), hi})
-        for depth in depths:
-            pos_t.fill_(depth - 1)
-            results = time_configs(layers, configs, lambda i, c: attn(q, k_cache[i], v_cache[i], pos_t, depth, scale,
-                                                                      config=c))
-            for c, us in results.items():
-                total.setdefault(c, []).append(us)
-        total = {c: sum(us) for c, us in total.items() if len(us) == len(depths)}  # ran at every depth
-        best = min(total, key=total.get) if total else configs[0]  # none ran: the default reports why later
-        plan.append((hi, best))
-        timings[hi] = {str(c): round(us, 2) for c, us in total.items()}
-        lo = hi + 1
-    return {"plan": plan, "timings_us": timings}
 
 
 @triton.jit
