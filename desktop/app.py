@@ -147,8 +147,7 @@ def main(argv=None) -> int:
     app.setOrganizationName("r1desk")
     app.setApplicationDisplayName("r1desk")
 
-    import qasync
-
+    from desktop.aioloop import QEventLoop  # qasync's, with a cheaper call_soon
     from desktop.crashlog import CrashLog
     from desktop.gcguard import GuiThreadGC
 
@@ -165,7 +164,7 @@ def main(argv=None) -> int:
     test = SelfTest(win, args) if args.self_test else None
     QTimer.singleShot(0, win.start_engine)  # after the first paint: the user sees the window at once
 
-    loop = qasync.QEventLoop(app)
+    loop = QEventLoop(app)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     app.aboutToQuit.connect(done.set)

@@ -17,8 +17,7 @@ def run(args) -> int:
     """args: `r1desk-cli serve`'s options (model_loader.cli)."""
     from PySide6.QtCore import QCoreApplication, QTimer
 
-    import qasync
-
+    from desktop.aioloop import QEventLoop
     from desktop.api.server import ApiServer, is_loopback
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
@@ -35,7 +34,7 @@ def run(args) -> int:
     server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
                        allowed_origins=args.allow_origin,
                        defaults={"temperature": args.temperature, "top_p": args.top_p})
-    loop = qasync.QEventLoop(app)
+    loop = QEventLoop(app)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     code = [0]

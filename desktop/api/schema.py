@@ -255,5 +255,21 @@ def sse(obj) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+class SseChunks:
+    """sse(chunk(cid, created, model, delta, finish)) for one stream, with the bytes around the delta built once:
+    the same bytes, without serializing the whole chunk for every token."""
+
+    def __init__(self, cid: str, created: int, model: str):
+        head, _, tail = sse(chunk(cid, created, model, {"@": 0})).rpartition(b'{"@":0}')  # the last field but two
+        self.head = head
+        self.tail = tail  # ',"finish_reason":null,"logprobs":null}]}\n\n'
+        self.cid, self.created, self.model = cid, created, model
+
+    def __call__(self, delta: dict, finish: str | None = None) -> bytes:
+        if finish is not None:
+            return sse(chunk(self.cid, self.created, self.model, delta, finish))
+        return self.head + json.dumps(delta, ensure_ascii=False, separators=(",", ":")).encode() + self.tail
+
+
 def now() -> int:
     return int(time.time())

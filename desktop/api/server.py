@@ -247,14 +247,20 @@ class ApiServer:
     async def _stream(self, request, req, gen, events, model_id) -> web.StreamResponse:
         cid, created = schema.completion_id(), schema.now()
         stop = schema.StopMatcher(req.stop)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+        sse_delta = schema.SseChunks(cid, created, model_id)
+        resp = _SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                     "X-Accel-Buffering": "no"})
         origin = request.headers.get("Origin", "").rstrip("/")
         if origin in self.allowed_origins:
             resp.headers.update(self._cors_headers(origin))
         await resp.prepare(request)
-        await resp.write(schema.sse(schema.chunk(cid, created, model_id, {"role": "assistant", "content": ""})))
+        # What is ready goes out in one write: the headers, the role chunk and the first token (the real engine's
+        # Started and first Delta arrive together), and later every delta that queued up during a write.
+        out = [sse_delta({"role": "assistant", "content": ""})]
         while True:
+            if out and events.empty():
+                await resp.write(b"".join(out))
+                out.clear()
             ev = await events.get()
             if ev[0] == "delta":
                 text, kind = ev[1], ev[2]
@@ -263,24 +269,31 @@ class ApiServer:
                     if stop.hit:
                         gen.cancel()
                 if text:
-                    await resp.write(schema.sse(schema.chunk(cid, created, model_id, schema.delta_for(kind, text))))
+                    out.append(sse_delta(schema.delta_for(kind, text)))
             elif ev[0] == "finished":
                 stats = ev[1]["stats"]
                 tail = stop.flush()
                 if tail:
-                    await resp.write(schema.sse(schema.chunk(cid, created, model_id, {"content": tail})))
+                    out.append(sse_delta({"content": tail}))
                 finish = "stop" if stop.hit else schema.FINISH_REASONS.get(stats["finish_reason"], "stop")
-                await resp.write(schema.sse(schema.chunk(cid, created, model_id, {}, finish)))
+                out.append(sse_delta({}, finish))
                 if req.include_usage:
-                    await resp.write(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
+                    out.append(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
                 break
             elif ev[0] == "failed":  # headers are sent: the error goes in the stream, as OpenAI's does
                 err = _generation_error(ev[1], ev[2], started=True)
-                await resp.write(schema.sse(err.body()))
+                out.append(schema.sse(err.body()))
                 break
-        await resp.write(schema.SSE_DONE)
-        await resp.write_eof()
+        out.append(schema.SSE_DONE)
+        await resp.write_eof(b"".join(out))
         return resp
+
+
+class _SseResponse(web.StreamResponse):
+    """A StreamResponse whose headers go out with its first write (one packet with the first chunk) rather
+    than on their own at prepare(), as aiohttp's web.Response already does."""
+
+    _send_headers_immediately = False
 
 
 def _dumps(obj) -> str:

@@ -94,12 +94,13 @@ def make_window(qtbot, profile):
 
 @pytest.fixture
 def aio(qapp):
-    """An asyncio loop run by Qt (qasync), as in the app: the download is asyncio code."""
+    """An asyncio loop run by Qt (the app's: qasync's with desktop.aioloop's call_soon): the download is asyncio
+    code."""
     import asyncio
 
-    import qasync
+    from desktop.aioloop import QEventLoop
 
-    loop = qasync.QEventLoop(qapp)
+    loop = QEventLoop(qapp)
     asyncio.set_event_loop(loop)
     yield loop
     asyncio.set_event_loop(None)

@@ -1,0 +1,299 @@
+"""Where the local API's share of time-to-first-token goes, on any machine (no GPU, no model).
+
+The real ApiServer + EngineService + engine worker thread run in this process exactly as `r1desk-cli serve` sets
+them up (QCoreApplication, qasync loop, the same switch interval and GC guard), with a scripted engine that
+spends a fixed time per token (tests/desktop/fakes.py's FakeEngine). Like the real engine, it yields Started and
+the first token together, after the first token's time. The engine itself is not what is measured.
+
+A client in a child process (as a real client is) streams N requests one at a time: raw http.client on one
+kept-alive connection, then the official `openai` client (one client object, so its connection is kept alive
+too). Every step is stamped with time.perf_counter (CLOCK_MONOTONIC on Linux: one clock for all threads and
+processes), and each request is matched to its server-side stamps by an id it carries. Medians per phase:
+
+    send -> handler        the client's call until the aiohttp handler runs (the client's own request building
+                           and sending, the kernel, aiohttp's parsing, the event loop's hops)
+    handler -> engine      the handler until the engine's generate() runs on the worker thread (parse, queue,
+                           the queued signal to the worker thread)
+    token -> client        the engine yields the first token until the client has the first reasoning/content
+                           chunk (the queued signal back, the asyncio queue, the SSE writes, the client's parsing)
+    TTFT - engine TTFT     the client's time to first token minus the engine's own (from generate() to its first
+                           token): everything the API adds
+
+Baseline: the same two clients against a minimal aiohttp app on plain asyncio that answers at once with a canned
+SSE stream, so the openai client's own work can be told from the server's share.
+
+    python benchmarks/api_latency_split.py [-n 300] [--token-ms 1.4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "desktop"))  # fakes.FakeEngine
+
+MODEL_PATH = "/models/DeepSeek-R1-Distill-Qwen-1.5B"
+ID_HEADER = "X-Bench-Id"
+
+
+# ---------------------------------------------------------------------------------------------- client side
+def _is_first_text(line: bytes) -> bool:
+    """An SSE line carrying reasoning or answer text (not the role chunk's empty content)."""
+    if not line.startswith(b"data: {"):
+        return False
+    return b'"reasoning_content":"' in line or (b'"content":"' in line and b'"content":""' not in line)
+
+
+def client_main(url: str, model: str, mode: str, n: int, warmup: int, prefix: str, max_tokens: int) -> None:
+    """Runs in the child process; prints one JSON list of {id, send, first} (perf_counter seconds)."""
+    from urllib.parse import urlsplit
+
+    rows = []
+    ids = [f"{prefix}-w{i}" for i in range(warmup)] + [f"{prefix}-{i}" for i in range(n)]
+    if mode == "raw":
+        import http.client
+
+        u = urlsplit(url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.connect()
+        for rid in ids:
+            body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"bench {rid}"}],
+                               "max_tokens": max_tokens, "stream": True}).encode()
+            first = None
+            send = time.perf_counter()
+            conn.request("POST", u.path + "/chat/completions", body=body,
+                         headers={"Content-Type": "application/json", ID_HEADER: rid})
+            resp = conn.getresponse()
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                if first is None and _is_first_text(line):
+                    first = time.perf_counter()
+            assert resp.status == 200 and first is not None, (resp.status, rid)
+            rows.append({"id": rid, "send": send, "first": first})
+        conn.close()
+    else:
+        import openai
+
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        for rid in ids:
+            first = None
+            send = time.perf_counter()
+            stream = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"bench {rid}"}], max_tokens=max_tokens,
+                stream=True, extra_headers={ID_HEADER: rid})
+            for chunk in stream:
+                if first is None and chunk.choices:
+                    d = chunk.choices[0].delta
+                    if d.content or (d.model_extra or {}).get("reasoning_content"):
+                        first = time.perf_counter()
+            assert first is not None, rid
+            rows.append({"id": rid, "send": send, "first": first})
+    print(json.dumps(rows[warmup:]))
+
+
+def run_client(url: str, model: str, mode: str, n: int, warmup: int, prefix: str, max_tokens: int) -> list[dict]:
+    out = subprocess.run([sys.executable, __file__, "--client", mode, "--url", url, "--model-id", model, "-n", str(n),
+                          "--warmup", str(warmup), "--prefix", prefix, "--max-tokens", str(max_tokens)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"the {mode} client failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------- baseline
+CANNED_MODEL = "instant"
+
+
+def _canned_stream() -> bytes:
+    from desktop.api import schema
+
+    cid, created = "chatcmpl-instant", 0
+    parts = [schema.chunk(cid, created, CANNED_MODEL, {"role": "assistant", "content": ""}),
+             schema.chunk(cid, created, CANNED_MODEL, schema.delta_for("reasoning", "Okay")),
+             schema.chunk(cid, created, CANNED_MODEL, {}, "stop")]
+    return b"".join(schema.sse(p) for p in parts) + schema.SSE_DONE
+
+
+def baseline(n: int, warmup: int) -> dict:
+    """Both clients against an aiohttp app on plain asyncio that answers each request at once."""
+    import asyncio
+
+    from aiohttp import web
+
+    stamps: dict[str, float] = {}
+    canned = _canned_stream()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        stamps[request.headers.get(ID_HEADER, "")] = time.perf_counter()
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(canned)
+        await resp.write_eof()
+        return resp
+
+    async def main() -> dict:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        loop = asyncio.get_running_loop()
+        out = {}
+        for mode in ("raw", "openai"):
+            rows = await loop.run_in_executor(None, run_client, url, CANNED_MODEL, mode, n, warmup, f"base-{mode}",
+                                              1)
+            out[mode] = {"send_to_handler_ms": _med(rows, lambda x: stamps[x["id"]] - x["send"]),
+                         "handler_to_client_ms": _med(rows, lambda x: x["first"] - stamps[x["id"]]),
+                         "ttft_ms": _med(rows, lambda x: x["first"] - x["send"])}
+        await runner.cleanup()
+        return out
+
+    return asyncio.run(main())
+
+
+def _med(rows, f) -> float:
+    return statistics.median(f(r) for r in rows) * 1000
+
+
+# ---------------------------------------------------------------------------------------------- the real server
+def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, qasync_loop: bool = False) -> dict:
+    """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
+    import asyncio
+
+    from PySide6.QtCore import QCoreApplication
+
+    import fakes
+    import qasync
+    from model_loader.events import Delta, Started
+
+    from desktop.api.server import ApiServer
+    from desktop.gcguard import GuiThreadGC
+    from desktop.service import EngineService
+
+    handler_t: dict[str, float] = {}
+    gen_t: dict[str, float] = {}
+    token_t: dict[str, float] = {}
+
+    class StampedEngine(fakes.FakeEngine):
+        """FakeEngine whose Started comes with the first token, as the real engine's does (Started is yielded
+        after the prefill, right before the first token's Delta); stamps generate() and that first token."""
+
+        def generate(self, messages, settings=None, control=None):
+            rid = messages[-1]["content"].removeprefix("bench ")
+            gen_t[rid] = time.perf_counter()
+            started = None
+            for ev in super().generate(messages, settings, control):
+                if isinstance(ev, Started):
+                    started = ev
+                    continue
+                if isinstance(ev, Delta) and started is not None:
+                    token_t[rid] = time.perf_counter()
+                    yield started
+                    started = None
+                yield ev
+
+    class StampedServer(ApiServer):
+        async def chat_completions(self, request):
+            handler_t[request.headers.get(ID_HEADER, "")] = time.perf_counter()
+            return await super().chat_completions(request)
+
+    engine = StampedEngine(token_s=token_ms / 1000, prefill_s=0.0)
+    sys.setswitchinterval(0.0005)  # as serve.run does
+    app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
+    app._r1desk_gc = GuiThreadGC(parent=app)
+    service = EngineService(app, engine_factory=fakes.factory(engine))
+    server = StampedServer(service, host="127.0.0.1", port=0, defaults={"temperature": 0.6, "top_p": 0.95})
+    try:
+        from desktop.aioloop import QEventLoop  # the app's and serve's loop
+    except ImportError:  # before desktop/aioloop.py existed
+        QEventLoop = qasync.QEventLoop
+    loop = (qasync.QEventLoop if qasync_loop else QEventLoop)(app)
+    asyncio.set_event_loop(loop)
+
+    async def main() -> dict:
+        await server.start()
+        ready = loop.create_future()
+        service.ready.connect(lambda info: ready.done() or ready.set_result(info))
+        service.load(MODEL_PATH, "cpu", 4096, None)
+        await ready
+        out = {}
+        for mode in ("raw", "openai"):
+            rows = await loop.run_in_executor(None, run_client, server.url, server.model_id, mode, n, warmup,
+                                              f"real-{mode}", max_tokens)
+            out[mode] = {
+                "send_to_handler_ms": _med(rows, lambda x: handler_t[x["id"]] - x["send"]),
+                "handler_to_engine_ms": _med(rows, lambda x: gen_t[x["id"]] - handler_t[x["id"]]),
+                "token_to_client_ms": _med(rows, lambda x: x["first"] - token_t[x["id"]]),
+                "ttft_ms": _med(rows, lambda x: x["first"] - x["send"]),
+                "engine_ttft_ms": _med(rows, lambda x: token_t[x["id"]] - gen_t[x["id"]]),
+                "ttft_minus_engine_ms": _med(rows, lambda x: (x["first"] - x["send"])
+                                             - (token_t[x["id"]] - gen_t[x["id"]])),
+            }
+        await server.stop()
+        return out
+
+    with loop:
+        result = loop.run_until_complete(main())
+    service.shutdown(3000)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- report
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=300, help="measured requests per client (default 300)")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--token-ms", type=float, default=1.4, help="the scripted engine's time per token")
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--qasync-loop", action="store_true",
+                    help="run the server on qasync's own QEventLoop instead of the app's (desktop/aioloop.py)")
+    ap.add_argument("--json", help="also write the medians here")
+    ap.add_argument("--client", choices=["raw", "openai"], help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--model-id", help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", default="r", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        client_main(args.url, args.model_id, args.client, args.n, args.warmup, args.prefix, args.max_tokens)
+        return 0
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    base = baseline(args.n, args.warmup)
+    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.qasync_loop)
+    print(f"medians of {args.n} streamed requests per client, ms (scripted engine: {args.token_ms} ms/token)")
+    print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
+    rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
+            ("engine first token -> client chunk", "token_to_client_ms"), ("client TTFT", "ttft_ms"),
+            ("engine's own TTFT", "engine_ttft_ms"), ("client TTFT - engine TTFT", "ttft_minus_engine_ms")]
+    print("real server (" + ("qasync's own QEventLoop" if args.qasync_loop else "the loop r1desk-cli serve uses")
+          + ")")
+    for label, key in rows:
+        print(f"  {label:38s}{real['raw'][key]:17.3f}{real['openai'][key]:10.3f}")
+    print("instant canned-SSE server (plain asyncio)")
+    for label, key in [("send -> handler", "send_to_handler_ms"), ("handler -> client chunk", "handler_to_client_ms"),
+                       ("client TTFT", "ttft_ms")]:
+        print(f"  {label:38s}{base['raw'][key]:17.3f}{base['openai'][key]:10.3f}")
+    client_own = base["openai"]["ttft_ms"] - base["raw"]["ttft_ms"]
+    print(f"openai client's own cost over raw http.client (instant server): {client_own:.3f} ms")
+    print(f"real server's share with the openai client (TTFT - engine TTFT - that): "
+          f"{real['openai']['ttft_minus_engine_ms'] - client_own:.3f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "real_server": real, "instant_server": base},
+                                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
