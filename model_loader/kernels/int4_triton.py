@@ -204,14 +204,20 @@ INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3),
 DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # when warm-up did not tune (no CUDA graphs)
 # Each configuration is its own compiled kernel, 1-2 s of a first start each on the H200's host (18 of them were
 # most of the 4-bit model's first start). For the weight uses measured on the H200 (N, K, SiLU output) only the
-# configurations that came within a few percent of the best there are tried (benchmarks/profile_int4.py,
-# docs/BENCHMARKS.md); any other shape tries all of INT4_GEMV_CONFIGS.
+# configurations within 7% of the best there are tried (`python benchmarks/profile_int4.py --shapes 1.5b,7b`,
+# 2026-12-03, docs/BENCHMARKS.md; the runner-ups of the 1.5B's qkv, o and down were 13-31% slower); any other
+# shape tries all of INT4_GEMV_CONFIGS.
 INT4_GEMV_MEASURED = {
     # DeepSeek-R1-Distill-Qwen-1.5B / Qwen2.5-1.5B: qkv, o, gate/up (SiLU output), down
-    (2048, 1536, False): ((32, 4, 4, 3), (32, 4, 4, 4)),
-    (1536, 1536, False): ((32, 4, 4, 3), (32, 4, 4, 4)),
+    (2048, 1536, False): ((32, 4, 4, 3),),
+    (1536, 1536, False): ((32, 4, 4, 3),),
     (17920, 1536, True): ((32, 4, 4, 3), (64, 4, 4, 3)),
-    (1536, 8960, False): ((64, 8, 8, 1), (64, 2, 4, 1)),
+    (1536, 8960, False): ((64, 8, 8, 1),),
+    # DeepSeek-R1-Distill-Qwen-7B / Qwen2.5-7B
+    (4608, 3584, False): ((64, 8, 8, 1), (64, 2, 4, 1), (32, 4, 4, 3), (64, 4, 8, 3)),
+    (3584, 3584, False): ((64, 8, 8, 1),),
+    (37888, 3584, True): ((64, 2, 4, 1), (32, 4, 4, 4)),
+    (3584, 18944, False): ((64, 4, 4, 3), (32, 4, 4, 3), (32, 4, 4, 4), (64, 8, 8, 1)),
 }
 
 
