@@ -169,7 +169,7 @@ def _med(rows, f) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- the real server
-def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, qasync_loop: bool = False) -> dict:
+def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
     """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
     import asyncio
 
@@ -216,11 +216,7 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, qasync_lo
     app._r1desk_gc = GuiThreadGC(parent=app)
     service = EngineService(app, engine_factory=fakes.factory(engine))
     server = StampedServer(service, host="127.0.0.1", port=0, defaults={"temperature": 0.6, "top_p": 0.95})
-    try:
-        from desktop.aioloop import QEventLoop  # the app's and serve's loop
-    except ImportError:  # before desktop/aioloop.py existed
-        QEventLoop = qasync.QEventLoop
-    loop = (qasync.QEventLoop if qasync_loop else QEventLoop)(app)
+    loop = qasync.QEventLoop(app)  # as serve.run does
     asyncio.set_event_loop(loop)
 
     async def main() -> dict:
@@ -258,8 +254,6 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--token-ms", type=float, default=1.4, help="the scripted engine's time per token")
     ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--qasync-loop", action="store_true",
-                    help="run the server on qasync's own QEventLoop instead of the app's (desktop/aioloop.py)")
     ap.add_argument("--json", help="also write the medians here")
     ap.add_argument("--client", choices=["raw", "openai"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -271,14 +265,13 @@ def main() -> int:
         return 0
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     base = baseline(args.n, args.warmup)
-    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.qasync_loop)
+    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens)
     print(f"medians of {args.n} streamed requests per client, ms (scripted engine: {args.token_ms} ms/token)")
     print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
     rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
             ("engine first token -> client chunk", "token_to_client_ms"), ("client TTFT", "ttft_ms"),
             ("engine's own TTFT", "engine_ttft_ms"), ("client TTFT - engine TTFT", "ttft_minus_engine_ms")]
-    print("real server (" + ("qasync's own QEventLoop" if args.qasync_loop else "the loop r1desk-cli serve uses")
-          + ")")
+    print("real server (qasync's loop, as r1desk-cli serve and the window run it)")
     for label, key in rows:
         print(f"  {label:38s}{real['raw'][key]:17.3f}{real['openai'][key]:10.3f}")
     print("instant canned-SSE server (plain asyncio)")

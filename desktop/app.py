@@ -147,7 +147,8 @@ def main(argv=None) -> int:
     app.setOrganizationName("r1desk")
     app.setApplicationDisplayName("r1desk")
 
-    from desktop.aioloop import QEventLoop  # qasync's, with a cheaper call_soon
+    import qasync
+
     from desktop.crashlog import CrashLog
     from desktop.gcguard import GuiThreadGC
 
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     test = SelfTest(win, args) if args.self_test else None
     QTimer.singleShot(0, win.start_engine)  # after the first paint: the user sees the window at once
 
-    loop = QEventLoop(app)
+    loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     app.aboutToQuit.connect(done.set)

@@ -17,7 +17,8 @@ def run(args) -> int:
     """args: `r1desk-cli serve`'s options (model_loader.cli)."""
     from PySide6.QtCore import QCoreApplication, QTimer
 
-    from desktop.aioloop import QEventLoop
+    import qasync
+
     from desktop.api.server import ApiServer, is_loopback
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
@@ -34,7 +35,7 @@ def run(args) -> int:
     server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
                        allowed_origins=args.allow_origin,
                        defaults={"temperature": args.temperature, "top_p": args.top_p})
-    loop = QEventLoop(app)
+    loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     code = [0]

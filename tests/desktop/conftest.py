@@ -94,13 +94,12 @@ def make_window(qtbot, profile):
 
 @pytest.fixture
 def aio(qapp):
-    """An asyncio loop run by Qt (the app's: qasync's with desktop.aioloop's call_soon): the download is asyncio
-    code."""
+    """An asyncio loop run by Qt (qasync), as in the app: the download is asyncio code."""
     import asyncio
 
-    from desktop.aioloop import QEventLoop
+    import qasync
 
-    loop = QEventLoop(qapp)
+    loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
     yield loop
     asyncio.set_event_loop(None)

@@ -18,11 +18,10 @@ import pytest
 
 @pytest.fixture
 def running_loop(qapp):
-    """The app's loop (desktop.aioloop: qasync's) over the Qt loop pytest-qt spins, marked running as app.main's
-    is (aiohttp needs it)."""
-    from desktop.aioloop import QEventLoop
+    """qasync's loop over the Qt loop pytest-qt spins, marked running as app.main's is (aiohttp needs it)."""
+    import qasync
 
-    loop = QEventLoop(qapp, already_running=True)
+    loop = qasync.QEventLoop(qapp, already_running=True)
     asyncio.set_event_loop(loop)
     yield loop
     asyncio.events._set_running_loop(None)
