@@ -52,10 +52,19 @@ def main() -> None:
     step = engine.step
     base = list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
+    if args.extra:  # split buffers big enough for every shape tried (before any of these graphs is captured)
+        old = engine.model.decode_attention
+        engine.model.decode_attention = triton_ops.DecodeAttention(
+            old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)
+        step.graphs.clear()  # the warm-up's graphs use the old buffers: every graph below is captured anew
     rows = {}
     for config in configs:
         step.plan = [(engine.model.max_ctx, config)]
-        step.capture("greedy")
+        try:
+            step.capture("greedy")
+        except Exception as err:  # more shared memory or registers than this GPU has
+            print(f"{str(config):70s} can't run here: {str(err)[:80]}", flush=True)
+            continue
         graph = step.graphs[("greedy", config)]
         rows[str(config)] = {depth: round(step_us(step, graph, depth), 1) for depth in depths}
         print(f"{str(config):70s} " + " ".join(f"{us:8.1f}" for us in rows[str(config)].values()), flush=True)
