@@ -652,17 +652,22 @@ class Engine:
             with torch.inference_mode():
                 logits, reused = self._prefill(seq)
                 first = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.step.generator)
+            if reused_total is None:
+                reused_total = reused
+                yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
+            first_id = int(first.item())
+            yield from emit(first_id)
+            finish = done(first_id)
             n_seq = len(seq)
-            # decode steps allowed in this pass (the first token, from the prefill, is one of max_new_tokens)
-            limit = min(s.max_new_tokens - len(tokens) - 1, ctx - n_seq - 1)
+            limit = min(s.max_new_tokens - len(tokens), ctx - n_seq - 1)  # decode steps allowed in this pass
             self.step.token.copy_(first)
             self.step.pos.fill_(n_seq)
             launched = 0
             received = 1  # tokens of this pass on the host (the first came from prefill)
             pending: collections.deque = collections.deque()
             ring_size = QUEUED_STEPS + 2  # a slot is rewritten only after the host has read it
-            ring = torch.empty(ring_size + 1, dtype=torch.int64, pin_memory=on_cuda)  # + the first token's
-            events = [torch.cuda.Event() for _ in range(ring_size + 1)] if on_cuda else []
+            ring = torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+            events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
             inject = False
 
             def launch():
@@ -674,27 +679,6 @@ class Engine:
                     events[slot].record()
                 pending.append(slot)
                 launched += 1
-
-            if on_cuda:
-                # The first decode steps are queued behind the prefill before the host waits for its token: the
-                # GPU goes on without a gap, and once the first token is out this thread only waits (the GIL
-                # free), so whoever shows or sends that token (the window, the API's event loop) runs at once
-                # instead of after these launches. (If the reply ends at the first token, they only cost GPU
-                # time: their K/V lie beyond the cached tokens.)
-                ring[ring_size:].copy_(first, non_blocking=True)
-                events[ring_size].record()
-                while launched < limit and len(pending) < QUEUED_STEPS:
-                    launch()
-            if reused_total is None:
-                reused_total = reused
-                yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
-            if on_cuda:
-                events[ring_size].synchronize()
-                first_id = int(ring[ring_size].item())
-            else:
-                first_id = int(first.item())
-            yield from emit(first_id)
-            finish = done(first_id)
 
             while finish is None:
                 # Cancel and stop-thinking are checked before topping the queue up: a step launched now would
