@@ -15,28 +15,14 @@ import torch
 
 from model_loader.engine import Engine
 from model_loader.kernels import triton_ops
+from profile_decode import time_graph  # benchmarks/ is on the path when run as a script
 
-STEPS = 200
 
 
 def _extra():
     C = triton_ops.DecodeAttnConfig
     return [C(128, 256, 128, 4, 4), C(64, 128, 128, 8, 3), C(128, 128, 64, 4, 3), C(64, 128, 64, 4, 4),
             C(64, 128, 128, 4, 2), C(128, 128, 128, 8, 2)]
-
-
-def step_us(step, graph, depth: int) -> float:
-    step.pos.fill_(depth)
-    for _ in range(10):
-        graph.replay()
-    step.pos.fill_(depth)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(STEPS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / STEPS * 1000
 
 
 def main() -> None:
@@ -66,7 +52,7 @@ def main() -> None:
             print(f"{str(config):70s} can't run here: {str(err)[:80]}", flush=True)
             continue
         graph = step.graphs[("greedy", config)]
-        rows[str(config)] = {depth: round(step_us(step, graph, depth), 1) for depth in depths}
+        rows[str(config)] = {depth: round(time_graph(step, graph, depth), 1) for depth in depths}
         print(f"{str(config):70s} " + " ".join(f"{us:8.1f}" for us in rows[str(config)].values()), flush=True)
     best = {depth: min(rows, key=lambda c: rows[c][depth]) for depth in depths}
     for depth in depths:
