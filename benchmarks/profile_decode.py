@@ -69,6 +69,8 @@ def main() -> None:
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     context = args.context or max(depths) + 512
+    if context < max(depths) + STEPS_TIMED + 20:  # the graph writes K/V at every position it replays over
+        ap.error(f"--context must be at least the deepest depth + {STEPS_TIMED + 20}")
     engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel)
     engine.warm_up()
     step = engine.step

@@ -75,7 +75,8 @@ class DecodeStep:
     attention configuration. `plan` maps depth buckets to the configuration tuned for them at warm-up (tune());
     the host knows each step's position, so it picks the graph without asking the GPU anything."""
 
-    TUNE_REPLAYS = 8  # timed replays per configuration and depth (after two untimed ones)
+    TUNE_REPLAYS = 4  # timed replays per configuration, depth and round (after one untimed one)
+    TUNE_ROUNDS = 3
 
     def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool):
         self.model, self.params, self.use_graphs = model, params, use_graphs
@@ -123,20 +124,29 @@ class DecodeStep:
         graph captured per configuration, replayed at the top of each bucket. Timed alone, the attention ranks
         its shapes differently than inside the step, where its kernels overlap their neighbours (programmatic
         dependent launch): on the H200 (2026-12-03) the shape that is fastest alone up to 1k tokens made the bf16
-        step 3% slower than another. Sets `plan`, keeps the chosen graphs and returns {"plan", "timings_us":
-        {upper depth: {config: us per step}}}. Configurations this GPU can't run are skipped."""
+        step 3% slower than another. The configurations take turns, TUNE_ROUNDS rounds of TUNE_REPLAYS replays
+        each, and each one's median counts, so a passing clock change doesn't pick the winner. Sets `plan`,
+        keeps the chosen graphs and returns {"plan", "timings_us": {upper depth: {config: us per step}}}.
+        Configurations this GPU can't run are skipped."""
         for config in configs:
             self.plan = [(self.model.max_ctx, config)]
             try:
                 self.capture("greedy")
+            except torch.cuda.OutOfMemoryError:
+                raise  # not this configuration's fault: the warm-up reports it
             except Exception as err:  # e.g. more shared memory than this GPU has: the others still serve
-                log.info("decode attention %s can't run here: %s", config, err)
+                log.warning("decode attention %s can't run here: %s", config, err)
         timings, plan = {}, []
         for upper in buckets:
-            first = max(0, upper - 3 - self.TUNE_REPLAYS)  # the last timed step attends over `upper` tokens
-            row = {config: self._time(self.graphs[("greedy", config)], first)
-                   for config in configs if ("greedy", config) in self.graphs}
-            plan.append((upper, min(row, key=row.get)))
+            # replays from `first` on: the last timed one attends over `upper` tokens
+            first = max(0, upper - 1 - self.TUNE_REPLAYS)
+            runs: dict = {config: [] for config in configs if ("greedy", config) in self.graphs}
+            for _ in range(self.TUNE_ROUNDS):
+                for config, times in runs.items():
+                    times.append(self._time(self.graphs[("greedy", config)], first))
+            row = {config: sorted(times)[len(times) // 2] for config, times in runs.items()}
+            # none could run: the default, whose capture below then reports why
+            plan.append((upper, min(row, key=row.get) if row else configs[0]))
             timings[upper] = {str(config): round(us, 1) for config, us in row.items()}
         chosen = {config for _, config in plan}
         for config in configs:
@@ -146,10 +156,10 @@ class DecodeStep:
         return {"plan": plan, "timings_us": timings}
 
     def _time(self, graph, first: int) -> float:
-        """GPU microseconds per replay of a decode graph from position `first` (each replay advances it)."""
+        """GPU microseconds per replay of a decode graph from position `first` (each replay advances it; one
+        untimed replay first)."""
         self.pos.fill_(first)
-        for _ in range(2):
-            graph.replay()
+        graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(self.TUNE_REPLAYS):
@@ -435,7 +445,7 @@ class Engine:
             model.prefill(ids, 0)
             model.prefill(ids[:2], ids.numel())
             if self.info.cuda_graphs:
-                for config in triton_ops.DECODE_ATTN_CONFIGS:
+                for config in triton_ops.decode_attention_candidates(model.device):
                     model.set_decode_attention_config(config)
                     model.decode(self.step.token, self.step.pos, 0)
                 model.set_decode_attention_config(None)
@@ -496,7 +506,8 @@ class Engine:
                 step("timing the attention kernels")
                 from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
 
-                attention = self.step.tune(triton_ops.DECODE_ATTN_CONFIGS, triton_ops.depth_buckets(self.model.max_ctx))
+                attention = self.step.tune(triton_ops.decode_attention_candidates(self.model.device),
+                                           triton_ops.depth_buckets(self.model.max_ctx))
                 self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
                 log.info("decode attention per depth bucket: %s (us per decode step: %s)", self.info.decode_attention,
                          attention["timings_us"])

@@ -61,7 +61,7 @@ class Linears:
             from model_loader.kernels import int4_triton
 
             if x.shape[0] == 1:
-                return int4_triton.int4_gemv(x, w, self.int4_choice.get((w.shape, False), int4_triton.DEFAULT_INT4_GEMV))
+                return int4_triton.int4_gemv(x, w, self._int4_config(w, False))
             return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
         if isinstance(w, Int4Weight):
             if self.int4pack_prefill and x.shape[0] > 1:
@@ -83,9 +83,19 @@ class Linears:
         if isinstance(gate_up_w, RowPackedInt4) and gate_up_w.gate_up_pairs and x.shape[0] == 1:
             from model_loader.kernels import int4_triton
 
-            config = self.int4_choice.get((gate_up_w.shape, True), int4_triton.DEFAULT_INT4_GEMV)
-            return self(int4_triton.int4_gemv(x, gate_up_w, config, silu_output=True), down_w)
+            return self(int4_triton.int4_gemv(x, gate_up_w, self._int4_config(gate_up_w, True), silu_output=True),
+                        down_w)
         return self(silu_mul(self(x, gate_up_w)), down_w)
+
+    def _int4_config(self, w: RowPackedInt4, silu_output: bool) -> tuple:
+        """The tuned int4 GEMV config for this use, else the first candidate (before tuning, e.g. in the
+        compile-ahead pass, or without CUDA graphs): never a variant the tuning would not compile anyway."""
+        config = self.int4_choice.get((w.shape, silu_output))
+        if config is None:
+            from model_loader.kernels.int4_triton import int4_gemv_candidates
+
+            config = int4_gemv_candidates(w, silu_output)[0]
+        return config
 
     @staticmethod
     def single_token_uses(weights: dict) -> tuple[dict, dict]:
@@ -117,7 +127,7 @@ class Linears:
 
             for (shape, silu), ws in int4.items():
                 x = torch.zeros(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-                for config in int4_gemv_candidates(shape, silu):
+                for config in int4_gemv_candidates(ws[0], silu):
                     int4_gemv(x, ws[0], config, silu_output=silu)
 
     def tune(self, weights: dict, dtype) -> dict:

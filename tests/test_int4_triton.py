@@ -201,7 +201,8 @@ def test_close_frees_every_tensor_of_a_4bit_model_the_dequantise_scratch_include
     (weak references die), and on a GPU a second load, reply and close leave the allocator exactly where the
     first close left it (what a user switching models sees). The first cycle is the baseline because torch keeps
     a cuBLAS workspace per stream that has run cuBLAS for the life of the process; the engine runs everything
-    on the default stream and one side stream (kernels.side_stream), so none is added after that."""
+    on the default stream, one side stream (kernels.side_stream) and torch.cuda.graph's own capture stream (one
+    per process), so none is added after that."""
     import gc
     import weakref
 
@@ -247,14 +248,29 @@ def _tensors_of(root) -> list:
     return found
 
 
-def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypatch):
+def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypatch, device):
     """A weight use measured on the H200 gets only its listed GEMV configurations, both in the pass that
-    compiles them ahead (Linears.call_every_candidate) and in the tuning that times them; any other shape tries
-    every configuration. (Each configuration is a compile of 1-2 s on a first start.)"""
+    compiles them ahead (Linears.call_every_candidate) and in the tuning that times them, and the first of them
+    before tuning; any other shape tries every configuration. (Each configuration is a compile of 1-2 s on a
+    first start.) The lists apply only where they were measured: Hopper GPUs, group size 128."""
     from model_loader.linears import Linears
 
-    measured = ((32, 4, 4, 3), (64, 2, 4, 1))
+    every = tuple(int4_triton.INT4_GEMV_CONFIGS)
+    # the real table, on this device: the R1-1.5B's qkv weight (group 128)
+    qkv = fmt.to_row_packed(*_random_awq(2048, 1536, 128), 128)
+    if device == "cuda":
+        qkv = fmt.RowPackedInt4(qkv.qweight.cuda(), qkv.scales.cuda(), qkv.zeros.cuda(), qkv.group_size,
+                                qkv.interleave, qkv.gate_up_pairs)
+    hopper = device == "cuda" and torch.cuda.get_device_capability()[0] == 9
+    assert int4_triton.int4_gemv_candidates(qkv, False) == (
+        int4_triton.INT4_GEMV_MEASURED[(2048, 1536, False)] if hopper else every)
+    for (n, k, silu), configs in int4_triton.INT4_GEMV_MEASURED.items():
+        assert configs and set(configs) <= set(every)
+
+    # compile pass, tuning and the untuned choice agree, for a measured use and for others
+    measured = ((64, 2, 4, 1), (32, 4, 4, 3))
     monkeypatch.setitem(int4_triton.INT4_GEMV_MEASURED, (48, 256, False), measured)
+    monkeypatch.setattr(int4_triton, "_measured_here", lambda w: True)
 
     def packed(n_out, k_in, pairs=False):
         w = fmt.to_row_packed(*_random_awq(n_out, k_in, 64), 64)
@@ -263,19 +279,44 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
     weights = {"layers": [{"qkv_w": packed(48, 256), "o_w": packed(40, 384), "gate_up_w": packed(64, 256, True),
                            "down_w": packed(48, 256)}]}
     compiled, timed = [], []
+    real_gemv = int4_triton.int4_gemv
     monkeypatch.setattr(int4_triton, "int4_gemv", lambda x, w, config, silu_output=False: compiled.append(
         (w.shape, silu_output, config)))
-    monkeypatch.setattr(int4_triton, "time_configs", lambda ws, configs, call: timed.append(
-        (ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {})
     linears = Linears(weights, "cpu", torch.float32)
     linears.call_every_candidate(weights, torch.float32)
-    linears.tune(weights, torch.float32)
-    every = tuple(int4_triton.INT4_GEMV_CONFIGS)
     expected = {((48, 256), False): measured, ((40, 384), False): every, ((64, 256), True): every}
     assert {(shape, silu): tuple(c for s, si, c in compiled if (s, si) == (shape, silu))
             for shape, silu in expected} == expected
+    # untuned, a single token runs the first candidate
+    monkeypatch.setattr(int4_triton, "int4_gemv", real_gemv)
+    used = []
+    monkeypatch.setattr(int4_triton, "_int4_gemv_kernel", _RecordingKernel(int4_triton._int4_gemv_kernel, used))
+    x = torch.randn(1, 256)
+    torch.testing.assert_close(linears(x, weights["layers"][0]["qkv_w"]),
+                               x @ fmt.dequantize_row_packed(weights["layers"][0]["qkv_w"]).t(), rtol=1e-3, atol=1e-3)
+    assert used[-1]["BLOCK_N"] == measured[0][0] and used[-1]["NB"] == measured[0][1]
+    monkeypatch.setattr(int4_triton, "time_configs", lambda ws, configs, call: timed.append(
+        (ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {})
+    result = linears.tune(weights, torch.float32)
     assert {(shape, silu): configs for shape, silu, configs in timed} == expected
-    # the real lists: each one a subset of the full list, for the R1-1.5B shapes
-    for (n, k, silu), configs in int4_triton.INT4_GEMV_MEASURED.items():
-        assert configs and set(configs) <= set(every)
-        assert int4_triton.int4_gemv_candidates((n, k), silu) == configs
+    # nothing could be timed: the first candidate of each use
+    assert linears.int4_choice[((48, 256), False)] == measured[0]
+    assert result["choice"]["48x256"] == f"triton int4 {measured[0]}"
+
+
+class _RecordingKernel:
+    """Wraps a Triton kernel so each launch's constexprs are recorded (kernel[grid](...) passes through)."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        launcher = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.calls.append(kwargs)
+            return launcher(*args, **kwargs)
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)

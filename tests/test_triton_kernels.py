@@ -231,12 +231,24 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
         assert set(timings[upper]) == {str(c) for c in triton_ops.DECODE_ATTN_CONFIGS}
     chosen = {config for _, config in engine.step.plan}
     assert set(engine.step.graphs) == {(mode, c) for mode in ("greedy", "sample") for c in chosen}
-    prompt = [{"role": "user", "content": "Count slowly " * 330}]  # ~1,000 tokens: crosses 1,024 while decoding
-    settings = SamplingSettings(temperature=0, max_new_tokens=60, ignore_eos=True)
-    graphed = [e for e in engine.generate(prompt, settings)]
-    engine.step.graphs.clear()  # the same steps without graphs
-    engine.step.use_graphs = False
+    # a reply that crosses from one bucket's graph into the other's (forced to differ) gives the same text as
+    # the same steps without graphs
+    step = engine.step
+    step.plan = [(1024, triton_ops.DECODE_ATTN_CONFIGS[0]), (1100, triton_ops.DECODE_ATTN_CONFIGS[1])]
+    step.graphs.clear()
+    step.capture("greedy")  # its steps write into the cache: nothing cached counts
     engine.reset_cache()
-    eager = [e for e in engine.generate(prompt, settings)]
+    reps = 300
+    while len(engine.chat.render([{"role": "user", "content": "Count slowly " * reps}]).ids) < 990:
+        reps += 10
+    prompt = [{"role": "user", "content": "Count slowly " * reps}]
+    n_prompt = len(engine.chat.render(prompt).ids)
+    settings = SamplingSettings(temperature=0, max_new_tokens=60, ignore_eos=True)
+    assert n_prompt < 1024 < n_prompt + settings.max_new_tokens <= engine.model.max_ctx
+    graphed = list(engine.generate(prompt, settings))
+    step.graphs.clear()
+    step.use_graphs = False
+    engine.reset_cache()
+    eager = list(engine.generate(prompt, settings))
     text = lambda events: "".join(getattr(e, "text", "") for e in events)  # noqa: E731
-    assert text(graphed) == text(eager)
+    assert text(graphed) == text(eager) and text(graphed)

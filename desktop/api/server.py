@@ -280,7 +280,7 @@ class ApiServer:
                 if req.include_usage:
                     out.append(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
                 break
-            elif ev[0] == "failed":  # headers are sent: the error goes in the stream, as OpenAI's does
+            elif ev[0] == "failed":  # the 200 status is set: the error goes in the stream, as OpenAI's does
                 err = _generation_error(ev[1], ev[2], started=True)
                 out.append(schema.sse(err.body()))
                 break

@@ -201,7 +201,7 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
 # warm-up (int4_gemv_autotune); K is split into as many programs as it takes to cover it. From an H200 sweep
 # (benchmarks/profile_int4.py --sweep): the best few per shape of the R1-1.5B model.
 INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3), (64, 2, 4, 1), (64, 4, 4, 3))
-DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # when warm-up did not tune (no CUDA graphs)
+DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # int4_gemv's default (Linears uses int4_gemv_candidates' first when untuned)
 # Each configuration is its own compiled kernel, 1-2 s of a first start each on the H200's host (18 of them were
 # most of the 4-bit model's first start). For the weight uses measured on the H200 (N, K, SiLU output) only the
 # configurations within 7% of the best there are tried (`python benchmarks/profile_int4.py --shapes 1.5b,7b`,
@@ -221,9 +221,21 @@ INT4_GEMV_MEASURED = {
 }
 
 
-def int4_gemv_candidates(shape: tuple, silu_output: bool) -> tuple:
-    """The GEMV configurations the warm-up tries (and compiles) for one weight use."""
-    return INT4_GEMV_MEASURED.get((*shape, silu_output), INT4_GEMV_CONFIGS)
+MEASURED_ON = {"capability_major": 9, "group_size": 128}  # the H200's generation (Hopper), AWQ's usual groups
+
+
+def _measured_here(w: RowPackedInt4) -> bool:
+    device = w.qweight.device
+    return (device.type == "cuda" and w.group_size == MEASURED_ON["group_size"]
+            and torch.cuda.get_device_capability(device)[0] == MEASURED_ON["capability_major"])
+
+
+def int4_gemv_candidates(w: RowPackedInt4, silu_output: bool) -> tuple:
+    """The GEMV configurations the warm-up tries (and compiles) for this weight's use, best known first (the
+    one used untuned). The measured lists apply where they were measured: Hopper, group size 128."""
+    if _measured_here(w):
+        return INT4_GEMV_MEASURED.get((*w.shape, silu_output), INT4_GEMV_CONFIGS)
+    return INT4_GEMV_CONFIGS
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
@@ -329,8 +341,8 @@ def int4_gemv_autotune(weights_by_use: dict, dtype, configs=None) -> dict:
     choice, timings = {}, {}
     for (shape, silu), ws in weights_by_use.items():
         x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-        tried = configs if configs is not None else int4_gemv_candidates(shape, silu)
+        tried = configs if configs is not None else int4_gemv_candidates(ws[0], silu)
         results = time_configs(ws, tried, lambda w, config: int4_gemv(x, w, config, silu_output=silu))
-        choice[(shape, silu)] = min(results, key=results.get) if results else DEFAULT_INT4_GEMV
+        choice[(shape, silu)] = min(results, key=results.get) if results else tried[0]
         timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}

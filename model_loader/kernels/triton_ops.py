@@ -286,6 +286,13 @@ DECODE_ATTN_CONFIGS = (
 )
 
 
+def decode_attention_candidates(device) -> tuple:
+    """The DECODE_ATTN_CONFIGS that differ on this device: late_launch changes nothing without programmatic
+    dependent launch, so there it would only be one more compile and a coin toss in the tuning."""
+    pdl = pdl_supported(device)
+    return tuple(c for c in DECODE_ATTN_CONFIGS if pdl or not c.late_launch)
+
+
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     """How many splits the kernels use at this depth (what _decode_chunk computes on the device)."""
     chunk = -(-(-(-length // config.max_splits)) // config.block_n) * config.block_n
