@@ -228,7 +228,7 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
     timings = engine.step.tuned_us
     for upper, config in engine.step.plan:
         assert timings[upper][str(config)] == min(timings[upper].values())
-        assert set(timings[upper]) == {str(c) for c in triton_ops.DECODE_ATTN_CONFIGS}
+        assert set(timings[upper]) == {str(c) for c in triton_ops.decode_attention_candidates(device)}
     chosen = {config for _, config in engine.step.plan}
     assert set(engine.step.graphs) == {(mode, c) for mode in ("greedy", "sample") for c in chosen}
     # a reply that crosses from one bucket's graph into the other's (forced to differ) gives the same text as
