@@ -27,17 +27,7 @@ def graph_for(step, mode: str, depth: int):
 
 def time_graph(step, graph, depth: int) -> float:
     """GPU microseconds per replay, starting at `depth` (the graph advances the position itself)."""
-    step.pos.fill_(depth)
-    for _ in range(10):
-        graph.replay()
-    step.pos.fill_(depth)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(STEPS_TIMED):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / STEPS_TIMED * 1000
+    return step.time_replays(graph, depth, STEPS_TIMED)
 
 
 def kernel_table(step, run, depth: int) -> dict:

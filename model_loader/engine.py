@@ -143,7 +143,7 @@ class DecodeStep:
             runs: dict = {config: [] for config in configs if ("greedy", config) in self.graphs}
             for _ in range(self.TUNE_ROUNDS):
                 for config, times in runs.items():
-                    times.append(self._time(self.graphs[("greedy", config)], first))
+                    times.append(self.time_replays(self.graphs[("greedy", config)], first))
             row = {config: sorted(times)[len(times) // 2] for config, times in runs.items()}
             # none could run: the default, whose capture below then reports why
             plan.append((upper, min(row, key=row.get) if row else configs[0]))
@@ -155,18 +155,19 @@ class DecodeStep:
         self.plan, self.tuned_us = plan, timings
         return {"plan": plan, "timings_us": timings}
 
-    def _time(self, graph, first: int) -> float:
+    def time_replays(self, graph, first: int, replays: int | None = None) -> float:
         """GPU microseconds per replay of a decode graph from position `first` (each replay advances it; one
-        untimed replay first)."""
+        untimed replay first). replays: TUNE_REPLAYS unless given (benchmarks time more)."""
+        replays = replays or self.TUNE_REPLAYS
         self.pos.fill_(first)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(self.TUNE_REPLAYS):
+        for _ in range(replays):
             graph.replay()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) * 1000.0 / self.TUNE_REPLAYS
+        return start.elapsed_time(end) * 1000.0 / replays
 
     def run(self, mode: str, pos: int) -> None:
         config = self.config_for(pos + 1)
