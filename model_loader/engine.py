@@ -22,8 +22,9 @@ from typing import Iterator
 import torch
 
 from model_loader.awq import int4pack_supported
+from model_loader.compile_ahead import walk_warm_up_paths, warm_up_ids
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
-from model_loader.context import NoRoomForContext, auto_context
+from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
@@ -191,14 +192,19 @@ class PrefillGraphs:
 
     def __init__(self, model: Qwen2Model):
         self.model = model
-        largest = max(b for b in self.BUCKETS if b <= min(model.max_ctx, model.PREFILL_CHUNK))
-        self.buckets = tuple(b for b in self.BUCKETS if b <= largest)
+        self.buckets = self.buckets_for(model.max_ctx, model.PREFILL_CHUNK)
+        largest = self.buckets[-1]
         self.tokens = torch.zeros(largest, dtype=torch.int64, device=model.device)
         self.last = torch.zeros(1, dtype=torch.int64, device=model.device)
         self.start = torch.zeros(1, dtype=torch.int32, device=model.device)  # 0 for the fresh graphs
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (fresh, bucket) -> graph
         self.outputs: dict[tuple[bool, int], torch.Tensor] = {}
         self.pool = None
+
+    @classmethod
+    def buckets_for(cls, max_ctx: int, chunk: int) -> tuple[int, ...]:
+        """The buckets captured for a context of max_ctx tokens (none longer than a prefill chunk)."""
+        return tuple(b for b in cls.BUCKETS if b <= min(max_ctx, chunk)) or cls.BUCKETS[:1]
 
     def bucket_for(self, n: int, start: int) -> int | None:
         """The smallest bucket that holds n new tokens and, padded, still ends inside the cache."""
@@ -265,6 +271,21 @@ def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, f
     return possible.get("torch", possible.get("triton"))
 
 
+def quantization_label(cfg, int4: str | None, dtype: torch.dtype, int4pack_prefill: bool) -> str | None:
+    """How the weights are held, as EngineInfo.quantization says it (None: a dense checkpoint)."""
+    if cfg.awq is None:
+        return None
+    if int4pack_prefill:
+        return "awq-int4 (torch int4 kernel + cuBLAS prefill)"
+    return INT4_LABELS.get(int4, f"awq (dequantized to {str(dtype).replace('torch.', '')})")
+
+
+def kernel_variant(cfg, dtype: torch.dtype, quantization: str | None) -> str:
+    """What our kernels are compiled for besides the GPU: dtype, head layout, quantization (kernel_cache)."""
+    return (f"{str(dtype).replace('torch.', '')}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x"
+            f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}")
+
+
 @dataclass
 class EngineInfo:
     model_path: str
@@ -296,6 +317,7 @@ class Engine:
         self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs)
         self.prefill_graphs = PrefillGraphs(model) if info.cuda_graphs else None
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
+        self._ahead = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
         self.closed = False
         self.ready = False
 
@@ -345,6 +367,7 @@ class Engine:
 
         tok_thread = threading.Thread(target=load_tok, name="r1desk-tokenizer", daemon=True)
         tok_thread.start()
+        ahead = None  # compile_ahead.CompileBesideLoad on a first start
         try:
             t = time.perf_counter()
             if dev.type == "cuda":
@@ -357,6 +380,9 @@ class Engine:
             int4 = choose_int4_layout(dev, torch_dtype, triton_ok, int4_kernel) if cfg.awq else None
             # 4-bit users are saving VRAM: keep their embedding table in host memory (see host_mapped_alias)
             on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
+            graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
+            if check_thread is not None:  # a first start compiles its kernels while the weights load
+                ahead = cls._compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host)
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
                                    embed_on_host=on_host)
             if check_thread is not None:
@@ -364,15 +390,19 @@ class Engine:
                 if not triton_check.get("ok"):  # once more now that the load is done (it may have run short of memory)
                     triton_check["ok"] = triton_works(dev)
                 if not triton_check.get("ok"):  # triton_works logged why
-                    triton_ok = False
+                    triton_ok = graphs = False
+                    if ahead is not None:  # its kernels will not be used
+                        ahead.abandon()
+                        ahead = None
                     if int4 == "triton":  # that layout needs Triton's kernels: load the weights for another path
                         del weights
                         torch.cuda.empty_cache()
                         int4 = choose_int4_layout(dev, torch_dtype, False, int4_kernel) if cfg.awq else None
                         weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq,
                                                int4_layout=int4, embed_on_host=on_host)
+            if ahead is not None:  # before the free memory is measured for the context
+                ahead.release_twin()
             breakdown["weights_s"] = time.perf_counter() - t
-            graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
             if auto:  # measured now, with the weights in place and before the KV cache is allocated
                 try:
                     ctx = auto_context(dev, cfg, torch_dtype.itemsize)
@@ -380,6 +410,8 @@ class Engine:
                     raise OutOfMemoryError(f"{folder.name} fits, but {err}; {OOM_ADVICE}") from None
             model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
             if int4 == "torch" and triton_ok:
+                if ahead is not None:  # the check below launches a kernel that may still be compiling
+                    ahead.finish()
                 try:
                     fast_prefill = model.linear.enable_int4pack_prefill(weights, dev, torch_dtype)
                 except torch.cuda.OutOfMemoryError:
@@ -390,9 +422,13 @@ class Engine:
                 log.log(logging.INFO if fast_prefill else logging.WARNING,
                         "4-bit prefill: %s", "our dequantiser + cuBLAS" if fast_prefill else
                         "torch's int4 kernel (our dequantiser of its layout is not usable on this GPU)")
-        except torch.cuda.OutOfMemoryError as err:
-            torch.cuda.empty_cache()
-            raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
+        except BaseException as err:
+            if ahead is not None:
+                ahead.abandon()
+            if isinstance(err, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+                raise OutOfMemoryError(f"out of GPU memory while loading {folder.name}; {OOM_ADVICE}") from err
+            raise
         finally:
             tok_thread.join()
             if check_thread is not None and check_thread.is_alive():  # a load that failed early
@@ -407,22 +443,50 @@ class Engine:
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
             kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            quantization=("awq-int4 (torch int4 kernel + cuBLAS prefill)" if model.linear.int4pack_prefill else
-                          INT4_LABELS.get(int4, f"awq (dequantized to {str(torch_dtype).replace('torch.', '')})"))
-            if cfg.awq else None,
+            quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
             embed_on_host=model.embed_on_host,
             load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
         )
         log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs", folder.name,
                  info.device_name, info.dtype, info.kernels, graphs, info.quantization, info.load_s)
-        return cls(folder, model, chat, info)
+        engine = cls(folder, model, chat, info)
+        engine._ahead = ahead
+        if ahead is not None:
+            breakdown["compile_walk_s"] = ahead.walk_s
+        return engine
+
+    @classmethod
+    def _compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool):
+        """On a first start (no kernels prepared for this GPU and model kind), start compiling every kernel the
+        warm-up needs on a shape twin of the model while its weights load (model_loader.compile_ahead). None
+        otherwise, or where the twin would not fit beside the weights."""
+        try:
+            return cls._start_compile_beside_load(folder, dev, dtype, int4, ctx, graphs, on_host)
+        except Exception as err:  # only a faster first start is lost: the warm-up compiles as before
+            log.warning("not compiling beside the load: %s: %s", type(err).__name__, err)
+            return None
+
+    @classmethod
+    def _start_compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool):
+        from model_loader.compile_ahead import CompileBesideLoad
+
+        cfg = folder.config
+        label = quantization_label(cfg, int4, dtype, int4pack_prefill=int4 == "torch")
+        if kernel_cache.kernels_prepared(dev, kernel_variant(cfg, dtype, label)):
+            return None
+        # the context is chosen after the load when automatic: compile for the largest it can be (a prefill
+        # bucket too many costs a compile, one too few a compile on the warm-up's thread)
+        context = ctx if ctx is not None else min(AUTO_TARGET, cfg.max_position_embeddings)
+        buckets = PrefillGraphs.buckets_for(context, Qwen2Model.PREFILL_CHUNK) if graphs else ()
+        weights_bytes = sum(os.path.getsize(shard) for shard in folder.shards)  # about what lands on the device
+        if on_host:
+            weights_bytes -= cfg.vocab_size * cfg.hidden_size * dtype.itemsize
+        return CompileBesideLoad.start_if_room(cfg, folder.shards, cfg.awq, int4, dev, dtype, context, buckets,
+                                               graphs, int4 == "torch", weights_bytes)
 
     @property
     def _kernel_variant(self) -> str:
-        """What our kernels are compiled for besides the GPU: dtype, head layout, quantization."""
-        cfg = self.model.cfg
-        return (f"{self.info.dtype}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x{cfg.head_dim}|"
-                f"{cfg.hidden_size}|{self.info.quantization}")
+        return kernel_variant(self.model.cfg, self.model.dtype, self.info.quantization)
 
     @property
     def first_start(self) -> bool:
@@ -431,29 +495,7 @@ class Engine:
                                                                                    self._kernel_variant)
 
     def _warm_up_ids(self) -> torch.Tensor:
-        return torch.tensor(self.chat.encode_plain("Hello, warm-up."), device=self.model.device)
-
-    def _compile_ahead(self, buckets: list[int]) -> None:
-        """Every path of the warm-up once with compile-only Triton launches (kernels.precompile.compile_only):
-        submits every kernel variant the warm-up needs to the compile pool at once."""
-        from model_loader.kernels import triton_ops
-
-        model = self.model
-        with precompile.compile_only(), torch.inference_mode():
-            if self.info.cuda_graphs:  # the longest compiles first: the GEMV candidates (4-bit: ~1-2 s each)
-                model.linear.call_every_candidate(model.w, model.dtype)
-            ids = self._warm_up_ids()
-            model.prefill(ids, 0)
-            model.prefill(ids[:2], ids.numel())
-            if self.info.cuda_graphs:
-                for config in triton_ops.decode_attention_candidates(model.device):
-                    model.set_decode_attention_config(config)
-                    model.decode(self.step.token, self.step.pos, 0)
-                model.set_decode_attention_config(None)
-                graphs = self.prefill_graphs
-                for bucket in buckets:  # the variants differ by tile shape and split; every bucket to be sure
-                    for fresh in (True, False):
-                        model.prefill_static(graphs.tokens[:bucket], graphs.last, graphs.start, fresh)
+        return warm_up_ids(self.model.device)
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
@@ -474,9 +516,11 @@ class Engine:
         # On a first start the warm-up's paths are first walked with compile-only launches, every compile on a
         # thread pool, so all kernels compile at once (kernels.precompile). Once this GPU and model kind are
         # prepared (kernel_cache), everything is in Triton's disk cache and that walk would only cost time.
-        ahead = self.first_start and self.model.device.type == "cuda"
+        # A first start whose twin could not be walked beside the load walks the loaded model now.
+        beside_load, self._ahead = self._ahead, None
+        ahead = beside_load is None and self.first_start and self.model.device.type == "cuda"
         with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
-            self._warm_up_steps(step, graphs, buckets, pool)
+            self._warm_up_steps(step, graphs, buckets, pool or beside_load, walk=ahead)
         if progress is not None:
             progress(total, total, "ready")
         if self.info.kernels == "triton":
@@ -485,15 +529,19 @@ class Engine:
         self.info.warmup_s = time.perf_counter() - t0
         self.ready = True
 
-    def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool) -> None:
+    def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool, walk: bool) -> None:
+        """pool: a first start's compiles (kernels.precompile.CompilePool, or compile_ahead.CompileBesideLoad
+        whose walk is done); walk: walk the warm-up's paths into it first."""
         try:
             step(f"compiling every kernel at once ({pool.workers} CPU threads)" if pool is not None
                  else "preparing the kernels")
-            if pool is not None:  # a first start: kernels.precompile.CompilePool
+            if pool is not None:
                 t = time.perf_counter()
-                self._compile_ahead(buckets)
+                if walk:
+                    walk_warm_up_paths(self.model, buckets, graphs)
                 pool.finish()
-                log.info("kernels compiled ahead in %.2f s", time.perf_counter() - t)
+                log.info("kernels compiled ahead in %.2f s (%s)", time.perf_counter() - t,
+                         "walked now" if walk else "the rest of what was walked beside the load")
             step("running the prefill kernels")
             with torch.inference_mode():
                 ids = self._warm_up_ids()
@@ -528,6 +576,9 @@ class Engine:
         """Free the model's device memory now (weights, KV cache, graphs). The engine is unusable afterwards."""
         if self.closed:
             return
+        if self._ahead is not None:  # closed before its warm-up
+            self._ahead.abandon()
+            self._ahead = None
         self.ready = False
         self.step.graphs.clear()
         if self.prefill_graphs is not None:

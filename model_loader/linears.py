@@ -44,13 +44,20 @@ class Linears:
         packed = self._int4_weights(weights, Int4Weight)
         if not packed:
             return False
-        size = max(w.out_features * w.in_features for w in packed)
-        if self.scratch is None or self.scratch.numel() < size:
-            self.scratch = torch.empty(size, device=device, dtype=dtype)
+        self.use_int4pack_prefill(weights, device, dtype)
         self.int4pack_prefill = int4_triton.int4pack_dequantize_matches(packed[0], self.scratch, reference_linear)
         if not self.int4pack_prefill and not self._int4_weights(weights):
             self.scratch = None  # not needed after all: give the memory back
         return self.int4pack_prefill
+
+    def use_int4pack_prefill(self, weights: dict, device, dtype) -> None:
+        """Prefill torch-layout int4 weights through our dequantiser without checking it (enable_int4pack_prefill
+        checks, then calls this): what a model's shape twin does (model_loader.compile_ahead)."""
+        packed = self._int4_weights(weights, Int4Weight)
+        size = max(w.out_features * w.in_features for w in packed)
+        if self.scratch is None or self.scratch.numel() < size:
+            self.scratch = torch.empty(size, device=device, dtype=dtype)
+        self.int4pack_prefill = True
 
     @property
     def scratch_bytes(self) -> int:

@@ -8,6 +8,7 @@ fused device buffers (QKV and gate/up), so no second full-size copy is ever made
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -227,15 +228,28 @@ def host_mapped_alias(pinned):
         return None
 
 
+def twin_entries(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None, twin: Qwen2Config
+                 ) -> dict[str, TensorEntry]:
+    """Checkpoint entries for `twin` (cfg with fewer layers and tokens: model_loader.compile_ahead): each
+    tensor's dtype as the checkpoint stores it (layer i of the twin takes layer i's), its shape as the twin's
+    config implies. Only read with load_weights(read_values=False)."""
+    entries = index_checkpoint(cfg, shards, awq)
+    return {name: dataclasses.replace(entries[name], shape=shape)
+            for name, shape in expected_shapes(twin, awq).items()}
+
+
 def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None,
-                 awq: AwqConfig | None = None, int4_layout: str | None = None, embed_on_host: bool = False):
+                 awq: AwqConfig | None = None, int4_layout: str | None = None, embed_on_host: bool = False,
+                 entries: dict[str, TensorEntry] | None = None, read_values: bool = True):
     """Read the checkpoint into fused device tensors: a dict with embed, norm, lm_head and per-layer ln1, ln2,
     qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors; an AWQ checkpoint's
     become awq.RowPackedInt4 (int4_layout "triton"), awq.Int4Weight ("torch": torch's int4 kernel) or dense
-    (None: dequantised once here)."""
+    (None: dequantised once here). read_values=False reads nothing: the same tensors, uninitialised (a shape
+    twin's, with its `entries`: twin_entries)."""
     import torch
 
-    entries = index_checkpoint(cfg, shards, awq)
+    if entries is None:
+        entries = index_checkpoint(cfg, shards, awq)
     needed = list(expected_shapes(cfg, awq))
     total = sum(entries[n].nbytes for n in needed)
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
@@ -297,7 +311,11 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
 
     if progress:
         progress(0, total)
-    _copy_tensors(entries, needed, destination, device, progress, 0, total)
+    if read_values:
+        _copy_tensors(entries, needed, destination, device, progress, 0, total)
+    else:
+        for name in needed:
+            destination(name)  # allocates the AWQ tensors that are fused below
     if embed_on_host:
         alias = host_mapped_alias(out["embed"])
         out["embed_host"] = out["embed"]  # keeps the host memory alive as long as the alias

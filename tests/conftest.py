@@ -22,6 +22,16 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def awq_model(tiny_model, tmp_path_factory):
+    """The tiny model quantized to AWQ 4-bit (group 32), once per test session."""
+    from model_loader.quantize import quantize
+
+    out = tmp_path_factory.mktemp("awq") / "m"
+    quantize(tiny_model, out, group_size=32, samples=2, seq_len=64, device="cpu", clip=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def cpu_engine(tiny_model):
     from model_loader.engine import Engine
 

@@ -177,13 +177,6 @@ def test_quantize_refuses_a_group_size_that_does_not_divide(tiny_model, tmp_path
         quantize(tiny_model, tmp_path / "x", group_size=128, samples=1, seq_len=32, device="cpu")
 
 
-@pytest.fixture(scope="module")
-def awq_model(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("awq") / "m"
-    quantize(tiny_model, out, group_size=32, samples=2, seq_len=64, device="cpu", clip=False)
-    return out
-
-
 def _broken(awq_model, tmp_path, **qcfg):
     folder = tmp_path / "broken"
     shutil.copytree(awq_model, folder)

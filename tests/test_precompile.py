@@ -2,6 +2,9 @@
 their compiles on a thread pool; the warm-up itself must then need no kernel variant beyond those (on a GPU).
 Where kernels are interpreted nothing is attempted and the warm-up still works."""
 
+import pytest
+
+from model_loader import compile_ahead
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
 from model_loader.kernels import int4_triton, precompile, triton_ops
@@ -43,37 +46,51 @@ def test_the_compile_pool_enters_and_leaves_tritons_async_mode_once():
     assert active_mode.get() is None
 
 
-def test_a_first_start_compiles_every_kernel_on_the_pool(tiny_model, device, monkeypatch, tmp_path):
-    """Every Triton compile of the warm-up (a disk-cache hit still goes through triton's compile()) runs on a
-    compile-pool thread: the pass ahead submitted each variant the warm-up launches, none is compiled on the
-    warm-up's own thread. On the H200 (2026-12-03) benchmarks/first_start_profile.py measured the same: 14 of 14
-    (bf16) and 29 of 29 (4-bit) compiles on the pool."""
+def _record_compiles(monkeypatch) -> list[tuple[str, str]]:
+    """(kernel, thread) of every Triton compile from now on, this process's earlier compiles forgotten."""
+    import threading
+
+    import triton.compiler
+    import triton.compiler.compiler
+
+    compiled_on: list[tuple[str, str]] = []
+    original = triton.compiler.compiler.compile
+
+    def recording_compile(src, *args, **kwargs):
+        compiled_on.append((getattr(getattr(src, "fn", None), "__name__", "?"), threading.current_thread().name))
+        return original(src, *args, **kwargs)
+
+    monkeypatch.setattr(triton.compiler.compiler, "compile", recording_compile)
+    monkeypatch.setattr(triton.compiler, "compile", recording_compile)
+    for kernel in _our_kernels():  # forget this process's compiles; the binder picks up the patched compile
+        kernel.device_caches.clear()
+    return compiled_on
+
+
+@pytest.mark.parametrize("kind,beside_load", [("dense", True), ("dense", False), ("awq", True)],
+                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load"])
+def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny_model, device, monkeypatch,
+                                                         tmp_path, request):
+    """Every Triton compile of a first start (a disk-cache hit still goes through triton's compile()) runs on a
+    compile-pool thread: the pass ahead, over the model's shape twin while the weights load (model_loader.
+    compile_ahead) or over the loaded model where the twin doesn't fit, submitted each variant the warm-up
+    launches; none is compiled on the loading thread. On the H200 (2026-12-03) benchmarks/first_start_profile.py
+    measured the same: 14 of 14 (bf16) and 29 of 29 (4-bit) compiles on the pool."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel_cache marker: a first start
     on_gpu = device == "cuda"
-    engine = Engine.load(tiny_model, device=device, use_triton=True, context_length=1024 if on_gpu else 128)
+    if not beside_load:
+        monkeypatch.setattr(compile_ahead, "TWIN_HEADROOM", 1 << 60)  # "the twin would not fit"
+    compiled_on = _record_compiles(monkeypatch) if on_gpu else []
+    folder = tiny_model if kind == "dense" else request.getfixturevalue("awq_model")
+    engine = Engine.load(folder, device=device, use_triton=True, context_length=1024 if on_gpu else 128)
     assert engine.first_start == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
-    compiled_on: list[tuple[str, str]] = []
-    if on_gpu:
-        import threading
-
-        import triton.compiler
-        import triton.compiler.compiler
-
-        original = triton.compiler.compiler.compile
-
-        def recording_compile(src, *args, **kwargs):
-            compiled_on.append((getattr(getattr(src, "fn", None), "__name__", "?"), threading.current_thread().name))
-            return original(src, *args, **kwargs)
-
-        monkeypatch.setattr(triton.compiler.compiler, "compile", recording_compile)
-        monkeypatch.setattr(triton.compiler, "compile", recording_compile)
-        for kernel in _our_kernels():  # forget this process's compiles; the binder picks up the patched compile
-            kernel.device_caches.clear()
+    assert ("compile_walk_s" in engine.info.load_breakdown) == (on_gpu and beside_load)
     engine.warm_up()
     if on_gpu:
         assert len(compiled_on) >= 10
-        elsewhere = [(k, t) for k, t in compiled_on if not t.startswith("r1desk-compile")]
-        assert not elsewhere, f"compiled on the warm-up's thread, not ahead: {elsewhere}"
+        # the Triton self-check compiles its own variant on its own thread, beside the load
+        elsewhere = [(k, t) for k, t in compiled_on if not t.startswith(("r1desk-compile", "r1desk-triton-check"))]
+        assert not elsewhere, f"compiled elsewhere than on the pool: {elsewhere}"
         assert not engine.first_start  # marked prepared: the next start skips the pass
     settings = SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True)
     out = [ev for ev in engine.generate_ids(engine.chat.encode_plain("Hi"), settings) if isinstance(ev, Finished)]

@@ -139,6 +139,24 @@ class CompilePool:
             self.executor.shutdown(wait=True)
 
 
+def async_compile_mode():
+    """Triton's AsyncCompileMode, or None where compiling ahead isn't possible here."""
+    return _async_compile_mode()
+
+
+def open_compile_pool(workers: int | None = None) -> CompilePool | None:
+    """A CompilePool entered on this thread (every Triton compile this thread starts goes to it until finish()),
+    or None where that isn't possible here. finish() may be called from any thread."""
+    mode_cls = _async_compile_mode()
+    if mode_cls is None:
+        return None
+    try:
+        return CompilePool(mode_cls, workers or default_workers())
+    except RuntimeError as err:  # "Another AsyncCompileMode is already active": compile as usual
+        log.warning("not compiling ahead: %s", err)
+        return None
+
+
 @contextmanager
 def compile_pool(workers: int | None = None):
     """Inside: every Triton compile goes to a pool of `workers` threads. Yields a CompilePool, or None where that
@@ -146,13 +164,7 @@ def compile_pool(workers: int | None = None):
     compile (if finish() was not called already). Compile errors are not raised here: a launch of that kernel
     meets them where they are handled today (a configuration this GPU can't run is skipped, a broken Triton
     falls back)."""
-    mode_cls = _async_compile_mode()
-    pool = None
-    if mode_cls is not None:
-        try:
-            pool = CompilePool(mode_cls, workers or default_workers())
-        except RuntimeError as err:  # "Another AsyncCompileMode is already active": compile as usual
-            log.warning("not compiling ahead: %s", err)
+    pool = open_compile_pool(workers)
     if pool is None:
         yield None
         return

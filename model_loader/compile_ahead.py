@@ -1,0 +1,165 @@
+"""A first start's kernel compiles, under way while the weights are still loading.
+
+On a machine that never ran r1desk, Triton compiles every kernel variant the warm-up launches (kernels.precompile
+submits them all to a thread pool at once: H200, 2026-12-03, 2.5-3.5 s). What it compiles depends only on
+shapes, dtypes, alignments and the integer arguments' divisibility, never on the weights' values, so it need not
+wait for the weights (1-2 s to read). `CompileBesideLoad` walks the warm-up's paths with compile-only launches
+(`walk_warm_up_paths`) over a *shape twin* of the model being loaded: one decoder layer with uninitialised
+weights in the same layout (fused QKV and gate/up, the same int4 packing), a KV cache with the same strides and
+a token table cut to a few rows (only cuBLAS and torch's embedding ever see the vocabulary size). Its compiles run
+on the pool beside the weight copies; the warm-up then only waits for what is still compiling.
+
+Walking the real code paths (not a hand-kept list of kernels) is what makes the twin's variants the ones the
+warm-up launches; tests/test_precompile.py checks on a GPU that the warm-up compiles nothing itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+import torch
+
+from model_loader.kernels import precompile
+
+log = logging.getLogger(__name__)
+
+TWIN_VOCAB = 256  # token rows of the twin's embedding and LM head: only torch's kernels read them
+TWIN_HEADROOM = 512 * 2**20  # free device memory the twin must leave beside the model's weights
+
+
+WARM_UP_TOKENS = 8  # the warm-up's eager prompt: its length is one of the things kernels are compiled for
+
+
+def warm_up_ids(device) -> torch.Tensor:
+    """The prompt the warm-up prefills eagerly (its values don't matter; its length and dtype do)."""
+    return torch.zeros(WARM_UP_TOKENS, dtype=torch.int64, device=device)
+
+
+def walk_warm_up_paths(model, buckets, graphs: bool) -> None:
+    """Every path of the warm-up once, with compile-only Triton launches (kernels.precompile.compile_only):
+    submits every kernel variant the warm-up needs to the compile pool at once. `model` is the model itself or
+    its shape twin; `buckets` the prefill lengths captured as CUDA graphs; graphs: whether the warm-up captures
+    graphs (then it also times every single-token GEMV and decode attention candidate)."""
+    from model_loader.kernels import triton_ops
+
+    dev = model.device
+    with precompile.compile_only(), torch.inference_mode():
+        if graphs:  # the longest compiles first: the GEMV candidates (4-bit: ~1-2 s each)
+            model.linear.call_every_candidate(model.w, model.dtype)
+        # the same input dtypes and shapes as the engine's warm-up, decode step and prefill graphs
+        ids = warm_up_ids(dev)
+        model.prefill(ids, 0)
+        model.prefill(ids[:2], ids.numel())  # the prefix-reuse path
+        if graphs:
+            token = torch.zeros(1, dtype=torch.int64, device=dev)
+            pos = torch.zeros(1, dtype=torch.int32, device=dev)
+            for config in triton_ops.decode_attention_candidates(dev):
+                model.set_decode_attention_config(config)
+                model.decode(token, pos, 0)
+            model.set_decode_attention_config(None)
+            tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
+            last = torch.zeros(1, dtype=torch.int64, device=dev)
+            start = torch.zeros(1, dtype=torch.int32, device=dev)
+            for bucket in buckets:  # the variants differ by tile shape and split; every bucket to be sure
+                for fresh in (True, False):
+                    model.prefill_static(tokens[:bucket], last, start, fresh)
+
+
+def twin_config(cfg):
+    """The model's config with one decoder layer and TWIN_VOCAB tokens."""
+    return dataclasses.replace(cfg, num_hidden_layers=1, vocab_size=TWIN_VOCAB)
+
+
+def twin_bytes(cfg, dtype: torch.dtype, context: int) -> int:
+    """A generous bound on the device memory the twin takes while it is walked: one layer's weights (AWQ
+    unpacks them to int32 on the way: 4 bytes a weight), a 2,048-token prefill's activations, one layer of KV."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    params = (cfg.q_size + 2 * cfg.kv_size) * h + h * cfg.q_size + 3 * i * h
+    activations = 2048 * (2 * i + 4 * h) * 4
+    kv = 2 * cfg.num_key_value_heads * context * cfg.head_dim * dtype.itemsize
+    return 6 * params + activations + kv
+
+
+class CompileBesideLoad:
+    """Builds the shape twin and walks it on a helper thread, inside a compile pool entered there (Triton's
+    async-compile mode is per thread, so the loading thread's own launches are unaffected). The loading thread
+    calls release_twin() once its weights are in (waits for the walk, frees the twin, before the free memory is
+    measured for the context); the warm-up calls finish() (waits for the compiles); anything that ends the load
+    early calls abandon()."""
+
+    def __init__(self, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
+                 int4pack_prefill: bool):
+        self._args = (cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill)
+        self.device = device
+        self.pool: precompile.CompilePool | None = None
+        self.error: BaseException | None = None
+        self.walk_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="r1desk-twin-walk", daemon=True)
+
+    @classmethod
+    def start_if_room(cls, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
+                      int4pack_prefill: bool, weights_bytes: int) -> "CompileBesideLoad | None":
+        """Started, or None where Triton can't compile ahead here or the twin would not fit beside the weights
+        (then the warm-up compiles ahead on the loaded model, after the load, as before)."""
+        if precompile.async_compile_mode() is None:
+            return None
+        free, _ = torch.cuda.mem_get_info(device)
+        need = weights_bytes + twin_bytes(cfg, dtype, context) + TWIN_HEADROOM
+        if free < need:
+            log.info("compiling after the load: the model's shape twin would not fit beside its weights "
+                     "(%.2f GiB free, %.2f GiB needed)", free / 2**30, need / 2**30)
+            return None
+        ahead = cls(cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill)
+        ahead._thread.start()
+        return ahead
+
+    @property
+    def workers(self) -> int:
+        return self.pool.workers if self.pool is not None else 0
+
+    def _run(self) -> None:
+        import time
+
+        from model_loader.qwen2 import Qwen2Model
+        from model_loader.weights import load_weights, twin_entries
+
+        cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill = self._args
+        t = time.perf_counter()
+        try:
+            with torch.cuda.device(device):  # Triton compiles for the thread's current device
+                self.pool = precompile.open_compile_pool()
+                if self.pool is None:
+                    return
+                small = twin_config(cfg)
+                weights = load_weights(small, shards, device, dtype, awq=awq, int4_layout=int4_layout,
+                                       entries=twin_entries(cfg, shards, awq, small), read_values=False)
+                twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True)
+                if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
+                    twin.linear.use_int4pack_prefill(weights, device, dtype)
+                walk_warm_up_paths(twin, buckets, graphs)
+                del twin, weights
+        except BaseException as err:  # the warm-up compiles whatever was not submitted, as on any start
+            self.error = err
+            log.warning("compiling ahead beside the load stopped: %s: %s", type(err).__name__,
+                        str(err).splitlines()[0] if str(err) else "")
+        finally:
+            self.walk_s = time.perf_counter() - t
+
+    def release_twin(self) -> None:
+        """Wait for the walk (its compiles go on) and give the twin's memory back to the device."""
+        self._thread.join()
+        torch.cuda.empty_cache()
+
+    def finish(self) -> None:
+        """Wait for every compile submitted (idempotent)."""
+        self._thread.join()
+        if self.pool is not None:
+            self.pool.finish()
+
+    def abandon(self) -> None:
+        """The load ended early: wait for the compiles all the same (a compile can't be stopped midway, and a
+        kernel left half-registered with Triton would break the next load in this process), free the twin."""
+        self.finish()
+        torch.cuda.empty_cache()
