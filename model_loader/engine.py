@@ -34,7 +34,6 @@ from model_loader.kernels import triton_available, triton_works
 from model_loader.kernels.side_stream import side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
-from model_loader.replay_gate import ReplayGate
 from model_loader.sampling import SamplerParams, greedy, sample
 from model_loader.stats import memory_stats
 from model_loader.weights import load_weights
@@ -47,8 +46,8 @@ STOP_THINKING_TEXT = "\n</think>\n\n"
 # A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens. Four
 # (not two) because the window's GUI thread takes the GIL for up to a few ms at a time (a Qt call such as
 # setHtml holds it throughout): measured with benchmarks/window_overhead.py, 2 -> 94%, 3 -> 98%, 4 -> 99.6% of
-# the decode speed without a window at 1.4 ms a step. At a cancel, a stop-thinking or the end of a reply the
-# steps still queued skip their work where the GPU can (replay_gate), else they run first (4 x 1-1.5 ms).
+# the decode speed without a window at 1.4 ms a step. Cancel and stop-thinking wait for the queued steps
+# (4 x 1-1.5 ms) before they take effect.
 QUEUED_STEPS = 4
 OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
@@ -88,7 +87,6 @@ class DecodeStep:
         self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
         self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
         self.tuned_us: dict = {}  # tune(): {upper depth: {config: us per step}}
-        self.gate: ReplayGate | None = None  # made at the first capture (after every compile of a first start)
 
     def config_for(self, length: int):
         """The attention configuration for a step that attends over `length` cached tokens."""
@@ -116,22 +114,11 @@ class DecodeStep:
                     self.pos.zero_()
                     self._step(mode, 0, config)
             torch.cuda.current_stream().wait_stream(stream)
-            if self.gate is None:
-                self.gate = ReplayGate(self.model.device)
             graph = torch.cuda.CUDAGraph()
             self.pos.zero_()
-            with torch.cuda.graph(graph), torch.inference_mode(), self.gate.body():
+            with torch.cuda.graph(graph), torch.inference_mode():
                 self._step(mode, 0, config)
             self.graphs[(mode, config)] = graph
-
-    def halt_queued(self) -> int:
-        """Let the steps still queued on the GPU skip their work (replay_gate), wait for the GPU, and return the
-        position after the last step that ran (each step advances it by one). Without the gate the queued
-        steps run first, as they always did."""
-        with (self.gate.closed() if self.gate is not None else contextlib.nullcontext()):
-            if self.model.device.type == "cuda":
-                torch.cuda.current_stream().synchronize()
-            return int(self.pos.item())
 
     def tune(self, configs, buckets: list[int]) -> dict:
         """Choose each depth bucket's decode attention configuration by timing the whole decode step: a greedy
@@ -778,12 +765,11 @@ class Engine:
                 received += 1
                 yield from emit(tok)
                 finish = done(tok)
-            # Steps still queued (past the end of the reply, or before a cancel or stop-thinking) skip their work
-            # where the GPU can (replay_gate). The ones that ran consumed tokens[-received:][:ran]: their K/V
-            # are in the cache.
-            ran = self.step.halt_queued() - n_seq
+            if on_cuda:
+                torch.cuda.current_stream().synchronize()
+            # Steps that ran consumed tokens[-received:][:launched]; their K/V are in the cache.
             pass_tokens = tokens[len(tokens) - received:]
-            self._cache_tokens = seq + pass_tokens[:ran]
+            self._cache_tokens = seq + pass_tokens[:launched]
             if not inject:
                 break
             stopped_thinking = True
