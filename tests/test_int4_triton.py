@@ -257,10 +257,7 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
 
     every = tuple(int4_triton.INT4_GEMV_CONFIGS)
     # the real table, on this device: the R1-1.5B's qkv weight (group 128)
-    qkv = fmt.to_row_packed(*_random_awq(2048, 1536, 128), 128)
-    if device == "cuda":
-        qkv = fmt.RowPackedInt4(qkv.qweight.cuda(), qkv.scales.cuda(), qkv.zeros.cuda(), qkv.group_size,
-                                qkv.interleave, qkv.gate_up_pairs)
+    qkv = _on(fmt.to_row_packed(*_random_awq(2048, 1536, 128), 128), device)
     hopper = device == "cuda" and torch.cuda.get_device_capability()[0] == 9
     assert int4_triton.int4_gemv_candidates(qkv, False) == (
         int4_triton.INT4_GEMV_MEASURED[(2048, 1536, False)] if hopper else every)
@@ -291,9 +288,9 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
     monkeypatch.setattr(int4_triton, "int4_gemv", real_gemv)
     used = []
     monkeypatch.setattr(int4_triton, "_int4_gemv_kernel", _RecordingKernel(int4_triton._int4_gemv_kernel, used))
-    x = torch.randn(1, 256)
-    torch.testing.assert_close(linears(x, weights["layers"][0]["qkv_w"]),
-                               x @ fmt.dequantize_row_packed(weights["layers"][0]["qkv_w"]).t(), rtol=1e-3, atol=1e-3)
+    x = torch.randn(1, 256, device=device)
+    w = _on(weights["layers"][0]["qkv_w"], device)  # the same shape: the same untuned choice
+    torch.testing.assert_close(linears(x, w), x @ fmt.dequantize_row_packed(w).t(), rtol=1e-3, atol=1e-3)
     assert used[-1]["BLOCK_N"] == measured[0][0] and used[-1]["NB"] == measured[0][1]
     monkeypatch.setattr(int4_triton, "time_configs", lambda ws, configs, call: timed.append(
         (ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {})
@@ -302,6 +299,12 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
     # nothing could be timed: the first candidate of each use
     assert linears.int4_choice[((48, 256), False)] == measured[0]
     assert result["choice"]["48x256"] == f"triton int4 {measured[0]}"
+
+
+def _on(w, device):
+    """A RowPackedInt4 with its tensors on `device`."""
+    return fmt.RowPackedInt4(w.qweight.to(device), w.scales.to(device), w.zeros.to(device), w.group_size,
+                             w.interleave, w.gate_up_pairs)
 
 
 class _RecordingKernel:
