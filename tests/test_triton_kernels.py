@@ -72,7 +72,7 @@ def _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, ref_start
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("start,t", [(0, 5), (7, 1)])
+@pytest.mark.parametrize("start,t", [(0, 5), (7, 1), (3, 21)])
 def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t):
     qkv, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, t, seed=1)
     pos_t = torch.tensor([start], device=device, dtype=torch.int32)

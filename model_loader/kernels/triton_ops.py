@@ -95,42 +95,47 @@ def rms_norm(x, weight, eps):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens"])
 def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                            PDL: tl.constexpr):
+                            n_tokens, max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
+                            BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
+    # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
     _pdl_start(PDL)
-    tok = tl.program_id(0)
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)  # 0..Hq-1: q heads, then Hkv k heads, then Hkv v heads
-    pos = tl.load(pos_ptr) + tok
-    half = tl.arange(0, D // 2)
-    row = qkv_ptr + tok * (NUM_HEADS + 2 * NUM_KV) * D + head * D
-    x1 = tl.load(row + half).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
-    x2 = tl.load(row + D // 2 + half).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32)
+    live = (tok < n_tokens)[:, None]
+    pos = (tl.load(pos_ptr) + tok)[:, None]
+    half = tl.arange(0, D // 2)[None, :]
+    row = qkv_ptr + tok[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
+    x1 = tl.load(row + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
+    x2 = tl.load(row + D // 2 + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32)
     if head < NUM_HEADS + NUM_KV:
-        c = tl.load(cos_ptr + pos * (D // 2) + half)
-        s = tl.load(sin_ptr + pos * (D // 2) + half)
+        c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live)
+        s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
         if head < NUM_HEADS:
-            dst = q_ptr + tok * NUM_HEADS * D + head * D
+            dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
         else:
             dst = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D
     else:
         y1 = x1
         y2 = x2
         dst = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D
-    tl.store(dst + half, y1.to(q_ptr.dtype.element_ty))
-    tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty))
+    tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
+    tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
 
 
 def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None):
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
-    launch(_rope_bias_cache_kernel, (t, num_heads + 2 * num_kv_heads))(
-        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, k_cache.shape[1],
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, num_warps=1, **pdl_launch_args(qkv.device))
+    block_t = 1 if t == 1 else 16
+    launch(_rope_bias_cache_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
+        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1],
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
+        **pdl_launch_args(qkv.device))
     return q
 
 
@@ -156,7 +161,7 @@ def silu_mul(gate_up, out=None):
 
 
 @triton.jit
-def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True):
     """One block of keys into flash attention's running state: m_i [M] the running max, l_i [M] the running sum
     of exp, acc [M, D] the running weighted sum of values. visible: which (row, key) pairs count. A row that has
     seen no visible key yet keeps m_i = -inf and l_i = 0. IEEE (fp32 models): tl.dot on fp32 inputs defaults to
@@ -166,7 +171,8 @@ def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.const
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
         s = tl.dot(q, tl.trans(k)) * scale
-    s = tl.where(visible, s, float("-inf"))
+    if MASKED:  # else every (row, key) pair of the block counts
+        s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m_i - m_safe)
@@ -344,7 +350,7 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     # _prefill_attn_reduce_kernel combines, so short prefills still fill the GPU. The split count is a plain
     # int so that every bucket shares two compiled variants (split or not).
     _pdl_start(PDL)
-    mblock = tl.program_id(0)
+    mblock = tl.num_programs(0) - 1 - tl.program_id(0)  # the last rows see the most keys: start them first
     head = tl.program_id(1)
     split = tl.program_id(2)
     kvh = head // GROUP
@@ -362,8 +368,16 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     base = kvh * max_ctx * D
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
+    # Keys below start + the block's first row are visible to every row of the block: whole key blocks there
+    # need no mask (most of the work of a long prefill); the rest, up to the diagonal, are masked.
+    open_blocks = tl.maximum(tl.minimum(start + mblock * BLOCK_M, hi) - lo, 0) // BLOCK_N
+    for i in range(0, open_blocks):
+        n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
+        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
+        m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
+    for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
+        n = n_start + tl.arange(0, BLOCK_N)
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
@@ -379,22 +393,29 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
         tl.store(mid_lse_ptr + mid, tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf")), mask=row_mask)
 
 
-@triton.jit(do_not_specialize=["n_tokens", "splits"])
-def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_tokens, splits, NUM_HEADS: tl.constexpr,
-                                D: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["n_rows", "splits"])
+def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits, D: tl.constexpr,
+                                ROWS: tl.constexpr, PDL: tl.constexpr):
+    # ROWS (token, head) rows per program, over the splits in use only (one row per program over all
+    # MAX_SPLITS slots took 100 us a layer for a 2,048-token prefill on the H200).
     _pdl_start(PDL)
-    row = tl.program_id(0)  # token * NUM_HEADS + head
-    s = tl.arange(0, MAX_SPLITS)
-    s_mask = s < splits
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # token * NUM_HEADS + head
+    live = rows < n_rows
     d = tl.arange(0, D)
-    mid = s * n_tokens * NUM_HEADS + row
-    lse = tl.load(mid_lse_ptr + mid, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)  # every row sees key 0, so at least one split is finite
-    w = tl.exp(lse - m)
-    o = tl.load(mid_o_ptr + mid[:, None] * D + d[None, :], mask=s_mask[:, None], other=0.0)
-    o = tl.where(w[:, None] > 0, o, 0.0)
-    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
-    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    for s in range(0, splits):
+        m = tl.maximum(m, tl.load(mid_lse_ptr + s * n_rows + rows, mask=live, other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)  # every live row sees key 0, so some split is finite
+    acc = tl.zeros([ROWS, D], tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    for s in range(0, splits):
+        w = tl.exp(tl.load(mid_lse_ptr + s * n_rows + rows, mask=live, other=float("-inf")) - m)
+        o = tl.load(mid_o_ptr + (s * n_rows + rows)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.where(w[:, None] > 0, o, 0.0) * w[:, None]  # a split a row saw nothing of holds no values
+        total += w
+    total = tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + rows[:, None] * D + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
+             mask=live[:, None])
 
 
 class PrefillAttention:
@@ -408,6 +429,7 @@ class PrefillAttention:
     # models: 393 KB for 128 x 128 at head dim 128; fp16 on a 64 KB Turing card), the first of these that fits.
     FALLBACKS = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     MAX_SPLITS = 16
+    REDUCE_ROWS = 16  # (token, head) rows per program of the split reduce
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, max_tokens: int):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -432,10 +454,11 @@ class PrefillAttention:
         return self.working.get(tuned, tuned)
 
     def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
-        """Key splits so that about two programs per SM run: 1 for long prefills, up to MAX_SPLITS for short."""
+        """Key splits so that the programs fill every SM once: 1 for long prefills (a 2,048-token one has 192
+        programs for the H200's 132 SMs: splitting it only added the reduce), up to MAX_SPLITS for short ones."""
         programs = triton.cdiv(n_tokens, (shape or self.shape_for(n_tokens))[0]) * self.num_heads
         splits = 1
-        while splits < self.MAX_SPLITS and programs * splits < 2 * self.sms:
+        while splits < self.MAX_SPLITS and programs * splits < self.sms:
             splits *= 2
         return splits
 
@@ -471,9 +494,10 @@ class PrefillAttention:
             splits = n_splits
             break
         if splits > 1:
-            launch(_prefill_attn_reduce_kernel, (t * self.num_heads,))(self.mid_o, self.mid_lse, out, t, splits,
-                                                               NUM_HEADS=self.num_heads, D=self.head_dim,
-                                                               MAX_SPLITS=self.MAX_SPLITS, num_warps=4, **pdl)
+            rows = t * self.num_heads
+            launch(_prefill_attn_reduce_kernel, (triton.cdiv(rows, self.REDUCE_ROWS),))(
+                self.mid_o, self.mid_lse, out, rows, splits, D=self.head_dim, ROWS=self.REDUCE_ROWS, num_warps=4,
+                **pdl)
         return out
 
 
