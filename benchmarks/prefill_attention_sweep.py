@@ -17,7 +17,8 @@ from model_loader.kernels import triton_ops as T
 from model_loader.kernels.reference import keep_off_cudnn
 
 LAYERS, HQ, HKV, D = 28, 12, 2, 128
-CASES = ((0, 512), (0, 2048), (512, 1024), (4096, 1024), (4096, 2048), (8192, 2048), (4096, 16), (8192, 256))
+CASES = ((0, 512), (0, 2048), (512, 1024), (512, 2048), (4096, 1024), (4096, 2048), (8192, 2048), (4096, 16),
+         (8192, 256))
 
 
 def main() -> None:

@@ -33,9 +33,14 @@ def time_graph(step, graph, depth: int) -> float:
 def kernel_table(step, run, depth: int) -> dict:
     """{kernel name: GPU microseconds per step} over STEPS_PROFILED calls of run()."""
     step.pos.fill_(depth)
+    return kernel_totals(run, STEPS_PROFILED)
+
+
+def kernel_totals(run, calls: int) -> dict:
+    """{kernel name: {"us": GPU microseconds per call, "launches": per call}} over `calls` calls of run()."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS_PROFILED):
+        for _ in range(calls):
             run()
         torch.cuda.synchronize()
     per_kernel = defaultdict(float)
@@ -43,9 +48,9 @@ def kernel_table(step, run, depth: int) -> dict:
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
             name = event.name if len(event.name) < 90 else event.name[:87] + "..."
-            per_kernel[name] += event.device_time_total / STEPS_PROFILED
+            per_kernel[name] += event.device_time_total / calls
             counts[name] += 1
-    return {name: {"us": round(us, 2), "launches": counts[name] // STEPS_PROFILED}
+    return {name: {"us": round(us, 2), "launches": counts[name] // calls}
             for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])}
 
 

@@ -203,7 +203,8 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
         q = torch.randn(t, hq, d, generator=g).to(device, dt)
         ref = reference.prefill_attention(q, k, v, 40, 1 / math.sqrt(d))
         torch.testing.assert_close(attn(q, k, v, start_t, 1 / math.sqrt(d)), ref, **_tol(device))
-    assert attn.working == {(128, 128, 8, 3): (64, 64, 4, 1), (64, 64, 4, 3): (64, 64, 4, 1)}
+    assert attn.working == {attn._tuned(300): (64, 64, 4, 1), attn._tuned(20): (64, 64, 4, 1)}
+    assert attn._tuned(300) != attn._tuned(20)
     before = len(refused)
     attn(torch.randn(300, hq, d, generator=g).to(device, dt), k, v, start_t, 0.1)
     assert len(refused) == before  # remembered: the refused shape is not tried again
