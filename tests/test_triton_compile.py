@@ -119,11 +119,14 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     ids = torch.tensor(engine.chat.encode_plain("Hello, compile."))
     model.prefill(ids, 0)
     model.prefill(torch.arange(100, 200), ids.numel())  # after a cached prefix
-    for t in (8, 300):  # both block shapes of the prefill attention, in one pass and cut into key splits
-        q = torch.randn(t, 4, 16, dtype=torch.bfloat16)
+    attention = model.prefill_attention
+    q = torch.randn(8, 4, 16, dtype=torch.bfloat16)
+    for shape in {shape for _, shape in attention.SHAPES}:  # every block shape, in one pass and in key splits
+        attention._tuned = lambda n, shape=shape: shape
         for splits in (1, 2):
-            model.prefill_attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32),
-                                    0.25, splits=splits)
+            attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25,
+                      splits=splits)
+    del attention._tuned
     pos = torch.tensor([ids.numel()], dtype=torch.int32)
     for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
         model.set_decode_attention_config(config)

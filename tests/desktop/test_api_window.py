@@ -95,7 +95,8 @@ def test_a_chat_reply_waits_behind_an_api_request(qtbot, make_window, tiny_model
         for chunk in client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=300,
                                                     messages=[{"role": "user", "content": "a long one"}]):
             if chunk.choices:
-                parts.append(chunk.choices[0].delta.model_extra.get("reasoning_content") or "")
+                delta = chunk.choices[0].delta  # reasoning, and the answer if a sampled </think> ended it early
+                parts.append((delta.model_extra.get("reasoning_content") or "") + (delta.content or ""))
         order.append("api")
         return "".join(parts)
 
