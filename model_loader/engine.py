@@ -434,6 +434,8 @@ class Engine:
             if check_thread is not None and check_thread.is_alive():  # a load that failed early
                 check_thread.join()
         if "error" in tok_box:
+            if ahead is not None:
+                ahead.abandon()
             raise tok_box["error"]
         chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
         if dev.type == "cuda":
