@@ -54,7 +54,7 @@ def walk_warm_up_paths(model, buckets, graphs: bool) -> None:
             tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
             last = torch.zeros(1, dtype=torch.int64, device=dev)
             start = torch.zeros(1, dtype=torch.int32, device=dev)
-            for bucket in buckets:  # the variants differ by tile shape and split; every bucket to be sure
+            for bucket in sorted(buckets, reverse=True):  # tile shape and split differ by length: every bucket
                 for fresh in (False, True):
                     model.prefill_static(tokens[:bucket], last, start, fresh)
             token = torch.zeros(1, dtype=torch.int64, device=dev)
