@@ -95,19 +95,19 @@ class CompileBesideLoad:
         self._args = (cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill)
         self.device = device
         self.pool: precompile.CompilePool | None = None
-        self.error: BaseException | None = None
+        self.error: str | None = None  # why the walk stopped early
         self.walk_s = 0.0
         self._thread = threading.Thread(target=self._run, name="r1desk-twin-walk", daemon=True)
 
     @classmethod
     def start_if_room(cls, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
-                      int4pack_prefill: bool, weights_bytes: int) -> "CompileBesideLoad | None":
+                      int4pack_prefill: bool, load_bytes: int) -> "CompileBesideLoad | None":
         """Started, or None where Triton can't compile ahead here or the twin would not fit beside the weights
         (then the warm-up compiles ahead on the loaded model, after the load, as before)."""
         if precompile.async_compile_mode() is None:
             return None
         free, _ = torch.cuda.mem_get_info(device)
-        need = weights_bytes + twin_bytes(cfg, dtype, context) + TWIN_HEADROOM
+        need = load_bytes + twin_bytes(cfg, dtype, context) + TWIN_HEADROOM
         if free < need:
             log.info("compiling after the load: the model's shape twin would not fit beside its weights "
                      "(%.2f GiB free, %.2f GiB needed)", free / 2**30, need / 2**30)
@@ -128,10 +128,12 @@ class CompileBesideLoad:
 
         cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill = self._args
         t = time.perf_counter()
+        twin = weights = None
         try:
             with torch.cuda.device(device):  # Triton compiles for the thread's current device
                 self.pool = precompile.open_compile_pool()
                 if self.pool is None:
+                    self.error = "Triton can't compile ahead here"
                     return
                 small = twin_config(cfg)
                 weights = load_weights(small, shards, device, dtype, awq=awq, int4_layout=int4_layout,
@@ -140,13 +142,18 @@ class CompileBesideLoad:
                 if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
                     twin.linear.use_int4pack_prefill(weights, device, dtype)
                 walk_warm_up_paths(twin, buckets, graphs)
-                del twin, weights
-        except BaseException as err:  # the warm-up compiles whatever was not submitted, as on any start
-            self.error = err
-            log.warning("compiling ahead beside the load stopped: %s: %s", type(err).__name__,
-                        str(err).splitlines()[0] if str(err) else "")
+        except BaseException as err:  # the warm-up walks the loaded model instead (Engine.warm_up)
+            # Only the message is kept: the exception's frames would keep the twin in GPU memory.
+            self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            log.warning("compiling ahead beside the load stopped: %s", self.error)
         finally:
+            twin = weights = None  # noqa: F841 (frees the twin now, whatever happened)
             self.walk_s = time.perf_counter() - t
+
+    @property
+    def complete(self) -> bool:
+        """The walk ended (call after release_twin or finish) having submitted every compile the warm-up needs."""
+        return not self._thread.is_alive() and self.error is None and self.pool is not None
 
     def release_twin(self) -> None:
         """Wait for the walk (its compiles go on) and give the twin's memory back to the device."""

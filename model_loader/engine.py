@@ -36,7 +36,7 @@ from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
 from model_loader.stats import memory_stats
-from model_loader.weights import load_weights
+from model_loader.weights import load_peak_bytes, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -433,25 +433,28 @@ class Engine:
             tok_thread.join()
             if check_thread is not None and check_thread.is_alive():  # a load that failed early
                 check_thread.join()
-        if "error" in tok_box:
-            if ahead is not None:
+        try:
+            if "error" in tok_box:
+                raise tok_box["error"]
+            chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            info = EngineInfo(
+                model_path=str(folder.path), model_name=folder.name, device=str(dev),
+                device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
+                dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
+                kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
+                quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
+                embed_on_host=model.embed_on_host, load_s=time.perf_counter() - t0, load_breakdown=breakdown,
+                weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
+            )
+            engine = cls(folder, model, chat, info)
+        except BaseException:
+            if ahead is not None:  # the compiles it began end before the error is reported
                 ahead.abandon()
-            raise tok_box["error"]
-        chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        info = EngineInfo(
-            model_path=str(folder.path), model_name=folder.name, device=str(dev),
-            device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
-            dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
-            kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
-            quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
-            embed_on_host=model.embed_on_host,
-            load_s=time.perf_counter() - t0, load_breakdown=breakdown, weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
-        )
+            raise
         log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs", folder.name,
                  info.device_name, info.dtype, info.kernels, graphs, info.quantization, info.load_s)
-        engine = cls(folder, model, chat, info)
         engine._ahead = ahead
         if ahead is not None:
             breakdown["compile_walk_s"] = ahead.walk_s
@@ -473,18 +476,18 @@ class Engine:
         from model_loader.compile_ahead import CompileBesideLoad
 
         cfg = folder.config
-        label = quantization_label(cfg, int4, dtype, int4pack_prefill=int4 == "torch")
-        if kernel_cache.kernels_prepared(dev, kernel_variant(cfg, dtype, label)):
+        # torch's int4 layout prefills through our dequantiser only where its check passes (after the load):
+        # prepared under either label counts
+        labels = {quantization_label(cfg, int4, dtype, int4pack_prefill=check) for check in (int4 == "torch", False)}
+        if any(kernel_cache.kernels_prepared(dev, kernel_variant(cfg, dtype, label)) for label in labels):
             return None
         # the context is chosen after the load when automatic: compile for the largest it can be (a prefill
         # bucket too many costs a compile, one too few a compile on the warm-up's thread)
         context = ctx if ctx is not None else min(AUTO_TARGET, cfg.max_position_embeddings)
         buckets = PrefillGraphs.buckets_for(context, Qwen2Model.PREFILL_CHUNK) if graphs else ()
-        weights_bytes = sum(os.path.getsize(shard) for shard in folder.shards)  # about what lands on the device
-        if on_host:
-            weights_bytes -= cfg.vocab_size * cfg.hidden_size * dtype.itemsize
         return CompileBesideLoad.start_if_room(cfg, folder.shards, cfg.awq, int4, dev, dtype, context, buckets,
-                                               graphs, int4 == "torch", weights_bytes)
+                                               graphs, int4 == "torch",
+                                               load_peak_bytes(cfg, folder.shards, dtype, on_host))
 
     @property
     def _kernel_variant(self) -> str:
@@ -520,9 +523,16 @@ class Engine:
         # prepared (kernel_cache), everything is in Triton's disk cache and that walk would only cost time.
         # A first start whose twin could not be walked beside the load walks the loaded model now.
         beside_load, self._ahead = self._ahead, None
-        ahead = beside_load is None and self.first_start and self.model.device.type == "cuda"
-        with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
-            self._warm_up_steps(step, graphs, buckets, pool or beside_load, walk=ahead)
+        try:
+            if beside_load is not None and not beside_load.complete:  # its walk stopped early
+                beside_load.finish()  # what it submitted compiles; the walk below submits the rest
+                beside_load = None
+            ahead = beside_load is None and self.first_start and self.model.device.type == "cuda"
+            with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
+                self._warm_up_steps(step, graphs, buckets, pool or beside_load, walk=ahead)
+        finally:  # a warm-up stopped early (a window closed, out of memory) still ends the compiles it began
+            if beside_load is not None:
+                beside_load.finish()
         if progress is not None:
             progress(total, total, "ready")
         if self.info.kernels == "triton":

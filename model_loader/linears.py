@@ -54,6 +54,8 @@ class Linears:
         """Prefill torch-layout int4 weights through our dequantiser without checking it (enable_int4pack_prefill
         checks, then calls this): what a model's shape twin does (model_loader.compile_ahead)."""
         packed = self._int4_weights(weights, Int4Weight)
+        if not packed:  # every group dequantised at load: nothing to prefill this way
+            return
         size = max(w.out_features * w.in_features for w in packed)
         if self.scratch is None or self.scratch.numel() < size:
             self.scratch = torch.empty(size, device=device, dtype=dtype)

@@ -228,6 +228,21 @@ def host_mapped_alias(pinned):
         return None
 
 
+def load_peak_bytes(cfg: Qwen2Config, shards: tuple[Path, ...], dtype, embed_on_host: bool) -> int:
+    """About the most device memory load_weights takes for this checkpoint: its tensors in the model's dtype
+    (AWQ's packed ints as they are; the embedding table not, where it stays in host memory) and, for AWQ, one
+    fused gate/up unpacked to int32 on the way (_fuse_awq_linears). Read from the headers only."""
+    total = 0
+    for name, entry in index_checkpoint(cfg, shards, cfg.awq).items():
+        if name == "model.embed_tokens.weight" and embed_on_host and not cfg.tie_word_embeddings:
+            continue
+        numel = entry.nbytes // _ITEMSIZE[entry.dtype]
+        total += entry.nbytes if entry.dtype == "I32" else numel * dtype.itemsize
+    if cfg.awq is not None:
+        total += 3 * 2 * cfg.intermediate_size * cfg.hidden_size * 4  # values, zeros, scales side by side
+    return total
+
+
 def twin_entries(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None, twin: Qwen2Config
                  ) -> dict[str, TensorEntry]:
     """Checkpoint entries for `twin` (cfg with fewer layers and tokens: model_loader.compile_ahead): each

@@ -75,3 +75,21 @@ def test_the_twins_memory_bound_covers_a_layer_and_a_long_prefill(tiny_model):
     layer = sum(t.numel() * t.element_size() for t in _loaded_and_twin(tiny_model, None)[1]["layers"][0].values())
     kv = 2 * cfg.num_key_value_heads * 4096 * cfg.head_dim * 2
     assert twin_bytes(cfg, torch.bfloat16, 4096) > layer + kv + 2048 * 2 * cfg.intermediate_size * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loads_memory_bound_is_what_the_weights_take(tiny_model, dtype):
+    """The room a twin must leave (CompileBesideLoad.start_if_room) counts the weights as loaded, in the model's
+    dtype whatever the checkpoint's, and leaves out an embedding table kept in host memory."""
+    from model_loader.weights import load_peak_bytes
+
+    spec = resolve_model(tiny_model)
+    cfg = spec.config
+    real = load_weights(cfg, spec.shards, "cpu", dtype)
+    tensors = {t.data_ptr(): t for t in [real["embed"], real["lm_head"], real["norm"]]
+               + [t for layer in real["layers"] for t in layer.values()]}
+    loaded = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert load_peak_bytes(cfg, spec.shards, dtype, embed_on_host=False) == loaded
+    embed = real["embed"].numel() * real["embed"].element_size()
+    expected_on_host = loaded if cfg.tie_word_embeddings else loaded - embed
+    assert load_peak_bytes(cfg, spec.shards, dtype, embed_on_host=True) == expected_on_host
