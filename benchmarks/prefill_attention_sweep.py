@@ -49,7 +49,8 @@ def main() -> None:
         for c, us in best:
             rows.append({"start": start, "new": t, "config": c, "us_per_layer": round(us, 2),
                          "tflops": round(flops / us / 1e6, 1)})
-        print(f"prefix {start:>5} + {t:>4} new: default {res.get((64, 64, 4, 2), float('nan')):.1f} us; "
+        tuned = next(shape for upto, shape in T.PrefillAttention.SHAPES if upto is None or t <= upto)
+        print(f"prefix {start:>5} + {t:>4} new: tuned {tuned} {res.get(tuned, float('nan')):.1f} us; "
               f"SDPA fresh {t} {sdpa.get(None, float('nan')):.1f} us; best "
               + "; ".join(f"{c} {us:.1f} us ({flops / us / 1e6:.0f} TF/s)" for c, us in best[:4]), flush=True)
     if args.json:

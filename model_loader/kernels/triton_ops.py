@@ -424,8 +424,8 @@ class PrefillAttention:
 
     # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)), from the H200 sweep
     # (benchmarks/prefill_attention_sweep.py, 2026-12-03, with unmasked blocks below the diagonal): per layer,
-    # 4,096 cached + 1,024 new 101 us with (128, 64, 4, 2) against 149 with the earlier (128, 128, 8, 3);
-    # 4,096 + 2,048 259 us with (64, 32, 4, 2) against 314; 8,192 + 2,048 431 against 550.
+    # 4,096 cached + 1,024 new 101 us with (128, 64, 4, 2), the earlier (128, 128, 8, 3) over 117;
+    # 4,096 + 2,048 259 us with (64, 32, 4, 2) against 279; 8,192 + 2,048 431 against 479.
     SHAPES = ((256, (64, 64, 4, 3)), (1024, (128, 64, 4, 2)), (None, (64, 32, 4, 2)))
     # Smaller tiles, one pipeline stage: where a shape above needs more shared memory than the GPU has (fp32
     # models: 393 KB for 128 x 128 at head dim 128; fp16 on a 64 KB Turing card), the first of these that fits.
