@@ -67,8 +67,9 @@ def _record_compiles(monkeypatch) -> list[tuple[str, str]]:
     return compiled_on
 
 
-@pytest.mark.parametrize("kind,beside_load", [("dense", True), ("dense", False), ("awq", True)],
-                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load"])
+@pytest.mark.parametrize("kind,beside_load", [("dense", True), ("dense", False), ("awq", True),
+                                              ("dense", "walk fails")],
+                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load", "twin-walk-fails"])
 def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny_model, device, monkeypatch,
                                                          tmp_path, request):
     """Every Triton compile of a first start (a disk-cache hit still goes through triton's compile()) runs on a
@@ -80,11 +81,16 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny
     on_gpu = device == "cuda"
     if not beside_load:
         monkeypatch.setattr(compile_ahead, "TWIN_HEADROOM", 1 << 60)  # "the twin would not fit"
+    if beside_load == "walk fails":  # the twin's walk stops early: the warm-up must walk the loaded model
+        def failing_walk(model, buckets, graphs):
+            raise RuntimeError("out of something")
+
+        monkeypatch.setattr(compile_ahead, "walk_warm_up_paths", failing_walk)
     compiled_on = _record_compiles(monkeypatch) if on_gpu else []
     folder = tiny_model if kind == "dense" else request.getfixturevalue("awq_model")
     engine = Engine.load(folder, device=device, use_triton=True, context_length=1024 if on_gpu else 128)
     assert engine.first_start == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
-    assert ("compile_walk_s" in engine.info.load_breakdown) == (on_gpu and beside_load)
+    assert ("compile_walk_s" in engine.info.load_breakdown) == (on_gpu and bool(beside_load))
     engine.warm_up()
     if on_gpu:
         assert len(compiled_on) >= 10
