@@ -53,8 +53,9 @@ def run(args) -> int:
 
     service.ready.connect(on_ready)
     service.load_failed.connect(on_load_failed)
-    service.stage.connect(lambda stage: print("preparing GPU kernels (first start only)…" if stage == "preparing"
-                                              else f"{stage}…", file=sys.stderr, flush=True))
+    said = {"preparing": "preparing GPU kernels (first start only)…",
+            "compiling": "loading, and compiling GPU kernels alongside (first start only)…"}
+    service.stage.connect(lambda stage: print(said.get(stage, f"{stage}…"), file=sys.stderr, flush=True))
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, lambda: finish(0))

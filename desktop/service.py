@@ -74,7 +74,7 @@ _ids = itertools.count(1)
 class EngineService(QObject):
     """Owner of the engine worker; see the module docstring."""
 
-    stage = Signal(str)  # "importing", "loading", "warming", "preparing" (first start: compiling GPU kernels)
+    stage = Signal(str)  # "importing", "loading", "compiling", "warming", "preparing": see EngineWorker.stage
     progress = Signal(object, object)  # bytes done, bytes total
     warmup_progress = Signal(int, int, str)  # step, steps, what
     ready = Signal(object)  # the worker's info dict

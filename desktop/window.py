@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, Q
                                QWidget)
 
 from desktop import theme as themes
+from desktop.elidedlabel import ElidedLabel
 from desktop.apicontrol import ApiControl
 from desktop.chatview import ChatView
 from desktop.composer import Banner, Composer
@@ -60,10 +61,11 @@ class MainWindow(QMainWindow):
         self.setMinimumSize(760, 520)
 
         self.service: EngineService | None = None
-        self.engine_factory = None  # tests: a callable(request, progress) -> engine, instead of Engine.load
+        self.engine_factory = None  # tests: a callable(request, progress, on_compiling) -> engine, not Engine.load
         self.quantize_options = dict(group_size=128)  # the 4-bit copy; tests use 32 (the tiny model is 64 wide)
         self.engine_state = "none"  # none | loading | warming | ready | failed
         self._warmup_text = ""
+        self._load_note = ""  # said after the load's progress (a first start compiling beside it)
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
         self.editing_msg_id: int | None = None
@@ -142,17 +144,21 @@ class MainWindow(QMainWindow):
         top.setObjectName("TopBar")
         t_lay = QHBoxLayout(top)
         t_lay.setContentsMargins(16, 8, 10, 8)
-        self.title_label = QLabel("New chat")
+        # Both labels end in "…" when the bar is short of room (a long chat title, a long load or warm-up line)
+        # rather than push the buttons over each other; the status takes the room left, its text on the right.
+        self.title_label = ElidedLabel("New chat", widest=360)
         self.title_label.setObjectName("ChatTitle")
-        t_lay.addWidget(self.title_label, 1)
-        self.status_label = QLabel("No model")
+        t_lay.addWidget(self.title_label)
+        self.status_label = ElidedLabel("No model")
         self.status_label.setObjectName("Meta")
         self.status_label.setAccessibleName("Model status")
-        t_lay.addWidget(self.status_label)
+        self.status_label.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
+        t_lay.addWidget(self.status_label, 1)
         t_lay.addWidget(self.api.label)
         self.progress = QProgressBar()
         self.progress.setAccessibleName("Loading progress")
-        self.progress.setFixedWidth(160)
+        self.progress.setMinimumWidth(48)  # narrows in a narrow window rather than cover the buttons
+        self.progress.setMaximumWidth(160)
         self.progress.setTextVisible(False)
         self.progress.hide()
         t_lay.addWidget(self.progress)
@@ -364,8 +370,16 @@ class MainWindow(QMainWindow):
 
     STAGE_TEXT = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…",
                   "preparing": "Preparing GPU kernels (first start only)…"}
+    # a first start compiles the GPU kernels while the weights load: said beside the load's progress
+    COMPILING_NOTE = " · preparing GPU kernels alongside (first start only)"
 
     def _on_stage(self, stage: str) -> None:
+        if stage == "compiling":
+            self._load_note = self.COMPILING_NOTE
+            self.status_label.setText(self.STAGE_TEXT["loading"] + self._load_note)
+            return
+        if stage in ("importing", "loading"):
+            self._load_note = ""
         self.engine_state = "warming" if stage in ("warming", "preparing") else "loading"
         self._warmup_text = self.STAGE_TEXT[stage]
         self._set_status(self.STAGE_TEXT[stage], busy=True)
@@ -381,7 +395,8 @@ class MainWindow(QMainWindow):
     def _on_progress(self, done: int, total: int) -> None:
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / total) if total else 0)
-        self.status_label.setText(f"Loading model… {done / 2**30:.2f} / {total / 2**30:.2f} GB")
+        self.status_label.setText(f"Loading model… {done / 2**30:.2f} / {total / 2**30:.2f} GB"
+                                  + self._load_note)
 
     def _on_ready(self, info: dict) -> None:
         self.engine_state = "ready"

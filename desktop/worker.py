@@ -114,7 +114,9 @@ def _asdict(obj):
 class EngineWorker(QObject):
     """Lives on the engine thread. Every public signal is delivered to the GUI queued."""
 
-    stage = Signal(str)  # "importing", "loading", "warming", "preparing" (warming that compiles GPU kernels)
+    # "importing", "loading", "compiling" (a first start: loading, GPU kernels compiling beside it), "warming",
+    # "preparing" (warming that compiles GPU kernels)
+    stage = Signal(str)
     progress = Signal(object, object)  # bytes done, bytes total (Python ints: shards exceed 2**31)
     warmup_progress = Signal(int, int, str)  # step, steps, what
     ready = Signal(object)  # dict: EngineInfo fields + "memory"
@@ -129,7 +131,7 @@ class EngineWorker(QObject):
     def __init__(self):
         super().__init__()
         self.engine = None
-        self.engine_factory = None  # tests/screenshots: callable(request, progress) -> engine-like object
+        self.engine_factory = None  # tests/screenshots: callable(request, progress, on_compiling) -> engine-like
         self.delta_interval_s = DELTA_INTERVAL_S  # 0: one signal per engine delta (the stress test's setting)
         self._abort_load = threading.Event()
         self._abort_quantize = threading.Event()
@@ -163,14 +165,19 @@ class EngineWorker(QObject):
                 self.progress.emit(int(done), int(total))
 
         self.stage.emit("loading")
+
+        def on_compiling() -> None:
+            self.stage.emit("compiling")
+
         try:
             if self.engine_factory is not None:
-                engine = self.engine_factory(request, on_progress)
+                engine = self.engine_factory(request, on_progress, on_compiling)
             else:
                 ctx = request.get("context_length", 4096)  # 0 or "auto": from the free memory (Engine.load)
                 engine = Engine.load(request["spec"], device=device,
                                      context_length="auto" if ctx in (0, None, "auto") else int(ctx),
-                                     dtype=request.get("dtype") or None, progress=on_progress)
+                                     dtype=request.get("dtype") or None, progress=on_progress,
+                                     on_compiling=on_compiling)
             # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
             self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
 

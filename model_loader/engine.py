@@ -325,13 +325,14 @@ class Engine:
     @classmethod
     def load(cls, spec, device: str | None = None, context_length: int | str = 4096, dtype: str | None = None,
              progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
-             embed_on_host: bool | None = None, int4_kernel: str | None = None) -> "Engine":
+             embed_on_host: bool | None = None, int4_kernel: str | None = None, on_compiling=None) -> "Engine":
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
         window that closes mid-load stops it). context_length "auto" (or 0) takes as much context as the device
         has room for after the weights, up to 32,768 tokens (model_loader.context). int4_kernel forces an AWQ path ("triton", "torch" or
-        "dequantize"; by default the fastest that runs here). Raises ModelError (one-line message) for anything
-        unusable."""
+        "dequantize"; by default the fastest that runs here). on_compiling() is called from this thread when a
+        first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead). Raises
+        ModelError (one-line message) for anything unusable."""
         t0 = time.perf_counter()
         folder = resolve_model(spec)
         reference.keep_off_cudnn()
@@ -383,6 +384,8 @@ class Engine:
             graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
             if check_thread is not None:  # a first start compiles its kernels while the weights load
                 ahead = cls._compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host)
+                if ahead is not None and on_compiling is not None:
+                    on_compiling()
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
                                    embed_on_host=on_host)
             if check_thread is not None:

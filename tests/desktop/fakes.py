@@ -147,11 +147,15 @@ class FakeEngine:
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 
 
-def factory(engine: FakeEngine, fail_load: Exception | None = None, chunk_s: float = 0.0, chunks: int = 4):
+def factory(engine: FakeEngine, fail_load: Exception | None = None, chunk_s: float = 0.0, chunks: int = 4,
+            compiling: bool = False):
     """An engine_factory for MainWindow/EngineWorker: reports load progress (a chunk every chunk_s, like
-    reading shards from a slow disk), then returns `engine`."""
+    reading shards from a slow disk), then returns `engine`. compiling: a first start that compiles the GPU
+    kernels beside the load (Engine.load's on_compiling)."""
 
-    def make(request, progress):
+    def make(request, progress, on_compiling=None):
+        if compiling and on_compiling is not None:
+            on_compiling()
         total = engine.info.weights_bytes
         for k in range(1, chunks + 1):
             time.sleep(chunk_s)

@@ -123,8 +123,20 @@ def first_start_shot(out_dir: Path, tmp: Path) -> None:
 
     engine = CompilingEngine()
     win = make_window("dark", tmp / "first-start", engine, live=False)
+    # the weights load slowly enough to be seen, the kernels compiling beside them (Engine.load's on_compiling)
+    win.engine_factory = factory(engine, chunk_s=0.02, chunks=200, compiling=True)
     (tmp / "first-start").mkdir(exist_ok=True)
     win.start_engine()
+
+    def loaded(text: str) -> float:  # "Loading model… 1.20 / 3.31 GB · …" -> 0.36
+        try:
+            done, total = text.split("… ", 1)[1].split(" GB", 1)[0].split(" / ")
+            return float(done) / float(total)
+        except (IndexError, ValueError, ZeroDivisionError):
+            return 0.0
+
+    wait_until(lambda: "alongside" in win.status_label.text() and loaded(win.status_label.text()) > 0.4)
+    shoot(win, out_dir / "screenshot-first-start-loading.png")
     wait_until(lambda: "1/16" in win.status_label.text())
     shoot(win, out_dir / "screenshot-first-start.png")
     engine.release.set()

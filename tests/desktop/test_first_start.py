@@ -39,3 +39,35 @@ def test_a_machine_with_prepared_kernels_just_warms_up(qtbot, make_window):
     qtbot.waitUntil(lambda: win.status_label.text().startswith("Warming up… 2/3"), timeout=20000)
     engine.release.set()
     qtbot.waitUntil(lambda: win.engine_state == "ready", timeout=20000)
+
+
+def test_a_first_start_that_compiles_beside_the_load_says_so_with_the_loads_progress(qtbot, make_window):
+    """Engine.load compiles the GPU kernels while the weights load on a first start (on_compiling): the load's
+    progress line says so, and the warm-up that follows still says it is preparing GPU kernels."""
+    engine = CompilingEngine()
+    win = make_window(engine=engine, wait_ready=False, load_chunk_s=0.02, compiling=True)
+    qtbot.waitUntil(lambda: " GB · preparing GPU kernels alongside (first start only)" in win.status_label.text(),
+                    timeout=20000)
+    assert win.engine_state == "loading" and win.status_label.text().startswith("Loading model… ")
+    qtbot.waitUntil(lambda: win.status_label.text().startswith("Preparing GPU kernels (first start only)… 2/3"),
+                    timeout=20000)
+    engine.release.set()
+    qtbot.waitUntil(lambda: win.engine_state == "ready", timeout=20000)
+
+
+def test_the_top_bar_gives_way_at_the_smallest_window_size(qtbot, make_window):
+    """At the window's minimum width a long status line (and a long chat title) end in "…" instead of pushing
+    the progress bar over the buttons: the bar's widgets stay side by side, and the full text stays readable in
+    the tooltip."""
+    engine = CompilingEngine()
+    win = make_window(engine=engine, wait_ready=False, load_chunk_s=0.02, compiling=True, size=(760, 520))
+    win.title_label.setText("A conversation about lighthouses, ships and the keepers of the northern coast")
+    qtbot.waitUntil(lambda: "alongside" in win.status_label.text() and " GB" in win.status_label.text(),
+                    timeout=20000)
+    bar = [win.title_label, win.status_label, win.progress, win.menu_btn, win.live_btn, win.settings_btn]
+    spans = [(w.geometry().left(), w.geometry().right()) for w in bar]
+    assert all(left < right for left, right in spans)
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+    assert win.status_label.toolTip() == win.status_label.text()
+    engine.release.set()
+    qtbot.waitUntil(lambda: win.engine_state == "ready", timeout=20000)
