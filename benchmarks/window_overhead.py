@@ -120,7 +120,7 @@ def in_window(engine: SimulatedGpuEngine) -> float:
     tmp = Path(tempfile.mkdtemp(prefix="r1desk-overhead-"))
     win = MainWindow(QSettings(str(tmp / "r1desk.ini"), QSettings.IniFormat), Store(tmp / "c.sqlite3"),
                      model="/simulated", device="cuda", max_new_tokens=len(engine.ids))
-    win.engine_factory = lambda request, progress: engine
+    win.engine_factory = lambda request, progress, on_compiling: engine
     win.resize(1280, 820)
     win.show()
     result = {}
