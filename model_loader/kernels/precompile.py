@@ -46,7 +46,8 @@ def launch(kernel, grid):
     return kernel[grid]
 
 
-def _async_compile_mode():
+def async_compile_mode():
+    """Triton's AsyncCompileMode, or None where compiling ahead isn't possible here."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return None
     try:
@@ -139,15 +140,10 @@ class CompilePool:
             self.executor.shutdown(wait=True)
 
 
-def async_compile_mode():
-    """Triton's AsyncCompileMode, or None where compiling ahead isn't possible here."""
-    return _async_compile_mode()
-
-
 def open_compile_pool(workers: int | None = None) -> CompilePool | None:
     """A CompilePool entered on this thread (every Triton compile this thread starts goes to it until finish()),
     or None where that isn't possible here. finish() may be called from any thread."""
-    mode_cls = _async_compile_mode()
+    mode_cls = async_compile_mode()
     if mode_cls is None:
         return None
     try:
