@@ -22,7 +22,10 @@ processes), and each request is matched to its server-side stamps by an id it ca
 Baseline: the same two clients against a minimal aiohttp app on plain asyncio that answers at once with a canned
 SSE stream, so the openai client's own work can be told from the server's share.
 
-    python benchmarks/api_latency_split.py [-n 300] [--token-ms 1.4] [--json out.json]
+With --model M the engine is the real one (model_loader.Engine on the GPU, loaded and warmed up as the app
+does), stamped the same way: generate() entered, and its first Delta carrying text.
+
+    python benchmarks/api_latency_split.py [-n 300] [--token-ms 1.4] [--model M [--context N]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -169,9 +172,26 @@ def _med(rows, f) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- the real server
-def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
+def _stamp_generate(generate, gen_t: dict, token_t: dict):
+    """Wraps a real engine's generate(): stamps its entry and its first Delta with text (what a client sees)."""
+    from model_loader.events import Delta
+
+    def stamped(messages, settings=None, control=None):
+        rid = messages[-1]["content"].removeprefix("bench ")
+        gen_t[rid] = time.perf_counter()
+        for ev in generate(messages, settings, control):
+            if isinstance(ev, Delta) and ev.text and rid not in token_t:
+                token_t[rid] = time.perf_counter()
+            yield ev
+
+    return stamped
+
+
+def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: str | None = None,
+                context: int = 4096) -> dict:
     """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
     import asyncio
+    import contextvars
 
     from PySide6.QtCore import QCoreApplication
 
@@ -179,6 +199,7 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
     import qasync
     from model_loader.events import Delta, Started
 
+    from desktop.api import server as server_module
     from desktop.api.server import ApiServer
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
@@ -186,6 +207,18 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
     handler_t: dict[str, float] = {}
     gen_t: dict[str, float] = {}
     token_t: dict[str, float] = {}
+    gui_t: dict[str, float] = {}  # the GUI thread has the first text (EngineService.request_progress)
+    write_t: dict[str, float] = {}  # the handler's first write carrying text returned
+    current_id: contextvars.ContextVar[str] = contextvars.ContextVar("bench_id", default="")
+
+    class StampedSse(server_module._SseResponse):
+        async def write(self, data):
+            await super().write(data)
+            rid = current_id.get()
+            if rid and rid not in write_t and any(_is_first_text(line) for line in data.split(b"\n")):
+                write_t[rid] = time.perf_counter()
+
+    server_module._SseResponse = StampedSse
 
     class StampedEngine(fakes.FakeEngine):
         """FakeEngine whose Started comes with the first token, as the real engine's does (Started is yielded
@@ -207,14 +240,37 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
 
     class StampedServer(ApiServer):
         async def chat_completions(self, request):
-            handler_t[request.headers.get(ID_HEADER, "")] = time.perf_counter()
+            rid = request.headers.get(ID_HEADER, "")
+            handler_t[rid] = time.perf_counter()
+            current_id.set(rid)
             return await super().chat_completions(request)
 
-    engine = StampedEngine(token_s=token_ms / 1000, prefill_s=0.0)
+    def real_factory(request, progress, on_compiling=None):
+        from model_loader.engine import Engine
+
+        engine = Engine.load(model, device=request["device"], context_length=context, progress=progress)
+        engine.generate = _stamp_generate(engine.generate, gen_t, token_t)
+        return engine
+
+    device = "cpu"
+    if model:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     sys.setswitchinterval(0.0005)  # as serve.run does
     app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
     app._r1desk_gc = GuiThreadGC(parent=app)
-    service = EngineService(app, engine_factory=fakes.factory(engine))
+    if model:
+        service = EngineService(app, engine_factory=real_factory)  # the worker warms it up, as in the app
+    else:
+        service = EngineService(app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000,
+                                                                                prefill_s=0.0)))
+
+    def on_progress(req, kind, tokens):
+        rid = req.messages[-1]["content"].removeprefix("bench ")
+        gui_t.setdefault(rid, time.perf_counter())
+
+    service.request_progress.connect(on_progress)
     server = StampedServer(service, host="127.0.0.1", port=0, defaults={"temperature": 0.6, "top_p": 0.95})
     loop = qasync.QEventLoop(app)  # as serve.run does
     asyncio.set_event_loop(loop)
@@ -223,8 +279,13 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
         await server.start()
         ready = loop.create_future()
         service.ready.connect(lambda info: ready.done() or ready.set_result(info))
-        service.load(MODEL_PATH, "cpu", 4096, None)
+        failed = []
+        service.load_failed.connect(lambda kind, message: failed.append(message) or ready.done()
+                                    or ready.set_result(None))
+        service.load(model or MODEL_PATH, device, context, None)
         await ready
+        if failed:
+            raise SystemExit(f"could not load the model: {failed[0]}")
         out = {}
         for mode in ("raw", "openai"):
             rows = await loop.run_in_executor(None, run_client, server.url, server.model_id, mode, n, warmup,
@@ -233,6 +294,9 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int) -> dict:
                 "send_to_handler_ms": _med(rows, lambda x: handler_t[x["id"]] - x["send"]),
                 "handler_to_engine_ms": _med(rows, lambda x: gen_t[x["id"]] - handler_t[x["id"]]),
                 "token_to_client_ms": _med(rows, lambda x: x["first"] - token_t[x["id"]]),
+                "token_to_gui_ms": _med(rows, lambda x: gui_t[x["id"]] - token_t[x["id"]]),
+                "gui_to_written_ms": _med(rows, lambda x: write_t[x["id"]] - gui_t[x["id"]]),
+                "written_to_client_ms": _med(rows, lambda x: x["first"] - write_t[x["id"]]),
                 "ttft_ms": _med(rows, lambda x: x["first"] - x["send"]),
                 "engine_ttft_ms": _med(rows, lambda x: token_t[x["id"]] - gen_t[x["id"]]),
                 "ttft_minus_engine_ms": _med(rows, lambda x: (x["first"] - x["send"])
@@ -254,6 +318,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--token-ms", type=float, default=1.4, help="the scripted engine's time per token")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--model", help="the real engine with this model on the GPU (default: a scripted engine)")
+    ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--json", help="also write the medians here")
     ap.add_argument("--client", choices=["raw", "openai"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -265,11 +331,14 @@ def main() -> int:
         return 0
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     base = baseline(args.n, args.warmup)
-    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens)
-    print(f"medians of {args.n} streamed requests per client, ms (scripted engine: {args.token_ms} ms/token)")
+    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.model, args.context)
+    engine = f"real engine, {args.model}" if args.model else f"scripted engine: {args.token_ms} ms/token"
+    print(f"medians of {args.n} streamed requests per client, ms ({engine})")
     print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
     rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
-            ("engine first token -> client chunk", "token_to_client_ms"), ("client TTFT", "ttft_ms"),
+            ("engine first token -> client chunk", "token_to_client_ms"),
+            ("  token -> GUI thread has it", "token_to_gui_ms"), ("  GUI thread -> first write returned", "gui_to_written_ms"),
+            ("  write returned -> client has it", "written_to_client_ms"), ("client TTFT", "ttft_ms"),
             ("engine's own TTFT", "engine_ttft_ms"), ("client TTFT - engine TTFT", "ttft_minus_engine_ms")]
     print("real server (qasync's loop, as r1desk-cli serve and the window run it)")
     for label, key in rows:
