@@ -28,7 +28,10 @@ def main() -> None:
     ap.add_argument("--cache", help="Triton cache folder (default: a new empty one)")
     ap.add_argument("--context", default="4096")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval before loading (seconds)")
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     cache = args.cache or tempfile.mkdtemp(prefix="triton-cache-")
     os.environ["TRITON_CACHE_DIR"] = cache
     t_start = time.perf_counter()
@@ -89,6 +92,7 @@ def main() -> None:
     step_times = [{"step": a[1], "s": round(b[0] - a[0], 3)} for a, b in zip(steps, steps[1:])]
     result = {
         "model": engine.info.model_name, "quantization": engine.info.quantization, "cache": cache,
+        "switch_interval_s": sys.getswitchinterval(), "compile_threads": os.environ.get("R1DESK_COMPILE_THREADS"),
         "first_start_marker_missing": first, "imports_s": round(t0 - t_start, 3),
         "load_s": round(t_loaded - t0, 3), "load_breakdown": {k: round(v, 3) for k, v in
                                                                engine.info.load_breakdown.items()},

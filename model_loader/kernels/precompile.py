@@ -99,7 +99,14 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
 
 
 def default_workers() -> int:
-    # Compiles are CPU-bound; one per core, but a 64-core workstation gains nothing past a few dozen variants.
+    """R1DESK_COMPILE_THREADS, else one per core up to 16: compiles are CPU-bound, but a 64-core workstation gains
+    nothing past a few dozen variants."""
+    try:
+        asked = int(os.environ.get("R1DESK_COMPILE_THREADS", "0"))
+    except ValueError:
+        asked = 0
+    if asked > 0:
+        return asked
     return max(1, min(os.cpu_count() or 1, 16))
 
 
