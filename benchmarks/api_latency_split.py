@@ -220,7 +220,14 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
     token_t: dict[str, float] = {}
     gui_t: dict[str, float] = {}  # the GUI thread has the first text (EngineService.request_progress)
     write_t: dict[str, float] = {}  # the handler's first write carrying text returned
+    submit_t: dict[str, float] = {}  # EngineService.submit returned: the request is queued to the worker thread
     current_id: contextvars.ContextVar[str] = contextvars.ContextVar("bench_id", default="")
+
+    class StampedService(EngineService):
+        def submit(self, messages, *args, **kwargs):
+            gen = super().submit(messages, *args, **kwargs)
+            submit_t[messages[-1]["content"].removeprefix("bench ")] = time.perf_counter()
+            return gen
 
     class StampedSse(server_module._SseResponse):
         async def write(self, data):
@@ -272,9 +279,9 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
     app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
     app._r1desk_gc = GuiThreadGC(parent=app)
     if model:
-        service = EngineService(app, engine_factory=real_factory)  # the worker warms it up, as in the app
+        service = StampedService(app, engine_factory=real_factory)  # the worker warms it up, as in the app
     else:
-        service = EngineService(app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000,
+        service = StampedService(app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000,
                                                                                 prefill_s=0.0)))
 
     def on_progress(req, kind, tokens):
@@ -304,6 +311,8 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
             out[mode] = {
                 "send_to_handler_ms": _med(rows, lambda x: handler_t[x["id"]] - x["send"]),
                 "handler_to_engine_ms": _med(rows, lambda x: gen_t[x["id"]] - handler_t[x["id"]]),
+                "handler_to_submitted_ms": _med(rows, lambda x: submit_t[x["id"]] - handler_t[x["id"]]),
+                "submitted_to_engine_ms": _med(rows, lambda x: gen_t[x["id"]] - submit_t[x["id"]]),
                 "token_to_client_ms": _med(rows, lambda x: x["first"] - token_t[x["id"]]),
                 "token_to_gui_ms": _med(rows, lambda x: gui_t[x["id"]] - token_t[x["id"]]),
                 "gui_to_written_ms": _med(rows, lambda x: write_t[x["id"]] - gui_t[x["id"]]),
@@ -348,6 +357,8 @@ def main() -> int:
     print(f"medians of {args.n} streamed requests per client, ms ({engine})")
     print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
     rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
+            ("  handler -> queued to the worker", "handler_to_submitted_ms"),
+            ("  queued -> engine generate()", "submitted_to_engine_ms"),
             ("engine first token -> client chunk", "token_to_client_ms"),
             ("  token -> GUI thread has it", "token_to_gui_ms"), ("  GUI thread -> first write returned", "gui_to_written_ms"),
             ("  write returned -> client has it", "written_to_client_ms"), ("client TTFT", "ttft_ms"),

@@ -185,10 +185,14 @@ class EngineService(QObject):
         req.state = "running"
         req.started_t = time.monotonic()
         self.running = req
-        self._running_gen_id = self.host.generate(req.messages, req.settings, req.control)
+        self._running_gen_id = self.host.next_id()
+        # Everything this thread does for the request comes before the worker gets it: once it has it, the
+        # engine needs the GIL for the prompt's template, tokens and prefill launches, and Python work here
+        # (the live panel, the request log, the queue labels) would hold it back: time to first token.
         self.request_started.emit(req)
         self.queue_changed.emit()
         self._announce_positions()
+        self.host.generate(req.messages, req.settings, req.control, gen_id=self._running_gen_id)
 
     def _announce_positions(self) -> None:
         ahead = 1 if self.running is not None else 0

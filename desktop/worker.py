@@ -365,10 +365,15 @@ class EngineHost(QObject):
     def load(self, spec: str, device: str, context_length: int, dtype: str | None) -> None:
         self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype))
 
-    def generate(self, messages: list[dict], settings: dict, control) -> int:
+    def next_id(self) -> int:
+        """A new generation id, for a generate() the caller makes right after (its events carry it)."""
         self._next_id += 1
-        self._generate_requested.emit(self._next_id, messages, settings, control)
         return self._next_id
+
+    def generate(self, messages: list[dict], settings: dict, control, gen_id: int | None = None) -> int:
+        gen_id = self.next_id() if gen_id is None else gen_id
+        self._generate_requested.emit(gen_id, messages, settings, control)
+        return gen_id
 
     def quantize(self, src: str, out: str, **options) -> None:
         """options: group_size (128 in the app; tests use 32 for the tiny model), samples, seq_len."""
