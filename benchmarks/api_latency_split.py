@@ -88,8 +88,11 @@ def client_main(url: str, model: str, mode: str, n: int, warmup: int, prefix: st
         import openai
 
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        pause = float(os.environ.get("R1DESK_BENCH_PAUSE_MS", "0")) / 1000
         for rid in ids:
             first = None
+            if pause:
+                time.sleep(pause)
             send = time.perf_counter()
             stream = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": f"bench {rid}"}], max_tokens=max_tokens,
@@ -338,6 +341,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--token-ms", type=float, default=1.4, help="the scripted engine's time per token")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--pause-ms", type=float, default=0.0,
+                    help="the openai client waits this long before each request (not timed): a server with "
+                         "nothing left to do from the previous one")
     ap.add_argument("--model", help="the real engine with this model on the GPU (default: a scripted engine)")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--json", help="also write the medians here")
@@ -350,6 +356,7 @@ def main() -> int:
         client_main(args.url, args.model_id, args.client, args.n, args.warmup, args.prefix, args.max_tokens)
         return 0
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["R1DESK_BENCH_PAUSE_MS"] = str(args.pause_ms)  # read by the client processes
     base = baseline(args.n, args.warmup)
     base_qt = baseline(args.n, args.warmup, on_qt=True)
     real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.model, args.context)
