@@ -66,8 +66,7 @@ class WelcomePage(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(40, 40, 40, 40)
         outer.addStretch(1)
-        card = QFrame()
-        card.setMaximumWidth(640)
+        self.card = card = QFrame()
         lay = QVBoxLayout(card)
         lay.setSpacing(12)
         title = QLabel("Welcome to r1desk")
@@ -87,7 +86,10 @@ class WelcomePage(QWidget):
 
         found_label = QLabel("Compatible models found on this computer")
         found_label.setObjectName("Role")
-        lay.addWidget(found_label)
+        found_row = QHBoxLayout()  # the list's heading, with its refresh action at the right
+        found_row.addWidget(found_label)
+        found_row.addStretch(1)
+        lay.addLayout(found_row)
         self.found = QListWidget()
         self.found.setAccessibleName("Models found on this computer")
         self.found.setMinimumHeight(120)
@@ -109,10 +111,10 @@ class WelcomePage(QWidget):
         self.rescan_btn = QPushButton("Search again")
         self.rescan_btn.setAccessibleName("Search again for models")
         self.rescan_btn.clicked.connect(self.scan)
+        found_row.addWidget(self.rescan_btn)
         row.addWidget(self.use_btn)
         row.addWidget(self.folder_btn)
         row.addStretch(1)
-        row.addWidget(self.rescan_btn)
         lay.addLayout(row)
         dl_label = QLabel("Or download it")
         dl_label.setObjectName("Role")
@@ -135,10 +137,12 @@ class WelcomePage(QWidget):
         self.download_btn.setSizePolicy(QSizePolicy.Maximum, QSizePolicy.Fixed)
         dl_row.addStretch(1)
         lay.addLayout(dl_row)
-        self.quantize_box = QCheckBox("…and make a 4-bit copy (AWQ, ~1.2 GB, half the VRAM, faster on laptop GPUs)")
+        # A checkbox's text does not wrap: kept short enough for the card at the window's smallest size.
+        self.quantize_box = QCheckBox("…and make a 4-bit copy (AWQ: ~1.2 GB, half the VRAM)")
         self.quantize_box.setAccessibleName("Also make a 4-bit copy")
         self.quantize_box.setToolTip("After the download, quantize the model to 4-bit AWQ on this computer "
-                                     "(a few minutes on a GPU) and use that copy")
+                                     "(a few minutes on a GPU) and use that copy: half the VRAM, and faster on "
+                                     "laptop GPUs")
         lay.addWidget(self.quantize_box)
         self.quantizing = False
         self.download_status = QLabel(f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
@@ -160,13 +164,27 @@ class WelcomePage(QWidget):
         lay.addWidget(hint)
         h = QHBoxLayout()
         h.addStretch(1)
-        h.addWidget(card, 10)
+        h.addWidget(card)
         h.addStretch(1)
         outer.addLayout(h)
         outer.addStretch(2)
         self._signals = _ScanSignals()
         self._signals.done.connect(self._on_found)
         self.scanning = False
+
+    CARD_WIDTH = 640  # the card's width where there is room; narrower windows give it all they have
+
+    def resizeEvent(self, event) -> None:
+        # Stretches beside the card would take their share even when the window is narrow and squeeze the
+        # card's buttons below their text (cut-off labels at the smallest window): the card takes all the width
+        # there is, up to CARD_WIDTH, and the margins shrink first (the top and bottom ones too in a short window).
+        side = 40 if event.size().width() >= self.CARD_WIDTH + 80 else 16
+        top = 40 if event.size().height() >= 640 else 12  # the smallest window needs every line for the card
+        margins = self.layout().contentsMargins()
+        if (margins.left(), margins.top()) != (side, top):
+            self.layout().setContentsMargins(side, top, side, top)
+        self.card.setFixedWidth(max(0, min(self.CARD_WIDTH, event.size().width() - 2 * side)))
+        super().resizeEvent(event)
 
     def show_error(self, text: str) -> None:
         self.error.setText(text)

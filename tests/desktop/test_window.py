@@ -214,3 +214,18 @@ def test_system_theme_is_followed_live(qtbot, make_window, monkeypatch):
     monkeypatch.setattr(themes, "system_is_dark", lambda: True)
     QGuiApplication.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
     assert QApplication.palette().window().color().name() == DARK.window and win.theme is DARK
+
+
+def test_the_welcome_page_fits_the_smallest_window(qtbot, make_window):
+    """At the window's minimum size (760 x 520) the welcome card gives every button and the 4-bit checkbox the
+    width its text needs (they were squeezed to cut-off labels such as "se selected mod"), nothing runs past the
+    page's right edge, and the wrapped introduction gets the height of its lines."""
+    win = make_window(start=False, size=(760, 520))
+    page = win.welcome
+    qtbot.waitUntil(lambda: page.isVisible() and not page.scanning, timeout=10000)
+    qtbot.waitUntil(lambda: page.card.width() < page.CARD_WIDTH, timeout=5000)  # the narrow layout is in effect
+    for w in (page.use_btn, page.folder_btn, page.rescan_btn, page.download_btn, page.quantize_box):
+        assert w.width() >= w.sizeHint().width(), (w.text(), w.width(), w.sizeHint().width())
+        right = w.mapTo(page, w.rect().topRight()).x()
+        assert right < page.width(), (w.text(), right, page.width())
+    assert page.message.height() >= page.message.heightForWidth(page.message.width())
