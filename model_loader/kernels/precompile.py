@@ -2,9 +2,10 @@
 
 On a machine that never ran r1desk, Triton compiles each kernel variant the first time it is launched, one
 after the other on the loading thread (H200, 2026-12-03: 15 variants and 8 C launchers, 5.9 s, for a bf16
-model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). The compiler spends most of its time with
-the GIL released (MLIR passes, ptxas and the C compiler are native code or subprocesses), so compiling on
-threads scales with the cores.
+model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). Compiling on threads overlaps what runs
+without the GIL (ptxas and the C compiler are subprocesses, parts of the MLIR passes are native), but much of a
+compile holds it (code generation in Python, the bindings' calls): one compile beside a single busy Python
+thread took 6x as long in a CPU experiment (seventh session), and 16 threads reach ~5x on the H200.
 
 How: on a first start the engine walks every path of its warm-up once inside `compile_pool()` (Triton's
 AsyncCompileMode over a thread pool) and `compile_only()`, where `launch(kernel, grid)` only *warms up* each
