@@ -23,6 +23,9 @@ import triton
 import triton.language as tl
 
 from model_loader.kernels import precompile
+from model_loader.kernels.jit_ops import (_add_rms_norm_kernel, _decode_attn_reduce_kernel, _decode_attn_split_kernel,
+                                          _gemv_kernel, _prefill_attn_kernel, _prefill_attn_reduce_kernel,
+                                          _rope_bias_cache_kernel, _silu_mul_kernel)
 from model_loader.kernels.precompile import launch
 from model_loader.kernels.side_stream import side_stream
 
@@ -48,32 +51,6 @@ def pdl_launch_args(device) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl_supported(device) else {"PDL": False}
 
 
-@triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    _pdl_start(PDL)
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        x += tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(res_ptr + row * n_cols + cols, x.to(res_ptr.dtype.element_ty), mask=mask)
-    # Normalise the rounded residual, exactly what the reference (and HF) sees.
-    x = x.to(res_ptr.dtype.element_ty).to(tl.float32)
-    var = tl.sum(x * x, axis=0) / n_cols
-    y = x * tl.rsqrt(var + eps) * w
-    tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
     """See reference.add_rms_norm. residual None -> a new residual buffer holding x."""
     t, h = x.shape
@@ -95,38 +72,6 @@ def rms_norm(x, weight, eps):
     return out
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            n_tokens, max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                            BLOCK_T: tl.constexpr, PDL: tl.constexpr):
-    # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
-    # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
-    _pdl_start(PDL)
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    head = tl.program_id(1)  # 0..Hq-1: q heads, then Hkv k heads, then Hkv v heads
-    live = (tok < n_tokens)[:, None]
-    pos = (tl.load(pos_ptr) + tok)[:, None]
-    half = tl.arange(0, D // 2)[None, :]
-    row = qkv_ptr + tok[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
-    x1 = tl.load(row + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
-    x2 = tl.load(row + D // 2 + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32)
-    if head < NUM_HEADS + NUM_KV:
-        c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live)
-        s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)
-        y1 = x1 * c - x2 * s
-        y2 = x2 * c + x1 * s
-        if head < NUM_HEADS:
-            dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
-        else:
-            dst = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D
-    else:
-        y1 = x1
-        y2 = x2
-        dst = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D
-    tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
-    tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
-
-
 def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None):
     t = qkv.shape[0]
     d = k_cache.shape[-1]
@@ -139,18 +84,6 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     return q
 
 
-@triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _pdl_start(PDL)
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    g = tl.load(x_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def silu_mul(gate_up, out=None):
     t, two_i = gate_up.shape
     i = two_i // 2
@@ -158,108 +91,6 @@ def silu_mul(gate_up, out=None):
     block = 1024
     launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(gate_up, out, i, BLOCK=block, num_warps=4, **pdl_launch_args(gate_up.device))
     return out
-
-
-@triton.jit
-def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True):
-    """One block of keys into flash attention's running state: m_i [M] the running max, l_i [M] the running sum
-    of exp, acc [M, D] the running weighted sum of values. visible: which (row, key) pairs count. A row that has
-    seen no visible key yet keeps m_i = -inf and l_i = 0. IEEE (fp32 models): tl.dot on fp32 inputs defaults to
-    TF32 (10-bit mantissa), which made fp32 greedy decoding drift from transformers' fp32 after a few dozen
-    tokens; bf16/fp16 inputs are exact either way."""
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    else:
-        s = tl.dot(q, tl.trans(k)) * scale
-    if MASKED:  # else every (row, key) pair of the block counts
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    if IEEE:
-        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
-
-
-@triton.jit
-def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
-    # Tokens per split, from the depth read on the device: short contexts use few splits of MIN_CHUNK tokens,
-    # long ones all MAX_SPLITS splits. One captured graph so serves every depth with no host sync.
-    chunk = tl.cdiv(tl.cdiv(length, MAX_SPLITS), BLOCK_N) * BLOCK_N
-    return tl.maximum(chunk, MIN_CHUNK)
-
-
-@triton.jit
-def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
-                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                              BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                              PDL: tl.constexpr, IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr):
-    # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
-    # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
-    # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
-    if PDL:
-        if not LATE_LAUNCH:
-            tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    kvh = tl.program_id(0)
-    split = tl.program_id(1)
-    length = tl.load(pos_ptr) + 1  # the current token is already in the cache
-    chunk = _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N)
-    start = split * chunk
-    if start < length:  # splits past the depth do nothing; the reduce only reads the active ones
-        end = tl.minimum(start + chunk, length)
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, D)
-        g_mask = g < GROUP
-        q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, D], tl.float32)
-        base = kvh * max_ctx * D
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = n < end
-            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
-        heads = kvh * GROUP + g
-        out_base = heads * MAX_SPLITS + split
-        tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
-        tl.store(mid_lse_ptr + out_base, m_i + tl.log(l_i), mask=g_mask)
-    if PDL:
-        if LATE_LAUNCH:
-            tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, block_n, max_splits, min_chunk,
-                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    # Combines the active splits of one query head for BLOCK_D of its dimensions (online log-sum-exp, BLOCK_S
-    # splits at a time): heads x D/BLOCK_D programs, so the combine is not a dozen long serial programs. The
-    # split shape comes as plain ints so one compiled reduce serves every split kernel configuration.
-    _pdl_start(PDL)
-    head = tl.program_id(0)
-    length = tl.load(pos_ptr) + 1
-    active = tl.cdiv(length, _decode_chunk(length, max_splits, min_chunk, block_n))
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
-    total = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, active, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        s_mask = s < active
-        lse = tl.load(mid_lse_ptr + head * max_splits + s, mask=s_mask, other=float("-inf"))
-        m_new = tl.maximum(m, tl.max(lse, axis=0))
-        alpha = tl.exp(m - m_new)
-        w = tl.exp(lse - m_new)  # masked splits: exp(-inf) = 0
-        o = tl.load(mid_o_ptr + (head * max_splits + s[:, None]) * D + d[None, :], mask=s_mask[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
-        total = total * alpha + tl.sum(w, axis=0)
-        m = m_new
-    tl.store(out_ptr + head * D + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 @dataclass(frozen=True)
@@ -336,86 +167,6 @@ class DecodeAttention:
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
             BLOCK_D=block_d, BLOCK_S=32, num_warps=2, **pdl)
         return self.out
-
-
-@triton.jit(do_not_specialize=["n_tokens", "splits"])
-def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
-                         splits, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                         PDL: tl.constexpr):
-    # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
-    # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
-    # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
-    # SPLIT (few queries, long prefix): the keys are cut into `splits` ranges whose partial results
-    # _prefill_attn_reduce_kernel combines, so short prefills still fill the GPU. The split count is a plain
-    # int so that every bucket shares two compiled variants (split or not).
-    _pdl_start(PDL)
-    mblock = tl.num_programs(0) - 1 - tl.program_id(0)  # the last rows see the most keys: start them first
-    head = tl.program_id(1)
-    split = tl.program_id(2)
-    kvh = head // GROUP
-    start = tl.load(start_ptr)
-    rows = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_tokens
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], mask=row_mask[:, None], other=0.0)
-    visible = start + rows  # last key each row may see
-    hi = tl.minimum(start + (mblock + 1) * BLOCK_M, start + n_tokens)  # keys this block needs
-    chunk = tl.cdiv(tl.cdiv(start + n_tokens, splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(hi, lo + chunk)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    base = kvh * max_ctx * D
-    # Keys below start + the block's first row are visible to every row of the block: whole key blocks there
-    # need no mask (most of the work of a long prefill); the rest, up to the diagonal, are masked.
-    open_blocks = tl.maximum(tl.minimum(start + mblock * BLOCK_M, hi) - lo, 0) // BLOCK_N
-    for i in range(0, open_blocks):
-        n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
-        m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
-    for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
-        n = n_start + tl.arange(0, BLOCK_N)
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
-        visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
-        m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    if not SPLIT:
-        tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=row_mask[:, None])
-    else:  # partial result of this key range; a row that saw none of it gets weight 0 (lse -inf)
-        mid = (split * n_tokens + rows) * NUM_HEADS + head
-        tl.store(mid_o_ptr + mid[:, None] * D + d[None, :], o, mask=row_mask[:, None])
-        tl.store(mid_lse_ptr + mid, tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf")), mask=row_mask)
-
-
-@triton.jit(do_not_specialize=["n_rows", "splits"])
-def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits, D: tl.constexpr,
-                                ROWS: tl.constexpr, PDL: tl.constexpr):
-    # ROWS (token, head) rows per program, over the splits in use only (one row per program over all
-    # MAX_SPLITS slots took 100 us a layer for a 2,048-token prefill on the H200).
-    _pdl_start(PDL)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # token * NUM_HEADS + head
-    live = rows < n_rows
-    d = tl.arange(0, D)
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    for s in range(0, splits):
-        m = tl.maximum(m, tl.load(mid_lse_ptr + s * n_rows + rows, mask=live, other=float("-inf")))
-    m = tl.where(m == float("-inf"), 0.0, m)  # every live row sees key 0, so some split is finite
-    acc = tl.zeros([ROWS, D], tl.float32)
-    total = tl.zeros([ROWS], tl.float32)
-    for s in range(0, splits):
-        w = tl.exp(tl.load(mid_lse_ptr + s * n_rows + rows, mask=live, other=float("-inf")) - m)
-        o = tl.load(mid_o_ptr + (s * n_rows + rows)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-        acc += tl.where(w[:, None] > 0, o, 0.0) * w[:, None]  # a split a row saw nothing of holds no values
-        total += w
-    total = tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + rows[:, None] * D + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
-             mask=live[:, None])
 
 
 class PrefillAttention:
@@ -510,24 +261,6 @@ DEPTH_BUCKETS = (1024, 4096, 16384, 32768)
 def depth_buckets(max_ctx: int) -> list[int]:
     """Upper depths of the buckets a context of max_ctx tokens needs (the last one is max_ctx)."""
     return [b for b in DEPTH_BUCKETS if b < max_ctx] + [max_ctx]
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    # One token: out[n] = sum_k x[k] * W[n, k]. Each program owns BLOCK_N rows of W and streams them once;
-    # partial products stay in registers and are reduced once at the end.
-    _pdl_start(PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_mask = cols < K
-        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
-                    other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 # (BLOCK_N, BLOCK_K, num_warps) tried against cuBLAS for each weight shape at warm-up (see gemv_autotune)
