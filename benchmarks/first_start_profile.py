@@ -100,6 +100,7 @@ def main() -> None:
         "compiles": len(compiles), "compile_s_total": round(sum(c["s"] for c in compiles), 3),
         "launchers": len(launchers), "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
         "gemv_choice": engine.info.gemv, "decode_attention": engine.info.decode_attention,
+        "compile_workers": engine.info.compile_workers,
         "compile_list": sorted(compiles, key=lambda c: -c["s"]), "launcher_list": launchers,
     }
     print(f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "
@@ -107,6 +108,8 @@ def main() -> None:
           f"(imports before: {result['imports_s']} s)")
     for s in step_times:
         print(f"  {s['s']:7.3f} s  {s['step']}")
+    if result["compile_workers"]:
+        print(f"in worker processes: {result['compile_workers']}")
     print(f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "
           f"{result['launchers']}, {result['launcher_s_total']} s")
     on_pool = [c for c in compiles if c["thread"].startswith("r1desk-compile")]

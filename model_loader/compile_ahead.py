@@ -117,8 +117,16 @@ class CompileBesideLoad:
         return ahead
 
     @property
-    def workers(self) -> int:
-        return self.pool.workers if self.pool is not None else 0
+    def threads(self) -> int:
+        return self.pool.threads if self.pool is not None else 0
+
+    @property
+    def in_processes(self) -> bool:
+        return self.pool is not None and self.pool.workers is not None
+
+    @property
+    def worker_stats(self) -> dict | None:
+        return self.pool.worker_stats if self.pool is not None and self.pool.workers is not None else None
 
     def _run(self) -> None:
         import time

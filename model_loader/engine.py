@@ -307,6 +307,7 @@ class EngineInfo:
     warmup_s: float = 0.0
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
+    compile_workers: dict | None = None  # a first start's compiles in worker processes (precompile.CompilePool)
 
 
 class Engine:
@@ -529,6 +530,7 @@ class Engine:
         try:
             if beside_load is not None and not beside_load.complete:  # its walk stopped early
                 beside_load.finish()  # what it submitted compiles; the walk below submits the rest
+                self._count_worker_compiles(beside_load)
                 beside_load = None
             ahead = beside_load is None and self.first_start and self.model.device.type == "cuda"
             with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
@@ -544,17 +546,25 @@ class Engine:
         self.info.warmup_s = time.perf_counter() - t0
         self.ready = True
 
+    def _count_worker_compiles(self, pool) -> None:
+        stats = pool.worker_stats if pool.in_processes else None
+        if stats:
+            so_far = self.info.compile_workers or {}
+            self.info.compile_workers = {k: so_far.get(k, 0) + v for k, v in stats.items()}
+
     def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool, walk: bool) -> None:
         """pool: a first start's compiles (kernels.precompile.CompilePool, or compile_ahead.CompileBesideLoad
         whose walk is done); walk: walk the warm-up's paths into it first."""
         try:
-            step(f"compiling every kernel at once ({pool.workers} CPU threads)" if pool is not None
-                 else "preparing the kernels")
+            step(("compiling every kernel at once ("
+                  + (f"{pool.threads} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)"))
+                 if pool is not None else "preparing the kernels")
             if pool is not None:
                 t = time.perf_counter()
                 if walk:
                     walk_warm_up_paths(self.model, buckets, graphs)
                 pool.finish()
+                self._count_worker_compiles(pool)
                 log.info("kernels compiled ahead in %.2f s (%s)", time.perf_counter() - t,
                          "walked now" if walk else "the rest of what was walked beside the load")
             step("running the prefill kernels")

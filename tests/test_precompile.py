@@ -7,14 +7,13 @@ import pytest
 from model_loader import compile_ahead
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
-from model_loader.kernels import int4_triton, precompile, triton_ops
+from model_loader.kernels import jit_int4, jit_ops, precompile
 
 
 def _our_kernels():
     from triton.runtime.jit import JITFunction
 
-    return [obj for module in (triton_ops, int4_triton) for obj in vars(module).values()
-            if isinstance(obj, JITFunction)]
+    return [obj for module in (jit_ops, jit_int4) for obj in vars(module).values() if isinstance(obj, JITFunction)]
 
 
 def test_launch_is_the_plain_launch_outside_compiling_ahead():
@@ -34,14 +33,14 @@ def test_the_compile_pool_enters_and_leaves_tritons_async_mode_once():
 
     from triton.runtime._async_compile import AsyncCompileMode, active_mode
 
-    pool = precompile.CompilePool(AsyncCompileMode, workers=2)
+    pool = precompile.CompilePool(AsyncCompileMode, threads=2)
     assert active_mode.get() is pool.mode
     done = pool.executor.submit(lambda: "compiled")
     assert isinstance(done, Future) and done.result() == "compiled"
     pool.finish()
     pool.finish()  # idempotent: compile_pool() calls it again on the way out
     assert active_mode.get() is None
-    again = precompile.CompilePool(AsyncCompileMode, workers=1)  # nothing left active to refuse a new one
+    again = precompile.CompilePool(AsyncCompileMode, threads=1)  # nothing left active to refuse a new one
     again.finish()
     assert active_mode.get() is None
 
@@ -97,6 +96,9 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny
         # the Triton self-check compiles its own variant on its own thread, beside the load
         elsewhere = [(k, t) for k, t in compiled_on if not t.startswith(("r1desk-compile", "r1desk-triton-check"))]
         assert not elsewhere, f"compiled elsewhere than on the pool: {elsewhere}"
+        # ... where each thread only loaded what a worker process compiled (kernels.compile_workers)
+        stats = engine.info.compile_workers
+        assert stats and stats["compiled"] >= 10 and stats["failed"] == 0 and stats["not_reused"] == 0, stats
         assert not engine.first_start  # marked prepared: the next start skips the pass
     settings = SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True)
     out = [ev for ev in engine.generate_ids(engine.chat.encode_plain("Hi"), settings) if isinstance(ev, Finished)]

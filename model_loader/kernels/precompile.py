@@ -82,21 +82,45 @@ def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
         log.debug("launcher not prepared ahead (%s: %s)", type(err).__name__, err)
 
 
+WORKER_WAIT_S = 120  # a worker's compile that takes longer than this is left to the thread (normally 0.1-2 s)
+
+
 class _LauncherPreparingExecutor(ThreadPoolExecutor):
-    """Each compile job also prepares its kernel's launcher (once per launcher)."""
+    """Each compile job first waits for the same compile in a worker process, if one was started for it
+    (compile_workers: Triton's compile then only loads the result from the cache), and then prepares its
+    kernel's launcher (once per launcher)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._launchers: set = set()
         self._launchers_lock = threading.Lock()
+        self.worker_stats = {"compiled": 0, "seconds": 0.0, "failed": 0, "not_reused": 0}
 
     def submit(self, fn, /, *args, **kwargs):
+        from model_loader.kernels import compile_workers
+
+        in_worker = compile_workers.take_pending()  # started by Triton's hook on this thread, for this compile
+
         def compile_and_prepare():
+            worker_hash = self._wait_for_worker(in_worker) if in_worker is not None else None
             kernel = fn(*args, **kwargs)
+            if worker_hash is not None and getattr(kernel, "hash", None) != worker_hash:
+                self.worker_stats["not_reused"] += 1  # compiled again here: a different cache key
             _prepare_launcher(kernel, self._launchers, self._launchers_lock)
             return kernel
 
         return super().submit(compile_and_prepare)
+
+    def _wait_for_worker(self, future) -> str | None:
+        try:
+            kernel_hash, seconds = future.result(timeout=WORKER_WAIT_S)
+        except BaseException as err:  # it failed, died or hangs: this thread compiles it instead
+            self.worker_stats["failed"] += 1
+            log.debug("a worker's compile failed (%s: %s); compiling on the thread", type(err).__name__, err)
+            return None
+        self.worker_stats["compiled"] += 1
+        self.worker_stats["seconds"] += seconds
+        return kernel_hash
 
 
 def default_workers() -> int:
@@ -112,23 +136,48 @@ def default_workers() -> int:
 
 
 class CompilePool:
-    """Triton's AsyncCompileMode over a thread pool, entered on creation. finish() waits for every compile and
+    """Triton's AsyncCompileMode over a thread pool, entered on creation; with `processes`, the compiles run in
+    worker processes (compile_workers) and the threads wait for them. finish() waits for every compile and
     stores the kernels where launches find them (idempotent; always called by compile_pool())."""
 
-    def __init__(self, mode_cls, workers: int):
-        self.workers = workers
-        self.executor = _LauncherPreparingExecutor(max_workers=workers, thread_name_prefix="r1desk-compile")
+    def __init__(self, mode_cls, threads: int, processes: bool = False):
+        self.threads = threads
+        self.executor = _LauncherPreparingExecutor(max_workers=threads, thread_name_prefix="r1desk-compile")
         try:
             self.mode = mode_cls(self.executor, ignore_errors=True)
         except TypeError:  # Tritons whose AsyncCompileMode takes only the executor
             self.mode = mode_cls(self.executor)
         self.open = False
+        self.workers = None  # compile_workers.WorkerCompiler
         try:
             self.mode.__enter__()
         except BaseException:
             self.executor.shutdown(wait=False)
             raise
         self.open = True
+        if processes:
+            self._start_workers(threads)
+
+    def _start_workers(self, count: int) -> None:
+        from model_loader.kernels import compile_workers
+
+        try:
+            self.workers = compile_workers.WorkerCompiler(count)
+            compile_workers.register(self)
+        except Exception as err:  # no processes here (a sandbox, a limit): the threads compile, as before
+            log.warning("compiling on threads only (%s: %s)", type(err).__name__, err)
+            if self.workers is not None:
+                self.workers.shutdown()
+            self.workers = None
+
+    @property
+    def in_processes(self) -> bool:
+        return self.workers is not None
+
+    @property
+    def worker_stats(self) -> dict:
+        """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted."""
+        return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0)
 
     def finish(self) -> None:
         if not self.open:
@@ -146,29 +195,43 @@ class CompilePool:
             if _async_compile.active_mode.get() is self.mode:
                 _async_compile.active_mode.set(None)
             self.executor.shutdown(wait=True)
+            if self.workers is not None:
+                from model_loader.kernels import compile_workers
+
+                compile_workers.unregister(self)
+                self.workers.shutdown()
+                stats = self.worker_stats
+                log.info("compiled %d of %d kernels in %d worker processes (%.1f s of compile time); %d failed "
+                         "there, %d compiled again on a thread", stats["compiled"], stats["submitted"],
+                         self.threads, stats["seconds"], stats["failed"], stats["not_reused"])
 
 
-def open_compile_pool(workers: int | None = None) -> CompilePool | None:
+def open_compile_pool(workers: int | None = None, processes: bool | None = None) -> CompilePool | None:
     """A CompilePool entered on this thread (every Triton compile this thread starts goes to it until finish()),
-    or None where that isn't possible here. finish() may be called from any thread."""
+    or None where that isn't possible here. finish() may be called from any thread. processes: compile in worker
+    processes (default: compile_workers.enabled())."""
     mode_cls = async_compile_mode()
     if mode_cls is None:
         return None
+    if processes is None:
+        from model_loader.kernels import compile_workers
+
+        processes = compile_workers.enabled()
     try:
-        return CompilePool(mode_cls, workers or default_workers())
+        return CompilePool(mode_cls, workers or default_workers(), processes)
     except RuntimeError as err:  # "Another AsyncCompileMode is already active": compile as usual
         log.warning("not compiling ahead: %s", err)
         return None
 
 
 @contextmanager
-def compile_pool(workers: int | None = None):
+def compile_pool(workers: int | None = None, processes: bool | None = None):
     """Inside: every Triton compile goes to a pool of `workers` threads. Yields a CompilePool, or None where that
     isn't possible here (then compiles happen on the launching thread as usual). Leaving waits for every
     compile (if finish() was not called already). Compile errors are not raised here: a launch of that kernel
     meets them where they are handled today (a configuration this GPU can't run is skipped, a broken Triton
     falls back)."""
-    pool = open_compile_pool(workers)
+    pool = open_compile_pool(workers, processes)
     if pool is None:
         yield None
         return

@@ -1,0 +1,182 @@
+"""Compile a first start's Triton kernels in worker processes, so they really run at once.
+
+Why: a Triton compile holds the GIL much of the time (code generation in Python, the bindings' calls), so the
+compile pool's threads (precompile.CompilePool) mostly take turns, and they starve the threads that load the
+weights and walk the shape twin beside them (H200: 16 threads compiled ~5x faster than one; the weights took
+1.6-2.9 s to load beside the compiles against 0.7 s alone).
+
+How: while a CompilePool with workers is open, Triton's `jit_cache_hook` (which Triton calls before every
+compile, with the kernel's specialization in its own serialized form: signature, constexprs, attributes,
+options) sends that specialization to a worker process. The worker rebuilds the same source from our torch-free
+kernel modules (jit_ops, jit_int4: a worker starts in a fraction of a second) and compiles it into the same
+on-disk Triton cache. The pool thread Triton hands the compile to waits for the worker, then runs Triton's
+compile as before, which finds the cache entry and only loads it. So the result is exactly what a compile on the
+thread would give; anything that goes wrong on the process side (a worker that can't start, a kernel it can't
+rebuild, a different cache key) only means the thread compiles that kernel itself, as it did before workers.
+
+Workers are spawned (never forked: the app has threads), booted at once so they start while the weights load,
+and stopped when the pool finishes. Not used in a frozen app (the bundle): its spawned children start through
+the bundle's own executable, which has not been tried with a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+
+log = logging.getLogger(__name__)
+
+# The only modules a worker imports kernels from: they import Triton and nothing else.
+WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4")
+
+
+def enabled() -> bool:
+    """Worker processes for compiling: not in a frozen bundle, not with R1DESK_COMPILE_PROCESSES=0."""
+    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES", "1") != "0"
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+def _boot(cache_dir: str) -> int:
+    """Runs first in each worker: import what compiles need, and check the worker sees the parent's cache."""
+    import importlib
+
+    from triton import knobs
+
+    for module in WORKER_MODULES:
+        importlib.import_module(module)
+    if os.path.realpath(knobs.cache.dir) != os.path.realpath(cache_dir):
+        raise RuntimeError(f"the worker's Triton cache is {knobs.cache.dir}, not {cache_dir}")
+    return os.getpid()
+
+
+def _compile(module: str, name: str, specialization: str, target: tuple) -> tuple[str, float]:
+    """Compile one kernel variant into the Triton cache; returns its cache key (CompiledKernel.hash) and the
+    seconds it took. Rebuilds the compile's inputs from Triton's serialized specialization the way
+    JITFunction.preload does, without a GPU."""
+    import importlib
+    import time
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    t0 = time.perf_counter()
+    fn = getattr(importlib.import_module(module), name)
+    spec = json.loads(specialization)
+    constexprs = {
+        tuple(key): tl.dtype(value) if tl.dtype.is_dtype(value) else
+        tl.constexpr(value["constexpr"]) if isinstance(value, dict) and "constexpr" in value else value
+        for key, value in zip(spec["constant_keys"], spec["constant_vals"])
+    }
+    attrs = {tuple(key): value for key, value in zip(spec["attrs_keys"], spec["attrs_vals"])}
+    signature = {key: _tuples(value) for key, value in spec["signature"].items()}
+    options = {key: tuple(value) if isinstance(value, list) else value for key, value in spec["options"].items()}
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(*target), options=options)
+    return kernel.hash, time.perf_counter() - t0
+
+
+def _tuples(value):
+    # JSON turns tuples (nested signatures) into lists; a kernel signature never holds a list.
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+# ---------------------------------------------------------------------------------------------- parent side
+class WorkerCompiler:
+    """A pool of spawned worker processes that compile into this process's Triton cache."""
+
+    def __init__(self, workers: int):
+        import multiprocessing
+
+        from triton import knobs
+
+        self.cache_dir = knobs.cache.dir
+        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.broken = False
+        # Boot every worker now (one job each spawns one process), while the weights load.
+        self.booted = [self.executor.submit(_boot, self.cache_dir) for _ in range(workers)]
+        self.submitted = 0
+
+    def submit(self, module: str, name: str, specialization: str, target: tuple) -> Future | None:
+        if not self.broken and any(f.done() and f.exception() is not None for f in self.booted):
+            self.broken = True  # a worker could not start, or sees another Triton cache: results would be lost
+            failed = next(f.exception() for f in self.booted if f.done() and f.exception() is not None)
+            log.warning("compile workers unusable (%s: %s); compiling on threads", type(failed).__name__, failed)
+        if self.broken:
+            return None
+        try:
+            self.submitted += 1
+            return self.executor.submit(_compile, module, name, specialization, target)
+        except Exception as err:  # the pool broke (a worker died): the threads compile from here on
+            self.broken = True
+            log.warning("compile workers unavailable (%s: %s); compiling on threads", type(err).__name__, err)
+            return None
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+# Triton's hook is one per process; the CompilePools that use workers register here, found by their thread's
+# active AsyncCompileMode (Triton's async mode is per thread).
+_pools: dict[int, object] = {}  # id(AsyncCompileMode) -> precompile.CompilePool
+_lock = threading.Lock()
+_previous_hook = None
+_state = threading.local()  # .pending: the worker future of the compile this thread is about to submit
+
+
+def register(pool) -> None:
+    """Route the compiles submitted under pool.mode to pool.workers (installs Triton's hook on first use)."""
+    global _previous_hook
+    from triton import knobs
+
+    with _lock:
+        if not _pools:
+            _previous_hook = knobs.runtime.jit_cache_hook
+            knobs.runtime.jit_cache_hook = _hook
+        _pools[id(pool.mode)] = pool
+
+
+def unregister(pool) -> None:
+    global _previous_hook
+    from triton import knobs
+
+    with _lock:
+        if _pools.pop(id(pool.mode), None) is not None and not _pools:
+            if knobs.runtime.jit_cache_hook is _hook:
+                knobs.runtime.jit_cache_hook = _previous_hook
+            _previous_hook = None
+
+
+def take_pending() -> Future | None:
+    """The worker future started for the compile this thread submits next (precompile's executor asks)."""
+    pending = getattr(_state, "pending", None)
+    _state.pending = None
+    return pending
+
+
+def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **extra):  # Triton's keyword names
+    """Triton's jit_cache_hook: called on the compiling thread right before Triton submits the compile to this
+    thread's async mode. Starts the same compile in a worker; returns None so that Triton goes on as usual."""
+    _state.pending = None
+    previous = _previous_hook
+    if previous is not None:
+        result = previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                          already_compiled=already_compiled, **extra)
+        if result:
+            return result
+    try:
+        from triton.runtime import _async_compile
+
+        pool = _pools.get(id(_async_compile.active_mode.get()))
+        if pool is None or pool.workers is None or fn.module not in WORKER_MODULES:
+            return None
+        target = fn.jit_function.device_caches[compile["device"]][2]
+        _state.pending = pool.workers.submit(fn.module, fn.name, compile["specialization_data"],
+                                             (target.backend, target.arch, target.warp_size))
+    except Exception as err:  # an internal API: never let it stop the compile it was meant to speed up
+        log.debug("not compiling %s in a worker (%s: %s)", getattr(fn, "name", "?"), type(err).__name__, err)
+    return None

@@ -1,0 +1,103 @@
+"""A first start's kernels compile in worker processes (model_loader.kernels.compile_workers), and what the
+pool's threads then get is the worker's result, read from the Triton cache rather than compiled again.
+
+No GPU is needed: Triton compiles for a given target (sm_86 here) on any machine. The test drives Triton's own
+JIT compile entry (JITFunction._do_compile, what a kernel launch calls on a cache miss) under the engine's
+CompilePool, so Triton's hook, its async compile mode and its cache are the real ones; only the device's target
+is given rather than read from a GPU. It runs in a fresh interpreter without TRITON_INTERPRET (the CPU tests'
+interpreter patches Triton's language module, after which its compiler no longer works in that process)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r"""
+import json, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, CompiledKernel, make_backend
+from triton.compiler import compile as compile_kernel
+
+from model_loader.kernels import jit_int4, jit_ops, precompile
+
+target = GPUTarget("cuda", 86, 32)
+backend = make_backend(target)
+ALIGNED = [["tt.divisibility", 16]]
+
+
+@triton.jit
+def _not_in_a_worker_module(x_ptr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32))
+
+
+def compile_through_triton(fn, signature, constexprs, attrs, num_warps=4):
+    # What JITFunction.run does on a cache miss, with the device's target given instead of read from a GPU (the
+    # attributes JITFunction.create_binder sets on a first launch, then its compile entry).
+    fn.device_caches[0] = ({}, {}, target, backend, None)
+    fn.CompiledKernel, fn.compile, fn.ASTSource = CompiledKernel, compile_kernel, ASTSource
+    key = ("test", tuple(signature.values()))
+    fn._do_compile(key, signature, 0, constexprs, backend.parse_options({"num_warps": num_warps}), attrs,
+                   warmup=True)
+    return fn.device_caches[0][0]
+
+
+def main():
+    pool = precompile.open_compile_pool(workers=int(sys.argv[1]), processes=True)
+    assert pool is not None and pool.in_processes, "no worker processes"
+    caches = [
+        compile_through_triton(jit_ops._silu_mul_kernel,
+                               {"x_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "BLOCK": "constexpr",
+                                "PDL": "constexpr"}, {(3,): 8192, (4,): False}, {(0,): ALIGNED, (1,): ALIGNED}),
+        compile_through_triton(jit_ops._add_rms_norm_kernel,
+                               {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+                                "n_cols": "i32", "eps": "fp32", "HAS_RES": "constexpr", "BLOCK": "constexpr",
+                                "PDL": "constexpr"}, {(6,): True, (7,): 2048, (8,): False},
+                               {(0,): ALIGNED, (1,): ALIGNED, (2,): ALIGNED, (3,): ALIGNED}),
+        compile_through_triton(jit_int4._int4_dequantize_kernel,
+                               {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "N": "i32",
+                                "K": "i32", "GROUPS": "i32", "GROUP": "constexpr", "IB": "constexpr",
+                                "BLOCK_N": "constexpr", "GATE_UP_PAIRS": "constexpr"},
+                               {(7,): 128, (8,): 16, (9,): 32, (10,): False},
+                               {(0,): ALIGNED, (1,): ALIGNED, (2,): ALIGNED, (3,): ALIGNED}),
+        compile_through_triton(_not_in_a_worker_module, {"x_ptr": "*fp32", "BLOCK": "constexpr"}, {(1,): 64},
+                               {(0,): ALIGNED}),
+    ]
+    pool.finish()
+    stats = pool.worker_stats
+    stats["compiled_kernels"] = [type(k).__name__ for cache in caches for k in cache.values()]
+    stats["hook_left_installed"] = triton.knobs.runtime.jit_cache_hook is not None
+    print(json.dumps(stats))
+
+
+if __name__ == "__main__":  # spawned workers import this file too
+    main()
+"""
+
+
+def _run(tmp_path, workers: int = 2) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    script = tmp_path / "compile_in_workers.py"  # a file: Triton reads a kernel's source from it
+    script.write_text(_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(workers)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.strip()[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_compile_in_workers_and_the_threads_reuse_their_results(tmp_path):
+    stats = _run(tmp_path)
+    # The three kernels of our torch-free modules went to the workers, and each thread's own compile found the
+    # worker's result in the cache (the same cache key): none compiled twice, none failed there.
+    assert stats["submitted"] == 3 and stats["compiled"] == 3, stats
+    assert stats["failed"] == 0 and stats["not_reused"] == 0, stats
+    # The kernel from elsewhere (a worker can't import its module) compiled on a thread; every compile gave a
+    # kernel, and the hook is gone once the pool is finished.
+    assert stats["compiled_kernels"] == ["CompiledKernel"] * 4, stats
+    assert stats["hook_left_installed"] is False
