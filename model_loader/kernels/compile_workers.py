@@ -100,6 +100,7 @@ class WorkerCompiler:
         # Boot every worker now (one job each spawns one process), while the weights load.
         self.booted = [self.executor.submit(_boot, self.cache_dir) for _ in range(workers)]
         self.submitted = 0
+        self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
     def submit(self, module: str, name: str, specialization: str, target: tuple) -> Future | None:
         if not self.broken and any(f.done() and f.exception() is not None for f in self.booted):
@@ -108,9 +109,17 @@ class WorkerCompiler:
             log.warning("compile workers unusable (%s: %s); compiling on threads", type(failed).__name__, failed)
         if self.broken:
             return None
+        # A walk launches each variant many times (every layer, every path) and Triton asks again each time,
+        # as its in-memory cache is only filled when the async compiles are finalized: one job per variant.
+        # What decides the variant (and Triton's cache key) is the specialization without its launch key.
+        variant = dict(json.loads(specialization), key=None)
+        dedup = (module, name, json.dumps(variant, sort_keys=True), target)
+        if dedup in self._started:
+            return self._started[dedup]
         try:
             self.submitted += 1
-            return self.executor.submit(_compile, module, name, specialization, target)
+            self._started[dedup] = future = self.executor.submit(_compile, module, name, specialization, target)
+            return future
         except Exception as err:  # the pool broke (a worker died): the threads compile from here on
             self.broken = True
             log.warning("compile workers unavailable (%s: %s); compiling on threads", type(err).__name__, err)
