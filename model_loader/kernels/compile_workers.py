@@ -15,8 +15,8 @@ thread would give; anything that goes wrong on the process side (a worker that c
 rebuild, a different cache key) only means the thread compiles that kernel itself, as it did before workers.
 
 Workers are spawned (never forked: the app has threads), booted at once so they start while the weights load,
-and stopped when the pool finishes. Not used in a frozen app (the bundle): its spawned children start through
-the bundle's own executable, which has not been tried with a GPU.
+and stopped when the pool finishes. Opt-in (R1DESK_COMPILE_PROCESSES=1; see enabled() for why), and never in a
+frozen app (the bundle): its spawned children start through the bundle's own executable, not tried with a GPU.
 """
 
 from __future__ import annotations
@@ -35,8 +35,14 @@ WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4
 
 
 def enabled() -> bool:
-    """Worker processes for compiling: not in a frozen bundle, not with R1DESK_COMPILE_PROCESSES=0."""
-    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES", "1") != "0"
+    """Worker processes for compiling: only with R1DESK_COMPILE_PROCESSES=1, never in a frozen bundle.
+
+    Off by default because on the H200 (2026-12-03, docs/BENCHMARKS.md) they did not make the first start
+    faster: the walk and the weights got faster (no GIL contention: bf16 load 1.9-2.2 s against 2.1-2.3 s, 4-bit
+    2.3-2.6 s against 3.2-3.6 s), but the compiles finished later (waiting 1.7-2.2 s against 1.0-1.4 s), as each
+    worker pays Triton's one-time start-up on its first compile; ready bf16 4.5-5.1 s against 4.1-4.6 s, 4-bit
+    5.4-5.9 s against 5.4-6.1 s."""
+    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES") == "1"
 
 
 # ---------------------------------------------------------------------------------------------- worker side
