@@ -6,6 +6,10 @@ from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout
 
 
+PLACEHOLDER = "Message the model — Enter to send, Shift+Enter for a new line"
+PLACEHOLDER_SHORT = "Message the model"
+
+
 class Composer(QFrame):
     """Input box + Stop thinking + Send/Stop. Enter sends, Shift+Enter inserts a new line."""
 
@@ -25,9 +29,10 @@ class Composer(QFrame):
         row.setSpacing(8)
         self.edit = QPlainTextEdit()
         self.edit.setAccessibleName("Message")
-        self.edit.setPlaceholderText("Message the model — Enter to send, Shift+Enter for a new line")
+        self.edit.setPlaceholderText(PLACEHOLDER)
         self.edit.setTabChangesFocus(True)
         self.edit.installEventFilter(self)
+        self.edit.viewport().installEventFilter(self)  # its width: which placeholder fits (_fit_placeholder)
         self.edit.textChanged.connect(self._grow)
         row.addWidget(self.edit, 1)
         self.stop_thinking_btn = QPushButton("Stop thinking")
@@ -44,12 +49,22 @@ class Composer(QFrame):
         self._grow()
 
     def eventFilter(self, obj, event):
+        if obj is self.edit.viewport() and event.type() == QEvent.Resize:
+            self._fit_placeholder(event.size().width())
         if obj is self.edit and event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Return, Qt.Key_Enter):
             if event.modifiers() & Qt.ShiftModifier:
                 return False  # default: new line
             self.send_requested.emit()
             return True
         return super().eventFilter(obj, event)
+
+    def _fit_placeholder(self, width: int) -> None:
+        # The empty box is one line high and the placeholder is not part of its document, so a placeholder wider
+        # than the box wraps onto a second line that is cut off (a narrow chat column): use the short one there.
+        room = width - 2 * self.edit.document().documentMargin()
+        text = PLACEHOLDER if self.edit.fontMetrics().horizontalAdvance(PLACEHOLDER) <= room else PLACEHOLDER_SHORT
+        if self.edit.placeholderText() != text:
+            self.edit.setPlaceholderText(text)
 
     def _grow(self) -> None:
         # Grow with the text up to ~8 lines, then scroll inside.

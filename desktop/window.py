@@ -14,7 +14,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
@@ -33,6 +33,9 @@ from desktop.store import Store
 from desktop.welcome import WelcomePage
 from desktop.replies import ReplyController
 from desktop.service import EngineService
+
+
+MIN_WIDTH, MIN_HEIGHT = 760, 520  # the smallest window; wider while the live panel is open (_fit_minimum_size)
 
 
 class MainWindow(QMainWindow):
@@ -58,7 +61,7 @@ class MainWindow(QMainWindow):
         self.renderer = self._make_renderer()
         self.setWindowTitle("r1desk")
         self.setAccessibleName("r1desk")
-        self.setMinimumSize(760, 520)
+        self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)
 
         self.service: EngineService | None = None
         self.engine_factory = None  # tests: a callable(request, progress, on_compiling) -> engine, not Engine.load
@@ -231,6 +234,7 @@ class MainWindow(QMainWindow):
         splitter.setStretchFactor(2, 0)
         splitter.setSizes([250, 800, 300])
         self.setCentralWidget(splitter)
+        splitter.installEventFilter(self)  # its columns' minimum widths change: _fit_minimum_size
         self.statusBar().setSizeGripEnabled(True)
         self.statusBar().hide()
 
@@ -724,8 +728,21 @@ class MainWindow(QMainWindow):
             else:
                 self._reload_pending = True  # reload when the reply in flight has finished
 
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.splitter and event.type() == QEvent.LayoutRequest:
+            QTimer.singleShot(0, self._fit_minimum_size)  # once the splitter has taken the new size hints
+        return super().eventFilter(obj, event)
+
+    def _fit_minimum_size(self) -> None:
+        # An explicit minimum size keeps Qt from growing the window to what its layout needs, so a narrow window
+        # with the live panel open overflowed: the panel's right side and the top bar's buttons were cut off.
+        # The minimum is what the visible columns need, and never below the window's own minimum.
+        need = self.splitter.minimumSizeHint().width()
+        self.setMinimumSize(max(MIN_WIDTH, need), MIN_HEIGHT)
+
     def set_live_visible(self, on: bool) -> None:
         self.live.setVisible(on)
+        self._fit_minimum_size()
         self.live_btn.setAccessibleName("Hide live panel" if on else "Show live panel")
         self.qs.setValue("window/live_panel", "true" if on else "false")
         if on:

@@ -229,3 +229,31 @@ def test_the_welcome_page_fits_the_smallest_window(qtbot, make_window):
         right = w.mapTo(page, w.rect().topRight()).x()
         assert right < page.width(), (w.text(), right, page.width())
     assert page.message.height() >= page.message.heightForWidth(page.message.width())
+
+
+def test_the_live_panel_fits_beside_the_chat_in_a_narrow_window(qtbot, make_window):
+    """Opening the live panel in the smallest window used to overflow it: the window kept its fixed minimum, so
+    the panel's right side, the top bar's buttons ("…") and the composer's placeholder were cut off. Now the
+    window's minimum grows to what the visible columns need, and shrinks back when the panel closes; the
+    composer shows a placeholder that fits its box."""
+    from desktop.composer import PLACEHOLDER, PLACEHOLDER_SHORT
+
+    win = make_window(engine=FakeEngine(), size=(760, 520))  # the chat page, with its composer
+    win.set_live_visible(True)
+    win.resize(760, 520)  # as small as it will go
+    qtbot.waitUntil(lambda: win.live.isVisible() and win.width() >= win.splitter.minimumSizeHint().width(),
+                    timeout=5000)
+    assert win.width() > 760
+    panel_right = win.live.mapTo(win, win.live.rect().topRight()).x()
+    assert panel_right < win.width()
+    for button in (win.menu_btn, win.live_btn, win.settings_btn):
+        assert button.width() >= button.sizeHint().width(), button.text()
+    edit = win.composer.edit
+    room = edit.viewport().width() - 2 * edit.document().documentMargin()
+    assert edit.fontMetrics().horizontalAdvance(edit.placeholderText()) <= room
+    assert edit.placeholderText() == PLACEHOLDER_SHORT  # the long one does not fit the column beside the panel
+    win.set_live_visible(False)
+    win.resize(760, 520)
+    qtbot.waitUntil(lambda: win.width() < 900, timeout=5000)  # the minimum shrinks back with the panel closed
+    win.resize(1300, 820)
+    qtbot.waitUntil(lambda: edit.placeholderText() == PLACEHOLDER, timeout=5000)  # wide again: the full hint
