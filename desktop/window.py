@@ -738,6 +738,9 @@ class MainWindow(QMainWindow):
         # with the live panel open overflowed: the panel's right side and the top bar's buttons were cut off.
         # The minimum is what the visible columns need, and never below the window's own minimum.
         need = self.splitter.minimumSizeHint().width()
+        screen = self.screen()
+        if screen is not None:  # never wider than the screen (there the columns still overlap, as before)
+            need = min(need, screen.availableGeometry().width())
         self.setMinimumSize(max(MIN_WIDTH, need), MIN_HEIGHT)
 
     def set_live_visible(self, on: bool) -> None:

@@ -46,7 +46,9 @@ def test_reply_is_written_as_it_grows(qtbot, make_window, profile):
 
 def test_restart_restores_conversations_geometry_and_last_chat(qtbot, make_window):
     win = make_window(engine=FakeEngine(token_s=0.0), size=None)
-    win.resize(780, 560)  # inside the offscreen screen (800x600): restoreGeometry clamps to it
+    # The offscreen screen is 800x600 (restoreGeometry clamps to it); with the live panel open the window is at
+    # least as wide as its columns need, capped at the screen's width: 800.
+    win.resize(800, 560)
     with qtbot.waitSignal(win.reply_finished, timeout=10000):
         win.send("First chat")
     first = win.conv_id
@@ -62,7 +64,7 @@ def test_restart_restores_conversations_geometry_and_last_chat(qtbot, make_windo
     assert again.conv_id == first
     assert [w.role for w in again.chat.widgets] == ["user", "assistant"]
     assert again.chat.widgets[1].answer == ANSWER
-    assert (again.width(), again.height()) == (780, 560)
+    assert (again.width(), again.height()) == (800, 560)
     assert again.live.isVisible()
     titles = [again.conv_list.item(i).text() for i in range(again.conv_list.count())]
     assert titles == ["Second chat", "First chat"]  # newest first

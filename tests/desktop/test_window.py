@@ -231,14 +231,27 @@ def test_the_welcome_page_fits_the_smallest_window(qtbot, make_window):
     assert page.message.height() >= page.message.heightForWidth(page.message.width())
 
 
-def test_the_live_panel_fits_beside_the_chat_in_a_narrow_window(qtbot, make_window):
+def test_the_live_panel_fits_beside_the_chat_in_a_narrow_window(qtbot, make_window, monkeypatch):
     """Opening the live panel in the smallest window used to overflow it: the window kept its fixed minimum, so
     the panel's right side, the top bar's buttons ("…") and the composer's placeholder were cut off. Now the
-    window's minimum grows to what the visible columns need, and shrinks back when the panel closes; the
-    composer shows a placeholder that fits its box."""
+    window's minimum grows to what the visible columns need (never wider than the screen), and shrinks back
+    when the panel closes; the composer shows a placeholder that fits its box."""
+    from PySide6.QtCore import QRect
+
     from desktop.composer import PLACEHOLDER, PLACEHOLDER_SHORT
 
     win = make_window(engine=FakeEngine(), size=(760, 520))  # the chat page, with its composer
+    screen = win.screen().availableGeometry().width()  # the offscreen screen: 800 px
+    win.set_live_visible(True)
+    qtbot.waitUntil(lambda: win.minimumWidth() == min(win.splitter.minimumSizeHint().width(), screen), timeout=5000)
+
+    class WideScreen:  # a desktop monitor, where the columns fit
+        @staticmethod
+        def availableGeometry():
+            return QRect(0, 0, 1920, 1080)
+
+    monkeypatch.setattr(win, "screen", lambda: WideScreen)
+    win.set_live_visible(False)
     win.set_live_visible(True)
     win.resize(760, 520)  # as small as it will go
     qtbot.waitUntil(lambda: win.live.isVisible() and win.width() >= win.splitter.minimumSizeHint().width(),
