@@ -126,7 +126,7 @@ class CompileBesideLoad:
 
     @property
     def worker_stats(self) -> dict | None:
-        return self.pool.worker_stats if self.pool is not None and self.pool.workers is not None else None
+        return self.pool.worker_stats if self.in_processes else None
 
     def _run(self) -> None:
         import time

@@ -109,9 +109,10 @@ class WorkerCompiler:
         self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
     def submit(self, module: str, name: str, specialization: str, target: tuple) -> Future | None:
-        if not self.broken and any(f.done() and f.exception() is not None for f in self.booted):
-            self.broken = True  # a worker could not start, or sees another Triton cache: results would be lost
-            failed = next(f.exception() for f in self.booted if f.done() and f.exception() is not None)
+        failed = None if self.broken else next(
+            (f.exception() for f in self.booted if f.done() and f.exception() is not None), None)
+        if failed is not None:  # a worker could not start, or sees another Triton cache: results would be lost
+            self.broken = True
             log.warning("compile workers unusable (%s: %s); compiling on threads", type(failed).__name__, failed)
         if self.broken:
             return None

@@ -95,6 +95,12 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
         self._launchers: set = set()
         self._launchers_lock = threading.Lock()
         self.worker_stats = {"compiled": 0, "seconds": 0.0, "failed": 0, "not_reused": 0}
+        self._stats_lock = threading.Lock()  # the pool's threads count at once
+
+    def _count(self, **amounts) -> None:
+        with self._stats_lock:
+            for name, amount in amounts.items():
+                self.worker_stats[name] += amount
 
     def submit(self, fn, /, *args, **kwargs):
         from model_loader.kernels import compile_workers
@@ -105,7 +111,7 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
             worker_hash = self._wait_for_worker(in_worker) if in_worker is not None else None
             kernel = fn(*args, **kwargs)
             if worker_hash is not None and getattr(kernel, "hash", None) != worker_hash:
-                self.worker_stats["not_reused"] += 1  # compiled again here: a different cache key
+                self._count(not_reused=1)  # compiled again here: a different cache key
             _prepare_launcher(kernel, self._launchers, self._launchers_lock)
             return kernel
 
@@ -115,11 +121,10 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
         try:
             kernel_hash, seconds = future.result(timeout=WORKER_WAIT_S)
         except BaseException as err:  # it failed, died or hangs: this thread compiles it instead
-            self.worker_stats["failed"] += 1
+            self._count(failed=1)
             log.debug("a worker's compile failed (%s: %s); compiling on the thread", type(err).__name__, err)
             return None
-        self.worker_stats["compiled"] += 1
-        self.worker_stats["seconds"] += seconds
+        self._count(compiled=1, seconds=seconds)
         return kernel_hash
 
 
