@@ -2,11 +2,9 @@
 
 Inside the step the attention's kernels overlap their neighbours (programmatic dependent launch), so timing it
 alone ranks its shapes differently: this captures one greedy decode graph per configuration (each candidate of
-triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --prefetch: each also with
-its K/V prefetched into L2, plain and evict-last) and times the graph itself at each depth. The warm-up does the
-same on a smaller scale (engine.DecodeStep.tune).
-usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra]
-           [--prefetch] [--json OUT]
+triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes) and times the graph itself
+at each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
+usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--json OUT]
 """
 
 import argparse
@@ -33,17 +31,14 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384,32768")
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
-    ap.add_argument("--prefetch", action="store_true", help="each shape also with prefetch 1 and 2")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
     engine.warm_up()
     step = engine.step
     base = list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
-    prefetch = (0, 1, 2) if args.prefetch else (0,)
-    configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late, prefetch=p)
-                                 for c in base for late in (False, True) for p in prefetch))
-    if args.extra or args.prefetch:  # split buffers big enough for every shape tried (before any of these graphs is captured)
+    configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
+    if args.extra:  # split buffers big enough for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

@@ -93,20 +93,14 @@ def launches(monkeypatch):
 
 def _compile_all(launches) -> set[str]:
     """Compile every recorded launch for sm_86, and the launches with programmatic dependent launch switched on
-    (PDL / TRIGGER, what the app does on Hopper) for sm_90, each decode attention launch also with its L2
-    prefetch; the kernel names that compiled, or AssertionError with the compiler's message."""
+    (PDL / TRIGGER, what the app does on Hopper) for sm_90; the kernel names that compiled, or AssertionError
+    with the compiler's message."""
     launches = dict(launches)
     for key, spec in list(launches.items()):
-        # the decode attention's L2 prefetch (inline PTX, which the interpreter leaves out), on both GPUs
-        variants = [dict(spec, constexprs={**spec["constexprs"], "PREFETCH": p}) for p in (1, 2)
-                    if "PREFETCH" in spec["constexprs"]]
-        for variant in variants:
-            launches[json.dumps(variant, sort_keys=True)] = variant
-        for variant in [spec] + variants:
-            flags = {k: True for k in ("PDL", "TRIGGER") if k in variant["constexprs"]}
-            if flags:
-                hopper = dict(variant, constexprs={**variant["constexprs"], **flags}, arch=90)
-                launches[json.dumps(hopper, sort_keys=True)] = hopper
+        flags = {k: True for k in ("PDL", "TRIGGER") if k in spec["constexprs"]}
+        if flags:
+            hopper = dict(spec, constexprs={**spec["constexprs"], **flags}, arch=90)
+            launches[json.dumps(hopper, sort_keys=True)] = hopper
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(list(launches.values())),

@@ -1,7 +1,6 @@
 """The fused Triton kernels against the plain PyTorch reference (kernels.reference), at the shapes that matter:
 the tiny test model's and the real 1.5B's. On a CPU-only machine they run in Triton's interpreter."""
 
-import dataclasses
 import math
 
 import pytest
@@ -81,16 +80,9 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
     assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
 
 
-# Each candidate, and on a GPU each with its K/V prefetched into L2 first (the interpreter has no inline PTX and
-# runs a prefetching config exactly as the plain one; test_triton_compile compiles the prefetch for GPUs).
-DECODE_CONFIGS = tuple(dict.fromkeys(triton_ops.DECODE_ATTN_CONFIGS + tuple(
-    dataclasses.replace(c, prefetch=p) for c in triton_ops.DECODE_ATTN_CONFIGS for p in (1, 2)
-    if torch.cuda.is_available())))
-
-
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
 @pytest.mark.parametrize("length", [1, 33, 200, 2500])
-@pytest.mark.parametrize("config", DECODE_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS, ids=str)
 def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, config):
     """Every kernel shape the warm-up may pick, at depths that use one split, a few, and all of them (2,500
     tokens fill every split of each config), with the depth read from pos_t as in a captured graph."""

@@ -111,54 +111,16 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
 
 
 @triton.jit
-def _prefetch_l2(ptrs, EVICT_LAST: tl.constexpr):
-    # Ask L2 for the 128-byte lines at these addresses: no register is written and nothing waits for the data.
-    # EVICT_LAST: keep them ahead of streamed lines (the GEMVs' weights) until they are read.
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_cached_kv(k_ptr, v_ptr, base, first, last, D: tl.constexpr, LINE: tl.constexpr,
-                        EVICT_LAST: tl.constexpr):
-    # The K and V rows first..last-1 of one KV head, LINE elements (128 bytes) per request, 256 requests a pass.
-    lines = tl.cdiv((last - first) * D, LINE)
-    row0 = base + first * D
-    for l0 in range(0, lines, 256):
-        off = tl.minimum(l0 + tl.arange(0, 256), lines - 1) * LINE
-        _prefetch_l2(k_ptr + row0 + off, EVICT_LAST)
-        _prefetch_l2(v_ptr + row0 + off, EVICT_LAST)
-
-
-@triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                               BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                              PDL: tl.constexpr, IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
-                              PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
+                              PDL: tl.constexpr, IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
-    # PREFETCH (1, or 2 = evict-last): first ask L2 for all of the split's older K/V rows at once, so the DRAM
-    # reads run in parallel instead of a few blocks ahead of the loop, and, with programmatic dependent launch,
-    # overlap the kernels still running ahead of this one (it waits for the one that writes q and this step's
-    # K/V row only after). The older rows and the position are final then: earlier steps wrote them, and the
-    # position only moves at the end of a step.
     if PDL:
         if not LATE_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH:
-        cached = tl.load(pos_ptr)  # tokens before this step's
-        early_chunk = _decode_chunk(cached + 1, MAX_SPLITS, MIN_CHUNK, BLOCK_N)
-        first = tl.program_id(1) * early_chunk
-        last = tl.minimum(first + early_chunk, cached)
-        if first < last:
-            _prefetch_cached_kv(k_ptr, v_ptr, tl.program_id(0) * max_ctx * D, first, last, D, LINE, PREFETCH == 2)
-    if PDL:
         tl.extra.cuda.gdc_wait()
     kvh = tl.program_id(0)
     split = tl.program_id(1)

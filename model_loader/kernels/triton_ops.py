@@ -44,12 +44,6 @@ def pdl_supported(device) -> bool:
     return _PDL_OK[device]
 
 
-def _compiled(device) -> bool:
-    """Kernels run compiled for the GPU, not in Triton's CPU interpreter (which has no inline PTX: a prefetch,
-    which changes no result, is left out there)."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-
-
 def pdl_launch_args(device) -> dict:
     """Launch arguments for programmatic dependent launch: each decode kernel lets the next one start as soon as
     it has started itself, and waits for the previous one before reading what it wrote (weights and tables,
@@ -110,12 +104,10 @@ class DecodeAttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     late_launch: bool = False  # the next kernels launch only after the K/V reads (see the split kernel)
-    prefetch: int = 0  # 1: the older K/V rows are requested into L2 before q is ready; 2: the same, evict-last
 
     def __str__(self) -> str:
         return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
-                f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
-                + (f", prefetch{' evict-last' if self.prefetch == 2 else ''}" if self.prefetch else ""))
+                f"{self.num_stages} stages" + (", late launch" if self.late_launch else ""))
 
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
@@ -169,9 +161,7 @@ class DecodeAttention:
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
-            LATE_LAUNCH=c.late_launch, PREFETCH=c.prefetch if _compiled(q.device) else 0,
-            LINE=128 // k_cache.element_size(),
-            num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+            LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
         block_d = min(32, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
