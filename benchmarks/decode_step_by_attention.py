@@ -2,9 +2,11 @@
 
 Inside the step the attention's kernels overlap their neighbours (programmatic dependent launch), so timing it
 alone ranks its shapes differently: this captures one greedy decode graph per configuration (each candidate of
-triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes) and times the graph itself
-at each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
-usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--json OUT]
+triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --reduce SxD,...: each also
+with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
+each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
+usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra]
+           [--reduce 0x32,0x16] [--json OUT]
 """
 
 import argparse
@@ -22,7 +24,8 @@ from profile_decode import time_graph  # benchmarks/ is on the path when run as 
 def _extra():
     C = triton_ops.DecodeAttnConfig
     return [C(128, 256, 128, 4, 4), C(64, 128, 128, 8, 3), C(128, 128, 64, 4, 3), C(64, 128, 64, 4, 4),
-            C(64, 128, 128, 4, 2), C(128, 128, 128, 8, 2)]
+            C(64, 128, 128, 4, 2), C(128, 128, 128, 8, 2), C(128, 128, 128, 4, 3), C(64, 256, 256, 4, 2),
+            C(64, 256, 256, 8, 2)]
 
 
 def main() -> None:
@@ -31,6 +34,7 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384,32768")
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
+    ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
@@ -38,6 +42,11 @@ def main() -> None:
     step = engine.step
     base = list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
+    for shape in filter(None, args.reduce.split(",")):
+        splits, dims = (int(x) for x in shape.split("x"))
+        configs += [dataclasses.replace(c, reduce_splits=splits or c.max_splits, reduce_dims=dims)  # 0: all at once
+                    for c in list(configs) if c.reduce_splits == 32]
+    configs = list(dict.fromkeys(configs))
     if args.extra:  # split buffers big enough for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(

@@ -104,10 +104,14 @@ class DecodeAttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     late_launch: bool = False  # the next kernels launch only after the K/V reads (see the split kernel)
+    reduce_splits: int = 32  # splits the reduce combines per pass
+    reduce_dims: int = 32  # dimensions of one head per reduce program
 
     def __str__(self) -> str:
         return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
-                f"{self.num_stages} stages" + (", late launch" if self.late_launch else ""))
+                f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
+                + (f", reduce {self.reduce_splits}x{self.reduce_dims}" if (self.reduce_splits, self.reduce_dims) != (32, 32)
+                   else ""))
 
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
@@ -162,10 +166,10 @@ class DecodeAttention:
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
             LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
-        block_d = min(32, self.head_dim)
+        block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
-            BLOCK_D=block_d, BLOCK_S=32, num_warps=2, **pdl)
+            BLOCK_D=block_d, BLOCK_S=c.reduce_splits, num_warps=2, **pdl)
         return self.out
 
 
