@@ -6,7 +6,7 @@ triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more sha
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra]
-           [--reduce 0x32,0x16] [--json OUT]
+           [--reduce 32x32,0x32] [--json OUT]
 """
 
 import argparse
@@ -44,8 +44,8 @@ def main() -> None:
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     for shape in filter(None, args.reduce.split(",")):
         splits, dims = (int(x) for x in shape.split("x"))
-        configs += [dataclasses.replace(c, reduce_splits=splits or c.max_splits, reduce_dims=dims)  # 0: all at once
-                    for c in list(configs) if c.reduce_splits == 32]
+        configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
+                    for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
     configs = list(dict.fromkeys(configs))
     if args.extra:  # split buffers big enough for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention

@@ -76,6 +76,18 @@ def build_window(args: argparse.Namespace, crash_log=None):
     return win
 
 
+def _gap_summary(gaps_ms: list[float]) -> str:
+    """Where a reply's decode time went beyond the typical step: the median gap between tokens, the slowest,
+    and the time spent in gaps over 5 ms (host stalls: the GUI thread holding the GIL, a garbage collection)."""
+    if not gaps_ms:
+        return ""
+    ordered = sorted(gaps_ms)
+    median = ordered[len(ordered) // 2]
+    stalls = [g for g in gaps_ms if g > 5.0]
+    return (f" gap_ms_p50={median:.2f} gap_ms_max={ordered[-1]:.1f} "
+            f"stalls_over_5ms={len(stalls)} stall_ms={sum(g - median for g in stalls):.0f}")
+
+
 class SelfTest:
     def __init__(self, win, args):
         self.win, self.args = win, args
@@ -109,7 +121,7 @@ class SelfTest:
         print(f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
               f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
               f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} "
-              f"wall_s={time.monotonic() - self.t0:.1f}", flush=True)
+              f"wall_s={time.monotonic() - self.t0:.1f}{_gap_summary(s.get('token_latencies_ms') or [])}", flush=True)
         self._quit(0)
 
     def _fail(self, reason: str, code: int = 1) -> None:

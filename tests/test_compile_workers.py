@@ -48,8 +48,11 @@ def compile_through_triton(fn, signature, constexprs, attrs, num_warps=4, launch
 
 
 def main():
-    pool = precompile.open_compile_pool(workers=int(sys.argv[1]), processes=True)
+    pool = precompile.open_compile_pool(workers=int(sys.argv[1]), processes=True,
+                                        target=(target.backend, target.arch, target.warp_size))
     assert pool is not None and pool.in_processes, "no worker processes"
+    for booted in pool.workers.booted:  # every worker warmed its compiler for the target before any job
+        booted.result()
     silu = (jit_ops._silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "BLOCK": "constexpr",
                                        "PDL": "constexpr"}, {(3,): 8192, (4,): False}, {(0,): ALIGNED, (1,): ALIGNED})
     caches = [
@@ -78,6 +81,8 @@ def main():
     stats["compiled_kernels"] = sorted({id(cache): [type(resolved(k)).__name__ for k in cache.values()]
                                         for cache in caches}.values())
     stats["hook_left_installed"] = triton.knobs.runtime.jit_cache_hook is not None
+    stats["cache_entries"] = sorted(p.name for p in __import__("pathlib").Path(triton.knobs.cache.dir).glob("*/*.json")
+                                    if not p.name.startswith("__grp__"))
     print(json.dumps(stats))
 
 
@@ -109,3 +114,9 @@ def test_kernels_compile_in_workers_and_the_threads_reuse_their_results(tmp_path
     kinds = stats["compiled_kernels"]
     assert len(kinds) == 4 and all(k and set(k) == {"CompiledKernel"} for k in kinds), stats
     assert stats["hook_left_installed"] is False
+    # Each worker warmed its compiler while booting (a compile for the target), into a scratch cache: the shared
+    # cache holds the four kernels and nothing else (not the warm-up's add+RMSNorm).
+    assert len(stats["warm_s"]) == 2 and all(w is not None and w > 0 for w in stats["warm_s"]), stats
+    names = [n.rsplit(".", 1)[0] for n in stats["cache_entries"]]
+    assert sorted(names) == sorted(["_silu_mul_kernel", "_add_rms_norm_kernel", "_int4_dequantize_kernel",
+                                    "_not_in_a_worker_module"]), names

@@ -46,8 +46,9 @@ def enabled() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- worker side
-def _boot(cache_dir: str) -> int:
-    """Runs first in each worker: import what compiles need, and check the worker sees the parent's cache."""
+def _boot(cache_dir: str, target: tuple | None) -> dict:
+    """Runs first in each worker: import what compiles need, check the worker sees the parent's cache, and warm
+    its compiler for the device's target (when known)."""
     import importlib
 
     from triton import knobs
@@ -56,7 +57,43 @@ def _boot(cache_dir: str) -> int:
         importlib.import_module(module)
     if os.path.realpath(knobs.cache.dir) != os.path.realpath(cache_dir):
         raise RuntimeError(f"the worker's Triton cache is {knobs.cache.dir}, not {cache_dir}")
-    return os.getpid()
+    return {"pid": os.getpid(), "warm_s": _warm_compiler(target) if target else None}
+
+
+def _warm_compiler(target: tuple) -> float | None:
+    """Compile one small kernel for the target into a throw-away cache; the seconds it took, None if it failed.
+    A process's first Triton compile also pays the compiler's one-time start-up (its backend, the MLIR context,
+    the first ptxas run): on the H200 the workers' compiles added up to 13.6-15.0 s for what took 10-11 s on
+    the threads of one warm process. Done while the worker boots, that start-up overlaps the weight load instead
+    of delaying the first kernel the warm-up waits for."""
+    import tempfile
+    import time
+
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from model_loader.kernels import jit_ops
+
+    t0 = time.perf_counter()
+    shared = knobs.cache.dir
+    try:
+        with tempfile.TemporaryDirectory(prefix="r1desk-warm-") as scratch:
+            knobs.cache.dir = scratch  # nothing of this lands in the real cache
+            try:
+                triton.compile(ASTSource(jit_ops._add_rms_norm_kernel,
+                                         {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+                                          "n_cols": "i32", "eps": "fp32", "HAS_RES": "constexpr",
+                                          "BLOCK": "constexpr", "PDL": "constexpr"},
+                                         {(6,): True, (7,): 256, (8,): False}),
+                               target=GPUTarget(*target), options={"num_warps": 4})
+            finally:
+                knobs.cache.dir = shared
+    except Exception as err:  # only a head start lost: the real compiles report their own problems
+        log.debug("warming the compiler failed: %s: %s", type(err).__name__, err)
+        return None
+    return time.perf_counter() - t0
 
 
 def _compile(module: str, name: str, specialization: str, target: tuple) -> tuple[str, float]:
@@ -95,7 +132,9 @@ def _tuples(value):
 class WorkerCompiler:
     """A pool of spawned worker processes that compile into this process's Triton cache."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, target: tuple | None = None):
+        """target: (backend, arch, warp size) of the GPU the kernels are for, which the workers warm their
+        compilers for; None: this process's GPU, if Triton sees one."""
         import multiprocessing
 
         from triton import knobs
@@ -103,8 +142,9 @@ class WorkerCompiler:
         self.cache_dir = knobs.cache.dir
         self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         self.broken = False
+        target = target or _current_target()
         # Boot every worker now (one job each spawns one process), while the weights load.
-        self.booted = [self.executor.submit(_boot, self.cache_dir) for _ in range(workers)]
+        self.booted = [self.executor.submit(_boot, self.cache_dir, target) for _ in range(workers)]
         self.submitted = 0
         self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
@@ -132,8 +172,23 @@ class WorkerCompiler:
             log.warning("compile workers unavailable (%s: %s); compiling on threads", type(err).__name__, err)
             return None
 
+    @property
+    def warm_s(self) -> list[float | None]:
+        """Each booted worker's compiler warm-up in seconds (None: not warmed)."""
+        return [f.result()["warm_s"] for f in self.booted if f.done() and f.exception() is None]
+
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _current_target() -> tuple | None:
+    try:
+        from triton.runtime import driver
+
+        target = driver.active.get_current_target()
+        return (target.backend, target.arch, target.warp_size)
+    except Exception:  # no GPU here (a CPU machine): the workers start cold
+        return None
 
 
 # Triton's hook is one per process; the CompilePools that use workers register here, found by their thread's

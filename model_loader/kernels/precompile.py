@@ -145,7 +145,7 @@ class CompilePool:
     worker processes (compile_workers) and the threads wait for them. finish() waits for every compile and
     stores the kernels where launches find them (idempotent; always called by compile_pool())."""
 
-    def __init__(self, mode_cls, threads: int, processes: bool = False):
+    def __init__(self, mode_cls, threads: int, processes: bool = False, target: tuple | None = None):
         self.threads = threads
         self.executor = _LauncherPreparingExecutor(max_workers=threads, thread_name_prefix="r1desk-compile")
         try:
@@ -161,13 +161,13 @@ class CompilePool:
             raise
         self.open = True
         if processes:
-            self._start_workers(threads)
+            self._start_workers(threads, target)
 
-    def _start_workers(self, count: int) -> None:
+    def _start_workers(self, count: int, target: tuple | None) -> None:
         from model_loader.kernels import compile_workers
 
         try:
-            self.workers = compile_workers.WorkerCompiler(count)
+            self.workers = compile_workers.WorkerCompiler(count, target)
             compile_workers.register(self)
         except Exception as err:  # no processes here (a sandbox, a limit): the threads compile, as before
             log.warning("compiling on threads only (%s: %s)", type(err).__name__, err)
@@ -182,7 +182,8 @@ class CompilePool:
     @property
     def worker_stats(self) -> dict:
         """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted."""
-        return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0)
+        return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0,
+                    warm_s=self.workers.warm_s if self.workers else [])
 
     def finish(self) -> None:
         if not self.open:
@@ -211,10 +212,12 @@ class CompilePool:
                          self.threads, stats["seconds"], stats["failed"], stats["not_reused"])
 
 
-def open_compile_pool(workers: int | None = None, processes: bool | None = None) -> CompilePool | None:
+def open_compile_pool(workers: int | None = None, processes: bool | None = None,
+                      target: tuple | None = None) -> CompilePool | None:
     """A CompilePool entered on this thread (every Triton compile this thread starts goes to it until finish()),
     or None where that isn't possible here. finish() may be called from any thread. processes: compile in worker
-    processes (default: compile_workers.enabled())."""
+    processes (default: compile_workers.enabled()), whose compilers warm up for `target` (backend, arch, warp
+    size; default: this process's GPU) while they boot."""
     mode_cls = async_compile_mode()
     if mode_cls is None:
         return None
@@ -223,7 +226,7 @@ def open_compile_pool(workers: int | None = None, processes: bool | None = None)
 
         processes = compile_workers.enabled()
     try:
-        return CompilePool(mode_cls, workers or default_workers(), processes)
+        return CompilePool(mode_cls, workers or default_workers(), processes, target)
     except RuntimeError as err:  # "Another AsyncCompileMode is already active": compile as usual
         log.warning("not compiling ahead: %s", err)
         return None

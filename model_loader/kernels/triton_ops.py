@@ -104,14 +104,18 @@ class DecodeAttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     late_launch: bool = False  # the next kernels launch only after the K/V reads (see the split kernel)
-    reduce_splits: int = 32  # splits the reduce combines per pass
-    reduce_dims: int = 32  # dimensions of one head per reduce program
+    # The reduce: splits combined per pass (0: all the scratch holds, in one pass) and dimensions of a head per
+    # program. One pass over 16 dimensions: H200 (2026-12-03, decode_step_by_attention.py --reduce) 8-20 us a
+    # step faster from 4k tokens on than passes of 32 splits (a second dependent round of loads per layer), the
+    # same at 512.
+    reduce_splits: int = 0
+    reduce_dims: int = 16
 
     def __str__(self) -> str:
         return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
-                + (f", reduce {self.reduce_splits}x{self.reduce_dims}" if (self.reduce_splits, self.reduce_dims) != (32, 32)
-                   else ""))
+                + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
+                   if (self.reduce_splits, self.reduce_dims) != (0, 16) else ""))
 
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
@@ -169,7 +173,7 @@ class DecodeAttention:
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
-            BLOCK_D=block_d, BLOCK_S=c.reduce_splits, num_warps=2, **pdl)
+            BLOCK_D=block_d, BLOCK_S=c.reduce_splits or triton.next_power_of_2(self.max_splits), num_warps=2, **pdl)
         return self.out
 
 

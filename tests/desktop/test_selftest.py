@@ -23,6 +23,10 @@ def test_self_test_loads_answers_screenshots_and_exits_0(tmp_path, tiny_model):
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("r1desk self-test")]
     assert len(lines) == 1 and lines[0].startswith("r1desk self-test ok:") and "tokens=16" in lines[0]
+    # where the decode time went: 15 gaps between 16 tokens, summarised
+    fields = dict(f.split("=", 1) for f in lines[0].split()[3:] if "=" in f)
+    assert float(fields["gap_ms_p50"]) > 0 and float(fields["gap_ms_max"]) >= float(fields["gap_ms_p50"])
+    assert int(fields["stalls_over_5ms"]) >= 0 and "stall_ms" in fields
     img = QImage(str(shot))
     assert not img.isNull() and img.width() >= 760
 
