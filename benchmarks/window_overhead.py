@@ -58,7 +58,7 @@ class SimulatedGpuEngine:
 
         return FakeEngine().memory()
 
-    def warm_up(self) -> None:
+    def warm_up(self, progress=None) -> None:
         pass
 
     def generate(self, messages, settings=None, control=None):

@@ -181,9 +181,12 @@ class CompilePool:
 
     @property
     def worker_stats(self) -> dict:
-        """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted."""
+        """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted, and the
+        workers whose compiler warmed up while booting with the seconds that took (all numbers: they add up over
+        a first start's two pools)."""
+        warmed = [s for s in self.workers.warm_s if s is not None] if self.workers else []
         return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0,
-                    warm_s=self.workers.warm_s if self.workers else [])
+                    warmed=len(warmed), warm_s=round(sum(warmed), 3))
 
     def finish(self) -> None:
         if not self.open:
