@@ -4,7 +4,7 @@ For each depth: the pure GPU time of the captured decode graph the engine would 
 back, no host sync per token), and torch.profiler's per-kernel totals over a few replays of that graph (CUPTI
 reports the kernels inside a graph), so two depths or two models can be compared kernel by kernel.
 usage: python benchmarks/profile_decode.py MODEL_DIR [--int4-kernel torch|triton|dequantize]
-           [--depths 512,4096,16384] [--context N] [--json OUT]
+           [--depths 512,4096,16384] [--context N] [--mode greedy|sample] [--json OUT]
 """
 
 import argparse
@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384")
     ap.add_argument("--context", type=int)
     ap.add_argument("--json")
+    ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
+                    help="sample: the window's defaults (temperature 0.6, top-p 0.95)")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     context = args.context or max(depths) + 512
@@ -69,15 +71,19 @@ def main() -> None:
     engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel)
     engine.warm_up()
     step = engine.step
+    if args.mode == "sample":
+        engine.params.set(0.6, 0.95, 0, engine.model.cfg.vocab_size)
+        if not step.captured("sample"):
+            step.capture("sample")
     report = {"model": args.model, "device": torch.cuda.get_device_name(), "context": context,
               "plan": [(upper, str(config)) for upper, config in step.plan], "depths": []}
     for depth in depths:
-        graph, config = graph_for(step, "greedy", depth)
+        graph, config = graph_for(step, args.mode, depth)
         us = time_graph(step, graph, depth)
         kernels, source = kernel_table(step, graph.replay, depth), "graph"
         if not kernels:  # a CUPTI that doesn't report the kernels inside graphs: the same step run eagerly
             with torch.inference_mode():
-                kernels, source = kernel_table(step, lambda: step._step("greedy", depth, config), depth), "eager"
+                kernels, source = kernel_table(step, lambda: step._step(args.mode, depth, config), depth), "eager"
         report["depths"].append({"depth": depth, "attention_config": str(config), "step_us": round(us, 1),
                                  "tok_s": round(1e6 / us, 1), "kernels_from": source, "kernels_sum_us": round(sum(
                                      k["us"] for k in kernels.values()), 1), "kernels": kernels})
