@@ -48,7 +48,9 @@ def main() -> None:
         fp32 = bf16.float()
         variants = {
             "greedy (argmax)": lambda: greedy(fp32),
-            "sample() as it is": lambda: sample(fp32, params),
+            "sample() on fp32 logits": lambda: sample(fp32, params),
+            "sample() on the bf16 logits (the decode step's)": lambda: sample(bf16, params),
+            "greedy on the bf16 logits": lambda: greedy(bf16),
             "  of which torch.sort fp32": lambda: torch.sort(fp32, dim=-1, descending=True),
             "  torch.sort on the bf16 logits": lambda: torch.sort(bf16, dim=-1, descending=True),
             "  torch.topk 1024 fp32": lambda: torch.topk(fp32, 1024, dim=-1),

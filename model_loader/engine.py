@@ -94,7 +94,7 @@ class DecodeStep:
 
     def _step(self, mode: str, pos: int, config) -> None:
         self.model.set_decode_attention_config(config)
-        logits = self.model.decode(self.token, self.pos, pos)
+        logits = self.model.decode(self.token, self.pos, pos, float_logits=False)  # no fp32 copy of 152k logits
         nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
         self.token.copy_(nxt)
         self.pos.add_(1)

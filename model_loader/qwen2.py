@@ -157,9 +157,10 @@ class Qwen2Model:
         x = self._layers(h, start_t, 0, attend, rows=last_t)
         return F.linear(x, self.w["lm_head"]).float()
 
-    def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int) -> torch.Tensor:
+    def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int, float_logits: bool = True) -> torch.Tensor:
         """One token. token_t: [1] int64; pos_t: [1] int32 (read on the device: graph-safe on the Triton path);
-        pos: the same position as a host int (used only by the reference path). -> logits [1, V] fp32."""
+        pos: the same position as a host int (used only by the reference path). -> logits [1, V] fp32, or in the
+        model's dtype with float_logits=False (what the decode step's greedy and sampled choices take)."""
         h = F.embedding(token_t, self.w["embed"])
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
@@ -167,4 +168,5 @@ class Qwen2Model:
             return out.reshape(1, -1)
 
         x = self._layers(h, pos_t, pos, attend)
-        return F.linear(x, self.w["lm_head"]).float()
+        logits = F.linear(x, self.w["lm_head"])
+        return logits.float() if float_logits else logits

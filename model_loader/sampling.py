@@ -30,9 +30,11 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus) over the sorted distribution; [1, V] -> [1] int64."""
-    scaled = logits.float() / params.temperature
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    """Temperature, then top-k, then top-p (nucleus) over the sorted distribution; [1, V] -> [1] int64.
+    The logits may be in the model's dtype: they are sorted as they are (a radix sort of 16-bit keys makes half
+    the passes of one of 32-bit keys, and dividing by the temperature keeps the order), then scaled in fp32."""
+    sorted_keys, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits = sorted_keys.float() / params.temperature
     ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)
     sorted_logits = sorted_logits.masked_fill(ranks >= params.top_k, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
