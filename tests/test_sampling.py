@@ -1,7 +1,8 @@
 """The device sampler (model_loader.sampling.sample) draws from exactly the distribution its settings define:
 temperature, then top-k, then the smallest top-p nucleus, renormalised. Checked by drawing many samples and
 comparing the frequencies with that distribution computed directly, for logits in fp32 and in bf16 (the decode
-step hands over the model's own dtype, which the sampler sorts as it is)."""
+step hands over the model's own dtype, which the sampler sorts as it is), on the CPU and, where there is one,
+the GPU."""
 
 import math
 
@@ -30,15 +31,15 @@ def expected(logits: torch.Tensor, temperature: float, top_p: float, top_k: int)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature,top_p,top_k", [(0.6, 0.9, 0), (1.0, 1.0, 5), (1.3, 0.5, 0), (0.8, 0.95, 12)])
-def test_samples_follow_the_nucleus_distribution(dtype, temperature, top_p, top_k):
+def test_samples_follow_the_nucleus_distribution(device, dtype, temperature, top_p, top_k):
     vocab, draws = 40, 40000
     g = torch.Generator().manual_seed(7)
     # distinct values, exactly representable in bf16, so the sorted order is the same in both dtypes
     logits = (torch.randperm(vocab, generator=g).float() / 8).to(dtype)[None]
-    params = SamplerParams("cpu")
+    params = SamplerParams(device)
     params.set(temperature, top_p, top_k, vocab)
-    picks = sample(logits.expand(draws, vocab), params, torch.Generator().manual_seed(11))
-    freq = torch.bincount(picks, minlength=vocab).double() / draws
+    picks = sample(logits.to(device).expand(draws, vocab), params, torch.Generator(device).manual_seed(11))
+    freq = torch.bincount(picks.cpu(), minlength=vocab).double() / draws
     want = expected(logits, temperature, top_p, top_k)
     assert freq[want == 0].sum() == 0  # nothing outside top-k and the nucleus, ever
     sigma = torch.sqrt(want * (1 - want) / draws)
