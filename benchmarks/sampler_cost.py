@@ -4,40 +4,32 @@ The decode step ends with the sampler; with the window's defaults (temperature 0
 engine decodes ~10% slower than greedy on the H200 (chat scenario 656 vs 724 tok/s). This times, each in a CUDA
 graph (replays back to back), the sampler as it is and parts or alternatives of it, on one row of logits of
 Qwen2's vocabulary: peaked (a real model's usual case) and flat (a random test model's).
-usage: python benchmarks/sampler_cost.py [--vocab 151936] [--replays 2000]
+usage: python benchmarks/sampler_cost.py [--vocab 151936] [--calls 200]
 """
 
 import argparse
 
 import torch
 
+from model_loader.kernels.triton_ops import _graph_time_us
 from model_loader.sampling import SamplerParams, greedy, sample
 
 
-def graph_us(fn, replays: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
+def graph_us(fn, calls: int) -> float:
+    """GPU microseconds per call, from a CUDA graph of `calls` calls replayed back to back."""
+    def many():
+        for _ in range(calls):
             fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    for _ in range(2):  # outside the graph first: lazy initialisation (cuRAND state, sort workspaces)
         fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / replays
+    return _graph_time_us(many, calls)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--replays", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=200, help="calls per captured graph (5 replays are timed)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     params = SamplerParams(dev)
@@ -59,7 +51,7 @@ def main() -> None:
             "  .float() of the bf16 logits": lambda: bf16.float(),
         }
         for name, fn in variants.items():
-            print(f"{shape:7s} {name:48s} {graph_us(fn, args.replays):8.1f} us", flush=True)
+            print(f"{shape:7s} {name:48s} {graph_us(fn, args.calls):8.1f} us", flush=True)
 
 
 def _tail(sorted_logits, params):
