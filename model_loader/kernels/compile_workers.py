@@ -65,7 +65,9 @@ def _warm_compiler(target: tuple) -> float | None:
     A process's first Triton compile also pays the compiler's one-time start-up (its backend, the MLIR context,
     the first ptxas run): on the H200 the workers' compiles added up to 13.6-15.0 s for what took 10-11 s on
     the threads of one warm process. Done while the worker boots, that start-up overlaps the weight load instead
-    of delaying the first kernel the warm-up waits for."""
+    of delaying the first kernel the warm-up waits for. Measured once (H200, 2026-12-04, a slow machine): ~1 s a
+    worker, and the workers' compile time did not drop (15.8-16.0 s for the 4-bit model); kept in the opt-in
+    path while the workers are measured further."""
     import tempfile
     import time
 
