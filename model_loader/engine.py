@@ -684,15 +684,16 @@ class Engine:
                                    "start a new chat or raise the context length")
         mode = "greedy" if s.temperature <= 0 else "sample"
         seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
-        if mode == "sample":
-            self.params.set(s.temperature, s.top_p, s.top_k, self.model.cfg.vocab_size)
-            if self.model.device.type == "cuda":
-                torch.cuda.manual_seed(seed)  # read by the captured graph at every replay
-            else:
-                self.step.generator = torch.Generator().manual_seed(seed)
         if not self.step.captured(mode):
             self.step.capture(mode)
             self._cache_tokens = []  # capturing ran steps that wrote into the cache
+        if mode == "sample":  # seeded after any capture above, whose steps draw noise too
+            self.params.set(s.temperature, s.top_p, s.top_k, self.model.cfg.vocab_size)
+            self.params.reseed(seed)  # the fused sampler's noise (16-bit logits on a GPU)
+            if self.model.device.type == "cuda":
+                torch.cuda.manual_seed(seed)  # the sort-based sampler's on a GPU (fp32): read at every replay
+            else:
+                self.step.generator = torch.Generator().manual_seed(seed)
         on_cuda = self.model.device.type == "cuda"
         stop_ids = set() if s.ignore_eos else set(self.chat.stop_ids)
 

@@ -2,7 +2,9 @@
 
 Settings are device tensors (not Python numbers) so one captured graph serves every temperature/top-p/top-k.
 Sampling draws with the exponential-race trick (argmax of p / Exp(1) noise), which is exact multinomial
-sampling without torch.multinomial's host sync.
+sampling without torch.multinomial's host sync. On a GPU, 16-bit logits (the decode step's) go to the fused
+sampler (kernels/fused_sampler.py: the same distribution without sorting the vocabulary, 5 small kernels);
+`sample` below is the definition, and the path for the CPU and fp32 logits.
 """
 
 from __future__ import annotations
@@ -14,9 +16,27 @@ class SamplerParams:
     """Device-resident sampling settings: written before a reply, read by the captured graph."""
 
     def __init__(self, device):
+        self.device = torch.device(device)
         self.temperature = torch.ones(1, device=device, dtype=torch.float32)
         self.top_p = torch.ones(1, device=device, dtype=torch.float32)
-        self.top_k = torch.zeros(1, device=device, dtype=torch.int64)
+        self.top_k = torch.full((1,), 1 << 62, device=device, dtype=torch.int64)  # none until set()
+        self.seed = torch.zeros(1, device=device, dtype=torch.int64)  # the fused sampler's Philox key
+        self._scratch: dict = {}  # (rows, vocab, block) -> fused_sampler.SamplerScratch
+
+    def scratch(self, rows: int, vocab: int, block: int):
+        """The fused sampler's buffers for this shape, made on first use (a warm-up, before graph capture)."""
+        key = (rows, vocab, block)
+        if key not in self._scratch:
+            from model_loader.kernels.fused_sampler import SamplerScratch
+
+            self._scratch[key] = SamplerScratch(rows, vocab, self.device, block)
+        return self._scratch[key]
+
+    def reseed(self, seed: int) -> None:
+        """Start the fused sampler's noise over from `seed` (each reply): the same seed replays the same reply."""
+        self.seed.fill_(seed)
+        for scratch in self._scratch.values():
+            scratch.steps.zero_()
 
     def set(self, temperature: float, top_p: float, top_k: int, vocab_size: int) -> None:
         self.temperature.fill_(max(temperature, 1e-5))
@@ -30,6 +50,15 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token: the fused sampler where it applies (16-bit logits on a GPU), else sort_sample."""
+    from model_loader.kernels import fused_sampler
+
+    if fused_sampler.applies(logits):
+        return fused_sampler.fused_sample(logits, params)
+    return sort_sample(logits, params, generator)
+
+
+def sort_sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) over the sorted distribution; [1, V] -> [1] int64.
     The logits may be in the model's dtype: they are sorted as they are (a radix sort of 16-bit keys makes half
     the passes of one of 32-bit keys, and dividing by the temperature keeps the order), then scaled in fp32."""
