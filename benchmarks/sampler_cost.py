@@ -12,7 +12,8 @@ import argparse
 import torch
 
 from model_loader.kernels.triton_ops import _graph_time_us
-from model_loader.sampling import SamplerParams, greedy, sample
+from model_loader.kernels.fused_sampler import fused_sample
+from model_loader.sampling import SamplerParams, greedy, sort_sample
 
 
 def graph_us(fn, calls: int) -> float:
@@ -34,14 +35,18 @@ def main() -> None:
     dev = torch.device("cuda")
     params = SamplerParams(dev)
     params.set(0.6, 0.95, 0, args.vocab)
+    params_k = SamplerParams(dev)
+    params_k.set(0.6, 0.95, 50, args.vocab)
     gen = torch.Generator(device=dev).manual_seed(0)
     for shape, scale in (("peaked", 4.0), ("flat", 0.05)):
         bf16 = (torch.randn(1, args.vocab, generator=gen, device=dev) * scale).to(torch.bfloat16)
         fp32 = bf16.float()
         variants = {
             "greedy (argmax)": lambda: greedy(fp32),
-            "sample() on fp32 logits": lambda: sample(fp32, params),
-            "sample() on the bf16 logits (the decode step's)": lambda: sample(bf16, params),
+            "fused sampler, bf16 logits (the decode step's)": lambda: fused_sample(bf16, params),
+            "fused sampler with top-k 50": lambda: fused_sample(bf16, params_k),
+            "sort_sample() on fp32 logits": lambda: sort_sample(fp32, params),
+            "sort_sample() on the bf16 logits": lambda: sort_sample(bf16, params),
             "greedy on the bf16 logits": lambda: greedy(bf16),
             "  of which torch.sort fp32": lambda: torch.sort(fp32, dim=-1, descending=True),
             "  torch.sort on the bf16 logits": lambda: torch.sort(bf16, dim=-1, descending=True),

@@ -96,6 +96,7 @@ def test_fused_sampler_keeps_exactly_the_defined_set(device, case):
     token = _fused(logits.to(device), params, block=64).item()
     kept = kept_by_definition(logits, temperature, top_p, top_k)
     state = params.scratch(1, vocab, 64).istate[0].cpu()
+    I_TB, I_NB = I_TB.value, I_NB.value
     keys = _keys(logits.view(-1))
     if len(kept) == vocab:
         assert state[I_TB] == -1  # no boundary: every token takes part

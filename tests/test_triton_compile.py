@@ -93,11 +93,11 @@ def launches(monkeypatch):
 
 def _compile_all(launches) -> set[str]:
     """Compile every recorded launch for sm_86, and the launches with programmatic dependent launch switched on
-    (PDL / TRIGGER, what the app does on Hopper) for sm_90; the kernel names that compiled, or AssertionError
+    (PDL / TRIGGER, what the app does on Hopper) and the fused sampler's GPU fence (FENCE) for sm_90; the kernel names that compiled, or AssertionError
     with the compiler's message."""
     launches = dict(launches)
     for key, spec in list(launches.items()):
-        flags = {k: True for k in ("PDL", "TRIGGER") if k in spec["constexprs"]}
+        flags = {k: True for k in ("PDL", "TRIGGER", "FENCE") if k in spec["constexprs"]}
         if flags:
             hopper = dict(spec, constexprs={**spec["constexprs"], **flags}, arch=90)
             launches[json.dumps(hopper, sort_keys=True)] = hopper
@@ -166,6 +166,20 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
     int4_triton.int4_dequantize(narrow, torch.empty(32 * 896, dtype=torch.bfloat16))
     names = _compile_all(launches)
     assert {"_int4_gemv_kernel", "_int4_dequantize_kernel", "_int4pack_dequantize_kernel"} <= names
+
+
+def test_the_fused_sampler_compiles_for_a_gpu(launches):
+    """The fused sampler's five kernels, with top-k off and on (bf16 and fp16 logits)."""
+    from model_loader.kernels.fused_sampler import fused_sample
+    from model_loader.sampling import SamplerParams
+
+    params = SamplerParams("cpu")
+    for dtype, top_k in ((torch.bfloat16, 0), (torch.float16, 5)):
+        params.set(0.6, 0.9, top_k, 100)
+        fused_sample(torch.randn(1, 100).to(dtype), params, block=32)
+    names = _compile_all(launches)
+    assert {"_sampler_max_kernel", "_sampler_top_k_kernel", "_sampler_mass_high_kernel", "_sampler_mass_low_kernel",
+            "_sampler_draw_kernel"} <= names
 
 
 def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeypatch):

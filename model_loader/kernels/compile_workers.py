@@ -31,7 +31,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 log = logging.getLogger(__name__)
 
 # The only modules a worker imports kernels from: they import Triton and nothing else.
-WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4")
+WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4", "model_loader.kernels.jit_sampler")
 
 
 def enabled() -> bool:

@@ -11,7 +11,8 @@ import os
 import torch
 import triton
 
-from model_loader.kernels.jit_sampler import (BINS, F_SLOTS, I_SLOTS, _sampler_draw_kernel, _sampler_mass_high_kernel,
+from model_loader.kernels import jit_sampler
+from model_loader.kernels.jit_sampler import (_sampler_draw_kernel, _sampler_mass_high_kernel,
                                               _sampler_mass_low_kernel, _sampler_max_kernel, _sampler_top_k_kernel)
 from model_loader.kernels.precompile import launch
 
@@ -37,13 +38,13 @@ class SamplerScratch:
         self.block = min(block, max(SUB, triton.next_power_of_2(vocab)))  # a small vocabulary: one small program
         self.n_programs = triton.cdiv(vocab, self.block)
         n = self.n_programs
-        self.istate = torch.zeros(rows, I_SLOTS, dtype=torch.int32, device=device)  # tickets must start at 0
-        self.fstate = torch.zeros(rows, F_SLOTS, dtype=torch.float32, device=device)
+        self.istate = torch.zeros(rows, jit_sampler.I_SLOTS.value, dtype=torch.int32, device=device)  # tickets must start at 0
+        self.fstate = torch.zeros(rows, jit_sampler.F_SLOTS.value, dtype=torch.float32, device=device)
         self.part_f = torch.zeros(rows, n, dtype=torch.float32, device=device)
         self.part_i = torch.zeros(rows, n, dtype=torch.int32, device=device)
         self.part_t = torch.zeros(rows, n, dtype=torch.int32, device=device)
-        self.hist_c = torch.zeros(rows, n, BINS, dtype=torch.int32, device=device)
-        self.hist_w = torch.zeros(rows, n, BINS, dtype=torch.float32, device=device)
+        self.hist_c = torch.zeros(rows, n, jit_sampler.BINS.value, dtype=torch.int32, device=device)
+        self.hist_w = torch.zeros(rows, n, jit_sampler.BINS.value, dtype=torch.float32, device=device)
         self.steps = torch.zeros(rows, dtype=torch.int64, device=device)
         self.out = torch.zeros(rows, dtype=torch.int64, device=device)
 

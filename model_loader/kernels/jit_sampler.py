@@ -24,24 +24,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Kernels may only read module globals that are tl.constexpr; host code takes their .value. (In the kernels a
+# constexpr stays on the right of an operator: in the interpreter `constexpr - tensor` is a constexpr.)
 # istate slots
-I_TICKET = 0  # the last-program ticket counter; every kernel's last program puts it back to 0
-I_K_HI = 1  # top-k: the high byte of the boundary key
-I_K_ABOVE = 2  # top-k: tokens in bins above that high byte
-I_TK = 3  # top-k boundary key (-1: no top-k, every token takes part)
-I_NK = 4  # how many tokens equal to I_TK are kept (index order)
-I_P_HI = 5  # top-p: the high byte of the boundary key (-2: no top-p pass needed)
-I_TB = 6  # the final boundary key (-1: none, every token with a weight is kept)
-I_NB = 7  # how many tokens equal to I_TB are kept (index order)
-I_SLOTS = 8
+I_TICKET = tl.constexpr(0)  # the last-program ticket counter; every kernel's last program puts it back to 0
+I_K_HI = tl.constexpr(1)  # top-k: the high byte of the boundary key
+I_K_ABOVE = tl.constexpr(2)  # top-k: tokens in bins above that high byte
+I_TK = tl.constexpr(3)  # top-k boundary key (-1: no top-k, every token takes part)
+I_NK = tl.constexpr(4)  # how many tokens equal to I_TK are kept (index order)
+I_P_HI = tl.constexpr(5)  # top-p: the high byte of the boundary key (-2: no top-p pass needed)
+I_TB = tl.constexpr(6)  # the final boundary key (-1: none, every token with a weight is kept)
+I_NB = tl.constexpr(7)  # how many tokens equal to I_TB are kept (index order)
+I_SLOTS = tl.constexpr(8)
 # fstate slots
-F_X0 = 0  # the largest logit: weights are exp((x - x0) / T) <= 1
-F_ABOVE = 1  # top-p: the mass of the keys above the boundary's high byte
-F_TARGET = 2  # top-p: top_p times the kept mass
-F_SLOTS = 4
+F_X0 = tl.constexpr(0)  # the largest logit: weights are exp((x - x0) / T) <= 1
+F_ABOVE = tl.constexpr(1)  # top-p: the mass of the keys above the boundary's high byte
+F_TARGET = tl.constexpr(2)  # top-p: top_p times the kept mass
+F_SLOTS = tl.constexpr(4)
 
-BINS = 256
-LOG2E = 1.4426950408889634
+BINS = tl.constexpr(256)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -64,7 +66,7 @@ def _fence(FENCE: tl.constexpr):
     # results this program stored are visible to whichever program takes the last ticket. The interpreter
     # (CPU tests) runs programs one after another and needs none.
     if FENCE:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [tl.zeros([1], tl.int32)],
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [tl.zeros([1], tl.int32)],
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -78,16 +80,16 @@ def _last_program(istate_row, n_programs, FENCE: tl.constexpr):
 
 
 @triton.jit
-def _sum_partials_reversed(ptr, n_programs, BINS_: tl.constexpr, ROWS: tl.constexpr):
+def _sum_partials_reversed(ptr, n_programs, ROWS: tl.constexpr):
     """Sum the programs' [n_programs, BINS] partial histograms, in program order (deterministic), bins reversed:
     element i is bin BINS-1-i, so a cumsum runs from the largest key down."""
-    i = tl.arange(0, BINS_)
+    i = tl.arange(0, BINS)
     r = tl.arange(0, ROWS)
-    acc = tl.sum(tl.load(ptr + r[:, None] * BINS_ + (BINS_ - 1 - i)[None, :], mask=(r < n_programs)[:, None],
+    acc = tl.sum(tl.load(ptr + r[:, None] * BINS + (-i + (BINS - 1))[None, :], mask=(r < n_programs)[:, None],
                          other=0, cache_modifier=".cg"), axis=0)
     for start in range(ROWS, n_programs, ROWS):
         rr = start + r
-        acc += tl.sum(tl.load(ptr + rr[:, None] * BINS_ + (BINS_ - 1 - i)[None, :], mask=(rr < n_programs)[:, None],
+        acc += tl.sum(tl.load(ptr + rr[:, None] * BINS + (-i + (BINS - 1))[None, :], mask=(rr < n_programs)[:, None],
                               other=0, cache_modifier=".cg"), axis=0)
     return acc
 
@@ -126,10 +128,10 @@ def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hi
                             cache_modifier=".cg"), axis=0)
         tl.store(fstate_ptr + row * F_SLOTS + F_X0, x0)
         if top_k < V:
-            rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, BINS, 16)
+            rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
             incl = tl.cumsum(rev, axis=0)  # tokens with a high byte >= this bin's
             at = tl.min(tl.where(incl >= top_k, bins, BINS), axis=0)
-            tl.store(istate + I_K_HI, BINS - 1 - at)
+            tl.store(istate + I_K_HI, -at + (BINS - 1))
             tl.store(istate + I_K_ABOVE, _pick(incl - rev, at, bins))
         else:
             tl.store(istate + I_TK, -1)
@@ -158,10 +160,10 @@ def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_program
             counts += tl.sum((low[:, None] == bins[None, :]).to(tl.int32), axis=0)
         tl.store(hist_c_ptr + (row * n_programs + pid) * BINS + bins, counts)
         if _last_program(istate, n_programs, FENCE):
-            rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, BINS, 16)
+            rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
             incl = tl.load(istate + I_K_ABOVE) + tl.cumsum(rev, axis=0)
             at = tl.min(tl.where(incl >= top_k, bins, BINS), axis=0)
-            tl.store(istate + I_TK, hi * BINS + (BINS - 1 - at))
+            tl.store(istate + I_TK, hi * BINS + (-at + (BINS - 1)))
             tl.store(istate + I_NK, (top_k - _pick(incl - rev, at, bins)).to(tl.int32))
             tl.store(istate + I_TICKET, 0)
 
@@ -176,7 +178,7 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
     x_row = x_ptr + row.to(tl.int64) * V
     istate = istate_ptr + row * I_SLOTS
     fstate = fstate_ptr + row * F_SLOTS
-    scale = LOG2E / tl.load(temperature_ptr)
+    scale = 1.0 / tl.load(temperature_ptr) * LOG2E
     x0 = tl.load(fstate + F_X0)
     tk = tl.load(istate + I_TK)
     bins = tl.arange(0, BINS)
@@ -189,11 +191,11 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
         mass += tl.sum(tl.where((key >> 8)[:, None] == bins[None, :], w[:, None], 0.0), axis=0)
     tl.store(hist_w_ptr + (row * n_programs + pid) * BINS + bins, mass)
     if _last_program(istate, n_programs, FENCE):
-        rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, BINS, 16)
+        rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, 16)
         nk = tl.load(istate + I_NK)
         if tk >= 0:
             w_tk = tl.exp2((_key_value(tk, x_ptr) - x0) * scale)
-            rev += tl.where(bins == BINS - 1 - (tk >> 8), nk * w_tk, 0.0)
+            rev += tl.where(bins == -(tk >> 8) + (BINS - 1), nk * w_tk, 0.0)
         top_p = tl.load(top_p_ptr)
         if top_p >= 1.0:
             tl.store(istate + I_TB, tk)
@@ -203,7 +205,7 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
             target = top_p * tl.sum(rev, axis=0)
             above = tl.cumsum(rev, axis=0) - rev  # the mass of the bins above this one
             at = tl.max(tl.where((rev > 0) & (above < target), bins, -1), axis=0)
-            tl.store(istate + I_P_HI, BINS - 1 - at)
+            tl.store(istate + I_P_HI, -at + (BINS - 1))
             tl.store(fstate + F_ABOVE, _pick(above, at, bins))
             tl.store(fstate + F_TARGET, target)
         tl.store(istate + I_TICKET, 0)
@@ -221,7 +223,7 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, his
     if hi >= 0:
         x_row = x_ptr + row.to(tl.int64) * V
         fstate = fstate_ptr + row * F_SLOTS
-        scale = LOG2E / tl.load(temperature_ptr)
+        scale = 1.0 / tl.load(temperature_ptr) * LOG2E
         x0 = tl.load(fstate + F_X0)
         tk = tl.load(istate + I_TK)
         bins = tl.arange(0, BINS)
@@ -239,17 +241,17 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, his
         tl.store(hist_w_ptr + (row * n_programs + pid) * BINS + bins, mass)
         tl.store(hist_c_ptr + (row * n_programs + pid) * BINS + bins, counts)
         if _last_program(istate, n_programs, FENCE):
-            rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, BINS, 16)
-            rev_c = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, BINS, 16)
+            rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, 16)
+            rev_c = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
             if (tk >= 0) & ((tk >> 8) == hi):
                 nk = tl.load(istate + I_NK)
-                tie_bin = bins == BINS - 1 - (tk & 0xFF)
+                tie_bin = bins == -(tk & 0xFF) + (BINS - 1)
                 rev += tl.where(tie_bin, nk * tl.exp2((_key_value(tk, x_ptr) - x0) * scale), 0.0)
                 rev_c += tl.where(tie_bin, nk, 0)
             target = tl.load(fstate + F_TARGET)
             above = tl.load(fstate + F_ABOVE) + tl.cumsum(rev, axis=0) - rev
             at = tl.max(tl.where((rev > 0) & (above < target), bins, -1), axis=0)
-            tb = hi * BINS + (BINS - 1 - at)
+            tb = hi * BINS + (-at + (BINS - 1))
             w_tb = tl.exp2((_key_value(tb, x_ptr) - x0) * scale)
             # the j-th tie (0-based) is kept while the mass before it, above + j * w_tb, is below the target
             kept = tl.math.ceil((target - _pick(above, at, bins)) / w_tb).to(tl.int32)
@@ -269,7 +271,7 @@ def _sampler_draw_kernel(x_ptr, temperature_ptr, seed_ptr, steps_ptr, istate_ptr
     row = tl.program_id(1)
     x_row = x_ptr + row.to(tl.int64) * V
     istate = istate_ptr + row * I_SLOTS
-    scale = LOG2E / tl.load(temperature_ptr)
+    scale = 1.0 / tl.load(temperature_ptr) * LOG2E
     x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
     tb = tl.load(istate + I_TB)
     seed = tl.load(seed_ptr)
