@@ -37,11 +37,12 @@ def warm_up_ids(device) -> torch.Tensor:
     return torch.zeros(WARM_UP_TOKENS, dtype=torch.int64, device=device)
 
 
-def walk_warm_up_paths(model, buckets, graphs: bool) -> None:
+def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = None) -> None:
     """Every path of the warm-up once, with compile-only Triton launches (kernels.precompile.compile_only):
     submits every kernel variant the warm-up needs to the compile pool at once. `model` is the model itself or
     its shape twin; `buckets` the prefill lengths captured as CUDA graphs; graphs: whether the warm-up captures
-    graphs (then it also times every single-token GEMV and decode attention candidate)."""
+    graphs (then it also times every single-token GEMV and decode attention candidate); vocab_size: the real
+    model's (a twin has fewer tokens), which the sampler's kernels are specialised on."""
     from model_loader.kernels import triton_ops
 
     dev = model.device
@@ -63,9 +64,20 @@ def walk_warm_up_paths(model, buckets, graphs: bool) -> None:
                 model.set_decode_attention_config(config)
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)
+            _walk_sampler(dev, model.dtype, vocab_size or model.cfg.vocab_size)
         ids = warm_up_ids(dev)
         model.prefill(ids, 0)
         model.prefill(ids[:2], ids.numel())  # the prefix-reuse path
+
+
+def _walk_sampler(dev, dtype, vocab_size: int) -> None:
+    """The sampled decode step's sampler, on logits of the step's dtype and the real vocabulary's size."""
+    from model_loader.sampling import SamplerParams, sample
+
+    logits = torch.zeros(1, vocab_size, dtype=dtype, device=dev)
+    params = SamplerParams(dev)
+    params.set(0.6, 0.95, 0, vocab_size)
+    sample(logits, params)
 
 
 def twin_config(cfg):
@@ -149,7 +161,7 @@ class CompileBesideLoad:
                 twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True)
                 if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
                     twin.linear.use_int4pack_prefill(weights, device, dtype)
-                walk_warm_up_paths(twin, buckets, graphs)
+                walk_warm_up_paths(twin, buckets, graphs, vocab_size=cfg.vocab_size)
         except BaseException as err:  # the warm-up walks the loaded model instead (Engine.warm_up)
             # Only the message is kept: the exception's frames would keep the twin in GPU memory.
             self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

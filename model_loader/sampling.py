@@ -34,9 +34,10 @@ class SamplerParams:
 
     def reseed(self, seed: int) -> None:
         """Start the fused sampler's noise over from `seed` (each reply): the same seed replays the same reply."""
-        self.seed.fill_(seed)
-        for scratch in self._scratch.values():
-            scratch.steps.zero_()
+        with torch.inference_mode():  # the buffers were made inside it (a warm-up)
+            self.seed.fill_(seed)
+            for scratch in self._scratch.values():
+                scratch.steps.zero_()
 
     def set(self, temperature: float, top_p: float, top_k: int, vocab_size: int) -> None:
         self.temperature.fill_(max(temperature, 1e-5))

@@ -158,6 +158,8 @@ def test_fused_sampler_replays_a_seed_and_moves_on(device):
     logits = (torch.randn(1, vocab, generator=g)).to(torch.bfloat16).to(device)
     params = SamplerParams(device)
     params.set(1.0, 1.0, 0, vocab)
+    with torch.inference_mode():  # the buffers are made inside inference mode, as in the engine's warm-up
+        _fused(logits, params, block=32)
 
     def reply(seed, n=12):
         params.reseed(seed)

@@ -17,7 +17,6 @@ from model_loader.kernels.jit_sampler import (_sampler_draw_kernel, _sampler_mas
 from model_loader.kernels.precompile import launch
 
 BLOCK = 2048  # logits per program: 75 programs for Qwen2's 151,936, one wave on a large GPU
-SUB = 32  # logits per one-hot histogram step ([SUB, 256] tiles)
 NUM_WARPS = 8
 
 
@@ -35,16 +34,17 @@ class SamplerScratch:
 
     def __init__(self, rows: int, vocab: int, device, block: int = BLOCK):
         self.rows, self.vocab = rows, vocab
-        self.block = min(block, max(SUB, triton.next_power_of_2(vocab)))  # a small vocabulary: one small program
+        self.block = min(block, max(32, triton.next_power_of_2(vocab)))  # a small vocabulary: one small program
         self.n_programs = triton.cdiv(vocab, self.block)
         n = self.n_programs
         self.istate = torch.zeros(rows, jit_sampler.I_SLOTS.value, dtype=torch.int32, device=device)  # tickets must start at 0
         self.fstate = torch.zeros(rows, jit_sampler.F_SLOTS.value, dtype=torch.float32, device=device)
+        self.lstate = torch.zeros(rows, jit_sampler.L_SLOTS.value, dtype=torch.int64, device=device)
         self.part_f = torch.zeros(rows, n, dtype=torch.float32, device=device)
         self.part_i = torch.zeros(rows, n, dtype=torch.int32, device=device)
         self.part_t = torch.zeros(rows, n, dtype=torch.int32, device=device)
         self.hist_c = torch.zeros(rows, n, jit_sampler.BINS.value, dtype=torch.int32, device=device)
-        self.hist_w = torch.zeros(rows, n, jit_sampler.BINS.value, dtype=torch.float32, device=device)
+        self.hist_w = torch.zeros(rows, n, jit_sampler.BINS.value, dtype=torch.int64, device=device)  # fixed point
         self.steps = torch.zeros(rows, dtype=torch.int64, device=device)
         self.out = torch.zeros(rows, dtype=torch.int64, device=device)
 
@@ -62,12 +62,12 @@ def fused_sample(logits: torch.Tensor, params, block: int = BLOCK) -> torch.Tens
     shape = dict(BLOCK=s.block, FENCE=fence, num_warps=NUM_WARPS)
     npow = triton.next_power_of_2(n)
     launch(_sampler_max_kernel, grid)(logits, params.top_k, s.istate, s.fstate, s.part_f, s.hist_c, vocab, n,
-                                      SUB=SUB, NPOW=npow, **shape)
-    launch(_sampler_top_k_kernel, grid)(logits, params.top_k, s.istate, s.hist_c, vocab, n, SUB=SUB, **shape)
-    launch(_sampler_mass_high_kernel, grid)(logits, params.temperature, params.top_p, s.istate, s.fstate, s.hist_w,
-                                            vocab, n, SUB=SUB, **shape)
-    launch(_sampler_mass_low_kernel, grid)(logits, params.temperature, s.istate, s.fstate, s.hist_w, s.hist_c,
-                                           vocab, n, SUB=SUB, **shape)
+                                      NPOW=npow, **shape)
+    launch(_sampler_top_k_kernel, grid)(logits, params.top_k, s.istate, s.hist_c, vocab, n, **shape)
+    launch(_sampler_mass_high_kernel, grid)(logits, params.temperature, params.top_p, s.istate, s.fstate, s.lstate,
+                                            s.hist_w, vocab, n, **shape)
+    launch(_sampler_mass_low_kernel, grid)(logits, params.temperature, s.istate, s.fstate, s.lstate, s.hist_w,
+                                           s.hist_c, vocab, n, **shape)
     launch(_sampler_draw_kernel, grid)(logits, params.temperature, params.seed, s.steps, s.istate, s.fstate, s.part_f,
                                        s.part_i, s.part_t, s.out, vocab, n, NPOW=npow, **shape)
     return s.out

@@ -4,10 +4,11 @@ Triton and nothing else, so a first start's compile workers can load it fast.
 Top-k, then top-p, then a draw, over 16-bit logits (the decode step's own dtype), without sorting the vocabulary:
 the boundary of the kept set is found by a radix select on the logits' bits, two bytes, high then low. Each
 16-bit value is mapped to an unsigned key that orders like the value (`_keys`), so "the tokens above the
-boundary" is "key > t". Per byte, every program makes a 256-bin histogram (token counts for top-k, weights for
-top-p) of its slice of the row; the program that finishes last (`_last_program`: a ticket counter) adds them up
-in a fixed order, so the result is deterministic, and finds the bin where the count reaches k or the mass
-reaches top_p. Tokens equal to the boundary key (ties: common in bf16) are kept in index order, as many as the
+boundary" is "key > t". Per byte, every program makes a 256-bin histogram of its slice of the row with integer
+atomics into its own bins (token counts for top-k; weights in fixed point for top-p, so the sums do not depend on
+the atomics' order); the program that finishes last (`_last_program`: a ticket counter) adds them up and finds the
+bin where the count reaches k or the mass reaches top_p. (Histograms made by comparing each logit with all 256
+bins cost 170 us a token on the H200; the atomics, a few.) Tokens equal to the boundary key (ties: common in bf16) are kept in index order, as many as the
 definition allows (the sorted-order rule of sampling.sample, ties taken lowest index first).
 
 The draw is the Gumbel-max race (argmax of log-weight + Gumbel noise: exact multinomial sampling), with the
@@ -15,8 +16,8 @@ kept ties raced as one entry of their summed weight, then one of them picked uni
 token. Noise comes from Philox keyed by the reply's seed, counted by a per-row step counter the kernel advances,
 so a seeded reply replays and the CUDA graph needs no host work per token.
 
-State per row (int32 `istate`, fp32 `fstate`: the slots below) is written by one kernel's last program and
-read by the next kernel's programs.
+State per row (int32 `istate`, fp32 `fstate`, int64 `lstate`: the slots below) is written by one kernel's last
+program and read by the next kernel's programs.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ I_NB = tl.constexpr(7)  # how many tokens equal to I_TB are kept (index order)
 I_SLOTS = tl.constexpr(8)
 # fstate slots
 F_X0 = tl.constexpr(0)  # the largest logit: weights are exp((x - x0) / T) <= 1
-F_ABOVE = tl.constexpr(1)  # top-p: the mass of the keys above the boundary's high byte
-F_TARGET = tl.constexpr(2)  # top-p: top_p times the kept mass
-F_SLOTS = tl.constexpr(4)
+F_SLOTS = tl.constexpr(2)
+# lstate (int64) slots: masses in fixed point (_fixed_point)
+L_ABOVE = tl.constexpr(0)  # top-p: the mass of the keys above the boundary's high byte
+L_TARGET = tl.constexpr(1)  # top-p: top_p times the kept mass
+L_SLOTS = tl.constexpr(2)
+FIXED_ONE = tl.constexpr(1099511627776.0)  # 2^40
 
 BINS = tl.constexpr(256)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -101,8 +105,24 @@ def _pick(values, where_i, i):
 
 
 @triton.jit
+def _cleared_region(hist_ptr, row, pid, n_programs):
+    """This program's own BINS-bin histogram, zeroed (then a barrier: the whole program's atomics come after)."""
+    region = hist_ptr + (row * n_programs + pid) * BINS
+    tl.store(region + tl.arange(0, BINS), tl.zeros([BINS], region.dtype.element_ty))
+    tl.debug_barrier()
+    return region
+
+
+@triton.jit
+def _fixed_point(w):
+    # Weights (<= 1) as integers of 2^-40: integer atomics add up in any order to the same sum, so the boundary
+    # (and a seeded reply) is the same every run; floats added by atomics would not be.
+    return (w * FIXED_ONE).to(tl.int64)
+
+
+@triton.jit
 def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hist_c_ptr, V, n_programs,
-                        BLOCK: tl.constexpr, SUB: tl.constexpr, NPOW: tl.constexpr, FENCE: tl.constexpr):
+                        BLOCK: tl.constexpr, NPOW: tl.constexpr, FENCE: tl.constexpr):
     """Pass 1: the row's largest logit; with top-k on, the count histogram of the keys' high byte and the
     high-byte bin where the k-th largest key lies."""
     pid = tl.program_id(0)
@@ -111,17 +131,13 @@ def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hi
     istate = istate_ptr + row * I_SLOTS
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     live = offs < V
-    x = tl.load(x_row + offs, mask=live, other=float("-inf")).to(tl.float32)
-    tl.store(part_f_ptr + row * n_programs + pid, tl.max(x, axis=0))
+    x = tl.load(x_row + offs, mask=live, other=0.0)
+    tl.store(part_f_ptr + row * n_programs + pid, tl.max(tl.where(live, x.to(tl.float32), float("-inf")), axis=0))
     top_k = tl.load(top_k_ptr)
     bins = tl.arange(0, BINS)
     if top_k < V:
-        counts = tl.zeros([BINS], tl.int32)
-        for s in range(0, BLOCK, SUB):
-            o = pid * BLOCK + s + tl.arange(0, SUB)
-            key = tl.where(o < V, _keys(tl.load(x_row + o, mask=o < V, other=0.0)), -1)
-            counts += tl.sum(((key >> 8)[:, None] == bins[None, :]).to(tl.int32), axis=0)
-        tl.store(hist_c_ptr + (row * n_programs + pid) * BINS + bins, counts)
+        region = _cleared_region(hist_c_ptr, row, pid, n_programs)
+        tl.atomic_add(region + (_keys(x) >> 8), 1, mask=live, sem="relaxed")
     if _last_program(istate, n_programs, FENCE):
         j = tl.arange(0, NPOW)
         x0 = tl.max(tl.load(part_f_ptr + row * n_programs + j, mask=j < n_programs, other=float("-inf"),
@@ -141,7 +157,7 @@ def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hi
 
 @triton.jit
 def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_programs,
-                          BLOCK: tl.constexpr, SUB: tl.constexpr, FENCE: tl.constexpr):
+                          BLOCK: tl.constexpr, FENCE: tl.constexpr):
     """Pass 2 (top-k on only): the count histogram of the low byte inside the boundary's high-byte bin, and
     from it the boundary key and how many of its ties are kept."""
     top_k = tl.load(top_k_ptr)
@@ -152,13 +168,11 @@ def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_program
         istate = istate_ptr + row * I_SLOTS
         hi = tl.load(istate + I_K_HI)
         bins = tl.arange(0, BINS)
-        counts = tl.zeros([BINS], tl.int32)
-        for s in range(0, BLOCK, SUB):
-            o = pid * BLOCK + s + tl.arange(0, SUB)
-            key = tl.where(o < V, _keys(tl.load(x_row + o, mask=o < V, other=0.0)), -1)
-            low = tl.where((key >> 8) == hi, key & 0xFF, -1)
-            counts += tl.sum((low[:, None] == bins[None, :]).to(tl.int32), axis=0)
-        tl.store(hist_c_ptr + (row * n_programs + pid) * BINS + bins, counts)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        live = offs < V
+        key = _keys(tl.load(x_row + offs, mask=live, other=0.0))
+        region = _cleared_region(hist_c_ptr, row, pid, n_programs)
+        tl.atomic_add(region + (key & 0xFF), 1, mask=live & ((key >> 8) == hi), sem="relaxed")
         if _last_program(istate, n_programs, FENCE):
             rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
             incl = tl.load(istate + I_K_ABOVE) + tl.cumsum(rev, axis=0)
@@ -169,51 +183,50 @@ def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_program
 
 
 @triton.jit
-def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fstate_ptr, hist_w_ptr, V, n_programs,
-                              BLOCK: tl.constexpr, SUB: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fstate_ptr, lstate_ptr, hist_w_ptr, V,
+                              n_programs, BLOCK: tl.constexpr, FENCE: tl.constexpr):
     """Pass 3: the weight histogram of the high byte over the top-k tokens, the kept mass, and the high-byte bin
     where the mass from the top reaches top_p of it. With top_p = 1 the boundary is top-k's (or none)."""
     pid = tl.program_id(0)
     row = tl.program_id(1)
     x_row = x_ptr + row.to(tl.int64) * V
     istate = istate_ptr + row * I_SLOTS
-    fstate = fstate_ptr + row * F_SLOTS
+    lstate = lstate_ptr + row * L_SLOTS
     scale = 1.0 / tl.load(temperature_ptr) * LOG2E
-    x0 = tl.load(fstate + F_X0)
+    x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
     tk = tl.load(istate + I_TK)
     bins = tl.arange(0, BINS)
-    mass = tl.zeros([BINS], tl.float32)
-    for s in range(0, BLOCK, SUB):
-        o = pid * BLOCK + s + tl.arange(0, SUB)
-        x = tl.load(x_row + o, mask=o < V, other=0.0)
-        key = tl.where(o < V, _keys(x), -1)
-        w = tl.where(key > tk, tl.exp2((x.to(tl.float32) - x0) * scale), 0.0)  # ties at tk: added once, below
-        mass += tl.sum(tl.where((key >> 8)[:, None] == bins[None, :], w[:, None], 0.0), axis=0)
-    tl.store(hist_w_ptr + (row * n_programs + pid) * BINS + bins, mass)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    live = offs < V
+    x = tl.load(x_row + offs, mask=live, other=0.0)
+    key = _keys(x)
+    w = _fixed_point(tl.exp2((x.to(tl.float32) - x0) * scale))
+    region = _cleared_region(hist_w_ptr, row, pid, n_programs)
+    tl.atomic_add(region + (key >> 8), w, mask=live & (key > tk), sem="relaxed")  # ties at tk: added once, below
     if _last_program(istate, n_programs, FENCE):
         rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, 16)
         nk = tl.load(istate + I_NK)
         if tk >= 0:
-            w_tk = tl.exp2((_key_value(tk, x_ptr) - x0) * scale)
-            rev += tl.where(bins == -(tk >> 8) + (BINS - 1), nk * w_tk, 0.0)
+            w_tk = _fixed_point(tl.exp2((_key_value(tk, x_ptr) - x0) * scale))
+            rev += tl.where(bins == -(tk >> 8) + (BINS - 1), nk * w_tk, 0)
         top_p = tl.load(top_p_ptr)
         if top_p >= 1.0:
             tl.store(istate + I_TB, tk)
             tl.store(istate + I_NB, nk)
             tl.store(istate + I_P_HI, -2)
         else:
-            target = top_p * tl.sum(rev, axis=0)
+            target = (top_p.to(tl.float64) * tl.sum(rev, axis=0).to(tl.float64)).to(tl.int64)
             above = tl.cumsum(rev, axis=0) - rev  # the mass of the bins above this one
             at = tl.max(tl.where((rev > 0) & (above < target), bins, -1), axis=0)
             tl.store(istate + I_P_HI, -at + (BINS - 1))
-            tl.store(fstate + F_ABOVE, _pick(above, at, bins))
-            tl.store(fstate + F_TARGET, target)
+            tl.store(lstate + L_ABOVE, _pick(above, at, bins))
+            tl.store(lstate + L_TARGET, target)
         tl.store(istate + I_TICKET, 0)
 
 
 @triton.jit
-def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, hist_w_ptr, hist_c_ptr, V, n_programs,
-                             BLOCK: tl.constexpr, SUB: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lstate_ptr, hist_w_ptr, hist_c_ptr, V,
+                             n_programs, BLOCK: tl.constexpr, FENCE: tl.constexpr):
     """Pass 4 (top_p < 1 only): weight and count histograms of the low byte inside the boundary's high-byte
     bin; the boundary key, and how many of its ties fit before the mass reaches top_p."""
     pid = tl.program_id(0)
@@ -222,42 +235,39 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, his
     hi = tl.load(istate + I_P_HI)
     if hi >= 0:
         x_row = x_ptr + row.to(tl.int64) * V
-        fstate = fstate_ptr + row * F_SLOTS
+        lstate = lstate_ptr + row * L_SLOTS
         scale = 1.0 / tl.load(temperature_ptr) * LOG2E
-        x0 = tl.load(fstate + F_X0)
+        x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
         tk = tl.load(istate + I_TK)
         bins = tl.arange(0, BINS)
-        mass = tl.zeros([BINS], tl.float32)
-        counts = tl.zeros([BINS], tl.int32)
-        for s in range(0, BLOCK, SUB):
-            o = pid * BLOCK + s + tl.arange(0, SUB)
-            x = tl.load(x_row + o, mask=o < V, other=0.0)
-            key = tl.where(o < V, _keys(x), -1)
-            low = tl.where(((key >> 8) == hi) & (key > tk), key & 0xFF, -1)
-            hit = low[:, None] == bins[None, :]
-            w = tl.exp2((x.to(tl.float32) - x0) * scale)
-            mass += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0)
-            counts += tl.sum(hit.to(tl.int32), axis=0)
-        tl.store(hist_w_ptr + (row * n_programs + pid) * BINS + bins, mass)
-        tl.store(hist_c_ptr + (row * n_programs + pid) * BINS + bins, counts)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        live = offs < V
+        x = tl.load(x_row + offs, mask=live, other=0.0)
+        key = _keys(x)
+        hit = live & ((key >> 8) == hi) & (key > tk)
+        w = _fixed_point(tl.exp2((x.to(tl.float32) - x0) * scale))
+        region_w = _cleared_region(hist_w_ptr, row, pid, n_programs)
+        region_c = _cleared_region(hist_c_ptr, row, pid, n_programs)
+        tl.atomic_add(region_w + (key & 0xFF), w, mask=hit, sem="relaxed")
+        tl.atomic_add(region_c + (key & 0xFF), 1, mask=hit, sem="relaxed")
         if _last_program(istate, n_programs, FENCE):
             rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, 16)
             rev_c = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
             if (tk >= 0) & ((tk >> 8) == hi):
                 nk = tl.load(istate + I_NK)
                 tie_bin = bins == -(tk & 0xFF) + (BINS - 1)
-                rev += tl.where(tie_bin, nk * tl.exp2((_key_value(tk, x_ptr) - x0) * scale), 0.0)
+                rev += tl.where(tie_bin, nk * _fixed_point(tl.exp2((_key_value(tk, x_ptr) - x0) * scale)), 0)
                 rev_c += tl.where(tie_bin, nk, 0)
-            target = tl.load(fstate + F_TARGET)
-            above = tl.load(fstate + F_ABOVE) + tl.cumsum(rev, axis=0) - rev
+            target = tl.load(lstate + L_TARGET)
+            above = tl.load(lstate + L_ABOVE) + tl.cumsum(rev, axis=0) - rev
             at = tl.max(tl.where((rev > 0) & (above < target), bins, -1), axis=0)
             tb = hi * BINS + (-at + (BINS - 1))
-            w_tb = tl.exp2((_key_value(tb, x_ptr) - x0) * scale)
+            w_tb = _fixed_point(tl.exp2((_key_value(tb, x_ptr) - x0) * scale))
             # the j-th tie (0-based) is kept while the mass before it, above + j * w_tb, is below the target
-            kept = tl.math.ceil((target - _pick(above, at, bins)) / w_tb).to(tl.int32)
-            kept = tl.minimum(tl.maximum(kept, 1), _pick(rev_c, at, bins))
+            kept = (target - _pick(above, at, bins) + w_tb - 1) // w_tb
+            kept = tl.minimum(tl.maximum(kept, 1), _pick(rev_c, at, bins).to(tl.int64))
             tl.store(istate + I_TB, tb)
-            tl.store(istate + I_NB, kept)
+            tl.store(istate + I_NB, kept.to(tl.int32))
             tl.store(istate + I_TICKET, 0)
 
 
