@@ -740,7 +740,11 @@ class Engine:
         while True:  # one pass per prefill: the prompt, then again after a "stop thinking" injection
             with torch.inference_mode():
                 logits, reused = self._prefill(seq)
-                first = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.step.generator)
+                # Sampled in the model's dtype, as the decode step does (exact: the fp32 logits were 16-bit values),
+                # so the first token takes the sampler the warm-up ran: a sampler first used here cost the first
+                # reply 45 ms (the sort's lazy set-up, H200).
+                first = (greedy(logits) if mode == "greedy"
+                         else sample(logits.to(self.model.dtype), self.params, self.step.generator))
             if reused_total is None:
                 reused_total = reused
                 yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
