@@ -46,7 +46,7 @@ def main() -> None:
             "fused sampler, bf16 logits (the decode step's)": lambda: fused_sample(bf16, params),
             "fused sampler with top-k 50": lambda: fused_sample(bf16, params_k),
             **{f"  fused sampler, {b} logits a program": (lambda b=b: fused_sample(bf16, params, block=b))
-               for b in (1024, 4096, 8192)},
+               for b in (1024, 2048, 8192)},
             "sort_sample() on fp32 logits": lambda: sort_sample(fp32, params),
             "sort_sample() on the bf16 logits": lambda: sort_sample(bf16, params),
             "greedy on the bf16 logits": lambda: greedy(bf16),

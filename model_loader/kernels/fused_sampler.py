@@ -16,7 +16,10 @@ from model_loader.kernels.jit_sampler import (_sampler_draw_kernel, _sampler_mas
                                               _sampler_mass_low_kernel, _sampler_max_kernel, _sampler_top_k_kernel)
 from model_loader.kernels.precompile import launch
 
-BLOCK = 2048  # logits per program: 75 programs for Qwen2's 151,936, one wave on a large GPU
+# Logits per program: 38 programs for Qwen2's 151,936. The whole sampler on the H200 (benchmarks/sampler_cost.py,
+# 2026-12-04): 1,024 a program 88 us, 2,048 57, 4,096 45, 8,192 48 (fewer partial histograms for the last
+# program to add up, against fewer programs sharing the atomics).
+BLOCK = 4096
 NUM_WARPS = 8
 
 
