@@ -80,7 +80,8 @@ def _fused(logits, params, block):
 @pytest.mark.parametrize("case", range(10))
 def test_fused_sampler_keeps_exactly_the_defined_set(device, case):
     """The boundary the kernels find by radix select (key and number of kept ties) is the sorted definition's, over
-    several programs per row, with and without top-k and top-p, with many ties (bf16 logits rounded coarsely)."""
+    several programs per row, with and without top-k and top-p, with many ties (logits rounded coarsely; bf16 and
+    fp16)."""
     from model_loader.kernels.jit_sampler import I_NB, I_TB
 
     g = torch.Generator().manual_seed(100 + case)
@@ -89,7 +90,8 @@ def test_fused_sampler_keeps_exactly_the_defined_set(device, case):
     temperature, top_p, top_k = [(0.6, 0.95, 0), (1.0, 0.5, 0), (0.3, 1.0, 7), (1.5, 0.9, 50), (0.7, 0.1, 0),
                                  (1.0, 1.0, 0), (0.6, 0.95, 1), (1.2, 0.99, vocab - 1), (0.8, 0.7, 3),
                                  (0.6, 0.999, 0)][case]
-    logits = (torch.randn(1, vocab, generator=g) * scale).round(decimals=decimals).to(torch.bfloat16)
+    dtype = torch.float16 if case % 3 == 2 else torch.bfloat16  # GPUs without bf16 decode in fp16
+    logits = (torch.randn(1, vocab, generator=g) * scale).round(decimals=decimals).to(dtype)
     params = SamplerParams(device)
     params.set(temperature, top_p, top_k, vocab)
     params.reseed(case)
@@ -150,6 +152,20 @@ def test_fused_sampler_picks_kept_ties_uniformly(device):
         counts = torch.bincount(picks, minlength=vocab)[20:20 + n_ties].double() / draws
         share = w_tie / z
         assert torch.all((counts - share).abs() <= 5 * math.sqrt(share * (1 - share) / draws))
+
+
+def test_fused_sampler_always_returns_a_token_id(device):
+    """Logits with NaNs (a broken model) give some token id in range, never one past the vocabulary (which would
+    make the next step's embedding read out of bounds and take the GPU context down)."""
+    vocab = 100
+    logits = torch.randn(1, vocab)
+    logits[0, ::7] = float("nan")
+    params = SamplerParams(device)
+    params.set(0.6, 0.9, 0, vocab)
+    params.reseed(0)
+    for _ in range(3):
+        token = _fused(logits.to(torch.bfloat16).to(device), params, block=32).item()
+        assert 0 <= token < vocab
 
 
 def test_fused_sampler_replays_a_seed_and_moves_on(device):

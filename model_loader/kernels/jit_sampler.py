@@ -321,6 +321,8 @@ def _sampler_draw_kernel(x_ptr, temperature_ptr, seed_ptr, steps_ptr, istate_ptr
                 hit = (o < V) & (_keys(tl.load(x_row + o, mask=o < V, other=0.0)) == tb)
                 seen = tl.cumsum(hit.to(tl.int32), axis=0)
                 token = tl.min(tl.where(hit & (seen == rank + 1), o, V), axis=0)
+        # Always a token id: logits with NaNs (a broken model) must not make the next embedding read out of range.
+        token = tl.minimum(tl.maximum(token, 0), V - 1)
         tl.store(out_ptr + row, token.to(tl.int64))
         tl.store(steps_ptr + row, tl.load(steps_ptr + row) + 1)
         tl.store(istate + I_TICKET, 0)
