@@ -185,3 +185,33 @@ def test_fused_sampler_replays_a_seed_and_moves_on(device):
     assert reply(42) == first  # the same seed, the same tokens
     assert len(set(first)) > 1  # the noise moves on from token to token
     assert reply(43) != first
+
+
+@pytest.mark.parametrize("top_p,top_k", [(0.95, 0), (0.5, 40)])
+def test_fused_sampler_at_the_real_vocabulary_size(device, top_p, top_k):
+    """Qwen2's 151,936 logits with the default launch shape (as the decode step runs it): the same boundary as
+    the sorted definition, for a flat row (a nucleus of ~100k tokens) and a peaked one with top-k."""
+    from model_loader.kernels.fused_sampler import fused_sample
+    from model_loader.kernels.jit_sampler import I_NB, I_TB
+
+    vocab, temperature = 151936, 0.6
+    g = torch.Generator().manual_seed(9)
+    scale = 0.3 if top_k == 0 else 3.0
+    logits = (torch.randn(1, vocab, generator=g) * scale).to(torch.bfloat16)
+    params = SamplerParams(device)
+    params.set(temperature, top_p, top_k, vocab)
+    params.reseed(1)
+    token = fused_sample(logits.to(device), params).item()
+    # the definition, vectorised: sorted descending, ties in index order
+    x = logits.view(-1).double()
+    order = torch.sort(x, descending=True, stable=True).indices
+    order = order[:top_k] if top_k else order
+    weights = torch.exp((x[order] - x.max()) / temperature)
+    before = torch.cumsum(weights, 0) - weights
+    kept = order[before < top_p * weights.sum()]
+    keys = _keys(logits.view(-1))
+    boundary = keys[kept[-1]].item()
+    state = next(iter(params._scratch.values())).istate[0].cpu()
+    assert state[I_TB.value] == boundary
+    assert state[I_NB.value] == (keys[kept] == boundary).sum().item()
+    assert token in set(kept.tolist())
