@@ -51,12 +51,22 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token: the fused sampler where it applies (16-bit logits on a GPU), else sort_sample."""
-    from model_loader.kernels import fused_sampler
-
-    if fused_sampler.applies(logits):
-        return fused_sampler.fused_sample(logits, params)
+    """The next token: the fused sampler where it applies (16-bit logits on a GPU, with Triton), else sort_sample."""
+    if logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16):
+        fused = _fused_sampler()
+        if fused is not None and fused.applies(logits):
+            return fused.fused_sample(logits, params)
     return sort_sample(logits, params, generator)
+
+
+def _fused_sampler():
+    """kernels.fused_sampler, or None where Triton is missing (a CPU-only install or bundle): importing it only
+    on the GPU path keeps sampling working everywhere else."""
+    try:
+        from model_loader.kernels import fused_sampler
+    except ImportError:
+        return None
+    return fused_sampler
 
 
 def sort_sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:

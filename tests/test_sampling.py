@@ -215,3 +215,21 @@ def test_fused_sampler_at_the_real_vocabulary_size(device, top_p, top_k):
     assert state[I_TB.value] == boundary
     assert state[I_NB.value] == (keys[kept] == boundary).sum().item()
     assert token in set(kept.tolist())
+
+
+def test_sampling_works_where_triton_is_missing():
+    """A CPU-only install or bundle has no Triton: sampling must not import it (the frozen CPU app's replies
+    failed with "No module named 'triton'" when it did)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"  # any import of triton now raises ImportError
+            "import torch\n"
+            "from model_loader.sampling import SamplerParams, sample\n"
+            "p = SamplerParams('cpu'); p.set(0.6, 0.95, 0, 50)\n"
+            "for dtype in (torch.float32, torch.bfloat16):\n"
+            "    t = sample(torch.randn(1, 50).to(dtype), p, torch.Generator().manual_seed(0))\n"
+            "    assert 0 <= t.item() < 50\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
