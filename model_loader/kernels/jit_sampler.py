@@ -121,6 +121,21 @@ def _fixed_point(w):
 
 
 @triton.jit
+def _slice_weights(x_ptr, row, pid, V, x0, scale, BLOCK: tl.constexpr):
+    """This program's slice of the row: its keys, fixed-point weights exp((x - x0) / T) and which lanes are live."""
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    live = offs < V
+    x = tl.load(x_ptr + row.to(tl.int64) * V + offs, mask=live, other=0.0)
+    return _keys(x), _fixed_point(tl.exp2((x.to(tl.float32) - x0) * scale)), live
+
+
+@triton.jit
+def _key_weight(key, x_ptr, x0, scale):
+    """The fixed-point weight of the logit whose key is `key` (the same arithmetic as _slice_weights)."""
+    return _fixed_point(tl.exp2((_key_value(key, x_ptr) - x0) * scale))
+
+
+@triton.jit
 def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hist_c_ptr, V, n_programs,
                         BLOCK: tl.constexpr, NPOW: tl.constexpr, FENCE: tl.constexpr):
     """Pass 1: the row's largest logit; with top-k on, the count histogram of the keys' high byte and the
@@ -189,25 +204,20 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
     where the mass from the top reaches top_p of it. With top_p = 1 the boundary is top-k's (or none)."""
     pid = tl.program_id(0)
     row = tl.program_id(1)
-    x_row = x_ptr + row.to(tl.int64) * V
     istate = istate_ptr + row * I_SLOTS
     lstate = lstate_ptr + row * L_SLOTS
     scale = 1.0 / tl.load(temperature_ptr) * LOG2E
     x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
     tk = tl.load(istate + I_TK)
     bins = tl.arange(0, BINS)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    live = offs < V
-    x = tl.load(x_row + offs, mask=live, other=0.0)
-    key = _keys(x)
-    w = _fixed_point(tl.exp2((x.to(tl.float32) - x0) * scale))
+    key, w, live = _slice_weights(x_ptr, row, pid, V, x0, scale, BLOCK)
     region = _cleared_region(hist_w_ptr, row, pid, n_programs)
     tl.atomic_add(region + (key >> 8), w, mask=live & (key > tk), sem="relaxed")  # ties at tk: added once, below
     if _last_program(istate, n_programs, FENCE):
         rev = _sum_partials_reversed(hist_w_ptr + row * n_programs * BINS, n_programs, 16)
         nk = tl.load(istate + I_NK)
         if tk >= 0:
-            w_tk = _fixed_point(tl.exp2((_key_value(tk, x_ptr) - x0) * scale))
+            w_tk = _key_weight(tk, x_ptr, x0, scale)
             rev += tl.where(bins == -(tk >> 8) + (BINS - 1), nk * w_tk, 0)
         top_p = tl.load(top_p_ptr)
         if top_p >= 1.0:
@@ -234,18 +244,13 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lst
     istate = istate_ptr + row * I_SLOTS
     hi = tl.load(istate + I_P_HI)
     if hi >= 0:
-        x_row = x_ptr + row.to(tl.int64) * V
         lstate = lstate_ptr + row * L_SLOTS
         scale = 1.0 / tl.load(temperature_ptr) * LOG2E
         x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
         tk = tl.load(istate + I_TK)
         bins = tl.arange(0, BINS)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        live = offs < V
-        x = tl.load(x_row + offs, mask=live, other=0.0)
-        key = _keys(x)
+        key, w, live = _slice_weights(x_ptr, row, pid, V, x0, scale, BLOCK)
         hit = live & ((key >> 8) == hi) & (key > tk)
-        w = _fixed_point(tl.exp2((x.to(tl.float32) - x0) * scale))
         region_w = _cleared_region(hist_w_ptr, row, pid, n_programs)
         region_c = _cleared_region(hist_c_ptr, row, pid, n_programs)
         tl.atomic_add(region_w + (key & 0xFF), w, mask=hit, sem="relaxed")
@@ -256,13 +261,13 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lst
             if (tk >= 0) & ((tk >> 8) == hi):
                 nk = tl.load(istate + I_NK)
                 tie_bin = bins == -(tk & 0xFF) + (BINS - 1)
-                rev += tl.where(tie_bin, nk * _fixed_point(tl.exp2((_key_value(tk, x_ptr) - x0) * scale)), 0)
+                rev += tl.where(tie_bin, nk * _key_weight(tk, x_ptr, x0, scale), 0)
                 rev_c += tl.where(tie_bin, nk, 0)
             target = tl.load(lstate + L_TARGET)
             above = tl.load(lstate + L_ABOVE) + tl.cumsum(rev, axis=0) - rev
             at = tl.max(tl.where((rev > 0) & (above < target), bins, -1), axis=0)
             tb = hi * BINS + (-at + (BINS - 1))
-            w_tb = _fixed_point(tl.exp2((_key_value(tb, x_ptr) - x0) * scale))
+            w_tb = _key_weight(tb, x_ptr, x0, scale)
             # the j-th tie (0-based) is kept while the mass before it, above + j * w_tb, is below the target
             kept = (target - _pick(above, at, bins) + w_tb - 1) // w_tb
             kept = tl.minimum(tl.maximum(kept, 1), _pick(rev_c, at, bins).to(tl.int64))
