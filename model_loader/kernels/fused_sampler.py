@@ -1,4 +1,5 @@
-"""The fused sampler's host side (kernels in jit_sampler): its buffers, launch shapes, and when it applies.
+"""The fused sampler's host side (kernels in jit_sampler): its buffers and launch shapes (sampling.sample decides
+when it applies).
 
 It replaces sampling.sample's sort-based pipeline on the GPU for 16-bit logits (the decode step's): five small
 kernels, no sort of the 152k-token vocabulary, no host sync, so it lives inside the decode step's CUDA graph.
@@ -23,20 +24,11 @@ BLOCK = 4096
 NUM_WARPS = 8
 
 
-def applies(logits: torch.Tensor) -> bool:
-    """Whether fused_sample serves these logits: 16-bit, on a GPU (or, for the tests, in Triton's interpreter).
-    R1DESK_TORCH_SAMPLER=1 keeps the sort-based sampler (to compare the two)."""
-    if logits.dtype not in (torch.bfloat16, torch.float16) or os.environ.get("R1DESK_TORCH_SAMPLER") == "1":
-        return False
-    return logits.is_cuda
-
-
 class SamplerScratch:
     """Per (rows, vocabulary) buffers: the kernels' partial histograms and state, the rows' step counters (the
     noise's Philox counter) and the chosen tokens. Allocated once, before any graph capture uses them."""
 
     def __init__(self, rows: int, vocab: int, device, block: int = BLOCK):
-        self.rows, self.vocab = rows, vocab
         self.block = min(block, max(32, triton.next_power_of_2(vocab)))  # a small vocabulary: one small program
         self.n_programs = triton.cdiv(vocab, self.block)
         n = self.n_programs

@@ -89,9 +89,8 @@ def _sum_partials_reversed(ptr, n_programs, ROWS: tl.constexpr):
     element i is bin BINS-1-i, so a cumsum runs from the largest key down."""
     i = tl.arange(0, BINS)
     r = tl.arange(0, ROWS)
-    acc = tl.sum(tl.load(ptr + r[:, None] * BINS + (-i + (BINS - 1))[None, :], mask=(r < n_programs)[:, None],
-                         other=0, cache_modifier=".cg"), axis=0)
-    for start in range(ROWS, n_programs, ROWS):
+    acc = tl.zeros([BINS], ptr.dtype.element_ty)
+    for start in range(0, n_programs, ROWS):
         rr = start + r
         acc += tl.sum(tl.load(ptr + rr[:, None] * BINS + (-i + (BINS - 1))[None, :], mask=(rr < n_programs)[:, None],
                               other=0, cache_modifier=".cg"), axis=0)
@@ -118,6 +117,12 @@ def _fixed_point(w):
     # Weights (<= 1) as integers of 2^-40: integer atomics add up in any order to the same sum, so the boundary
     # (and a seeded reply) is the same every run; floats added by atomics would not be.
     return (w * FIXED_ONE).to(tl.int64)
+
+
+@triton.jit
+def _weight_origin(temperature_ptr, fstate_ptr, row):
+    """x0 (the row's largest logit) and log2(e) / T: a weight is exp2((x - x0) * scale) = exp((x - x0) / T)."""
+    return tl.load(fstate_ptr + row * F_SLOTS + F_X0), 1.0 / tl.load(temperature_ptr) * LOG2E
 
 
 @triton.jit
@@ -206,8 +211,7 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
     row = tl.program_id(1)
     istate = istate_ptr + row * I_SLOTS
     lstate = lstate_ptr + row * L_SLOTS
-    scale = 1.0 / tl.load(temperature_ptr) * LOG2E
-    x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
+    x0, scale = _weight_origin(temperature_ptr, fstate_ptr, row)
     tk = tl.load(istate + I_TK)
     bins = tl.arange(0, BINS)
     key, w, live = _slice_weights(x_ptr, row, pid, V, x0, scale, BLOCK)
@@ -245,8 +249,7 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lst
     hi = tl.load(istate + I_P_HI)
     if hi >= 0:
         lstate = lstate_ptr + row * L_SLOTS
-        scale = 1.0 / tl.load(temperature_ptr) * LOG2E
-        x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
+        x0, scale = _weight_origin(temperature_ptr, fstate_ptr, row)
         tk = tl.load(istate + I_TK)
         bins = tl.arange(0, BINS)
         key, w, live = _slice_weights(x_ptr, row, pid, V, x0, scale, BLOCK)
@@ -286,8 +289,7 @@ def _sampler_draw_kernel(x_ptr, temperature_ptr, seed_ptr, steps_ptr, istate_ptr
     row = tl.program_id(1)
     x_row = x_ptr + row.to(tl.int64) * V
     istate = istate_ptr + row * I_SLOTS
-    scale = 1.0 / tl.load(temperature_ptr) * LOG2E
-    x0 = tl.load(fstate_ptr + row * F_SLOTS + F_X0)
+    x0, scale = _weight_origin(temperature_ptr, fstate_ptr, row)
     tb = tl.load(istate + I_TB)
     seed = tl.load(seed_ptr)
     base = (tl.load(steps_ptr + row) << 32) + row.to(tl.int64) * (V + 2)  # Philox counter: (token, step)
