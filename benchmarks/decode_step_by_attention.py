@@ -5,7 +5,7 @@ alone ranks its shapes differently: this captures one greedy decode graph per co
 triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --reduce SxD,...: each also
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
-usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra]
+usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
            [--reduce 32x32,0x32] [--json OUT]
 """
 
@@ -28,26 +28,38 @@ def _extra():
             C(64, 256, 256, 8, 2)]
 
 
+def _sm_fill(num_kv_heads: int):
+    """Splits that give every SM work at depth: (SMs / KV heads) splits, or twice that with tiles small enough
+    for two programs an SM; chunks aligned to 1 token, as a loop-step multiple leaves splits idle at 32,768."""
+    C = triton_ops.DecodeAttnConfig
+    one = -(-torch.cuda.get_device_properties(0).multi_processor_count // num_kv_heads)
+    shapes = [C(one, 128, 128, 4, 3), C(one, 128, 64, 4, 4), C(one, 128, 128, 8, 3), C(one, 128, 256, 8, 2),
+              C(2 * one, 128, 64, 4, 3), C(2 * one, 128, 64, 4, 2), C(2 * one, 64, 64, 4, 3)]
+    return [dataclasses.replace(c, chunk_align=align) for c in shapes for align in (1, 16)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--depths", default="512,4096,16384,32768")
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
+    ap.add_argument("--sm-fill", action="store_true", help="also split counts that fill the SMs (_sm_fill)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
     engine.warm_up()
     step = engine.step
-    base = list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
+    base = (list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
+            + (_sm_fill(engine.model.cfg.num_key_value_heads) if args.sm_fill else []))
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     for shape in filter(None, args.reduce.split(",")):
         splits, dims = (int(x) for x in shape.split("x"))
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
     configs = list(dict.fromkeys(configs))
-    if args.extra:  # split buffers big enough for every shape tried (before any of these graphs is captured)
+    if args.extra or args.sm_fill:  # split buffers big enough for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

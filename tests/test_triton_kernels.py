@@ -1,6 +1,7 @@
 """The fused Triton kernels against the plain PyTorch reference (kernels.reference), at the shapes that matter:
 the tiny test model's and the real 1.5B's. On a CPU-only machine they run in Triton's interpreter."""
 
+import dataclasses
 import math
 
 import pytest
@@ -80,12 +81,18 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
     assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
 
 
+# 66 splits (132 SMs / 2 KV heads) of chunks aligned to 1 token: 2,500 tokens -> 38-token chunks, 3 loop steps of
+# 16 with the last one partly masked, and the last split shorter than the rest.
+ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),)
+
+
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
 @pytest.mark.parametrize("length", [1, 33, 200, 2500])
-@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS, ids=str)
 def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, config):
     """Every kernel shape the warm-up may pick, at depths that use one split, a few, and all of them (2,500
-    tokens fill every split of each config), with the depth read from pos_t as in a captured graph."""
+    tokens fill every split of each config), with the depth read from pos_t as in a captured graph; and splits
+    whose tokens are not a multiple of the loop step (their last step masked)."""
     dt = _dtype(device)
     g = torch.Generator().manual_seed(2)
     max_ctx = 2560
@@ -95,7 +102,7 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, 
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
     scale = 1 / math.sqrt(d)
     ref = reference.decode_attention(q, k, v, pos_t, length, scale)
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt, configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS)
     attn.mid_lse.fill_(float("nan"))  # splits the reduce must not read hold garbage
     attn.mid_o.fill_(float("nan"))
     out = attn(q, k, v, pos_t, length, scale, config=config)
@@ -113,6 +120,12 @@ def test_decode_attention_split_count_follows_the_depth():
     assert triton_ops.decode_splits(c, 512) == 8
     assert triton_ops.decode_splits(c, 4096) == 64
     assert triton_ops.decode_splits(c, 32768) == 64
+    # Chunks rounded to the 128-token loop step leave 2 of 66 splits idle at 32,768 tokens; 1-token alignment
+    # uses all 66 (65 x 497 + 463).
+    sm_fill = triton_ops.DecodeAttnConfig(max_splits=66, min_chunk=128, block_n=128)
+    assert triton_ops.decode_splits(sm_fill, 32768) == 64
+    assert triton_ops.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 32768) == 66
+    assert triton_ops.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 4096) == 32  # min_chunk holds
 
 
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])

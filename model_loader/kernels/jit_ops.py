@@ -103,10 +103,12 @@ def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.const
 
 
 @triton.jit
-def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
+def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
     # Tokens per split, from the depth read on the device: short contexts use few splits of MIN_CHUNK tokens,
-    # long ones all MAX_SPLITS splits. One captured graph so serves every depth with no host sync.
-    chunk = tl.cdiv(tl.cdiv(length, MAX_SPLITS), BLOCK_N) * BLOCK_N
+    # long ones all MAX_SPLITS splits. One captured graph so serves every depth with no host sync. ALIGN: a
+    # split's tokens are a multiple of it (the loop step, or fewer so that all MAX_SPLITS splits get work at
+    # depths like 32,768 that a loop-step multiple would leave to 64 of 66 splits).
+    chunk = tl.cdiv(tl.cdiv(length, MAX_SPLITS), ALIGN) * ALIGN
     return tl.maximum(chunk, MIN_CHUNK)
 
 
@@ -114,7 +116,8 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N):
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                               BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                              PDL: tl.constexpr, IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr):
+                              CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr,
+                              LATE_LAUNCH: tl.constexpr):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
@@ -125,7 +128,7 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # the current token is already in the cache
-    chunk = _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, BLOCK_N)
+    chunk = _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, CHUNK_ALIGN)
     start = split * chunk
     if start < length:  # splits past the depth do nothing; the reduce only reads the active ones
         end = tl.minimum(start + chunk, length)
@@ -153,7 +156,7 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
 
 
 @triton.jit
-def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, block_n, max_splits, min_chunk,
+def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_align, max_splits, min_chunk,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     # Combines the active splits of one query head for BLOCK_D of its dimensions (online log-sum-exp, BLOCK_S
     # splits at a time): heads x D/BLOCK_D programs, so the combine is not a dozen long serial programs. The
@@ -161,7 +164,7 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, block_n
     _pdl_start(PDL)
     head = tl.program_id(0)
     length = tl.load(pos_ptr) + 1
-    active = tl.cdiv(length, _decode_chunk(length, max_splits, min_chunk, block_n))
+    active = tl.cdiv(length, _decode_chunk(length, max_splits, min_chunk, chunk_align))
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)

@@ -96,7 +96,7 @@ def silu_mul(gate_up, out=None):
 @dataclass(frozen=True)
 class DecodeAttnConfig:
     """How the decode attention splits the cache: up to max_splits programs per KV head, each at least min_chunk
-    tokens (a multiple of block_n), block_n tokens per loop step."""
+    tokens (a multiple of chunk_align, 0: of block_n), block_n tokens per loop step."""
 
     max_splits: int
     min_chunk: int
@@ -110,12 +110,18 @@ class DecodeAttnConfig:
     # same at 512.
     reduce_splits: int = 0
     reduce_dims: int = 16
+    chunk_align: int = 0
+
+    @property
+    def align(self) -> int:
+        return self.chunk_align or self.block_n
 
     def __str__(self) -> str:
         return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
                 + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
-                   if (self.reduce_splits, self.reduce_dims) != (0, 16) else ""))
+                   if (self.reduce_splits, self.reduce_dims) != (0, 16) else "")
+                + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else ""))
 
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
@@ -140,7 +146,7 @@ def decode_attention_candidates(device) -> tuple:
 
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     """How many splits the kernels use at this depth (what _decode_chunk computes on the device)."""
-    chunk = -(-(-(-length // config.max_splits)) // config.block_n) * config.block_n
+    chunk = -(-(-(-length // config.max_splits)) // config.align) * config.align
     chunk = max(chunk, config.min_chunk)
     return -(-length // chunk)
 
@@ -168,11 +174,11 @@ class DecodeAttention:
         launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, IEEE=q.dtype == torch.float32,
-            LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+            BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, CHUNK_ALIGN=c.align,
+            IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
-            self.mid_o, self.mid_lse, self.out, pos_t, c.block_n, c.max_splits, c.min_chunk, D=self.head_dim,
+            self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
             BLOCK_D=block_d, BLOCK_S=c.reduce_splits or triton.next_power_of_2(self.max_splits), num_warps=2, **pdl)
         return self.out
 
