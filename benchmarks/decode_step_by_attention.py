@@ -30,12 +30,13 @@ def _extra():
 
 def _sm_fill(num_kv_heads: int):
     """Splits that give every SM work at depth: (SMs / KV heads) splits, or twice that with tiles small enough
-    for two programs an SM; chunks aligned to 1 token, as a loop-step multiple leaves splits idle at 32,768."""
+    for two programs an SM; chunks aligned to 1 token, as a loop-step multiple leaves splits idle at 32,768. Each
+    also with its first K/V tile read before the wait for q (early_tile)."""
     C = triton_ops.DecodeAttnConfig
     one = -(-torch.cuda.get_device_properties(0).multi_processor_count // num_kv_heads)
-    shapes = [C(one, 128, 128, 4, 3), C(one, 128, 64, 4, 4), C(one, 128, 128, 8, 3), C(one, 128, 256, 8, 2),
-              C(2 * one, 128, 64, 4, 3), C(2 * one, 128, 64, 4, 2), C(2 * one, 64, 64, 4, 3)]
-    return [dataclasses.replace(c, chunk_align=align) for c in shapes for align in (1, 16)]
+    shapes = [C(one, 128, 128, 4, 3, chunk_align=1), C(one, 128, 128, 8, 3, chunk_align=1),
+              C(one, 128, 64, 4, 3, chunk_align=1), C(2 * one, 64, 64, 4, 3, chunk_align=1), C(64, 128, 128, 4, 3)]
+    return [dataclasses.replace(c, early_tile=early) for c in shapes for early in (False, True)]
 
 
 def main() -> None:
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
     ap.add_argument("--sm-fill", action="store_true", help="also split counts that fill the SMs (_sm_fill)")
+    ap.add_argument("--reverse", action="store_true", help="time the configurations in reverse order (drift check)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
@@ -58,7 +60,7 @@ def main() -> None:
         splits, dims = (int(x) for x in shape.split("x"))
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
-    configs = list(dict.fromkeys(configs))
+    configs = list(dict.fromkeys(configs))[::-1 if args.reverse else 1]
     if args.extra or args.sm_fill:  # split buffers big enough for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(

@@ -82,8 +82,10 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 
 
 # 66 splits (132 SMs / 2 KV heads) of chunks aligned to 1 token: 2,500 tokens -> 38-token chunks, 3 loop steps of
-# 16 with the last one partly masked, and the last split shorter than the rest.
-ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),)
+# 16 with the last one partly masked, and the last split shorter than the rest. With the first tile read early,
+# the split holding the current token must read that tile again (the early read leaves its row out).
+ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
+              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True))
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)

@@ -117,14 +117,20 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                               BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
                               CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr,
-                              LATE_LAUNCH: tl.constexpr):
+                              LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
+    # EARLY_TILE: request the split's first K/V tile before waiting for the kernel ahead (which writes q and the
+    # current token's K/V row), so the cache read's first DRAM round trip overlaps that kernel's end instead of
+    # following it. Only rows of earlier tokens are read early: earlier graph launches wrote them (and the
+    # position, which the step advances as its last operation), whereas the kernels ahead in this launch may
+    # still be running. The tile holding the current token's row is read again after the wait.
     if PDL:
         if not LATE_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+        if not EARLY_TILE:
+            tl.extra.cuda.gdc_wait()
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     length = tl.load(pos_ptr) + 1  # the current token is already in the cache
@@ -135,12 +141,27 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, D)
         g_mask = g < GROUP
+        base = kvh * max_ctx * D
+        n = start + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        if EARLY_TILE:
+            earlier = n < tl.minimum(end, length - 1)
+            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
+                k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+                v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, D], tl.float32)
-        base = kvh * max_ctx * D
-        for n0 in range(start, end, BLOCK_N):
+        m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
+        for n0 in range(start + BLOCK_N, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
             k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)

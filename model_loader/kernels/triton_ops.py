@@ -111,6 +111,7 @@ class DecodeAttnConfig:
     reduce_splits: int = 0
     reduce_dims: int = 16
     chunk_align: int = 0
+    early_tile: bool = False  # the first K/V tile is requested before the wait for q (see the split kernel)
 
     @property
     def align(self) -> int:
@@ -121,7 +122,8 @@ class DecodeAttnConfig:
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
                 + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
                    if (self.reduce_splits, self.reduce_dims) != (0, 16) else "")
-                + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else ""))
+                + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else "")
+                + (", first tile early" if self.early_tile else ""))
 
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
@@ -175,7 +177,8 @@ class DecodeAttention:
             q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
             GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, CHUNK_ALIGN=c.align,
-            IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+            IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch, EARLY_TILE=c.early_tile, num_warps=c.num_warps,
+            num_stages=c.num_stages, **pdl)
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
