@@ -29,14 +29,13 @@ def _extra():
 
 
 def _sm_fill(num_kv_heads: int):
-    """Splits that give every SM work at depth: (SMs / KV heads) splits, or twice that with tiles small enough
-    for two programs an SM; chunks aligned to 1 token, as a loop-step multiple leaves splits idle at 32,768. Each
-    also with its first K/V tile read before the wait for q (early_tile)."""
+    """Variants of the candidates: the first K/V tile read early for the short-context shape, 8 warps, 64 fixed
+    splits, and explicit split counts of one and two programs an SM."""
     C = triton_ops.DecodeAttnConfig
     one = -(-torch.cuda.get_device_properties(0).multi_processor_count // num_kv_heads)
-    shapes = [C(one, 128, 128, 4, 3, chunk_align=1), C(one, 128, 128, 8, 3, chunk_align=1),
-              C(one, 128, 64, 4, 3, chunk_align=1), C(2 * one, 64, 64, 4, 3, chunk_align=1), C(64, 128, 128, 4, 3)]
-    return [dataclasses.replace(c, early_tile=early) for c in shapes for early in (False, True)]
+    return [C(32, 32, 32, 4, 2, early_tile=True), C(32, 64, 64, 4, 3, early_tile=True),
+            C(triton_ops.SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
+            C(64, 128, 128, 4, 3, early_tile=True), C(2 * one, 64, 64, 4, 3, chunk_align=1, early_tile=True)]
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ share of a decode step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -95,8 +96,9 @@ def silu_mul(gate_up, out=None):
 
 @dataclass(frozen=True)
 class DecodeAttnConfig:
-    """How the decode attention splits the cache: up to max_splits programs per KV head, each at least min_chunk
-    tokens (a multiple of chunk_align, 0: of block_n), block_n tokens per loop step."""
+    """How the decode attention splits the cache: up to max_splits programs per KV head (SM_SPLITS: as many as
+    give every SM one program, see sm_splits), each at least min_chunk tokens (a multiple of chunk_align, 0: of
+    block_n), block_n tokens per loop step."""
 
     max_splits: int
     min_chunk: int
@@ -118,7 +120,8 @@ class DecodeAttnConfig:
         return self.chunk_align or self.block_n
 
     def __str__(self) -> str:
-        return (f"{self.max_splits} splits x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
+        splits = "a split per SM" if self.max_splits == SM_SPLITS else f"{self.max_splits} splits"
+        return (f"{splits} x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
                 + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
                    if (self.reduce_splits, self.reduce_dims) != (0, 16) else "")
@@ -126,17 +129,31 @@ class DecodeAttnConfig:
                 + (", first tile early" if self.early_tile else ""))
 
 
+SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count (DecodeAttention resolves it)
+
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
 # first is the default where nothing was tuned (CPU interpreter, reference runs). From H200 measurements
-# (2026-12-03): attention alone (benchmarks/decode_attention_depths.py, 108 shapes) gave the first two; the whole
-# step (benchmarks/decode_step_by_attention.py) showed the second best for bf16 at every depth, the first best for
-# 4-bit up to ~1k tokens, and the second with late_launch best for 4-bit from 4k to 32k (its GEMVs request their
-# weights early, which competed with long cache reads). 128 splits of >= 256 tokens won nowhere by over 0.5%.
+# (2026-12-03): attention alone (benchmarks/decode_attention_depths.py, 108 shapes) gave the first; the whole
+# step (benchmarks/decode_step_by_attention.py) showed it best for 4-bit up to ~1k tokens, and late_launch best
+# for 4-bit from 4k on (its GEMVs request their weights early, which competed with long cache reads). 2026-12-04
+# (same tool, --sm-fill): reading each split's first K/V tile before the wait for q made the step 2.5-5% faster
+# at every depth, bf16 and 4-bit, and with it one split per SM (66 x 2 KV heads on 132 SMs, chunks aligned to 1
+# token) beat 64 splits by 3-4% at 16k. 128 splits of >= 256 tokens, 132 x 64-token tiles, 8 warps, 64- and
+# 256-token tiles won nowhere by over 0.5%.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2),
-    DecodeAttnConfig(64, 128, 128, 4, 3),
-    DecodeAttnConfig(64, 128, 128, 4, 3, late_launch=True),
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True),
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True),
 )
+
+
+def sm_splits(device, num_kv_heads: int) -> int:
+    """Splits per KV head that give every SM one program (132 SMs, 2 KV heads: 66); fewer leave SMs idle at
+    depth, more make a second, partial wave. Not a GPU (Triton's interpreter): 32."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 32
+    return -(-torch.cuda.get_device_properties(device).multi_processor_count // num_kv_heads)
 
 
 def decode_attention_candidates(device) -> tuple:
@@ -147,7 +164,8 @@ def decode_attention_candidates(device) -> tuple:
 
 
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
-    """How many splits the kernels use at this depth (what _decode_chunk computes on the device)."""
+    """How many splits the kernels use at this depth (what _decode_chunk computes on the device); max_splits
+    resolved (DecodeAttention.resolve)."""
     chunk = -(-(-(-length // config.max_splits)) // config.align) * config.align
     chunk = max(chunk, config.min_chunk)
     return -(-length // chunk)
@@ -163,14 +181,21 @@ class DecodeAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.config = configs[0]
-        self.max_splits = max(c.max_splits for c in configs)
+        self.sm_splits = sm_splits(device, num_kv_heads)
+        self.max_splits = max(self.resolve(c).max_splits for c in configs)
         self.mid_o = torch.empty((num_heads, self.max_splits, head_dim), device=device, dtype=torch.float32)
         self.mid_lse = torch.empty((num_heads, self.max_splits), device=device, dtype=torch.float32)
         self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
 
+    def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
+        """The configuration with SM_SPLITS replaced by this GPU's count."""
+        if config.max_splits != SM_SPLITS:
+            return config
+        return dataclasses.replace(config, max_splits=self.sm_splits)
+
     def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None):
         # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; returns [Hq, D] (a reused buffer)
-        c = config or self.config
+        c = self.resolve(config or self.config)
         assert c.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
         launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
