@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384")
     ap.add_argument("--context", type=int)
     ap.add_argument("--json")
+    ap.add_argument("--gemv-early", type=int, help="weight chunks our GEMV requests before its input is ready "
+                    "(triton_ops.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)")
     ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
                     help="sample: the window's defaults (temperature 0.6, top-p 0.95)")
     args = ap.parse_args()
@@ -68,6 +70,9 @@ def main() -> None:
     context = args.context or max(depths) + 512
     if context < max(depths) + STEPS_TIMED + 20:  # the graph writes K/V at every position it replays over
         ap.error(f"--context must be at least the deepest depth + {STEPS_TIMED + 20}")
+    if args.gemv_early is not None:
+        from model_loader.kernels import triton_ops
+        triton_ops.GEMV_EARLY_CHUNKS = args.gemv_early
     engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel)
     engine.warm_up()
     step = engine.step

@@ -147,9 +147,13 @@ def test_a_split_per_sm_resolves_to_the_gpus_sm_count(monkeypatch):
     assert attn.mid_o.shape[1] == max(32, *(c.max_splits for c in triton_ops.DECODE_ATTN_CONFIGS))
 
 
+@pytest.mark.parametrize("early", [0, 3])
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
 @pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS)
-def test_single_token_gemv_matches_linear(device, n, k, config):
+def test_single_token_gemv_matches_linear(device, n, k, config, early, monkeypatch):
+    """Each config, with its weights streamed in the loop or the first chunks requested before the input is
+    (1,536 columns: all of them in chunks of 512, half in chunks of 256 with the loop doing the rest)."""
+    monkeypatch.setattr(triton_ops, "GEMV_EARLY_CHUNKS", early)
     dt = _dtype(device)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, k, generator=g).to(device, dt)

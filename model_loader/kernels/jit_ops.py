@@ -285,18 +285,46 @@ def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits,
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _gemv_chunk(x_ptr, w_chunk, k0, K, BLOCK_K: tl.constexpr):
+    cols = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    return w_chunk.to(tl.float32) * x[None, :]
+
+
+@triton.jit
+def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
+    cols = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & (cols < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                 EARLY: tl.constexpr):
     # One token: out[n] = sum_k x[k] * W[n, k]. Each program owns BLOCK_N rows of W and streams them once;
-    # partial products stay in registers and are reduced once at the end.
-    _pdl_start(PDL)
+    # partial products stay in registers and are reduced once at the end. EARLY (0-3): the first EARLY chunks
+    # of BLOCK_K columns are requested before the wait for the kernel ahead (programmatic dependent launch):
+    # nothing ever writes the weights, so their DRAM latency can overlap that kernel's end (as the int4 GEMV
+    # does); only x must wait.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
+    if EARLY > 0:
+        w0 = _gemv_w(w_ptr, rows, row_mask, 0, K, BLOCK_K)
+    if EARLY > 1:
+        w1 = _gemv_w(w_ptr, rows, row_mask, BLOCK_K, K, BLOCK_K)
+    if EARLY > 2:
+        w2 = _gemv_w(w_ptr, rows, row_mask, 2 * BLOCK_K, K, BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_mask = cols < K
-        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
-                    other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+    if EARLY > 0:
+        acc += _gemv_chunk(x_ptr, w0, 0, K, BLOCK_K)
+    if EARLY > 1:
+        acc += _gemv_chunk(x_ptr, w1, BLOCK_K, K, BLOCK_K)
+    if EARLY > 2:
+        acc += _gemv_chunk(x_ptr, w2, 2 * BLOCK_K, K, BLOCK_K)
+    for k0 in range(EARLY * BLOCK_K, K, BLOCK_K):
+        acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K, BLOCK_K)
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)

@@ -308,6 +308,9 @@ def depth_buckets(max_ctx: int) -> list[int]:
 
 # (BLOCK_N, BLOCK_K, num_warps) tried against cuBLAS for each weight shape at warm-up (see gemv_autotune)
 GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
+# Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
+# a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
+GEMV_EARLY_CHUNKS = 3
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torch.Tensor:
@@ -315,8 +318,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     n, k = w.shape
     block_n, block_k, warps = config
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-                                             **pdl_launch_args(x.device))
+    early = min(GEMV_EARLY_CHUNKS, triton.cdiv(k, block_k))  # a K of one or two chunks: all of it early
+    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, EARLY=early,
+                                                     num_warps=warps, **pdl_launch_args(x.device))
     return out
 
 
