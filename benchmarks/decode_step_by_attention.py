@@ -6,7 +6,7 @@ triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more sha
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
-           [--reduce 32x32,0x32] [--json OUT]
+           [--reverse] [--reduce 32x32,0x32] [--json OUT]
 """
 
 import argparse
@@ -28,14 +28,14 @@ def _extra():
             C(64, 256, 256, 8, 2)]
 
 
-def _sm_fill(num_kv_heads: int):
-    """Variants of the candidates: the first K/V tile read early for the short-context shape, 8 warps, 64 fixed
-    splits, and explicit split counts of one and two programs an SM."""
+def _sm_fill(device, num_kv_heads: int):
+    """Variants of the candidates (2026-12-04): the short-context shape with 64-token tiles, the split-per-SM
+    shape with 8 warps, 64 fixed splits, two programs an SM; all with the first K/V tile read early."""
     C = triton_ops.DecodeAttnConfig
-    one = -(-torch.cuda.get_device_properties(0).multi_processor_count // num_kv_heads)
-    return [C(32, 32, 32, 4, 2, early_tile=True), C(32, 64, 64, 4, 3, early_tile=True),
+    two_per_sm = 2 * triton_ops.sm_splits(device, num_kv_heads)
+    return [C(32, 64, 64, 4, 3, early_tile=True),
             C(triton_ops.SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
-            C(64, 128, 128, 4, 3, early_tile=True), C(2 * one, 64, 64, 4, 3, chunk_align=1, early_tile=True)]
+            C(64, 128, 128, 4, 3, early_tile=True), C(two_per_sm, 64, 64, 4, 3, chunk_align=1, early_tile=True)]
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384,32768")
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
-    ap.add_argument("--sm-fill", action="store_true", help="also split counts that fill the SMs (_sm_fill)")
+    ap.add_argument("--sm-fill", action="store_true", help="also the 2026-12-04 variants (_sm_fill)")
     ap.add_argument("--reverse", action="store_true", help="time the configurations in reverse order (drift check)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     args = ap.parse_args()
@@ -53,7 +53,7 @@ def main() -> None:
     engine.warm_up()
     step = engine.step
     base = (list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
-            + (_sm_fill(engine.model.cfg.num_key_value_heads) if args.sm_fill else []))
+            + (_sm_fill(engine.model.device, engine.model.cfg.num_key_value_heads) if args.sm_fill else []))
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     for shape in filter(None, args.reduce.split(",")):
         splits, dims = (int(x) for x in shape.split("x"))

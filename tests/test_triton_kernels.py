@@ -83,18 +83,20 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 
 # 66 splits (132 SMs / 2 KV heads) of chunks aligned to 1 token: 2,500 tokens -> 38-token chunks, 3 loop steps of
 # 16 with the last one partly masked, and the last split shorter than the rest. With the first tile read early,
-# the split holding the current token must read that tile again (the early read leaves its row out).
+# a split whose first tile holds the current token must read that tile again (the early read leaves its row
+# out): at 1, 48, 128 and 200 tokens, where 48 and 128 put the current token in a tile's last row (for these
+# 16-token tiles, for the candidates' 32- and 128-token ones too).
 ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
               triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True))
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("length", [1, 33, 200, 2500])
+@pytest.mark.parametrize("length", [1, 48, 128, 200, 2500])
 @pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS, ids=str)
 def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, config):
-    """Every kernel shape the warm-up may pick, at depths that use one split, a few, and all of them (2,500
-    tokens fill every split of each config), with the depth read from pos_t as in a captured graph; and splits
-    whose tokens are not a multiple of the loop step (their last step masked)."""
+    """Every kernel shape the warm-up may pick, at depths that use one split, a few, and many (2,500 tokens:
+    20-66 splits), with the depth read from pos_t as in a captured graph; and splits whose tokens are not a
+    multiple of the loop step (their last step masked)."""
     dt = _dtype(device)
     g = torch.Generator().manual_seed(2)
     max_ctx = 2560
@@ -145,6 +147,16 @@ def test_a_split_per_sm_resolves_to_the_gpus_sm_count(monkeypatch):
     per_sm = [c for c in triton_ops.DECODE_ATTN_CONFIGS if c.max_splits == triton_ops.SM_SPLITS]
     assert per_sm and all(attn.resolve(c).max_splits == 32 for c in per_sm)
     assert attn.mid_o.shape[1] == max(32, *(c.max_splits for c in triton_ops.DECODE_ATTN_CONFIGS))
+
+
+def test_without_programmatic_dependent_launch_the_candidates_are_the_plain_kernels():
+    """late_launch and early_tile only matter with programmatic dependent launch (Hopper); elsewhere (the
+    interpreter here, an RTX 30xx/40xx) the warm-up times and compiles the plain kernels, fewer and faster to
+    compile."""
+    assert not triton_ops.pdl_supported(torch.device("cpu"))
+    plain = triton_ops.decode_attention_candidates(torch.device("cpu"))
+    assert plain and not any(c.late_launch or c.early_tile for c in plain)
+    assert len(plain) == len([c for c in triton_ops.DECODE_ATTN_CONFIGS if not c.late_launch])
 
 
 @pytest.mark.parametrize("early", [0, 3])

@@ -181,7 +181,8 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     # Combines the active splits of one query head for BLOCK_D of its dimensions (online log-sum-exp, BLOCK_S
     # splits at a time): heads x D/BLOCK_D programs, so the combine is not a dozen long serial programs. The
-    # split shape comes as plain ints so one compiled reduce serves every split kernel configuration.
+    # split shape comes as plain ints, so configurations share a compiled reduce unless Triton specializes them
+    # apart (an int of 1 or one divisible by 16 is a different variant to it).
     _pdl_start(PDL)
     head = tl.program_id(0)
     length = tl.load(pos_ptr) + 1
