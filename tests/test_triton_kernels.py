@@ -133,15 +133,16 @@ def test_decode_attention_split_count_follows_the_depth():
 
 
 def test_a_split_per_sm_resolves_to_the_gpus_sm_count(monkeypatch):
-    """SM_SPLITS becomes SMs / KV heads (rounded up) on a GPU, a fixed 32 in the interpreter, and the split
-    scratch is sized for it."""
+    """SM_SPLITS becomes SMs / KV heads on a GPU (rounded down: no second wave of a few programs), a fixed 32 in
+    the interpreter, and the split scratch is sized for it."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(multi_processor_count=132))
     assert triton_ops.sm_splits("cuda", 2) == 66
     assert triton_ops.sm_splits("cuda", 4) == 33
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(multi_processor_count=114))
-    assert triton_ops.sm_splits("cuda:0", 4) == 29
+    assert triton_ops.sm_splits("cuda:0", 4) == 28
+    assert triton_ops.sm_splits("cuda:0", 8) == 14
     assert triton_ops.sm_splits("cpu", 2) == 32
     attn = triton_ops.DecodeAttention(12, 2, 128, "cpu", torch.bfloat16)
     per_sm = [c for c in triton_ops.DECODE_ATTN_CONFIGS if c.max_splits == triton_ops.SM_SPLITS]

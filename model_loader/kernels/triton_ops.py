@@ -150,12 +150,13 @@ DECODE_ATTN_CONFIGS = (
 
 def sm_splits(device, num_kv_heads: int) -> int:
     """Splits per KV head that give every SM one program (132 SMs, 2 KV heads: 66); fewer leave SMs idle at
-    depth. Rounded up, so where the SMs don't divide by the KV heads a few programs make a second wave (114 SMs,
-    4 KV heads: 116 programs). Not a GPU (Triton's interpreter): 32."""
+    depth. Rounded down where the SMs don't divide by the KV heads (114 SMs, 4 KV heads: 28 x 4 = 112 programs):
+    a few idle SMs cost less than a second wave of a few programs, which would take as long as the first. Not a
+    GPU (Triton's interpreter): 32."""
     device = torch.device(device)
     if device.type != "cuda":
         return 32
-    return -(-torch.cuda.get_device_properties(device).multi_processor_count // num_kv_heads)
+    return max(1, torch.cuda.get_device_properties(device).multi_processor_count // num_kv_heads)
 
 
 def decode_attention_candidates(device) -> tuple:
