@@ -142,9 +142,13 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         d = tl.arange(0, D)
         g_mask = g < GROUP
         base = kvh * max_ctx * D
-        n = start + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        if EARLY_TILE:
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, D], tl.float32)
+        first = start
+        if EARLY_TILE:  # the first tile by itself, ahead of the loop (without it the kernel is the plain loop)
+            n = start + tl.arange(0, BLOCK_N)
+            n_mask = n < end
             earlier = n < tl.minimum(end, length - 1)
             k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
             v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
@@ -153,15 +157,12 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
                 k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
                 v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+            q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
+            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
+            first = start + BLOCK_N
         else:
-            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-        q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, D], tl.float32)
-        m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
-        for n0 in range(start + BLOCK_N, end, BLOCK_N):
+            q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
+        for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
             k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
