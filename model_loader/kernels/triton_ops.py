@@ -162,8 +162,8 @@ def sm_splits(device, num_kv_heads: int) -> int:
 def decode_attention_candidates(device) -> tuple:
     """The DECODE_ATTN_CONFIGS that differ on this device. Without programmatic dependent launch late_launch
     changes nothing (it would only be one more compile and a coin toss in the tuning), and early_tile only
-    re-reads a tile: there the plain kernel, which also compiles faster (the peeled first tile: ~2.05 -> ~2.5 s
-    per variant with Triton 3.6 on a 2-core machine)."""
+    re-reads a tile: there the plain kernel, which also compiles faster (Triton 3.6, sm_90, a 2-core machine: ~0.9
+    s per variant, ~2.2 s with the early tile's second copy of the softmax step)."""
     if pdl_supported(device):
         return DECODE_ATTN_CONFIGS
     return tuple(dataclasses.replace(c, early_tile=False) for c in DECODE_ATTN_CONFIGS if not c.late_launch)
