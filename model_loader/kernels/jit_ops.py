@@ -113,6 +113,14 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
+def _kv_tile(k_ptr, v_ptr, offs, rows):
+    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0)."""
+    k = tl.load(k_ptr + offs, mask=rows[:, None], other=0.0)
+    v = tl.load(v_ptr + offs, mask=rows[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                               BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
@@ -149,24 +157,20 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         if EARLY_TILE:  # the first tile by itself, ahead of the loop (without it the kernel is the plain loop)
             n = start + tl.arange(0, BLOCK_N)
             n_mask = n < end
-            earlier = n < tl.minimum(end, length - 1)
-            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
-            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+            offs = base + n[:, None] * D + d[None, :]
+            k, v = _kv_tile(k_ptr, v_ptr, offs, n < tl.minimum(end, length - 1))
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-                v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-            q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
-            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
+                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask)
             first = start + BLOCK_N
-        else:
-            q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
+        q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
+        if EARLY_TILE:
+            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
         for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
-            k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
-            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=n_mask[:, None], other=0.0)
+            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask)
             m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
         heads = kvh * GROUP + g
         out_base = heads * MAX_SPLITS + split

@@ -16,6 +16,7 @@ share of a decode step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -178,6 +179,12 @@ def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     return -(-length // chunk)
 
 
+@functools.lru_cache(maxsize=None)
+def _with_splits(config: DecodeAttnConfig, splits: int) -> DecodeAttnConfig:
+    # cached: an eager decode resolves its config in every layer of every step
+    return dataclasses.replace(config, max_splits=splits)
+
+
 class DecodeAttention:
     """Split-K flash decoding with its scratch buffers preallocated (they must outlive graph capture). The
     number of splits follows the depth on the device (_decode_chunk); `config` picks the kernel shape and can be
@@ -198,7 +205,7 @@ class DecodeAttention:
         """The configuration with SM_SPLITS replaced by this GPU's count."""
         if config.max_splits != SM_SPLITS:
             return config
-        return dataclasses.replace(config, max_splits=self.sm_splits)
+        return _with_splits(config, self.sm_splits)
 
     def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None):
         # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; returns [Hq, D] (a reused buffer)
