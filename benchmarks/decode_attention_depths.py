@@ -41,7 +41,8 @@ def main() -> None:
         kv_bytes = 2 * HKV * depth * D * 2
         for c, us in sorted(res.items(), key=lambda kv: kv[1]):
             rows.append({"depth": depth, "config": str(c), "us_per_layer": round(us, 2),
-                         "kv_gb_s": round(kv_bytes / us / 1e3, 1), "splits": T.decode_splits(attn.resolve(c), depth)})
+                         "kv_gb_s": round(kv_bytes / us / 1e3, 1),
+                         "splits": T.decode_splits(attn.resolve(c), depth)})
         best = sorted(res.items(), key=lambda kv: kv[1])[:5]
         default = res.get(T.DECODE_ATTN_CONFIGS[0])
         print(f"depth {depth:>6}: default {default:.2f} us; best: "
