@@ -4,8 +4,8 @@ A follow-up: a cached prefix of P tokens (a finished earlier turn) plus N new to
 the new user turn); TTFT is the engine's own (call to first token). The whole table runs once right after
 warm-up ("first": nothing may compile or capture lazily after ready) and once more ("again").
 Stop thinking: a reply in its reasoning, the request made between two tokens; latency = from the request to
-the first token generated after the injected "</think>" (the queued decode steps finishing, the injection's
-prefill, its first token).
+the first answer text (the close tag forced into the decode steps already queued, then the answer's first
+token; model_loader.forced_tokens).
 
     python benchmarks/followup_latency.py --model /tmp/full [--json FILE]
 """
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,24 +48,48 @@ def followups(engine: Engine, pool: list[int], prefixes, new) -> list[dict]:
     return rows
 
 
-def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 64) -> list[float]:
-    injected = len(engine.chat.encode_plain(STOP_THINKING_TEXT))
+def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 64, from_thread: bool = False
+                  ) -> list[dict]:
+    """Each run: a sampled reply inside its reasoning, asked to stop once `after` tokens came back; the time from
+    the request to the first answer text, and the tokens the model wrote in between besides the close tag (the
+    steps already past their commit when the tag arrived). from_thread: asked from another thread (as the
+    window's GUI thread does) at a random moment within the next 1.5 ms, i.e. mid-step, instead of by the reply's
+    consumer right after a token."""
+    tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
+    rng = random.Random(0)
     out = []
     for r in range(runs):
         engine.reset_cache()
         control = GenerationControl()
-        asked_at, asked_n = None, None
-        latency = None
+        asked = {}
+        latency, final, asker = None, None, None
+
+        def ask(delay_s: float, n: int) -> None:
+            until = time.perf_counter() + delay_s
+            while time.perf_counter() < until:  # a precise moment: sleep() may overshoot by 50 us or more
+                pass
+            asked.update(at=time.perf_counter(), n=n)
+            control.stop_thinking()
+
         s = SamplingSettings(temperature=0.6, max_new_tokens=after + 64, ignore_eos=True, seed=r)
         for ev in engine.generate_ids(pool[:512 + r], s, control, in_reasoning=True):
-            if not isinstance(ev, Delta):
+            if isinstance(ev, Finished):
+                final = ev
+            elif not isinstance(ev, Delta):
                 continue
-            if asked_at is None and ev.token_count >= after:
-                control.stop_thinking()
-                asked_at, asked_n = time.perf_counter(), ev.token_count
-            elif asked_at is not None and latency is None and ev.token_count > asked_n + injected:
-                latency = (time.perf_counter() - asked_at) * 1000.0
-        out.append(round(latency, 2) if latency is not None else float("nan"))
+            elif asker is None and ev.token_count >= after:
+                asker = threading.Thread(target=ask, args=(rng.uniform(0, 0.0015) if from_thread else 0.0,
+                                                           ev.token_count))
+                asker.start()
+                if not from_thread:
+                    asker.join()
+            elif "at" in asked and latency is None and ev.kind == "answer":
+                latency = (time.perf_counter() - asked["at"]) * 1000.0
+        asker.join()
+        ids = final.token_ids
+        start = next((i for i in range(asked["n"], len(ids)) if ids[i:i + len(tag)] == tag), None)
+        out.append({"ms": round(latency, 2) if latency is not None else float("nan"),
+                    "tokens_before_tag": None if start is None else start - asked["n"]})
     return out
 
 
@@ -84,11 +110,14 @@ def main() -> None:
               "quantization": engine.info.quantization, "warmup_s": round(engine.info.warmup_s, 2),
               "first": followups(engine, pool, prefixes, new),
               "again": followups(engine, pool, prefixes, new)}
-    result["stop_thinking_ms"] = stop_thinking(engine, pool)
+    result["stop_thinking"] = stop_thinking(engine, pool)
+    result["stop_thinking_mid_step"] = stop_thinking(engine, pool, runs=10, from_thread=True)
     for key in ("first", "again"):
         print(key + ": " + "; ".join(f"{r['prefix']}+{r['new']}: {r['ttft_ms']} ms" for r in result[key]))
-    st = result["stop_thinking_ms"]
-    print(f"stop thinking -> first token after </think>: {st} ms (median {statistics.median(st):.2f})")
+    for key, when in (("stop_thinking", "right after a token"), ("stop_thinking_mid_step", "mid-step, another thread")):
+        ms = [r["ms"] for r in result[key]]
+        print(f"stop thinking ({when}) -> first answer text: {ms} ms (median {statistics.median(ms):.2f}); model "
+              f"tokens between the request and the close tag: {[r['tokens_before_tag'] for r in result[key]]}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

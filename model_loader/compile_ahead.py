@@ -21,6 +21,7 @@ import threading
 
 import torch
 
+from model_loader.forced_tokens import ForcedTokens
 from model_loader.kernels import precompile
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)
             _walk_sampler(dev, model.dtype, vocab_size or model.cfg.vocab_size)
+            ForcedTokens(dev, None, use_triton=True).commit(token, token.clone(), pos)  # the step's last kernel
         ids = warm_up_ids(dev)
         model.prefill(ids, 0)
         model.prefill(ids[:2], ids.numel())  # the prefix-reuse path

@@ -27,6 +27,7 @@ from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitte
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+from model_loader.forced_tokens import ClosePush, ForcedTokens
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
 from model_loader.kernels import precompile, reference
@@ -46,8 +47,8 @@ STOP_THINKING_TEXT = "\n</think>\n\n"
 # A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens. Four
 # (not two) because the window's GUI thread takes the GIL for up to a few ms at a time (a Qt call such as
 # setHtml holds it throughout): measured with benchmarks/window_overhead.py, 2 -> 94%, 3 -> 98%, 4 -> 99.6% of
-# the decode speed without a window at 1.4 ms a step. Cancel and stop-thinking wait for the queued steps
-# (4 x 1-1.5 ms) before they take effect.
+# the decode speed without a window at 1.4 ms a step. A cancel waits for the queued steps (4 x 1-1.5 ms);
+# stop-thinking doesn't: the queued steps take the close tag in place of their samples (forced_tokens).
 QUEUED_STEPS = 4
 OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
@@ -79,10 +80,11 @@ class DecodeStep:
     TUNE_REPLAYS = 4  # timed replays per configuration, depth and round (after one untimed one)
     TUNE_ROUNDS = 3
 
-    def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool):
+    def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool, think_close_id: int | None):
         self.model, self.params, self.use_graphs = model, params, use_graphs
-        self.token = torch.zeros(1, dtype=torch.int64, device=model.device)  # input; the sampled token after
+        self.token = torch.zeros(1, dtype=torch.int64, device=model.device)  # input; the committed token after
         self.pos = torch.zeros(1, dtype=torch.int32, device=model.device)
+        self.forced = ForcedTokens(model.device, think_close_id, use_triton=model.use_triton)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # (mode, attention config) -> graph
         self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
         self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
@@ -96,8 +98,7 @@ class DecodeStep:
         self.model.set_decode_attention_config(config)
         logits = self.model.decode(self.token, self.pos, pos, float_logits=False)  # no fp32 copy of 152k logits
         nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
-        self.token.copy_(nxt)
-        self.pos.add_(1)
+        self.forced.commit(nxt, self.token, self.pos)  # token <- nxt or a forced token; pos += 1
 
     def captured(self, mode: str) -> bool:
         return not self.use_graphs or all((mode, config) in self.graphs for _, config in self.plan)
@@ -315,7 +316,7 @@ class Engine:
         self.folder, self.model, self.chat, self.info = folder, model, chat, info
         self.tokenizer = chat.tokenizer
         self.params = SamplerParams(model.device)
-        self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs)
+        self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs, think_close_id=chat.think_close_id)
         self.prefill_graphs = PrefillGraphs(model) if info.cuda_graphs else None
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
         self._ahead = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
@@ -708,7 +709,6 @@ class Engine:
         reasoning_tokens = 0
         finish = None
         reused_total = None
-        stopped_thinking = False
 
         def emit(tok: int):
             nonlocal first_answer_t, reasoning_tokens
@@ -737,51 +737,55 @@ class Engine:
             return None
 
         seq = list(prompt_ids)
-        while True:  # one pass per prefill: the prompt, then again after a "stop thinking" injection
-            with torch.inference_mode():
-                logits, reused = self._prefill(seq)
-                # Sampled in the model's dtype, as the decode step does (exact: the fp32 logits were 16-bit values),
-                # so the first token takes the sampler the warm-up ran: a sampler first used here cost the first
-                # reply 45 ms (the sort's lazy set-up, H200).
-                first = (greedy(logits) if mode == "greedy"
-                         else sample(logits.to(self.model.dtype), self.params, self.step.generator))
-            if reused_total is None:
-                reused_total = reused
-                yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
-            first_id = int(first.item())
-            yield from emit(first_id)
-            finish = done(first_id)
-            n_seq = len(seq)
-            limit = min(s.max_new_tokens - len(tokens), ctx - n_seq - 1)  # decode steps allowed in this pass
-            self.step.token.copy_(first)
-            self.step.pos.fill_(n_seq)
-            launched = 0
-            received = 1  # tokens of this pass on the host (the first came from prefill)
-            pending: collections.deque = collections.deque()
-            ring_size = QUEUED_STEPS + 2  # a slot is rewritten only after the host has read it
-            ring = torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
-            events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
-            inject = False
+        self.step.forced.reset()  # before the prefill: it has run by the time a step could take a forced token
+        with torch.inference_mode():
+            logits, reused = self._prefill(seq)
+            # Sampled in the model's dtype, as the decode step does (exact: the fp32 logits were 16-bit values),
+            # so the first token takes the sampler the warm-up ran: a sampler first used here cost the first
+            # reply 45 ms (the sort's lazy set-up, H200).
+            first = (greedy(logits) if mode == "greedy"
+                     else sample(logits.to(self.model.dtype), self.params, self.step.generator))
+        reused_total = reused
+        yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
+        first_id = int(first.item())
+        yield from emit(first_id)
+        finish = done(first_id)
+        limit = min(s.max_new_tokens - 1, ctx - n_prompt - 1)  # decode steps allowed
+        self.step.token.copy_(first)
+        self.step.pos.fill_(n_prompt)
+        launched = 0
+        pending: collections.deque = collections.deque()
+        ring_size = QUEUED_STEPS + 2  # a slot is rewritten only after the host has read it
+        ring = torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+        events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
 
-            def launch():
-                nonlocal launched
-                slot = launched % ring_size
-                self.step.run(mode, n_seq + launched)
-                ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
-                if on_cuda:
-                    events[slot].record()
-                pending.append(slot)
-                launched += 1
+        def launch():
+            nonlocal launched
+            slot = launched % ring_size
+            self.step.run(mode, n_prompt + launched)
+            ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
+            if on_cuda:
+                events[slot].record()
+            pending.append(slot)
+            launched += 1
 
+        # Stop-thinking: the close tag goes to the decode steps already queued (model_loader.forced_tokens): the
+        # one running commits its first token instead of a sample, and the tag comes back through the ring like
+        # any token, so the answer starts a few steps later with no prefill and nothing waiting. Asked from
+        # another thread (the GUI), the push happens there at once; the GPU ignores it if the model has closed
+        # its reasoning by itself meanwhile (which only a single-token close tag lets it see).
+        close_push = ClosePush(self.step.forced, self.chat.encode_plain(STOP_THINKING_TEXT))
+        if splitter.in_reasoning and self.chat.think_close_id is not None:
+            control.act_on_stop_thinking(close_push)
+        try:
             while finish is None:
                 # Cancel and stop-thinking are checked before topping the queue up: a step launched now would
-                # only delay them by its GPU time.
+                # only delay a cancel by its GPU time.
                 if control.cancelled:
                     finish = "cancelled"
                     break
                 if splitter.in_reasoning and control.take_stop_thinking():
-                    inject = True
-                    break
+                    close_push()
                 # Keep steps queued beyond the one we wait for, so the GPU never waits on the host.
                 while launched < limit and len(pending) < QUEUED_STEPS:
                     launch()
@@ -792,24 +796,17 @@ class Engine:
                 if on_cuda:
                     events[slot].synchronize()
                 tok = int(ring[slot].item())
-                received += 1
                 yield from emit(tok)
                 finish = done(tok)
-            if on_cuda:
-                torch.cuda.current_stream().synchronize()
-            # Steps that ran consumed tokens[-received:][:launched]; their K/V are in the cache.
-            pass_tokens = tokens[len(tokens) - received:]
-            self._cache_tokens = seq + pass_tokens[:launched]
-            if not inject:
-                break
-            stopped_thinking = True
-            injected = self.chat.encode_plain(STOP_THINKING_TEXT)
-            seq = seq + pass_tokens + injected
-            if len(seq) >= ctx:
-                finish = "context_full"
-                break
-            for tok in injected:  # the close tag is part of the reply: it goes through the same text path
-                yield from emit(tok)
+        finally:  # also when the consumer stops early: no push may land in the next reply
+            control.act_on_stop_thinking(None)
+            close_push.close()
+        stopped_thinking = close_push.pushed
+        if on_cuda:
+            torch.cuda.current_stream().synchronize()
+        # Step i took tokens[i] as its input (the first came from the prefill): the launched steps' K/V are in
+        # the cache, those of steps whose input the host never read included.
+        self._cache_tokens = seq + tokens[:launched]
 
         for kind, text in splitter.feed(detok.flush()) + splitter.flush():
             text = trim(kind, text)

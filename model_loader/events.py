@@ -26,18 +26,34 @@ class SamplingSettings:
 
 
 class GenerationControl:
-    """Thread-safe requests from another thread (the GUI): checked by the decode loop before every token."""
+    """Thread-safe requests from another thread (the GUI): checked by the decode loop before every token. While
+    a reply is in its reasoning the engine may also register an action that closes it at once (`act_on_stop_
+    thinking`): then stop_thinking() runs it on the caller's thread instead of waiting for the loop's next check
+    (which comes only after the next token)."""
 
     def __init__(self):
         self._cancel = threading.Event()
         self._stop_thinking = threading.Event()
+        self._lock = threading.Lock()
+        self._act_now = None
 
     def cancel(self) -> None:
         self._cancel.set()
 
     def stop_thinking(self) -> None:
         """Close the reasoning now and make the model answer."""
-        self._stop_thinking.set()
+        with self._lock:
+            act = self._act_now
+            if act is None:
+                self._stop_thinking.set()
+        if act is not None:
+            act()
+
+    def act_on_stop_thinking(self, act) -> None:
+        """The engine's: `act` (thread-safe, idempotent) runs on the thread that asks to stop thinking; None
+        goes back to leaving the request for the decode loop."""
+        with self._lock:
+            self._act_now = act
 
     @property
     def cancelled(self) -> bool:

@@ -334,3 +334,25 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl
     for k0 in range(EARLY * BLOCK_K, K, BLOCK_K):
         acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K, BLOCK_K)
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, control_ptr, forced_ptr):
+    # The decode step's last kernel: the next step's input token and position (model_loader.forced_tokens).
+    # control = [forced tokens queued, forced tokens taken, reasoning closed by the model, </think> id or -1].
+    # The queued count is written by a copy on another stream while steps run (the host's "stop thinking"), so
+    # it is read volatile; the rest is written only by this kernel, in stream order.
+    queued = tl.load(control_ptr, volatile=True)
+    taken = tl.load(control_ptr + 1)
+    closed = tl.load(control_ptr + 2)
+    close_id = tl.load(control_ptr + 3)
+    nxt = tl.load(next_ptr)
+    # The model closing its reasoning before any forced token was taken turns the forcing off: the close tag
+    # must not come twice.
+    closed = closed | ((nxt == close_id) & (taken == 0)).to(tl.int32)
+    take = (taken < queued) & (closed == 0)
+    forced = tl.load(forced_ptr + taken, mask=take, other=0)
+    tl.store(token_ptr, tl.where(take, forced, nxt))
+    tl.store(control_ptr + 1, taken + take.to(tl.int32))
+    tl.store(control_ptr + 2, closed)
+    tl.store(pos_ptr, tl.load(pos_ptr) + 1)

@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from model_loader.kernels import precompile
-from model_loader.kernels.jit_ops import (_add_rms_norm_kernel, _decode_attn_reduce_kernel, _decode_attn_split_kernel,
-                                          _gemv_kernel, _prefill_attn_kernel, _prefill_attn_reduce_kernel,
-                                          _rope_bias_cache_kernel, _silu_mul_kernel)
+from model_loader.kernels.jit_ops import (_add_rms_norm_kernel, _commit_token_kernel, _decode_attn_reduce_kernel,
+                                          _decode_attn_split_kernel, _gemv_kernel, _prefill_attn_kernel,
+                                          _prefill_attn_reduce_kernel, _rope_bias_cache_kernel, _silu_mul_kernel)
 from model_loader.kernels.precompile import launch
 from model_loader.kernels.side_stream import side_stream
 
@@ -84,6 +84,11 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
         NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
         **pdl_launch_args(qkv.device))
     return q
+
+
+def commit_token(nxt, token, pos, control, forced) -> None:
+    """The decode step's next input token and position in one kernel: see forced_tokens.commit_reference."""
+    launch(_commit_token_kernel, (1,))(nxt, token, pos, control, forced, num_warps=1)
 
 
 def silu_mul(gate_up, out=None):

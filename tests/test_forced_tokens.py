@@ -1,0 +1,145 @@
+"""Stop-thinking through the decode steps already queued (model_loader.forced_tokens): the commit that ends each
+decode step, in its Triton kernel and its torch form, and the engine's replies with the close tag forced."""
+
+import pytest
+import torch
+
+from model_loader.engine import QUEUED_STEPS, STOP_THINKING_TEXT, Engine
+from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
+from model_loader.forced_tokens import CAPACITY, ClosePush, ForcedTokens, commit_reference
+from model_loader.kernels import triton_ops  # noqa: F401  (triton is a test dependency)
+
+CLOSE = 151649
+FORCED = [198, CLOSE, 271]
+
+# (queued, taken, closed, close id, sampled) -> (committed token, taken, closed)
+CASES = {
+    "nothing queued: the sample": ((0, 0, 0, CLOSE, 5), (5, 0, 0)),
+    "the first forced token": ((3, 0, 0, CLOSE, 5), (198, 1, 0)),
+    "the next forced token": ((3, 1, 0, CLOSE, 5), (CLOSE, 2, 0)),
+    "all taken: samples again": ((3, 3, 0, CLOSE, 5), (5, 3, 0)),
+    "the model closed first: its tag, forcing off": ((3, 0, 0, CLOSE, CLOSE), (CLOSE, 0, 1)),
+    "the model's tag after forcing began: forced": ((3, 1, 0, CLOSE, CLOSE), (CLOSE, 2, 0)),
+    "closed earlier: never forced": ((3, 0, 1, CLOSE, 7), (7, 0, 1)),
+    "a close tag before anything is queued also turns it off": ((0, 0, 0, CLOSE, CLOSE), (CLOSE, 0, 1)),
+    "no close id (-1): never closes": ((3, 0, 0, -1, CLOSE), (198, 1, 0)),
+}
+
+
+def _run(commit, device, state, sampled):
+    control = torch.tensor(state, dtype=torch.int32, device=device)
+    forced = torch.zeros(CAPACITY, dtype=torch.int64, device=device)
+    forced[:3] = torch.tensor(FORCED)
+    token = torch.zeros(1, dtype=torch.int64, device=device)
+    pos = torch.tensor([41], dtype=torch.int32, device=device)
+    commit(torch.tensor([sampled], device=device), token, pos, control, forced)
+    assert int(pos) == 42
+    assert int(control[0]) == state[0] and int(control[3]) == state[3]  # the host's slots are only read
+    return int(token), int(control[1]), int(control[2])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_commit_takes_the_forced_tokens_unless_the_model_closed_first(device, case, impl):
+    (queued, taken, closed, close_id, sampled), expected = CASES[case]
+    commit = triton_ops.commit_token if impl == "triton" else commit_reference
+    assert _run(commit, device, (queued, taken, closed, close_id), sampled) == expected
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_a_push_lands_for_the_next_commits_and_reset_clears_it(device, use_triton):
+    queue = ForcedTokens(torch.device(device), CLOSE, use_triton=use_triton)
+    token = torch.zeros(1, dtype=torch.int64, device=device)
+    pos = torch.zeros(1, dtype=torch.int32, device=device)
+    sampled = torch.tensor([9], device=device)
+    committed = []
+    for step in range(6):
+        if step == 1:
+            queue.push(FORCED)
+        queue.commit(sampled, token, pos)
+        committed.append(int(token))
+    assert committed == [9, *FORCED, 9, 9] and int(pos) == 6
+    queue.reset()
+    queue.commit(sampled, token, pos)
+    assert int(token) == 9 and queue.control.tolist() == [0, 0, 0, CLOSE]
+    with pytest.raises(ValueError, match="between 1 and 16"):
+        queue.push(list(range(CAPACITY + 1)))
+
+
+def _stopped_reply(engine, prompt_ids, after: int, max_new: int):
+    """A greedy reply from inside the reasoning, asked to stop thinking once `after` tokens came back; returns
+    (Finished, tokens received when asked)."""
+    control = GenerationControl()
+    asked = None
+    final = None
+    for ev in engine.generate_ids(prompt_ids, SamplingSettings(temperature=0, max_new_tokens=max_new, ignore_eos=True),
+                                  control, in_reasoning=True):
+        if isinstance(ev, Delta) and asked is None and ev.token_count >= after:
+            control.stop_thinking()
+            asked = ev.token_count
+        elif isinstance(ev, Finished):
+            final = ev
+    return final, asked
+
+
+@pytest.fixture(scope="module")
+def device_engine(tiny_model, device):
+    # fp32 on a GPU: the prefix-reuse comparison below needs no 16-bit rounding differences between paths
+    engine = Engine.load(tiny_model, device=device, context_length=512, dtype="fp32" if device == "cuda" else None)
+    engine.warm_up()
+    yield engine
+    engine.close()
+
+
+def test_stop_thinking_forces_the_close_tag_into_the_queued_steps(device_engine):
+    engine = device_engine
+    tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
+    prompt = engine.chat.render([{"role": "user", "content": "Think it through."}]).ids
+    final, asked = _stopped_reply(engine, prompt, after=6, max_new=40)
+    ids = final.token_ids
+    starts = [i for i in range(len(ids)) if ids[i:i + len(tag)] == tag]
+    assert len(starts) == 1, (ids, tag)
+    # Only the steps already queued when it was asked write more reasoning; then the tag, then the answer.
+    assert asked <= starts[0] <= asked + QUEUED_STEPS - 1, (asked, starts)
+    assert final.stats.stopped_thinking and final.answer and "</think>" not in final.answer
+    assert final.stats.completion_tokens == 40
+    assert final.stats.reasoning_tokens == starts[0] + 2  # "\n" and the tag itself count as reasoning
+
+
+def test_the_cache_after_a_stopped_reply_holds_exactly_its_tokens(device_engine):
+    # The K/V the forced steps wrote must be those of the tokens the reply reports: a continuation that reuses
+    # them gives the same tokens as one that prefills everything afresh.
+    engine = device_engine
+    prompt = engine.chat.render([{"role": "user", "content": "Count the ways."}]).ids
+    final, _ = _stopped_reply(engine, prompt, after=3, max_new=24)
+    more = prompt + final.token_ids + engine.chat.encode_plain(" And then?")
+    settings = SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True)
+    events = list(engine.generate_ids(more, settings))
+    reused, cont = events[0].prefix_reused_tokens, events[-1]
+    assert reused >= len(prompt) + len(final.token_ids) - 1
+    engine.reset_cache()
+    fresh = list(engine.generate_ids(more, settings))[-1]
+    assert fresh.token_ids == cont.token_ids
+
+
+def test_a_request_runs_the_registered_action_on_the_asking_thread_and_only_once(device):
+    import threading
+
+    queue = ForcedTokens(torch.device(device), CLOSE, use_triton=False)
+    push = ClosePush(queue, FORCED)
+    control = GenerationControl()
+    control.stop_thinking()  # before the engine registers: left for its decode loop
+    assert control.take_stop_thinking() and not push.pushed
+    control.act_on_stop_thinking(push)
+    asker = threading.Thread(target=lambda: (control.stop_thinking(), control.stop_thinking()))
+    asker.start()
+    asker.join()
+    assert push.pushed and not control.take_stop_thinking()
+    assert queue.control.tolist()[0] == 3 and queue.forced[:3].tolist() == FORCED
+    queue.reset()
+    push()  # pushed already: nothing more
+    assert queue.control.tolist()[0] == 0
+    later = ClosePush(queue, FORCED)
+    later.close()  # the reply ended: a late request must not reach the next reply
+    later()
+    assert not later.pushed and queue.control.tolist()[0] == 0
