@@ -143,3 +143,29 @@ def test_a_request_runs_the_registered_action_on_the_asking_thread_and_only_once
     later.close()  # the reply ended: a late request must not reach the next reply
     later()
     assert not later.pushed and queue.control.tolist()[0] == 0
+
+
+def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):
+    # As the window does: the GUI thread asks while the engine's thread waits on the GPU; the push happens on
+    # the asking thread, between the engine's own CUDA calls.
+    import threading
+
+    engine = device_engine
+    tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
+    prompt = engine.chat.render([{"role": "user", "content": "Take your time."}]).ids
+    control, go = GenerationControl(), threading.Event()
+    asker = threading.Thread(target=lambda: (go.wait(), control.stop_thinking()))
+    asker.start()
+    final = None
+    for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=200, ignore_eos=True),
+                                  control, in_reasoning=True):
+        if isinstance(ev, Delta) and ev.token_count >= 8:
+            go.set()
+        elif isinstance(ev, Finished):
+            final = ev
+    asker.join()
+    ids = final.token_ids
+    starts = [i for i in range(len(ids)) if ids[i:i + len(tag)] == tag]
+    assert len(starts) == 1 and starts[0] >= 8, (ids, tag)
+    assert final.stats.stopped_thinking and final.answer
+    assert final.stats.reasoning_tokens == starts[0] + 2
