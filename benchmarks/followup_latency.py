@@ -53,8 +53,8 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
     """Each run: a sampled reply inside its reasoning, asked to stop once `after` tokens came back; the time from
     the request to the first answer text, and the tokens the model wrote in between besides the close tag (the
     steps already past their commit when the tag arrived). from_thread: asked from another thread (as the
-    window's GUI thread does) at a random moment within the next 1.5 ms, i.e. mid-step, instead of by the reply's
-    consumer right after a token."""
+    window's GUI thread does) after a random sleep of up to 1.5 ms, i.e. mid-step, instead of by the reply's
+    consumer right after a token; tokens are then counted from the last one the consumer had seen."""
     tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
     rng = random.Random(0)
     out = []
@@ -64,22 +64,23 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
         asked = {}
         latency, final, asker = None, None, None
 
-        def ask(delay_s: float, n: int) -> None:
-            until = time.perf_counter() + delay_s
-            while time.perf_counter() < until:  # a precise moment: sleep() may overshoot by 50 us or more
-                pass
-            asked.update(at=time.perf_counter(), n=n)
+        received = [0]  # tokens the consumer has seen
+
+        def ask(delay_s: float) -> None:
+            if delay_s:
+                time.sleep(delay_s)  # not a spin: that would hold the GIL the engine's thread needs
+            asked.update(at=time.perf_counter(), n=received[0])
             control.stop_thinking()
 
         s = SamplingSettings(temperature=0.6, max_new_tokens=after + 64, ignore_eos=True, seed=r)
         for ev in engine.generate_ids(pool[:512 + r], s, control, in_reasoning=True):
             if isinstance(ev, Finished):
                 final = ev
-            elif not isinstance(ev, Delta):
+            if not isinstance(ev, Delta):
                 continue
-            elif asker is None and ev.token_count >= after:
-                asker = threading.Thread(target=ask, args=(rng.uniform(0, 0.0015) if from_thread else 0.0,
-                                                           ev.token_count))
+            received[0] = ev.token_count
+            if asker is None and ev.token_count >= after:
+                asker = threading.Thread(target=ask, args=(rng.uniform(0, 0.0015) if from_thread else 0.0,))
                 asker.start()
                 if not from_thread:
                     asker.join()
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--prefixes", default=",".join(map(str, PREFIXES)))
     ap.add_argument("--new", default=",".join(map(str, NEW)))
     ap.add_argument("--device")
+    ap.add_argument("--stop-only", action="store_true", help="only the stop-thinking latencies")
     args = ap.parse_args()
     prefixes = [int(x) for x in args.prefixes.split(",")]
     new = [int(x) for x in args.new.split(",")]
@@ -108,8 +110,8 @@ def main() -> None:
     pool = bench_prompt(engine, max(prefixes) + max(new))
     result = {"model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
               "quantization": engine.info.quantization, "warmup_s": round(engine.info.warmup_s, 2),
-              "first": followups(engine, pool, prefixes, new),
-              "again": followups(engine, pool, prefixes, new)}
+              "first": [] if args.stop_only else followups(engine, pool, prefixes, new),
+              "again": [] if args.stop_only else followups(engine, pool, prefixes, new)}
     result["stop_thinking"] = stop_thinking(engine, pool)
     result["stop_thinking_mid_step"] = stop_thinking(engine, pool, runs=10, from_thread=True)
     for key in ("first", "again"):
