@@ -71,6 +71,7 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
                 time.sleep(delay_s)  # not a spin: that would hold the GIL the engine's thread needs
             asked.update(at=time.perf_counter(), n=received[0])
             control.stop_thinking()
+            asked["push_ms"] = (time.perf_counter() - asked["at"]) * 1000.0
 
         s = SamplingSettings(temperature=0.6, max_new_tokens=after + 64, ignore_eos=True, seed=r)
         for ev in engine.generate_ids(pool[:512 + r], s, control, in_reasoning=True):
@@ -90,7 +91,8 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
         ids = final.token_ids
         start = next((i for i in range(asked["n"], len(ids)) if ids[i:i + len(tag)] == tag), None)
         out.append({"ms": round(latency, 2) if latency is not None else float("nan"),
-                    "tokens_before_tag": None if start is None else start - asked["n"]})
+                    "tokens_before_tag": None if start is None else start - asked["n"],
+                    "request_call_ms": round(asked["push_ms"], 3)})
     return out
 
 
@@ -119,7 +121,8 @@ def main() -> None:
     for key, when in (("stop_thinking", "right after a token"), ("stop_thinking_mid_step", "mid-step, another thread")):
         ms = [r["ms"] for r in result[key]]
         print(f"stop thinking ({when}) -> first answer text: {ms} ms (median {statistics.median(ms):.2f}); model "
-              f"tokens between the request and the close tag: {[r['tokens_before_tag'] for r in result[key]]}")
+              f"tokens between the request and the close tag: {[r['tokens_before_tag'] for r in result[key]]}; "
+              f"stop_thinking() took {[r['request_call_ms'] for r in result[key]]} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

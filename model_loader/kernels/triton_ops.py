@@ -146,10 +146,12 @@ SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count (DecodeAtten
 # at every depth, bf16 and 4-bit, and with it one split per SM (66 x 2 KV heads on 132 SMs, chunks aligned to 1
 # token) beat 64 splits by 3-4% at 16k; the first shape with its first tile early made the 4-bit step at 512
 # tokens 1.7% faster. 128 splits of >= 256 tokens, 132 x 64-token tiles, 8 warps, 64- and 256-token tiles won
-# nowhere by over 0.5%.
+# nowhere by over 0.5%. The split-per-SM shape without late launch was a third candidate until 2026-12-04 (eleventh
+# session): it never won for 4-bit (late launch 3-4% faster at every depth) and for bf16 it won or lost by
+# 0.2-1.2% depending on the machine, while each candidate is one more ~2 s compile (with the early tile's second
+# softmax step) on a first start and one more shape timed at every warm-up.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2, early_tile=True),
-    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True),
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True),
 )
 
@@ -172,7 +174,7 @@ def decode_attention_candidates(device) -> tuple:
     s per variant, ~2.2 s with the early tile's second copy of the softmax step)."""
     if pdl_supported(device):
         return DECODE_ATTN_CONFIGS
-    return tuple(dataclasses.replace(c, early_tile=False) for c in DECODE_ATTN_CONFIGS if not c.late_launch)
+    return tuple(dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in DECODE_ATTN_CONFIGS))
 
 
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
