@@ -53,6 +53,9 @@ class ForcedTokens:
         # pinned staging, so the copies below are asynchronous DMA that doesn't wait for the queued steps
         self._tokens_host = torch.zeros(CAPACITY, dtype=torch.int64, pin_memory=on_cuda)
         self._queued_host = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
+        # numpy views: a push writes them directly (a push is on the critical path: the sooner its copies land,
+        # the likelier the running step takes the first forced token)
+        self._tokens_np, self._queued_np = self._tokens_host.numpy(), self._queued_host.numpy()
         self.reset()
 
     def reset(self) -> None:
@@ -66,9 +69,9 @@ class ForcedTokens:
         (after reset): a second push would restart nothing and is refused."""
         if not 0 < len(ids) <= CAPACITY:
             raise ValueError(f"between 1 and {CAPACITY} forced tokens, not {len(ids)}")
+        self._tokens_np[:len(ids)] = ids
+        self._queued_np[0] = len(ids)
         with torch.inference_mode():
-            self._tokens_host[:len(ids)] = torch.tensor(ids, dtype=torch.int64)
-            self._queued_host[0] = len(ids)
             if self.device.type != "cuda":  # the tokens are written before the count that makes them visible
                 self.forced[:len(ids)].copy_(self._tokens_host[:len(ids)])
                 self.control[QUEUED:QUEUED + 1].copy_(self._queued_host)
