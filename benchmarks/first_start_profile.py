@@ -29,9 +29,16 @@ def main() -> None:
     ap.add_argument("--context", default="4096")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval before loading (seconds)")
+    ap.add_argument("--compile-switch-interval", type=float,
+                    help="the interval the compile pool sets while it compiles (default: "
+                         "precompile.COMPILE_SWITCH_INTERVAL_S; 0.005 = Python's default, as before it set one)")
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
+    if args.compile_switch_interval:
+        from model_loader.kernels import precompile
+
+        precompile.COMPILE_SWITCH_INTERVAL_S = args.compile_switch_interval
     cache = args.cache or tempfile.mkdtemp(prefix="triton-cache-")
     os.environ["TRITON_CACHE_DIR"] = cache
     t_start = time.perf_counter()

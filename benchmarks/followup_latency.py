@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import random
 import statistics
 import sys
@@ -57,22 +58,28 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
     consumer right after a token; tokens are then counted from the last one the consumer had seen."""
     tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
     rng = random.Random(0)
+    asks: queue.Queue = queue.Queue()
     out = []
-    for r in range(runs):
-        engine.reset_cache()
-        control = GenerationControl()
-        asked = {}
-        latency, final, asker = None, None, None
 
-        received = [0]  # tokens the consumer has seen
-
-        def ask(delay_s: float) -> None:
+    def asker() -> None:  # one thread for every request, as the window's GUI thread is always the same one
+        while (job := asks.get()) is not None:
+            control, delay_s, received, asked, done = job
             if delay_s:
                 time.sleep(delay_s)  # not a spin: that would hold the GIL the engine's thread needs
             asked.update(at=time.perf_counter(), n=received[0])
             control.stop_thinking()
-            asked["push_ms"] = (time.perf_counter() - asked["at"]) * 1000.0
+            asked["call_ms"] = (time.perf_counter() - asked["at"]) * 1000.0
+            done.set()
 
+    thread = threading.Thread(target=asker, daemon=True)
+    thread.start()
+    for r in range(runs):
+        engine.reset_cache()
+        control = GenerationControl()
+        asked: dict = {}
+        received = [0]  # tokens the consumer has seen
+        done = threading.Event()
+        latency, final, sent = None, None, False
         s = SamplingSettings(temperature=0.6, max_new_tokens=after + 64, ignore_eos=True, seed=r)
         for ev in engine.generate_ids(pool[:512 + r], s, control, in_reasoning=True):
             if isinstance(ev, Finished):
@@ -80,19 +87,21 @@ def stop_thinking(engine: Engine, pool: list[int], runs: int = 5, after: int = 6
             if not isinstance(ev, Delta):
                 continue
             received[0] = ev.token_count
-            if asker is None and ev.token_count >= after:
-                asker = threading.Thread(target=ask, args=(rng.uniform(0, 0.0015) if from_thread else 0.0,))
-                asker.start()
+            if not sent and ev.token_count >= after:
+                asks.put((control, rng.uniform(0, 0.0015) if from_thread else 0.0, received, asked, done))
+                sent = True
                 if not from_thread:
-                    asker.join()
+                    done.wait()
             elif "at" in asked and latency is None and ev.kind == "answer":
                 latency = (time.perf_counter() - asked["at"]) * 1000.0
-        asker.join()
+        done.wait()
         ids = final.token_ids
         start = next((i for i in range(asked["n"], len(ids)) if ids[i:i + len(tag)] == tag), None)
         out.append({"ms": round(latency, 2) if latency is not None else float("nan"),
                     "tokens_before_tag": None if start is None else start - asked["n"],
-                    "request_call_ms": round(asked["push_ms"], 3)})
+                    "request_call_ms": round(asked["call_ms"], 3)})
+    asks.put(None)
+    thread.join()
     return out
 
 

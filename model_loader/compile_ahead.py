@@ -61,7 +61,7 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
                     model.prefill_static(tokens[:bucket], last, start, fresh)
             token = torch.zeros(1, dtype=torch.int64, device=dev)
             pos = torch.zeros(1, dtype=torch.int32, device=dev)
-            for config in triton_ops.decode_attention_candidates(dev):
+            for config in triton_ops.decode_attention_candidates(dev, model.linear.int4_gemv):
                 model.set_decode_attention_config(config)
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)

@@ -581,7 +581,8 @@ class Engine:
                 step("timing the attention kernels")
                 from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
 
-                attention = self.step.tune(triton_ops.decode_attention_candidates(self.model.device),
+                attention = self.step.tune(triton_ops.decode_attention_candidates(self.model.device,
+                                                                                  self.model.linear.int4_gemv),
                                            triton_ops.depth_buckets(self.model.max_ctx))
                 self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
                 log.info("decode attention per depth bucket: %s (us per decode step: %s)", self.info.decode_attention,

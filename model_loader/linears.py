@@ -25,6 +25,7 @@ class Linears:
         # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
+        self.int4_gemv = bool(sizes)  # single-token steps run our 4-bit GEMVs (a 4-bit model on a GPU)
         self.scratch = torch.empty(max(sizes), device=device, dtype=dtype) if sizes else None
         if sizes and torch.device(device).type == "cuda":
             from model_loader.kernels.int4_triton import split_counters

@@ -163,6 +163,14 @@ def test_without_programmatic_dependent_launch_the_candidates_are_the_plain_kern
     assert len(plain) == len(shapes)
 
 
+def test_a_4bit_model_is_not_tuned_on_the_shape_that_never_wins_for_it(monkeypatch):
+    monkeypatch.setattr(triton_ops, "pdl_supported", lambda device: True)
+    dense = triton_ops.decode_attention_candidates(torch.device("cpu"))
+    int4 = triton_ops.decode_attention_candidates(torch.device("cpu"), int4=True)
+    assert dense == triton_ops.DECODE_ATTN_CONFIGS
+    assert int4 == tuple(c for c in dense if c not in triton_ops.NOT_FOR_INT4) and len(int4) == len(dense) - 1
+
+
 @pytest.mark.parametrize("early", [0, 3])
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
 @pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS)

@@ -146,14 +146,17 @@ SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count (DecodeAtten
 # at every depth, bf16 and 4-bit, and with it one split per SM (66 x 2 KV heads on 132 SMs, chunks aligned to 1
 # token) beat 64 splits by 3-4% at 16k; the first shape with its first tile early made the 4-bit step at 512
 # tokens 1.7% faster. 128 splits of >= 256 tokens, 132 x 64-token tiles, 8 warps, 64- and 256-token tiles won
-# nowhere by over 0.5%. The split-per-SM shape without late launch was a third candidate until 2026-12-04 (eleventh
-# session): it never won for 4-bit (late launch 3-4% faster at every depth) and for bf16 it won or lost by
-# 0.2-1.2% depending on the machine, while each candidate is one more ~2 s compile (with the early tile's second
-# softmax step) on a first start and one more shape timed at every warm-up.
+# nowhere by over 0.5%.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2, early_tile=True),
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True),
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True),
 )
+# Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was 3-5%
+# faster at every depth (H200, 2026-12-04: 2.5-4.5%), so it never wins there, and each candidate is one more ~2 s compile
+# (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
+# (0.2-1.8%), so both stay.
+NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 
 
 def sm_splits(device, num_kv_heads: int) -> int:
@@ -167,13 +170,14 @@ def sm_splits(device, num_kv_heads: int) -> int:
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // num_kv_heads)
 
 
-def decode_attention_candidates(device) -> tuple:
+def decode_attention_candidates(device, int4: bool = False) -> tuple:
     """The DECODE_ATTN_CONFIGS that differ on this device. Without programmatic dependent launch late_launch
     changes nothing (it would only be one more compile and a coin toss in the tuning), and early_tile only
     re-reads a tile: there the plain kernel, which also compiles faster (Triton 3.6, sm_90, a 2-core machine: ~0.9
-    s per variant, ~2.2 s with the early tile's second copy of the softmax step)."""
+    s per variant, ~2.2 s with the early tile's second copy of the softmax step). int4: a model with 4-bit GEMVs,
+    which leaves out NOT_FOR_INT4."""
     if pdl_supported(device):
-        return DECODE_ATTN_CONFIGS
+        return tuple(c for c in DECODE_ATTN_CONFIGS if not (int4 and c in NOT_FOR_INT4))
     return tuple(dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in DECODE_ATTN_CONFIGS))
 
 
