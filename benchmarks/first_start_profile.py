@@ -30,8 +30,8 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval before loading (seconds)")
     ap.add_argument("--compile-switch-interval", type=float,
-                    help="the interval the compile pool sets while it compiles (default: "
-                         "precompile.COMPILE_SWITCH_INTERVAL_S; 0.005 = Python's default, as before it set one)")
+                    help="the GIL switch interval the compile pool sets while it compiles (default: "
+                         "precompile.COMPILE_SWITCH_INTERVAL_S, 0.005; e.g. 0.0005 to compare)")
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)

@@ -5,9 +5,9 @@ the token the previous step sampled, on the GPU. Closing the reasoning used to w
 throw their tokens away and prefill the close tag after them: the queued steps' GPU time plus a prefill
 (~7 ms on the H200) before the answer could start. Instead, every decode step ends with a commit (the next
 step's input token and position, one kernel) that takes the next *forced* token, when the host has queued
-one, in place of its own sample. The host queues the close tag by a copy on another stream, which lands while
-the steps run; the step that is running then commits the tag's first token, the next steps the rest, and the
-answer follows right behind: no step is wasted and nothing waits.
+one, in place of its own sample. The host queues the close tag in pinned memory that the commit reads across
+the bus, at once and from any thread; the step that is running then commits the tag's first token, the next
+steps the rest, and the answer follows right behind: no step is wasted and nothing waits.
 
 The tokens a reply holds are still exactly the steps' inputs: the host reads every committed token back
 (engine's ring), forced ones included, and sees the close tag arrive as if the model had written it. Steps
@@ -23,76 +23,71 @@ import torch
 
 CAPACITY = 16  # forced tokens per reply: the close tag is 3 with R1's tokenizer
 
-# control's slots (int32)
-QUEUED, TAKEN, CLOSED, CLOSE_ID = range(4)
+# The host's queue, int64: [tokens queued, token 1 .. token CAPACITY]. On a GPU it lives in pinned host memory that
+# the commit kernel reads across the bus (mapped, zero-copy): a push is two stores from Python, which never gives
+# up the GIL and so never waits on the decode thread for it (a push by copies to device memory took 0.2-0.5 ms on
+# the H200's host, most of it waiting for the GIL between torch calls, and then missed the running step). The
+# read costs the commit ~1-2 us per step. The device's state, int32: [taken, closed by the model, </think> id or -1].
+TAKEN, CLOSED, CLOSE_ID = range(3)
 
 
-def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, control: torch.Tensor,
-                     forced: torch.Tensor) -> None:
-    """What triton_ops.commit_token does, in torch ops (CPU, or a GPU without Triton): token <- the next forced
-    token if one is queued and the model has not closed its reasoning by itself before the first was taken,
-    else nxt (the step's sample); pos += 1. Device tensors only: no host sync, so it can live in a CUDA graph."""
-    queued, taken, closed, close_id = control[QUEUED], control[TAKEN], control[CLOSED], control[CLOSE_ID]
+def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor,
+                     queue: torch.Tensor) -> None:
+    """What triton_ops.commit_token does, in torch ops (CPU, or a GPU without Triton, where `queue` is a device
+    copy of the host's made by the same step): token <- the next forced token if one is queued and the model has
+    not closed its reasoning by itself before the first was taken, else nxt (the step's sample); pos += 1. No
+    host sync, so it can live in a CUDA graph."""
+    taken, closed, close_id = state[TAKEN], state[CLOSED], state[CLOSE_ID]
     closed = closed | ((nxt[0] == close_id) & (taken == 0)).to(torch.int32)
-    take = (taken < queued) & (closed == 0)
-    chosen = torch.where(take, forced[taken.clamp(max=forced.numel() - 1).long()], nxt[0])
+    take = (taken < queue[0]) & (closed == 0)
+    chosen = torch.where(take, queue[1 + taken.clamp(max=CAPACITY - 1).long()], nxt[0])
     token.copy_(chosen.view(1))
-    control[TAKEN:CLOSED + 1].copy_(torch.stack([taken + take.to(torch.int32), closed]))
+    state[TAKEN:CLOSED + 1].copy_(torch.stack([taken + take.to(torch.int32), closed]))
     pos.add_(1)
 
 
 class ForcedTokens:
-    """The forced-token queue of one decode step: device buffers read by its commit, and the host's side."""
+    """The forced-token queue of one decode step: the host's queue, the device's state, and the commit."""
 
     def __init__(self, device: torch.device, close_id: int | None, use_triton: bool):
         self.device, self.use_triton = torch.device(device), use_triton
-        self.control = torch.zeros(4, dtype=torch.int32, device=self.device)
-        self.forced = torch.zeros(CAPACITY, dtype=torch.int64, device=self.device)
-        self.close_id = -1 if close_id is None else close_id
         on_cuda = self.device.type == "cuda"
-        # pinned staging, so the copies below are asynchronous DMA that doesn't wait for the queued steps
-        self._tokens_host = torch.zeros(CAPACITY, dtype=torch.int64, pin_memory=on_cuda)
-        self._queued_host = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
-        # numpy views: a push writes them directly (a push is on the critical path: the sooner its copies land,
-        # the likelier the running step takes the first forced token)
-        self._tokens_np, self._queued_np = self._tokens_host.numpy(), self._queued_host.numpy()
+        self.queue = torch.zeros(1 + CAPACITY, dtype=torch.int64, pin_memory=on_cuda)
+        self._queue_np = self.queue.numpy()  # written directly: no torch call, no GIL hand-off
+        self.state = torch.zeros(3, dtype=torch.int32, device=self.device)
+        self.close_id = -1 if close_id is None else close_id
+        # A GPU without Triton: each step copies the queue to the device as it runs (a copy from pinned memory,
+        # so it reads the host's values at that moment, also inside a CUDA graph).
+        self._device_queue = torch.zeros_like(self.queue, device=self.device) if on_cuda and not use_triton else None
         self.reset()
 
     def reset(self) -> None:
-        """Nothing forced, nothing taken: before a reply's prefill, in stream order, so it has run before the
-        reply's first decode step (and before any push: the engine allows them once the first token is back)."""
-        with torch.inference_mode():  # the buffers may have been made inside it (a load under inference mode)
-            self.control.copy_(torch.tensor([0, 0, 0, self.close_id], dtype=torch.int32))
+        """Nothing forced, nothing taken: before a reply's prefill, when no decode step is in flight (the reply
+        before ended with a sync; the state's reset is in stream order before this reply's steps)."""
+        self._queue_np[0] = 0
+        with torch.inference_mode():  # the state may have been made inside it (a load under inference mode)
+            self.state.copy_(torch.tensor([0, 0, self.close_id], dtype=torch.int32))
 
     def push(self, ids: list[int]) -> None:
-        """Queue `ids` for the next steps to commit, without waiting for the steps already queued. Once per reply
-        (after reset): a second push would restart nothing and is refused."""
+        """Queue `ids` for the next steps to commit, from any thread, without waiting for anything: the tokens
+        first, then the count that makes them visible. Once per reply (after reset; ClosePush sees to that)."""
         if not 0 < len(ids) <= CAPACITY:
             raise ValueError(f"between 1 and {CAPACITY} forced tokens, not {len(ids)}")
-        self._tokens_np[:len(ids)] = ids
-        self._queued_np[0] = len(ids)
-        with torch.inference_mode():
-            if self.device.type != "cuda":  # the tokens are written before the count that makes them visible
-                self.forced[:len(ids)].copy_(self._tokens_host[:len(ids)])
-                self.control[QUEUED:QUEUED + 1].copy_(self._queued_host)
-                return
-            from model_loader.kernels.side_stream import side_stream
-
-            stream = side_stream(self.device)  # not the decode stream: these must not queue behind its steps
-            with torch.cuda.stream(stream):
-                # The tokens land before the count that makes them visible to a commit (stream order).
-                self.forced[:len(ids)].copy_(self._tokens_host[:len(ids)], non_blocking=True)
-                self.control[QUEUED:QUEUED + 1].copy_(self._queued_host, non_blocking=True)
-            stream.synchronize()  # the staging may be rewritten by the next reply's push
+        self._queue_np[1:1 + len(ids)] = ids
+        self._queue_np[0] = len(ids)
 
     def commit(self, nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:
         """The decode step's end: token <- the next forced token or nxt; pos += 1."""
         if self.use_triton:
             from model_loader.kernels import triton_ops
 
-            triton_ops.commit_token(nxt, token, pos, self.control, self.forced)
-        else:
-            commit_reference(nxt, token, pos, self.control, self.forced)
+            triton_ops.commit_token(nxt, token, pos, self.state, self.queue)
+            return
+        queue = self.queue
+        if self._device_queue is not None:
+            self._device_queue.copy_(self.queue, non_blocking=True)
+            queue = self._device_queue
+        commit_reference(nxt, token, pos, self.state, queue)
 
 
 class ClosePush:

@@ -26,24 +26,29 @@ CASES = {
 }
 
 
-def _run(commit, device, state, sampled):
-    control = torch.tensor(state, dtype=torch.int32, device=device)
-    forced = torch.zeros(CAPACITY, dtype=torch.int64, device=device)
-    forced[:3] = torch.tensor(FORCED)
+def _run(impl, device, state, sampled):
+    queued, taken, closed, close_id = state
+    st = torch.tensor([taken, closed, close_id], dtype=torch.int32, device=device)
+    queue = torch.zeros(1 + CAPACITY, dtype=torch.int64)
+    queue[0], queue[1:4] = queued, torch.tensor(FORCED)
+    if impl == "triton":  # the host's queue, read by the kernel across the bus on a GPU
+        queue = queue.pin_memory() if device == "cuda" else queue
+        commit = triton_ops.commit_token
+    else:
+        queue, commit = queue.to(device), commit_reference
     token = torch.zeros(1, dtype=torch.int64, device=device)
     pos = torch.tensor([41], dtype=torch.int32, device=device)
-    commit(torch.tensor([sampled], device=device), token, pos, control, forced)
+    commit(torch.tensor([sampled], device=device), token, pos, st, queue)
     assert int(pos) == 42
-    assert int(control[0]) == state[0] and int(control[3]) == state[3]  # the host's slots are only read
-    return int(token), int(control[1]), int(control[2])
+    assert int(queue[0]) == queued and int(st[2]) == close_id  # the host's queue and the close id are only read
+    return int(token), int(st[0]), int(st[1])
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_commit_takes_the_forced_tokens_unless_the_model_closed_first(device, case, impl):
     (queued, taken, closed, close_id, sampled), expected = CASES[case]
-    commit = triton_ops.commit_token if impl == "triton" else commit_reference
-    assert _run(commit, device, (queued, taken, closed, close_id), sampled) == expected
+    assert _run(impl, device, (queued, taken, closed, close_id), sampled) == expected
 
 
 @pytest.mark.parametrize("use_triton", [True, False])
@@ -61,7 +66,7 @@ def test_a_push_lands_for_the_next_commits_and_reset_clears_it(device, use_trito
     assert committed == [9, *FORCED, 9, 9] and int(pos) == 6
     queue.reset()
     queue.commit(sampled, token, pos)
-    assert int(token) == 9 and queue.control.tolist() == [0, 0, 0, CLOSE]
+    assert int(token) == 9 and queue.state.tolist() == [0, 0, CLOSE] and int(queue.queue[0]) == 0
     with pytest.raises(ValueError, match="between 1 and 16"):
         queue.push(list(range(CAPACITY + 1)))
 
@@ -135,14 +140,14 @@ def test_a_request_runs_the_registered_action_on_the_asking_thread_and_only_once
     asker.start()
     asker.join()
     assert push.pushed and not control.take_stop_thinking()
-    assert queue.control.tolist()[0] == 3 and queue.forced[:3].tolist() == FORCED
+    assert queue.queue[:4].tolist() == [3, *FORCED]
     queue.reset()
     push()  # pushed already: nothing more
-    assert queue.control.tolist()[0] == 0
+    assert int(queue.queue[0]) == 0
     later = ClosePush(queue, FORCED)
     later.close()  # the reply ended: a late request must not reach the next reply
     later()
-    assert not later.pushed and queue.control.tolist()[0] == 0
+    assert not later.pushed and int(queue.queue[0]) == 0
 
 
 def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):

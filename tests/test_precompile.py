@@ -45,23 +45,18 @@ def test_the_compile_pool_enters_and_leaves_tritons_async_mode_once():
     assert active_mode.get() is None
 
 
-def test_the_gil_changes_hands_every_half_millisecond_while_a_pool_compiles():
+def test_while_a_pool_compiles_the_gil_changes_hands_at_pythons_default_interval():
     import sys
 
     from triton.runtime._async_compile import AsyncCompileMode
 
     before = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)  # Python's default, which a CLI run has
+    sys.setswitchinterval(0.0005)  # what the window sets for its decode loop
     try:
         pool = precompile.CompilePool(AsyncCompileMode, threads=1)
         assert sys.getswitchinterval() == pytest.approx(precompile.COMPILE_SWITCH_INTERVAL_S, rel=0.05)
         pool.finish()
-        assert sys.getswitchinterval() == pytest.approx(0.005, rel=0.05)
-        sys.setswitchinterval(0.0002)  # shorter already (an app's own choice): left as it is
-        pool = precompile.CompilePool(AsyncCompileMode, threads=1)
-        assert sys.getswitchinterval() == pytest.approx(0.0002, rel=0.05)
-        pool.finish()
-        assert sys.getswitchinterval() == pytest.approx(0.0002, rel=0.05)
+        assert sys.getswitchinterval() == pytest.approx(0.0005, rel=0.05)
     finally:
         sys.setswitchinterval(before)
 

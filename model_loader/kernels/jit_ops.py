@@ -339,22 +339,22 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl
 
 
 @triton.jit
-def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, control_ptr, forced_ptr):
+def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, state_ptr, queue_ptr):
     # The decode step's last kernel: the next step's input token and position (model_loader.forced_tokens).
-    # control = [forced tokens queued, forced tokens taken, reasoning closed by the model, </think> id or -1].
-    # The queued count is written by a copy on another stream while steps run (the host's "stop thinking"), so
-    # it is read volatile; the rest is written only by this kernel, in stream order.
-    queued = tl.load(control_ptr, volatile=True)
-    taken = tl.load(control_ptr + 1)
-    closed = tl.load(control_ptr + 2)
-    close_id = tl.load(control_ptr + 3)
+    # queue = [forced tokens queued, the tokens]: host memory the host writes while steps run ("stop thinking"),
+    # read across the bus, volatile. state = [forced tokens taken, reasoning closed by the model, </think> id or
+    # -1]: written only by this kernel, in stream order.
+    queued = tl.load(queue_ptr, volatile=True)
+    taken = tl.load(state_ptr)
+    closed = tl.load(state_ptr + 1)
+    close_id = tl.load(state_ptr + 2)
     nxt = tl.load(next_ptr)
     # The model closing its reasoning before any forced token was taken turns the forcing off: the close tag
     # must not come twice.
     closed = closed | ((nxt == close_id) & (taken == 0)).to(tl.int32)
     take = (taken < queued) & (closed == 0)
-    forced = tl.load(forced_ptr + taken, mask=take, other=0)
+    forced = tl.load(queue_ptr + 1 + taken, mask=take, other=0, volatile=True)
     tl.store(token_ptr, tl.where(take, forced, nxt))
-    tl.store(control_ptr + 1, taken + take.to(tl.int32))
-    tl.store(control_ptr + 2, closed)
+    tl.store(state_ptr, taken + take.to(tl.int32))
+    tl.store(state_ptr + 1, closed)
     tl.store(pos_ptr, tl.load(pos_ptr) + 1)

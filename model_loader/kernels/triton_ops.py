@@ -86,9 +86,10 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     return q
 
 
-def commit_token(nxt, token, pos, control, forced) -> None:
-    """The decode step's next input token and position in one kernel: see forced_tokens.commit_reference."""
-    launch(_commit_token_kernel, (1,))(nxt, token, pos, control, forced, num_warps=1)
+def commit_token(nxt, token, pos, state, queue) -> None:
+    """The decode step's next input token and position in one kernel: see forced_tokens.commit_reference.
+    `queue` may be pinned host memory (a CPU tensor): the kernel reads it across the bus."""
+    launch(_commit_token_kernel, (1,))(nxt, token, pos, state, queue, num_warps=1)
 
 
 def silu_mul(gate_up, out=None):
