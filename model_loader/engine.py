@@ -802,9 +802,10 @@ class Engine:
         finally:  # also when the consumer stops early: no push may land in the next reply
             control.act_on_stop_thinking(None)
             close_push.close()
-        stopped_thinking = close_push.pushed
         if on_cuda:
             torch.cuda.current_stream().synchronize()
+        # a request the GPU ignored (the model had closed its reasoning itself) or no step took doesn't count
+        stopped_thinking = close_push.pushed and self.step.forced.taken() > 0
         # Step i took tokens[i] as its input (the first came from the prefill): the launched steps' K/V are in
         # the cache, those of steps whose input the host never read included.
         self._cache_tokens = seq + tokens[:launched]

@@ -76,6 +76,10 @@ class ForcedTokens:
         self._queue_np[1:1 + len(ids)] = ids
         self._queue_np[0] = len(ids)
 
+    def taken(self) -> int:
+        """Forced tokens the steps have committed in this reply (a device read: after the steps are done)."""
+        return int(self.state[TAKEN])
+
     def commit(self, nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:
         """The decode step's end: token <- the next forced token or nxt; pos += 1."""
         if self.use_triton:

@@ -63,7 +63,7 @@ def test_a_push_lands_for_the_next_commits_and_reset_clears_it(device, use_trito
             queue.push(FORCED)
         queue.commit(sampled, token, pos)
         committed.append(int(token))
-    assert committed == [9, *FORCED, 9, 9] and int(pos) == 6
+    assert committed == [9, *FORCED, 9, 9] and int(pos) == 6 and queue.taken() == 3
     queue.reset()
     queue.commit(sampled, token, pos)
     assert int(token) == 9 and queue.state.tolist() == [0, 0, CLOSE] and int(queue.queue[0]) == 0

@@ -156,7 +156,7 @@ DECODE_ATTN_CONFIGS = (
 # Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was 3-5%
 # faster at every depth (H200, 2026-12-04: 2.5-4.5%), so it never wins there, and each candidate is one more ~2 s compile
 # (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
-# (0.2-1.8%), so both stay.
+# (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 
 
