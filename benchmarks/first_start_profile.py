@@ -32,13 +32,7 @@ def main() -> None:
     ap.add_argument("--compile-switch-interval", type=float,
                     help="the GIL switch interval the compile pool sets while it compiles (default: "
                          "precompile.COMPILE_SWITCH_INTERVAL_S, 0.005; e.g. 0.0005 to compare)")
-    ap.add_argument("--sampler-last", action="store_true",
-                    help="walk the sampler's and the commit's compiles last, as before the eleventh session")
     args = ap.parse_args()
-    if args.sampler_last:
-        from model_loader import compile_ahead
-
-        compile_ahead.SAMPLER_FIRST = False
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     if args.compile_switch_interval:

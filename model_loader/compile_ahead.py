@@ -47,17 +47,11 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
     from model_loader.kernels import triton_ops
 
     dev = model.device
-    # The longest compiles are submitted first (the last one to start bounds the first start): the sampler's five
-    # kernels and the step's commit, which need nothing of the model but its dtype and vocabulary (0.8-1.3 s each
-    # on the H200 beside the rest; walked last, they started ~1.3 s after the first compile), the GEMV
-    # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.2-2.2 s per variant).
+    # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
+    # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).
     # Inputs have the dtypes and shapes of the engine's warm-up, decode step and prefill graphs.
     with precompile.compile_only(), torch.inference_mode():
         if graphs:
-            token = torch.zeros(1, dtype=torch.int64, device=dev)
-            pos = torch.zeros(1, dtype=torch.int32, device=dev)
-            if SAMPLER_FIRST:
-                _walk_step_end(dev, model.dtype, vocab_size or model.cfg.vocab_size, token, pos)
             model.linear.call_every_candidate(model.w, model.dtype)
             tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
             last = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -65,24 +59,17 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
             for bucket in sorted(buckets, reverse=True):  # tile shape and split differ by length: every bucket
                 for fresh in (False, True):
                     model.prefill_static(tokens[:bucket], last, start, fresh)
+            token = torch.zeros(1, dtype=torch.int64, device=dev)
+            pos = torch.zeros(1, dtype=torch.int32, device=dev)
             for config in triton_ops.decode_attention_candidates(dev, model.linear.int4_gemv):
                 model.set_decode_attention_config(config)
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)
-            if not SAMPLER_FIRST:
-                _walk_step_end(dev, model.dtype, vocab_size or model.cfg.vocab_size, token, pos)
+            _walk_sampler(dev, model.dtype, vocab_size or model.cfg.vocab_size)
+            ForcedTokens(dev, None, use_triton=True).commit(token, token.clone(), pos)  # the step's last kernel
         ids = warm_up_ids(dev)
         model.prefill(ids, 0)
         model.prefill(ids[:2], ids.numel())  # the prefix-reuse path
-
-
-SAMPLER_FIRST = True  # benchmarks/first_start_profile.py --sampler-last: the order before (to compare)
-
-
-def _walk_step_end(dev, dtype, vocab_size: int, token, pos) -> None:
-    """The decode step's last kernels: the sampler's and the commit's (forced_tokens)."""
-    _walk_sampler(dev, dtype, vocab_size)
-    ForcedTokens(dev, None, use_triton=True).commit(token, token.clone(), pos)
 
 
 def _walk_sampler(dev, dtype, vocab_size: int) -> None:
