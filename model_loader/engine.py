@@ -804,10 +804,11 @@ class Engine:
             close_push.close()
         if on_cuda:
             torch.cuda.current_stream().synchronize()
-        # a request the GPU ignored (the model had closed its reasoning itself) or no step took doesn't count
-        stopped_thinking = close_push.pushed and self.step.forced.taken() > 0
-        # Step i took tokens[i] as its input (the first came from the prefill): the launched steps' K/V are in
-        # the cache, those of steps whose input the host never read included.
+        # a request the GPU ignored (the model had closed its reasoning itself), or whose tag the reply never got
+        # to show (cancelled or ended right after it), doesn't count
+        stopped_thinking = close_push.pushed and self.step.forced.taken() > 0 and not splitter.in_reasoning
+        # Step i took tokens[i] as its input (the first came from the prefill). Steps whose input the host never
+        # read wrote K/V too, past the listed tokens: the next prefill overwrites them.
         self._cache_tokens = seq + tokens[:launched]
 
         for kind, text in splitter.feed(detok.flush()) + splitter.flush():

@@ -36,11 +36,13 @@ def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, 
     """What triton_ops.commit_token does, in torch ops (CPU, or a GPU without Triton, where `queue` is a device
     copy of the host's made by the same step): token <- the next forced token if one is queued and the model has
     not closed its reasoning by itself before the first was taken, else nxt (the step's sample); pos += 1. No
-    host sync, so it can live in a CUDA graph."""
+    host sync: the host stays steps ahead."""
     taken, closed, close_id = state[TAKEN], state[CLOSED], state[CLOSE_ID]
     closed = closed | ((nxt[0] == close_id) & (taken == 0)).to(torch.int32)
     take = (taken < queue[0]) & (closed == 0)
-    chosen = torch.where(take, queue[1 + taken.clamp(max=CAPACITY - 1).long()], nxt[0])
+    # index_select, not queue[tensor]: indexing with a 0-d tensor reads it on the host (a sync every step)
+    forced = queue.index_select(0, (1 + taken.clamp(max=CAPACITY - 1)).long().view(1))[0]
+    chosen = torch.where(take, forced, nxt[0])
     token.copy_(chosen.view(1))
     state[TAKEN:CLOSED + 1].copy_(torch.stack([taken + take.to(torch.int32), closed]))
     pos.add_(1)
@@ -57,7 +59,7 @@ class ForcedTokens:
         self.state = torch.zeros(3, dtype=torch.int32, device=self.device)
         self.close_id = -1 if close_id is None else close_id
         # A GPU without Triton: each step copies the queue to the device as it runs (a copy from pinned memory,
-        # so it reads the host's values at that moment, also inside a CUDA graph).
+        # so it reads the host's values when the stream gets there, not when the step was launched).
         self._device_queue = torch.zeros_like(self.queue, device=self.device) if on_cuda and not use_triton else None
         self.reset()
 
@@ -65,14 +67,15 @@ class ForcedTokens:
         """Nothing forced, nothing taken: before a reply's prefill, when no decode step is in flight (the reply
         before ended with a sync; the state's reset is in stream order before this reply's steps)."""
         self._queue_np[0] = 0
-        with torch.inference_mode():  # the state may have been made inside it (a load under inference mode)
-            self.state.copy_(torch.tensor([0, 0, self.close_id], dtype=torch.int32))
+        self.state.copy_(torch.tensor([0, 0, self.close_id], dtype=torch.int32))
 
     def push(self, ids: list[int]) -> None:
         """Queue `ids` for the next steps to commit, from any thread, without waiting for anything: the tokens
         first, then the count that makes them visible. Once per reply (after reset; ClosePush sees to that)."""
         if not 0 < len(ids) <= CAPACITY:
             raise ValueError(f"between 1 and {CAPACITY} forced tokens, not {len(ids)}")
+        # In this order, which x86 keeps for another reader (the GPU across the bus); a host with a weaker memory
+        # order (aarch64) would want a fence between the two.
         self._queue_np[1:1 + len(ids)] = ids
         self._queue_np[0] = len(ids)
 

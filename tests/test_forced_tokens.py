@@ -164,8 +164,9 @@ def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):
     final = None
     for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=200, ignore_eos=True),
                                   control, in_reasoning=True):
-        if isinstance(ev, Delta) and ev.token_count >= 8:
+        if isinstance(ev, Delta) and ev.token_count >= 8 and not go.is_set():
             go.set()
+            asker.join()  # the push runs on the other thread while the steps queued so far keep running
         elif isinstance(ev, Finished):
             final = ev
     asker.join()
@@ -174,3 +175,29 @@ def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):
     assert len(starts) == 1 and starts[0] >= 8, (ids, tag)
     assert final.stats.stopped_thinking and final.answer
     assert final.stats.reasoning_tokens == starts[0] + 2
+
+
+def test_the_torch_commit_never_reads_a_device_value_on_the_host():
+    # On meta tensors any host read (.item(), a tensor used as an index) raises: the fallback must stay as
+    # asynchronous as the kernel, or a GPU without Triton would sync every step.
+    meta = torch.device("meta")
+    commit_reference(torch.zeros(1, dtype=torch.int64, device=meta), torch.zeros(1, dtype=torch.int64, device=meta),
+                     torch.zeros(1, dtype=torch.int32, device=meta), torch.zeros(3, dtype=torch.int32, device=meta),
+                     torch.zeros(1 + CAPACITY, dtype=torch.int64, device=meta))
+
+
+def test_a_reply_closed_early_leaves_no_action_behind(device_engine):
+    # The consumer stops reading mid-reasoning (the generator is closed): a later request must not push into
+    # whatever reply comes next; it is left as a plain request again.
+    engine = device_engine
+    prompt = engine.chat.render([{"role": "user", "content": "Go on."}]).ids
+    control = GenerationControl()
+    reply = engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=64, ignore_eos=True), control,
+                                in_reasoning=True)
+    assert any(isinstance(ev, Delta) for ev in reply)  # reads up to the first delta
+    reply.close()
+    control.stop_thinking()
+    assert control.take_stop_thinking() and int(engine.step.forced.queue[0]) == 0
+    final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=12,
+                                                                       ignore_eos=True), in_reasoning=True)][-1]
+    assert not final.stats.stopped_thinking and "</think>" not in final.text

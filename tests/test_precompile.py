@@ -55,10 +55,12 @@ def test_while_a_pool_compiles_the_gil_changes_hands_at_pythons_default_interval
 
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)  # what the window sets for its decode loop
+    pool = precompile.CompilePool(AsyncCompileMode, threads=1)
     try:
-        pool = precompile.CompilePool(AsyncCompileMode, threads=1)
         assert sys.getswitchinterval() == pytest.approx(precompile.COMPILE_SWITCH_INTERVAL_S, rel=0.05)
-        pool.finish()
+    finally:
+        pool.finish()  # also when the assert fails: no async mode left active for later tests
+    try:
         assert sys.getswitchinterval() == pytest.approx(0.0005, rel=0.05)
     finally:
         sys.setswitchinterval(before)

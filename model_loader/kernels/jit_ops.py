@@ -181,8 +181,8 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             tl.extra.cuda.gdc_launch_dependents()
 
 
-# Not specialized on its integer arguments: the split shapes' 1 / 32 / 66 / 128 would each make a variant of its
-# own (one more compile on a first start) for arithmetic done once per program.
+# Not specialized on its integer arguments: the split shapes' 1, 66 and multiples of 16 would each make a variant
+# of their own (one more compile on a first start) for arithmetic done once per program.
 @triton.jit(do_not_specialize=["chunk_align", "max_splits", "min_chunk"])
 def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_align, max_splits, min_chunk,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):

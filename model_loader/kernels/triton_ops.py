@@ -176,7 +176,7 @@ def decode_attention_candidates(device, int4: bool = False) -> tuple:
     changes nothing (it would only be one more compile and a coin toss in the tuning), and early_tile only
     re-reads a tile: there the plain kernel, which also compiles faster (Triton 3.6, sm_90, a 2-core machine: ~0.9
     s per variant, ~2.2 s with the early tile's second copy of the softmax step). int4: a model with 4-bit GEMVs,
-    which leaves out NOT_FOR_INT4."""
+    which leaves out NOT_FOR_INT4 (a late-launch question: only where programmatic dependent launch runs)."""
     if pdl_supported(device):
         return tuple(c for c in DECODE_ATTN_CONFIGS if not (int4 and c in NOT_FOR_INT4))
     return tuple(dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in DECODE_ATTN_CONFIGS))
