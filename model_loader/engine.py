@@ -318,6 +318,8 @@ class Engine:
         self.params = SamplerParams(model.device)
         self.step = DecodeStep(model, self.params, use_graphs=info.cuda_graphs, think_close_id=chat.think_close_id)
         self.prefill_graphs = PrefillGraphs(model) if info.cuda_graphs else None
+        # encoded once: a reply needs it between its first token and its first decode step
+        self._close_tag = chat.encode_plain(STOP_THINKING_TEXT)
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
         self._ahead = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
         self.closed = False
@@ -709,7 +711,6 @@ class Engine:
         first_answer_t: float | None = None
         reasoning_tokens = 0
         finish = None
-        reused_total = None
 
         def emit(tok: int):
             nonlocal first_answer_t, reasoning_tokens
@@ -746,7 +747,6 @@ class Engine:
             # reply 45 ms (the sort's lazy set-up, H200).
             first = (greedy(logits) if mode == "greedy"
                      else sample(logits.to(self.model.dtype), self.params, self.step.generator))
-        reused_total = reused
         yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
         first_id = int(first.item())
         yield from emit(first_id)
@@ -775,7 +775,7 @@ class Engine:
         # any token, so the answer starts a few steps later with no prefill and nothing waiting. Asked from
         # another thread (the GUI), the push happens there at once; the GPU ignores it if the model has closed
         # its reasoning by itself meanwhile (which only a single-token close tag lets it see).
-        close_push = ClosePush(self.step.forced, self.chat.encode_plain(STOP_THINKING_TEXT))
+        close_push = ClosePush(self.step.forced, self._close_tag)
         if splitter.in_reasoning and self.chat.think_close_id is not None:
             control.act_on_stop_thinking(close_push)
         try:
@@ -827,7 +827,7 @@ class Engine:
             text = answer
         stats = GenerationStats(
             finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
-            reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused_total or 0, context_length=ctx,
+            reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused, context_length=ctx,
             ttft_ms=ttft * 1000.0,
             first_answer_ms=(first_answer_t - t0) * 1000.0 if first_answer_t is not None else None,
             decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,

@@ -153,9 +153,9 @@ DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True),
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True),
 )
-# Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was 3-5%
-# faster at every depth (H200, 2026-12-04: 2.5-4.5%), so it never wins there, and each candidate is one more ~2 s compile
-# (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
+# Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was
+# 2.5-4.5% faster at every depth (H200, 2026-12-04), so it never wins there, and each candidate is one more ~2 s
+# compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
 # (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 
