@@ -79,7 +79,8 @@ def main() -> None:
         finally:
             with lock:
                 launchers.append({"kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
-                                  "s": time.perf_counter() - t, "at_s": t - t_start})
+                                  "s": time.perf_counter() - t, "at_s": t - t_start,
+                                  "thread": threading.current_thread().name})
 
     if active is not None:
         active.launcher_cls = timed_launcher
@@ -93,6 +94,8 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = Engine.load(args.model, context_length=args.context)
     t_loaded = time.perf_counter()
+    ahead = engine._ahead  # the walk beside the load (a first start), for its timeline
+    timeline = [{"ended": label, "at_s": round(at - t_start, 3)} for label, at in (ahead.timeline if ahead else [])]
     first = engine.first_start
     engine.warm_up(progress=lambda done, total, what: steps.append((time.perf_counter(), what)))
     t_ready = time.perf_counter()
@@ -108,6 +111,8 @@ def main() -> None:
         "launchers": len(launchers), "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
         "gemv_choice": engine.info.gemv, "decode_attention": engine.info.decode_attention,
         "compile_workers": engine.info.compile_workers,
+        "walk_timeline": timeline, "load_started_at_s": round(t0 - t_start, 3),
+        "loaded_at_s": round(t_loaded - t_start, 3), "ready_at_s": round(t_ready - t_start, 3),
         "compile_list": sorted(compiles, key=lambda c: -c["s"]), "launcher_list": launchers,
     }
     print(f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "
@@ -115,6 +120,11 @@ def main() -> None:
           f"(imports before: {result['imports_s']} s)")
     for s in step_times:
         print(f"  {s['s']:7.3f} s  {s['step']}")
+    if timeline:  # times since this script started (as the compiles' "at" below)
+        print(f"the walk beside the load (load began at {result['load_started_at_s']} s, ended at "
+              f"{result['loaded_at_s']} s; ready at {result['ready_at_s']} s):")
+        for row in timeline:
+            print(f"  at {row['at_s']:6.2f}  {row['ended']}")
     if result["compile_workers"]:
         print(f"in worker processes: {result['compile_workers']}")
     print(f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "
@@ -125,6 +135,12 @@ def main() -> None:
           f"({', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in compiles if c not in on_pool}))})")
     for c in result["compile_list"][:40]:
         print(f"  {c['s']:6.3f} s  at {c['at_s']:6.2f}  {c['kernel']}  [{c['thread']}] {c['constexprs']}")
+    by_start = sorted(launchers, key=lambda c: c["at_s"])
+    if by_start:
+        off_pool = [c for c in by_start if not c["thread"].startswith("r1desk-compile")]
+        print(f"C launchers built from {by_start[0]['at_s']:.2f} to {max(c['at_s'] + c['s'] for c in by_start):.2f} s;"
+              f" off the pool: {len(off_pool)} ({sum(c['s'] for c in off_pool):.3f} s: "
+              f"{', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in off_pool}))})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     engine.close()

@@ -38,14 +38,16 @@ def warm_up_ids(device) -> torch.Tensor:
     return torch.zeros(WARM_UP_TOKENS, dtype=torch.int64, device=device)
 
 
-def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = None) -> None:
+def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = None, mark=None) -> None:
     """Every path of the warm-up once, with compile-only Triton launches (kernels.precompile.compile_only):
     submits every kernel variant the warm-up needs to the compile pool at once. `model` is the model itself or
     its shape twin; `buckets` the prefill lengths captured as CUDA graphs; graphs: whether the warm-up captures
     graphs (then it also times every single-token GEMV and decode attention candidate); vocab_size: the real
-    model's (a twin has fewer tokens), which the sampler's kernels are specialised on."""
+    model's (a twin has fewer tokens), which the sampler's kernels are specialised on. mark(label), if given, is
+    called as each part of the walk ends (first_start_profile's timeline)."""
     from model_loader.kernels import triton_ops
 
+    mark = mark or (lambda label: None)
     dev = model.device
     # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
     # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).
@@ -53,23 +55,28 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
     with precompile.compile_only(), torch.inference_mode():
         if graphs:
             model.linear.call_every_candidate(model.w, model.dtype)
+            mark("GEMV candidates")
             tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
             last = torch.zeros(1, dtype=torch.int64, device=dev)
             start = torch.zeros(1, dtype=torch.int32, device=dev)
             for bucket in sorted(buckets, reverse=True):  # tile shape and split differ by length: every bucket
                 for fresh in (False, True):
                     model.prefill_static(tokens[:bucket], last, start, fresh)
+            mark("prefill graphs")
             token = torch.zeros(1, dtype=torch.int64, device=dev)
             pos = torch.zeros(1, dtype=torch.int32, device=dev)
             for config in triton_ops.decode_attention_candidates(dev, model.linear.int4_gemv):
                 model.set_decode_attention_config(config)
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)
+            mark("decode attention candidates")
             _walk_sampler(dev, model.dtype, vocab_size or model.cfg.vocab_size)
             ForcedTokens(dev, None, use_triton=True).commit(token, token.clone(), pos)  # the step's last kernel
+            mark("sampler and commit")
         ids = warm_up_ids(dev)
         model.prefill(ids, 0)
         model.prefill(ids[:2], ids.numel())  # the prefix-reuse path
+        mark("eager prefills")
 
 
 def _walk_sampler(dev, dtype, vocab_size: int) -> None:
@@ -111,6 +118,7 @@ class CompileBesideLoad:
         self.pool: precompile.CompilePool | None = None
         self.error: str | None = None  # why the walk stopped early
         self.walk_s = 0.0
+        self.timeline: list[tuple[str, float]] = []  # (what ended, time.perf_counter()) on the walk's thread
         self._thread = threading.Thread(target=self._run, name="r1desk-twin-walk", daemon=True)
 
     @classmethod
@@ -150,10 +158,16 @@ class CompileBesideLoad:
 
         cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill = self._args
         t = time.perf_counter()
+
+        def mark(label: str) -> None:
+            self.timeline.append((label, time.perf_counter()))
+
+        mark("walk started")
         twin = weights = None
         try:
             with torch.cuda.device(device):  # Triton compiles for the thread's current device
                 self.pool = precompile.open_compile_pool()
+                mark("compile pool open")
                 if self.pool is None:
                     self.error = "Triton can't compile ahead here"
                     return
@@ -163,7 +177,8 @@ class CompileBesideLoad:
                 twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True)
                 if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
                     twin.linear.use_int4pack_prefill(weights, device, dtype)
-                walk_warm_up_paths(twin, buckets, graphs, vocab_size=cfg.vocab_size)
+                mark("twin built")
+                walk_warm_up_paths(twin, buckets, graphs, vocab_size=cfg.vocab_size, mark=mark)
         except BaseException as err:  # the warm-up walks the loaded model instead (Engine.warm_up)
             # Only the message is kept: the exception's frames would keep the twin in GPU memory.
             self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

@@ -83,25 +83,50 @@ class Qwen2Model:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H], or only the given rows
-        (a device index tensor) through the final norm."""
+                rows: torch.Tensor | None = None, attend_rows=None) -> torch.Tensor:
+        """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H], or only the given rows (a device
+        index tensor) through the final norm. With attend_rows(q_rows, layer) (attention for those rows alone,
+        at their positions), the last layer runs its attention, O projection and MLP for those rows only: no
+        other row of the last layer is read by anything (the K/V that later tokens read are written before its
+        attention). For a 2,048-token follow-up that is 1/28 of the prefill's work (H200: ~0.4 of 12 ms)."""
         cfg, ops = self.cfg, self.ops
         eps = cfg.rms_norm_eps
         residual = None
         linear = self.linear
+        last = len(self.w["layers"]) - 1
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
             qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
-            h = linear(attend(q, i), layer["o_w"])
+            if i == last and rows is not None and attend_rows is not None:
+                q, residual = q.index_select(0, rows), residual.index_select(0, rows)
+                h = linear(attend_rows(q, i), layer["o_w"])
+                rows = None  # selected
+            else:
+                h = linear(attend(q, i), layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
             h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
         if rows is not None:
             h, residual = h.index_select(0, rows), residual.index_select(0, rows)
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
+
+    def _row_attention(self, pos_t: torch.Tensor, length: int | None):
+        """attend_rows for _layers: one query row at position pos_t (a [1] int32 device tensor; length = pos + 1
+        on the host where known, read by the reference path only) through the decode attention. On the Triton path with the
+        configuration that splits by SM, whatever the depth (the prefill graphs serve every prefix length)."""
+        def attend_rows(q: torch.Tensor, layer: int) -> torch.Tensor:
+            if self.use_triton:
+                config = self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv)[-1]
+                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, length,
+                                            self.scale, config=config)
+            else:  # the reference path is never captured in a graph: reading the position here costs nothing
+                n = length if length is not None else int(pos_t.item()) + 1
+                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, n, self.scale)
+            return out.reshape(1, -1)
+
+        return attend_rows
 
     def _prefill_attention(self, start: int | None, t: int, start_t: torch.Tensor):
         """attend(q, layer) for T new tokens at positions start..start+T-1. start None: known only on the device
@@ -137,8 +162,15 @@ class Qwen2Model:
             t = chunk.numel()
             pos_t = torch.tensor([start + c0], device=self.device, dtype=torch.int32)
             h = F.embedding(chunk, self.w["embed"])
-            x = self._layers(h, pos_t, start + c0, self._prefill_attention(start + c0, t, pos_t))
-            outs.append(x if all_logits else x[-1:])
+            attend = self._prefill_attention(start + c0, t, pos_t)
+            if all_logits:
+                outs.append(self._layers(h, pos_t, start + c0, attend))
+                continue
+            last_pos = start + c0 + t - 1  # only this row's last layer is needed (_layers)
+            rows = torch.tensor([t - 1], device=self.device)
+            row_pos_t = torch.tensor([last_pos], device=self.device, dtype=torch.int32)
+            outs.append(self._layers(h, pos_t, start + c0, attend, rows=rows,
+                                     attend_rows=self._row_attention(row_pos_t, last_pos + 1)))
         x = torch.cat(outs) if all_logits else outs[-1]
         return F.linear(x, self.w["lm_head"]).float()
 
@@ -153,8 +185,9 @@ class Qwen2Model:
         token's logits [1, V] fp32."""
         h = F.embedding(tokens, self.w["embed"])
         attend = self._prefill_attention(0 if fresh else None, tokens.numel(), start_t)
-        # only the last real row goes through the final norm and the LM head
-        x = self._layers(h, start_t, 0, attend, rows=last_t)
+        # only the last real row goes through the last layer's attention and MLP, the final norm and the LM head
+        row_pos_t = (start_t + last_t).to(torch.int32)
+        x = self._layers(h, start_t, 0, attend, rows=last_t, attend_rows=self._row_attention(row_pos_t, None))
         return F.linear(x, self.w["lm_head"]).float()
 
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int, float_logits: bool = True) -> torch.Tensor:

@@ -121,6 +121,33 @@ def test_padded_static_prefill_matches_the_plain_prefill(cpu_engine):
     cpu_engine.reset_cache()
 
 
+def _last_row_only_equals_every_row(engine, atol):
+    """A prefill runs its last layer's attention, O projection and MLP for the last token only (the logits
+    need nothing else): its logits must equal those of the same prefill with every row through every layer
+    (all_logits), for a fresh prompt and after a cached prefix, in one chunk and across chunks."""
+    model = engine.model
+    dev = model.device
+    first = engine.chat.render(PROMPTS["multi_turn"]).ids
+    more = engine.chat.render(PROMPTS["cjk"]).ids
+    for start, ids in ((0, first), (len(first), more)):
+        every = model.prefill(torch.tensor(ids, device=dev), start, all_logits=True)[-1:]
+        last = model.prefill(torch.tensor(ids, device=dev), start)
+        torch.testing.assert_close(last, every, atol=atol, rtol=atol)
+    chunk = model.PREFILL_CHUNK
+    try:
+        model.PREFILL_CHUNK = 16  # several chunks, each with its own last row
+        every = model.prefill(torch.tensor(more, device=dev), 0, all_logits=True)[-1:]
+        last = model.prefill(torch.tensor(more, device=dev), 0)
+    finally:
+        model.PREFILL_CHUNK = chunk
+    torch.testing.assert_close(last, every, atol=atol, rtol=atol)
+
+
+def test_the_last_layer_on_the_last_row_only_gives_every_rows_logits(cpu_engine):
+    _last_row_only_equals_every_row(cpu_engine, 1e-5)
+    cpu_engine.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def triton_engine(tiny_model):
     """The fused Triton kernels (Triton's interpreter on a CPU machine), fp32 so comparisons can be tight."""
@@ -158,6 +185,11 @@ def test_graph_prefill_after_a_cached_prefix_gives_what_a_fresh_prefill_gives(tr
     torch.testing.assert_close(model.k_cache[:, :, :len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.v_cache[:, :, :len(whole)], v_fresh, atol=1e-5, rtol=1e-5)
     assert logits.argmax().item() == fresh.argmax().item()
+
+
+def test_the_last_layer_on_the_last_row_only_on_the_triton_path(triton_engine):
+    """The same on the Triton kernels: the last row's attention is the decode attention, at its position."""
+    _last_row_only_equals_every_row(triton_engine, 1e-4)
 
 
 def test_fp32_means_fp32_greedy_ids_equal_transformers_for_48_tokens(tiny_model, hf_model):

@@ -100,29 +100,38 @@ def _warm_compiler(target: tuple) -> float | None:
 
 def _compile(module: str, name: str, specialization: str, target: tuple) -> tuple[str, float]:
     """Compile one kernel variant into the Triton cache; returns its cache key (CompiledKernel.hash) and the
-    seconds it took. Rebuilds the compile's inputs from Triton's serialized specialization the way
-    JITFunction.preload does, without a GPU."""
-    import importlib
+    seconds it took."""
     import time
 
     import triton
-    import triton.language as tl
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     t0 = time.perf_counter()
+    src, options = rebuild_source(module, name, specialization)
+    kernel = triton.compile(src, target=GPUTarget(*target), options=options)
+    return kernel.hash, time.perf_counter() - t0
+
+
+def rebuild_source(module: str, name: str, specialization: str):
+    """(ASTSource, options) for a compile, rebuilt from Triton's serialized specialization the way
+    JITFunction.preload does, without a GPU."""
+    import importlib
+
+    import triton.language as tl
+    from triton.compiler import ASTSource
+
     fn = getattr(importlib.import_module(module), name)
     spec = json.loads(specialization)
     constexprs = {
         tuple(key): tl.dtype(value) if tl.dtype.is_dtype(value) else
-        tl.constexpr(value["constexpr"]) if isinstance(value, dict) and "constexpr" in value else value
+        tl.constexpr(_tuples(value["constexpr"])) if isinstance(value, dict) and "constexpr" in value else
+        _tuples(value)
         for key, value in zip(spec["constant_keys"], spec["constant_vals"])
     }
     attrs = {tuple(key): value for key, value in zip(spec["attrs_keys"], spec["attrs_vals"])}
     signature = {key: _tuples(value) for key, value in spec["signature"].items()}
     options = {key: tuple(value) if isinstance(value, list) else value for key, value in spec["options"].items()}
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(*target), options=options)
-    return kernel.hash, time.perf_counter() - t0
+    return ASTSource(fn, signature, constexprs, attrs), options
 
 
 def _tuples(value):
