@@ -45,9 +45,23 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
     graphs (then it also times every single-token GEMV and decode attention candidate); vocab_size: the real
     model's (a twin has fewer tokens), which the sampler's kernels are specialised on. mark(label), if given, is
     called as each part of the walk ends (first_start_profile's timeline)."""
+    mark = mark or (lambda label: None)
+    # A twin's one layer stands for all of the model's, so the paths are walked with every row through every
+    # layer (Qwen2Model.last_layer_rows_only), then once more with the last layer's one-row path.
+    rows_only, model.last_layer_rows_only = model.last_layer_rows_only, False
+    try:
+        _walk(model, buckets, graphs, vocab_size, mark)
+    finally:
+        model.last_layer_rows_only = rows_only
+    if rows_only:
+        with precompile.compile_only(), torch.inference_mode():
+            model.prefill(warm_up_ids(model.device), 0)
+        mark("the last layer's one-row path")
+
+
+def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
     from model_loader.kernels import triton_ops
 
-    mark = mark or (lambda label: None)
     dev = model.device
     # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
     # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).

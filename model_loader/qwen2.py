@@ -37,6 +37,10 @@ class Qwen2Model:
         self.k_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
         self.use_triton = use_triton
+        # The last layer works on the last token's row only (_layers). A compile walk over a one-layer shape twin
+        # turns it off: that layer must stand for the 27 others, whose prefill attention it would otherwise skip
+        # (the row path itself launches only what the decode step does).
+        self.last_layer_rows_only = True
         self.linear = Linears(weights, device, dtype)  # kernel per weight kind/shape; tuned by tune_gemv()
         if use_triton:
             from model_loader.kernels import triton_ops
@@ -99,7 +103,7 @@ class Qwen2Model:
             qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
-            if i == last and rows is not None and attend_rows is not None:
+            if i == last and rows is not None and attend_rows is not None and self.last_layer_rows_only:
                 q, residual = q.index_select(0, rows), residual.index_select(0, rows)
                 h = linear(attend_rows(q, i), layer["o_w"])
                 rows = None  # selected

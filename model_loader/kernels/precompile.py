@@ -113,6 +113,9 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
             kernel = fn(*args, **kwargs)
             if worker_hash is not None and getattr(kernel, "hash", None) != worker_hash:
                 self._count(not_reused=1)  # compiled again here: a different cache key
+                log.warning("%s: compiled again on a thread (the worker's cache key %s, the thread's %s)",
+                            getattr(getattr(kernel, "src", None), "name", "?"), worker_hash[:12],
+                            str(getattr(kernel, "hash", None))[:12])
             _prepare_launcher(kernel, self._launchers, self._launchers_lock)
             return kernel
 
