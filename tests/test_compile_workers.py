@@ -48,6 +48,11 @@ def compile_through_triton(fn, signature, constexprs, attrs, num_warps=4, launch
 
 
 def main():
+    # What Triton up to 3.6 does to some kernels (triton-lang/triton#10494; on the H200 two of the sampler's): this
+    # process hashes a kernel's source differently from a fresh one (JITFunction.hash is where it keeps its own;
+    # set here, in main(), which the spawned workers do not run). A worker must still file its result under this
+    # process's key, or the thread compiles the kernel again.
+    jit_ops._silu_mul_kernel.hash = "a-source-hash-no-fresh-process-computes"
     pool = precompile.open_compile_pool(workers=int(sys.argv[1]), processes=True,
                                         target=(target.backend, target.arch, target.warp_size))
     assert pool is not None and pool.in_processes, "no worker processes"
@@ -108,7 +113,8 @@ def _run(tmp_path, workers: int = 2) -> dict:
 def test_kernels_compile_in_workers_and_the_threads_reuse_their_results(tmp_path):
     stats = _run(tmp_path)
     # The three kernels of our torch-free modules went to the workers, and each thread's own compile found the
-    # worker's result in the cache (the same cache key): none compiled twice, none failed there.
+    # worker's result in the cache (the same cache key, also for the kernel this process hashes its own way):
+    # none compiled twice, none failed there.
     assert stats["submitted"] == 3 and stats["compiled"] == 3, stats
     assert stats["failed"] == 0 and stats["not_reused"] == 0, stats
     # The kernel from elsewhere (a worker can't import its module) compiled on a thread; every compile gave a

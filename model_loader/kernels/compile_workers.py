@@ -98,9 +98,10 @@ def _warm_compiler(target: tuple) -> float | None:
     return time.perf_counter() - t0
 
 
-def _compile(module: str, name: str, specialization: str, target: tuple) -> tuple[str, float]:
+def _compile(module: str, name: str, specialization: str, target: tuple,
+             source_hash: str | None = None) -> tuple[str, float]:
     """Compile one kernel variant into the Triton cache; returns its cache key (CompiledKernel.hash) and the
-    seconds it took."""
+    seconds it took. source_hash: the parent's hash of the same source (see _source_hash)."""
     import time
 
     import triton
@@ -108,6 +109,8 @@ def _compile(module: str, name: str, specialization: str, target: tuple) -> tupl
 
     t0 = time.perf_counter()
     src, options = rebuild_source(module, name, specialization)
+    if source_hash is not None:
+        src.hash = lambda: source_hash  # the key the parent will look for (_source_hash says why)
     kernel = triton.compile(src, target=GPUTarget(*target), options=options)
     return kernel.hash, time.perf_counter() - t0
 
@@ -132,6 +135,19 @@ def rebuild_source(module: str, name: str, specialization: str):
     signature = {key: _tuples(value) for key, value in spec["signature"].items()}
     options = {key: tuple(value) if isinstance(value, list) else value for key, value in spec["options"].items()}
     return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def _source_hash(module: str, name: str, specialization: str) -> str | None:
+    """The parent's hash of a kernel variant's source, for the worker to file its result under. Triton up to 3.6
+    hashes a kernel with the helpers it calls in an order that depends on what the process hashed before and on
+    its module dictionaries' addresses (fixed upstream in triton-lang/triton#10494): on the H200 (2026-12-04) two
+    of the sampler's five kernels came out with another key in every worker than in the app, so the app compiled
+    them again. The source is the same file in both processes, so the parent's hash names the same kernel."""
+    try:
+        return rebuild_source(module, name, specialization)[0].hash()
+    except Exception as err:  # the worker hashes it itself: at worst that kernel is compiled twice, as before
+        log.debug("no source hash for %s (%s: %s)", name, type(err).__name__, err)
+        return None
 
 
 def _tuples(value):
@@ -176,7 +192,8 @@ class WorkerCompiler:
             return self._started[dedup]
         try:
             self.submitted += 1
-            self._started[dedup] = future = self.executor.submit(_compile, module, name, specialization, target)
+            self._started[dedup] = future = self.executor.submit(_compile, module, name, specialization, target,
+                                                                 _source_hash(module, name, specialization))
             return future
         except Exception as err:  # the pool broke (a worker died): the threads compile from here on
             self.broken = True
