@@ -125,6 +125,30 @@ def test_kernels_compile_in_workers_and_the_threads_reuse_their_results(tmp_path
     # Each worker warmed its compiler while booting (a compile for the target), into a scratch cache: the shared
     # cache holds the four kernels and nothing else (not the warm-up's add+RMSNorm).
     assert stats["warmed"] == 2 and stats["warm_s"] > 0 and stats["all_numbers"], stats
+    # ... and did not import this script (the parent's __main__): the window's would pull Qt into every worker.
+    assert stats["main_imported"] == 0, stats
     names = [n.rsplit(".", 1)[0] for n in stats["cache_entries"]]
     assert sorted(names) == sorted(["_silu_mul_kernel", "_add_rms_norm_kernel", "_int4_dequantize_kernel",
                                     "_not_in_a_worker_module"]), names
+
+
+def test_workers_are_on_by_default_off_when_asked_and_never_in_a_bundle(monkeypatch):
+    from model_loader.kernels import compile_workers
+
+    monkeypatch.delenv("R1DESK_COMPILE_PROCESSES", raising=False)
+    assert compile_workers.enabled()
+    monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", "0")
+    assert not compile_workers.enabled()
+    monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", "1")
+    monkeypatch.setattr("sys.frozen", True, raising=False)
+    assert not compile_workers.enabled()
+
+
+def test_as_many_workers_as_free_host_memory_allows(monkeypatch):
+    """Each worker holds ~150-400 MB while it compiles: a machine short of memory gets fewer (or none)."""
+    from model_loader.kernels import compile_workers
+
+    page = 4096
+    for free_bytes, wanted, expected in ((64 * 2**30, 16, 16), (2 * 2**30, 16, 5), (300 * 2**20, 16, 0)):
+        monkeypatch.setattr("os.sysconf", lambda name, f=free_bytes: page if name == "SC_PAGE_SIZE" else f // page)
+        assert compile_workers.affordable_workers(wanted) == expected

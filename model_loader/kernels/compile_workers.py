@@ -15,8 +15,10 @@ thread would give; anything that goes wrong on the process side (a worker that c
 rebuild, a different cache key) only means the thread compiles that kernel itself, as it did before workers.
 
 Workers are spawned (never forked: the app has threads), booted at once so they start while the weights load,
-and stopped when the pool finishes. Opt-in (R1DESK_COMPILE_PROCESSES=1; see enabled() for why), and never in a
-frozen app (the bundle): its spawned children start through the bundle's own executable, not tried with a GPU.
+and stopped when the pool finishes; they never import the app's own main module (_main_module_hidden). On by
+default (R1DESK_COMPILE_PROCESSES=0 turns them off; see enabled() for why), as many as free host memory allows,
+never in a frozen app (the bundle): its spawned children start through the bundle's own executable, not tried
+with a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import logging
 import os
 import sys
 import threading
+import types
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +39,27 @@ WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4
 
 
 def enabled() -> bool:
-    """Worker processes for compiling: only with R1DESK_COMPILE_PROCESSES=1, never in a frozen bundle.
+    """Worker processes for compiling: on, unless R1DESK_COMPILE_PROCESSES=0, and never in a frozen bundle (its
+    spawned children start through the bundle's own executable, not tried with a GPU).
 
-    Off by default because on the H200 (2026-12-03, docs/BENCHMARKS.md) they did not make the first start
-    faster: the walk and the weights got faster (no GIL contention: bf16 load 1.9-2.2 s against 2.1-2.3 s, 4-bit
-    2.3-2.6 s against 3.2-3.6 s), but the compiles finished later (waiting 1.7-2.2 s against 1.0-1.4 s), as each
-    worker pays Triton's one-time start-up on its first compile; ready bf16 4.5-5.1 s against 4.1-4.6 s, 4-bit
-    5.4-5.9 s against 5.4-6.1 s."""
-    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES") == "1"
+    On since 2026-12-04: on the H200, interleaved on one machine (docs/BENCHMARKS.md, twelfth session), ready
+    bf16 5.27 / 6.71 / 6.09 s against 5.56 / 7.47 / 6.77 s on threads, 4-bit 6.56 / 6.76 / 5.66 s against 6.64 /
+    8.36 / 7.67 s: without the GIL contention the twin's walk and the weights finish ~1 s sooner. Before that
+    they lost to the threads, as two of the sampler's kernels came back from the workers under another cache
+    key and were compiled again on a thread at the end (_source_hash)."""
+    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES") != "0"
+
+
+WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: ~150 MB with Triton warm, more while compiling
+
+
+def affordable_workers(wanted: int) -> int:
+    """How many of `wanted` workers the free host memory allows (Linux reports it; elsewhere all of them)."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not a Linux-like system: no cheap, reliable figure
+        return wanted
+    return max(0, min(wanted, free // WORKER_BYTES))
 
 
 # ---------------------------------------------------------------------------------------------- worker side
@@ -57,7 +74,11 @@ def _boot(cache_dir: str, target: tuple | None) -> dict:
         importlib.import_module(module)
     if os.path.realpath(knobs.cache.dir) != os.path.realpath(cache_dir):
         raise RuntimeError(f"the worker's Triton cache is {knobs.cache.dir}, not {cache_dir}")
-    return {"pid": os.getpid(), "warm_s": _warm_compiler(target) if target else None}
+    # multiprocessing names the parent's main module __mp_main__ where it imported it (a file or a module); else
+    # that name is this process's own bootstrap, which has neither
+    parents_main = sys.modules.get("__mp_main__")
+    imported = getattr(parents_main, "__file__", None) is not None or getattr(parents_main, "__spec__", None) is not None
+    return {"pid": os.getpid(), "warm_s": _warm_compiler(target) if target else None, "main_imported": imported}
 
 
 def _warm_compiler(target: tuple) -> float | None:
@@ -170,8 +191,9 @@ class WorkerCompiler:
         self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         self.broken = False
         target = target or _current_target()
-        # Boot every worker now (one job each spawns one process), while the weights load.
-        self.booted = [self.executor.submit(_boot, self.cache_dir, target) for _ in range(workers)]
+        # Boot every worker now (one job each spawns one process, on this thread), while the weights load.
+        with _main_module_hidden():
+            self.booted = [self.executor.submit(_boot, self.cache_dir, target) for _ in range(workers)]
         self.submitted = 0
         self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
@@ -205,8 +227,29 @@ class WorkerCompiler:
         """Each booted worker's compiler warm-up in seconds (None: not warmed)."""
         return [f.result()["warm_s"] for f in self.booted if f.done() and f.exception() is None]
 
+    @property
+    def mains_imported(self) -> int:
+        """Booted workers that imported the parent's __main__ (none should: _main_module_hidden)."""
+        return sum(bool(f.result().get("main_imported")) for f in self.booted if f.done() and f.exception() is None)
+
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@contextmanager
+def _main_module_hidden():
+    """A spawned child imports the parent's __main__ before its first job (the window's module pulls in Qt; a
+    script may pull in torch): every worker would pay for that in time and memory, and a module without a
+    __main__ guard would run again. The workers need only Triton and our kernel modules, so while they start
+    multiprocessing sees a bare __main__ (it reads sys.modules["__main__"] as each process starts; the pool
+    starts them all in submit, on this thread)."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 def _current_target() -> tuple | None:

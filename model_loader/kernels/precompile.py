@@ -196,6 +196,10 @@ class CompilePool:
     def _start_workers(self, count: int, target: tuple | None) -> None:
         from model_loader.kernels import compile_workers
 
+        count = compile_workers.affordable_workers(count)
+        if count < 2:  # one process would compile slower than the threads do
+            log.info("compiling on threads only (free host memory allows %d worker process(es))", count)
+            return
         try:
             self.workers = compile_workers.WorkerCompiler(count, target)
             compile_workers.register(self)
@@ -211,12 +215,13 @@ class CompilePool:
 
     @property
     def worker_stats(self) -> dict:
-        """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted, and the
-        workers whose compiler warmed up while booting with the seconds that took (all numbers: they add up over
-        a first start's two pools)."""
+        """compiled / seconds / failed in the workers, not_reused (compiled again on a thread), submitted, the
+        workers whose compiler warmed up while booting with the seconds that took, and those that imported this
+        process's __main__ (all numbers: they add up over a first start's two pools)."""
         warmed = [s for s in self.workers.warm_s if s is not None] if self.workers else []
         return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0,
-                    warmed=len(warmed), warm_s=round(sum(warmed), 3))
+                    warmed=len(warmed), warm_s=round(sum(warmed), 3),
+                    main_imported=self.workers.mains_imported if self.workers else 0)
 
     def finish(self) -> None:
         if not self.open:
