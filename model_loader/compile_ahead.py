@@ -46,17 +46,19 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
     model's (a twin has fewer tokens), which the sampler's kernels are specialised on. mark(label), if given, is
     called as each part of the walk ends (first_start_profile's timeline)."""
     mark = mark or (lambda label: None)
+    if len(model.w["layers"]) > 1 or not model.last_layer_rows_only:  # the model itself: its paths as they run
+        _walk(model, buckets, graphs, vocab_size, mark)
+        return
     # A twin's one layer stands for all of the model's, so the paths are walked with every row through every
     # layer (Qwen2Model.last_layer_rows_only), then once more with the last layer's one-row path.
-    rows_only, model.last_layer_rows_only = model.last_layer_rows_only, False
+    model.last_layer_rows_only = False
     try:
         _walk(model, buckets, graphs, vocab_size, mark)
     finally:
-        model.last_layer_rows_only = rows_only
-    if rows_only:
-        with precompile.compile_only(), torch.inference_mode():
-            model.prefill(warm_up_ids(model.device), 0)
-        mark("the last layer's one-row path")
+        model.last_layer_rows_only = True
+    with precompile.compile_only(), torch.inference_mode():
+        model.prefill(warm_up_ids(model.device), 0)
+    mark("the last layer's one-row path")
 
 
 def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
@@ -155,6 +157,10 @@ class CompileBesideLoad:
     @property
     def threads(self) -> int:
         return self.pool.threads if self.pool is not None else 0
+
+    @property
+    def processes(self) -> int:
+        return self.pool.processes if self.pool is not None else 0
 
     @property
     def in_processes(self) -> bool:

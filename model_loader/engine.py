@@ -560,7 +560,7 @@ class Engine:
         whose walk is done); walk: walk the warm-up's paths into it first."""
         try:
             step(("compiling every kernel at once ("
-                  + (f"{pool.threads} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)"))
+                  + (f"{pool.processes} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)"))
                  if pool is not None else "preparing the kernels")
             if pool is not None:
                 t = time.perf_counter()

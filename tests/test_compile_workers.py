@@ -93,7 +93,7 @@ def main():
     print(json.dumps(stats))
 
 
-if __name__ == "__main__":  # spawned workers import this file too
+if __name__ == "__main__":  # (spawned workers must not even import this file: main_imported below)
     main()
 """
 
@@ -137,18 +137,38 @@ def test_workers_are_on_by_default_off_when_asked_and_never_in_a_bundle(monkeypa
 
     monkeypatch.delenv("R1DESK_COMPILE_PROCESSES", raising=False)
     assert compile_workers.enabled()
-    monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", "0")
-    assert not compile_workers.enabled()
+    for off in ("0", "false", "Off", "no"):
+        monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", off)
+        assert not compile_workers.enabled()
     monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", "1")
     monkeypatch.setattr("sys.frozen", True, raising=False)
     assert not compile_workers.enabled()
 
 
-def test_as_many_workers_as_free_host_memory_allows(monkeypatch):
-    """Each worker holds ~150-400 MB while it compiles: a machine short of memory gets fewer (or none)."""
+def test_the_available_host_memory_counts_the_page_cache_and_the_cgroup_limit(tmp_path):
+    """MemAvailable (free memory plus the page cache a process could take back: a machine that just read a model
+    file has little *free* memory), capped by a cgroup v2 limit; None where /proc/meminfo can't be read."""
     from model_loader.kernels import compile_workers
 
-    page = 4096
-    for free_bytes, wanted, expected in ((64 * 2**30, 16, 16), (2 * 2**30, 16, 5), (300 * 2**20, 16, 0)):
-        monkeypatch.setattr("os.sysconf", lambda name, f=free_bytes: page if name == "SC_PAGE_SIZE" else f // page)
-        assert compile_workers.affordable_workers(wanted) == expected
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:          500000 kB\nMemAvailable:   8000000 kB\n")
+    no_cgroup = tmp_path / "none"
+    assert compile_workers.available_host_memory(str(meminfo), str(no_cgroup)) == 8_000_000 * 1024
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("123\n")
+    assert compile_workers.available_host_memory(str(meminfo), str(cgroup)) == 8_000_000 * 1024
+    (cgroup / "memory.max").write_text(str(3 * 2**30))
+    (cgroup / "memory.current").write_text(str(2**30))
+    assert compile_workers.available_host_memory(str(meminfo), str(cgroup)) == 2 * 2**30
+    assert compile_workers.available_host_memory(str(tmp_path / "missing"), str(cgroup)) is None
+
+
+def test_as_many_workers_as_the_available_memory_allows(monkeypatch):
+    """~400 MB a worker: a machine short of memory gets fewer; one that can't tell gets a cautious number."""
+    from model_loader.kernels import compile_workers
+
+    for available, expected in ((64 * 2**30, 16), (2 * 2**30, 5), (300 * 2**20, 0), (None, 8)):
+        monkeypatch.setattr(compile_workers, "available_host_memory", lambda a=available: a)
+        assert compile_workers.affordable_workers(16) == expected

@@ -133,18 +133,54 @@ def _last_row_only_equals_every_row(engine, atol):
         every = model.prefill(torch.tensor(ids, device=dev), start, all_logits=True)[-1:]
         last = model.prefill(torch.tensor(ids, device=dev), start)
         torch.testing.assert_close(last, every, atol=atol, rtol=atol)
-    chunk = model.PREFILL_CHUNK
+    model.PREFILL_CHUNK = 16  # several chunks, each with its own last row (an instance attribute: del restores)
     try:
-        model.PREFILL_CHUNK = 16  # several chunks, each with its own last row
         every = model.prefill(torch.tensor(more, device=dev), 0, all_logits=True)[-1:]
         last = model.prefill(torch.tensor(more, device=dev), 0)
     finally:
-        model.PREFILL_CHUNK = chunk
+        del model.PREFILL_CHUNK
     torch.testing.assert_close(last, every, atol=atol, rtol=atol)
 
 
 def test_the_last_layer_on_the_last_row_only_gives_every_rows_logits(cpu_engine):
     _last_row_only_equals_every_row(cpu_engine, 1e-5)
+    cpu_engine.reset_cache()
+
+
+def test_a_prefill_attends_with_every_row_in_all_layers_but_the_last(cpu_engine, monkeypatch):
+    """The saving itself: per chunk, the full attention runs in every layer but the last, which attends for one
+    row; all_logits (every row's logits) keeps every layer whole."""
+    model = cpu_engine.model
+    layers = model.cfg.num_hidden_layers
+    calls = {"rows": 0, "one row": 0}
+    full, one_row = model._prefill_attention, model._row_attention
+
+    def counted(factory, kind):
+        def make(*args):
+            attend = factory(*args)
+
+            def counting(q, layer):
+                calls[kind] += 1
+                return attend(q, layer)
+            return counting
+        return make
+
+    monkeypatch.setattr(model, "_prefill_attention", counted(full, "rows"))
+    monkeypatch.setattr(model, "_row_attention", counted(one_row, "one row"))
+    ids = torch.tensor(cpu_engine.chat.render(PROMPTS["cjk"]).ids)
+    model.prefill(ids, 0)
+    assert calls == {"rows": layers - 1, "one row": 1}
+    model.PREFILL_CHUNK = 16
+    try:
+        chunks = -(-ids.numel() // 16)
+        calls.update({"rows": 0, "one row": 0})
+        model.prefill(ids, 0)
+        assert calls == {"rows": chunks * (layers - 1), "one row": chunks}
+    finally:
+        del model.PREFILL_CHUNK
+    calls.update({"rows": 0, "one row": 0})
+    model.prefill(ids, 0, all_logits=True)
+    assert calls == {"rows": layers, "one row": 0}
     cpu_engine.reset_cache()
 
 

@@ -98,14 +98,14 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny
     launches; none is compiled on the loading thread. On the H200 (2026-12-03) benchmarks/first_start_profile.py
     measured the same: 14 of 14 (bf16) and 29 of 29 (4-bit) compiles on the pool."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel_cache marker: a first start
-    # Beside the load the compiles run in worker processes (opt-in, kernels.compile_workers), else on threads.
+    # Beside the load the compiles run in worker processes (the default, kernels.compile_workers) or on threads.
     in_workers = beside_load is True
     monkeypatch.setenv("R1DESK_COMPILE_PROCESSES", "1" if in_workers else "0")
     on_gpu = device == "cuda"
     if not beside_load:
         monkeypatch.setattr(compile_ahead, "TWIN_HEADROOM", 1 << 60)  # "the twin would not fit"
     if beside_load == "walk fails":  # the twin's walk stops early: the warm-up must walk the loaded model
-        def failing_walk(model, buckets, graphs):
+        def failing_walk(model, buckets, graphs, **kwargs):
             raise RuntimeError("out of something")
 
         monkeypatch.setattr(compile_ahead, "walk_warm_up_paths", failing_walk)

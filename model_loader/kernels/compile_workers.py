@@ -39,27 +39,50 @@ WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4
 
 
 def enabled() -> bool:
-    """Worker processes for compiling: on, unless R1DESK_COMPILE_PROCESSES=0, and never in a frozen bundle (its
-    spawned children start through the bundle's own executable, not tried with a GPU).
+    """Worker processes for compiling: on, unless R1DESK_COMPILE_PROCESSES is 0 / false / no / off, and never in
+    a frozen bundle (its spawned children start through the bundle's own executable, not tried with a GPU).
 
-    On since 2026-12-04: on the H200, interleaved on one machine (docs/BENCHMARKS.md, twelfth session), ready
-    bf16 5.27 / 6.71 / 6.09 s against 5.56 / 7.47 / 6.77 s on threads, 4-bit 6.56 / 6.76 / 5.66 s against 6.64 /
-    8.36 / 7.67 s: without the GIL contention the twin's walk and the weights finish ~1 s sooner. Before that
-    they lost to the threads, as two of the sampler's kernels came back from the workers under another cache
-    key and were compiled again on a thread at the end (_source_hash)."""
-    return not getattr(sys, "frozen", False) and os.environ.get("R1DESK_COMPILE_PROCESSES") != "0"
+    On since 2026-12-04: on the H200, interleaved with the threads on one machine (docs/BENCHMARKS.md, twelfth
+    session), faster in 8 of 10 pairs, by 0.73 s on average (bf16 and 4-bit; -0.45 to +2.27 s): without the GIL
+    contention the twin's walk and the weights finish 1-2 s sooner, while the compiles end a little later (each
+    worker pays Triton's start-up). Before that they lost to the threads, as two of the sampler's kernels came
+    back from the workers under another cache key and were compiled again on a thread (_source_hash)."""
+    off = os.environ.get("R1DESK_COMPILE_PROCESSES", "").strip().lower() in ("0", "false", "no", "off")
+    return not getattr(sys, "frozen", False) and not off
 
 
 WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: ~150 MB with Triton warm, more while compiling
+UNKNOWN_MEMORY_WORKERS = 8  # where the available memory can't be read (8 did as well as 16 on the H200)
 
 
 def affordable_workers(wanted: int) -> int:
-    """How many of `wanted` workers the free host memory allows (Linux reports it; elsewhere all of them)."""
+    """How many of `wanted` workers the available host memory allows: Linux's MemAvailable (free memory plus
+    what the page cache would give back: a machine that just read a model file has little *free* memory),
+    within this process's cgroup limit where there is one. Elsewhere at most UNKNOWN_MEMORY_WORKERS."""
+    available = available_host_memory()
+    if available is None:
+        return min(wanted, UNKNOWN_MEMORY_WORKERS)
+    return max(0, min(wanted, available // WORKER_BYTES))
+
+
+def available_host_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of host memory a new process could use without swapping, or None where the system doesn't say."""
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not a Linux-like system: no cheap, reliable figure
-        return wanted
-    return max(0, min(wanted, free // WORKER_BYTES))
+        with open(meminfo) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:  # cgroup v2 (a container, a systemd slice): what is left under its limit
+        with open(os.path.join(cgroup, "memory.max")) as f:
+            limit = f.read().strip()
+        with open(os.path.join(cgroup, "memory.current")) as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return available
 
 
 # ---------------------------------------------------------------------------------------------- worker side
@@ -87,8 +110,8 @@ def _warm_compiler(target: tuple) -> float | None:
     the first ptxas run): on the H200 the workers' compiles added up to 13.6-15.0 s for what took 10-11 s on
     the threads of one warm process. Done while the worker boots, that start-up overlaps the weight load instead
     of delaying the first kernel the warm-up waits for. Measured once (H200, 2026-12-04, a slow machine): ~1 s a
-    worker, and the workers' compile time did not drop (15.8-16.0 s for the 4-bit model); kept in the opt-in
-    path while the workers are measured further."""
+    worker, and the workers' compile time did not drop (15.8-16.0 s for the 4-bit model); kept, as the
+    start-up is paid while the weights load either way."""
     import tempfile
     import time
 
@@ -120,9 +143,10 @@ def _warm_compiler(target: tuple) -> float | None:
 
 
 def _compile(module: str, name: str, specialization: str, target: tuple,
-             source_hash: str | None = None) -> tuple[str, float]:
+             source_hash: str | None = None, sources: str | None = None) -> tuple[str, float]:
     """Compile one kernel variant into the Triton cache; returns its cache key (CompiledKernel.hash) and the
-    seconds it took. source_hash: the parent's hash of the same source (see _source_hash)."""
+    seconds it took. source_hash: the parent's hash of the same source (see _source_hash), used only where this
+    process read the same kernel sources as the parent (`sources`: kernel_sources()), not a file changed since."""
     import time
 
     import triton
@@ -130,10 +154,30 @@ def _compile(module: str, name: str, specialization: str, target: tuple,
 
     t0 = time.perf_counter()
     src, options = rebuild_source(module, name, specialization)
-    if source_hash is not None:
+    if source_hash is not None and sources == kernel_sources():
         src.hash = lambda: source_hash  # the key the parent will look for (_source_hash says why)
     kernel = triton.compile(src, target=GPUTarget(*target), options=options)
     return kernel.hash, time.perf_counter() - t0
+
+
+_sources_digest: list[str] = []
+
+
+def kernel_sources() -> str:
+    """A digest of every Triton function's source in WORKER_MODULES as this process imported them."""
+    if not _sources_digest:
+        import hashlib
+        import importlib
+
+        from triton.runtime.jit import JITFunction
+
+        digest = hashlib.sha256()
+        for module in WORKER_MODULES:
+            for name, value in sorted(vars(importlib.import_module(module)).items()):
+                if isinstance(value, JITFunction):
+                    digest.update(f"{module}.{name}\n{value.src}\n".encode())
+        _sources_digest.append(digest.hexdigest())
+    return _sources_digest[0]
 
 
 def rebuild_source(module: str, name: str, specialization: str):
@@ -188,12 +232,17 @@ class WorkerCompiler:
         from triton import knobs
 
         self.cache_dir = knobs.cache.dir
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.executor = _LeanProcessPool(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.workers = workers
         self.broken = False
-        target = target or _current_target()
-        # Boot every worker now (one job each spawns one process, on this thread), while the weights load.
-        with _main_module_hidden():
+        try:
+            target = target or _current_target()
+            # Boot every worker now (a job each: the pool starts a process per job while none is idle), while the
+            # weights load.
             self.booted = [self.executor.submit(_boot, self.cache_dir, target) for _ in range(workers)]
+        except BaseException:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            raise
         self.submitted = 0
         self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
@@ -214,8 +263,9 @@ class WorkerCompiler:
             return self._started[dedup]
         try:
             self.submitted += 1
-            self._started[dedup] = future = self.executor.submit(_compile, module, name, specialization, target,
-                                                                 _source_hash(module, name, specialization))
+            self._started[dedup] = future = self.executor.submit(
+                _compile, module, name, specialization, target, _source_hash(module, name, specialization),
+                kernel_sources())
             return future
         except Exception as err:  # the pool broke (a worker died): the threads compile from here on
             self.broken = True
@@ -236,20 +286,36 @@ class WorkerCompiler:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+_main_lock = threading.RLock()
+
+
 @contextmanager
 def _main_module_hidden():
     """A spawned child imports the parent's __main__ before its first job (the window's module pulls in Qt; a
     script may pull in torch): every worker would pay for that in time and memory, and a module without a
-    __main__ guard would run again. The workers need only Triton and our kernel modules, so while they start
-    multiprocessing sees a bare __main__ (it reads sys.modules["__main__"] as each process starts; the pool
-    starts them all in submit, on this thread)."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
+    __main__ guard would run again. The workers need only Triton and our kernel modules, so while a process
+    starts multiprocessing sees a bare __main__ (it reads sys.modules["__main__"] in Process.start). Other
+    threads see it too for those few milliseconds; nothing of ours reads __main__."""
+    with _main_lock:
+        missing = object()
+        main = sys.modules.get("__main__", missing)
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is missing:
+                del sys.modules["__main__"]
+            else:
+                sys.modules["__main__"] = main
+
+
+class _LeanProcessPool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor whose processes start without the parent's __main__ (_main_module_hidden), whichever
+    submit() starts them (CPython 3.9-3.13 start one in submit() when no worker is idle)."""
+
+    def _spawn_process(self):
+        with _main_module_hidden():
+            return super()._spawn_process()
 
 
 def _current_target() -> tuple | None:

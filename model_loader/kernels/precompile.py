@@ -83,7 +83,8 @@ def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
         log.debug("launcher not prepared ahead (%s: %s)", type(err).__name__, err)
 
 
-WORKER_WAIT_S = 120  # a worker's compile that takes longer than this is left to the thread (normally 0.1-2 s)
+WORKER_WAIT_S = 60  # a worker's compile that takes longer than this is left to the thread (normally 0.1-4 s)
+MIN_WORKERS = 6  # fewer worker processes than this (where memory is short): the threads compile instead
 
 
 class _LauncherPreparingExecutor(ThreadPoolExecutor):
@@ -96,6 +97,7 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
         self._launchers: set = set()
         self._launchers_lock = threading.Lock()
         self.worker_stats = {"compiled": 0, "seconds": 0.0, "failed": 0, "not_reused": 0}
+        self._workers_hang = False
         self._stats_lock = threading.Lock()  # the pool's threads count at once
 
     def _count(self, **amounts) -> None:
@@ -123,8 +125,11 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
 
     def _wait_for_worker(self, future) -> str | None:
         try:
-            kernel_hash, seconds = future.result(timeout=WORKER_WAIT_S)
+            # after one compile timed out the workers are taken to hang: only what they already finished is used
+            kernel_hash, seconds = future.result(timeout=0 if self._workers_hang else WORKER_WAIT_S)
         except BaseException as err:  # it failed, died or hangs: this thread compiles it instead
+            if isinstance(err, TimeoutError):
+                self._workers_hang = True
             self._count(failed=1)
             log.debug("a worker's compile failed (%s: %s); compiling on the thread", type(err).__name__, err)
             return None
@@ -196,10 +201,11 @@ class CompilePool:
     def _start_workers(self, count: int, target: tuple | None) -> None:
         from model_loader.kernels import compile_workers
 
-        count = compile_workers.affordable_workers(count)
-        if count < 2:  # one process would compile slower than the threads do
-            log.info("compiling on threads only (free host memory allows %d worker process(es))", count)
+        affordable = compile_workers.affordable_workers(count)
+        if affordable < min(count, MIN_WORKERS):  # a few processes compile slower than 16 threads (~5x one)
+            log.info("compiling on threads: the available host memory allows %d worker processes", affordable)
             return
+        count = affordable
         try:
             self.workers = compile_workers.WorkerCompiler(count, target)
             compile_workers.register(self)
@@ -212,6 +218,11 @@ class CompilePool:
     @property
     def in_processes(self) -> bool:
         return self.workers is not None
+
+    @property
+    def processes(self) -> int:
+        """Worker processes compiling (0: the threads compile)."""
+        return self.workers.workers if self.workers is not None else 0
 
     @property
     def worker_stats(self) -> dict:
@@ -250,7 +261,7 @@ class CompilePool:
                 stats = self.worker_stats
                 log.info("compiled %d of %d kernels in %d worker processes (%.1f s of compile time); %d failed "
                          "there, %d compiled again on a thread", stats["compiled"], stats["submitted"],
-                         self.threads, stats["seconds"], stats["failed"], stats["not_reused"])
+                         self.processes, stats["seconds"], stats["failed"], stats["not_reused"])
 
 
 def open_compile_pool(workers: int | None = None, processes: bool | None = None,
