@@ -45,3 +45,26 @@ def device():
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    """attention_calls(model) -> a dict that counts, from then on, the model's prefill attention calls per layer
+    by kind: "rows" (every row of the chunk) and "one row" (the last layer's row path, Qwen2Model._layers)."""
+    def spy(model):
+        calls = {"rows": 0, "one row": 0}
+
+        def counted(factory, kind):
+            def make(*args):
+                attend = factory(*args)
+
+                def counting(q, layer):
+                    calls[kind] += 1
+                    return attend(q, layer)
+                return counting
+            return make
+
+        monkeypatch.setattr(model, "_prefill_attention", counted(model._prefill_attention, "rows"))
+        monkeypatch.setattr(model, "_row_attention", counted(model._row_attention, "one row"))
+        return calls
+    return spy

@@ -95,7 +95,7 @@ def test_the_loads_memory_bound_is_what_the_weights_take(tiny_model, dtype):
     assert load_peak_bytes(cfg, spec.shards, dtype, embed_on_host=True) == expected_on_host
 
 
-def test_the_walk_over_the_twin_goes_through_the_prefill_attention_and_the_one_row_path(tiny_model, monkeypatch):
+def test_the_walk_over_the_twin_goes_through_the_prefill_attention_and_the_one_row_path(tiny_model, attention_calls):
     """The twin's one layer is also its last, whose prefill skips the full attention (Qwen2Model.
     last_layer_rows_only): the walk must still go through the attention every other layer runs (its kernels
     compile on the twin or nowhere ahead), and through the one-row path, and leave the twin as it found it."""
@@ -103,21 +103,7 @@ def test_the_walk_over_the_twin_goes_through_the_prefill_attention_and_the_one_r
 
     cfg, real, small, twin = _loaded_and_twin(tiny_model, None)
     shadow = Qwen2Model(small, twin, "cpu", torch.float32, 256, use_triton=False)
-    calls = {"rows": 0, "one row": 0}
-    full, one_row = shadow._prefill_attention, shadow._row_attention
-
-    def counted(factory, kind):
-        def make(*args):
-            attend = factory(*args)
-
-            def counting(q, layer):
-                calls[kind] += 1
-                return attend(q, layer)
-            return counting
-        return make
-
-    monkeypatch.setattr(shadow, "_prefill_attention", counted(full, "rows"))
-    monkeypatch.setattr(shadow, "_row_attention", counted(one_row, "one row"))
+    calls = attention_calls(shadow)
     walk_warm_up_paths(shadow, [], graphs=False)
     assert calls["rows"] >= 2 and calls["one row"] >= 1, calls  # fresh and after a prefix; the row path
     assert shadow.last_layer_rows_only

@@ -147,26 +147,12 @@ def test_the_last_layer_on_the_last_row_only_gives_every_rows_logits(cpu_engine)
     cpu_engine.reset_cache()
 
 
-def test_a_prefill_attends_with_every_row_in_all_layers_but_the_last(cpu_engine, monkeypatch):
+def test_a_prefill_attends_with_every_row_in_all_layers_but_the_last(cpu_engine, attention_calls):
     """The saving itself: per chunk, the full attention runs in every layer but the last, which attends for one
     row; all_logits (every row's logits) keeps every layer whole."""
     model = cpu_engine.model
     layers = model.cfg.num_hidden_layers
-    calls = {"rows": 0, "one row": 0}
-    full, one_row = model._prefill_attention, model._row_attention
-
-    def counted(factory, kind):
-        def make(*args):
-            attend = factory(*args)
-
-            def counting(q, layer):
-                calls[kind] += 1
-                return attend(q, layer)
-            return counting
-        return make
-
-    monkeypatch.setattr(model, "_prefill_attention", counted(full, "rows"))
-    monkeypatch.setattr(model, "_row_attention", counted(one_row, "one row"))
+    calls = attention_calls(model)
     ids = torch.tensor(cpu_engine.chat.render(PROMPTS["cjk"]).ids)
     model.prefill(ids, 0)
     assert calls == {"rows": layers - 1, "one row": 1}
