@@ -232,6 +232,28 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
     torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))
 
 
+@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16)])
+def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, splits):
+    """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
+    natural units for the reduce: fp16 here (bf16 on a GPU too), which Triton's interpreter also runs, against
+    the reference in fp32."""
+    hq, hkv, d = 4, 2, 64
+    g = torch.Generator().manual_seed(6)
+    max_ctx = 1152
+    dts = [torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+    for dt in dts:
+        k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+        v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+        q = torch.randn(t, hq, d, generator=g).to(device, dt)
+        scale = 1 / math.sqrt(d)
+        ref = reference.prefill_attention(q.float(), k.float(), v.float(), start, scale)
+        attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
+        start_t = torch.tensor([start], device=device, dtype=torch.int32)
+        out = attn(q, k, v, start_t, scale, splits=splits)
+        assert out.dtype == dt
+        torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
+
+
 def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_short(device, monkeypatch):
     """The tuned tiles (H200, bf16) need more shared memory than fp32 models or small GPUs have: Triton refuses
     them at launch (OutOfResources) and the next smaller tile shape must run instead, with the same result, and
@@ -259,12 +281,11 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
     v = torch.randn(hkv, 640, d, generator=g).to(device, dt)
     attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=512)
     start_t = torch.tensor([40], device=device, dtype=torch.int32)
-    for t in (300, 20):  # the long and the short tuned shape
+    for t in (300, 20):  # a long prefill (one pass) and a short one (key splits)
         q = torch.randn(t, hq, d, generator=g).to(device, dt)
         ref = reference.prefill_attention(q, k, v, 40, 1 / math.sqrt(d))
         torch.testing.assert_close(attn(q, k, v, start_t, 1 / math.sqrt(d)), ref, **_tol(device))
-    assert attn.working == {attn._tuned(300): (64, 64, 4, 1), attn._tuned(20): (64, 64, 4, 1)}
-    assert attn._tuned(300) != attn._tuned(20)
+    assert attn.working == {attn._tuned(t): (64, 64, 4, 1) for t in (300, 20)}
     before = len(refused)
     attn(torch.randn(300, hq, d, generator=g).to(device, dt), k, v, start_t, 0.1)
     assert len(refused) == before  # remembered: the refused shape is not tried again

@@ -7,6 +7,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+LOG2_E = tl.constexpr(1.4426950408889634)  # the prefill attention's scores go through exp2
+LN_2 = tl.constexpr(0.6931471805599453)
+
 
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
@@ -99,6 +102,26 @@ def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.const
         pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
         pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr = True):
+    """_online_softmax_block for 16-bit inputs, with the running max m_i in log2 units: each score is scaled by
+    qk_scale = scale * log2(e) and has the max taken off in one multiply-add, then goes through exp2 (exp of a
+    scaled score costs two more float operations a score: the scale and exp's own log2(e)). Inputs that need IEEE
+    fp32 keep _online_softmax_block."""
+    s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_off = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    else:  # every row sees every key of the block: its max is finite
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_off = m_new
+    alpha = tl.math.exp2(m_i - m_off)
+    p = tl.math.exp2(s * qk_scale - m_off[:, None])
+    pv = tl.dot(p.to(v.dtype), v)
     return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
@@ -245,17 +268,24 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     # Keys below start + the block's first row are visible to every row of the block: whole key blocks there
     # need no mask (most of the work of a long prefill); the rest, up to the diagonal, are masked.
     open_blocks = tl.maximum(tl.minimum(start + mblock * BLOCK_M, hi) - lo, 0) // BLOCK_N
+    qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
         v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
-        m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
+        if IEEE:
+            m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
+        else:
+            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False)
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
-        m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)
+        if IEEE:
+            m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)
+        else:
+            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, visible_mask, m_i, l_i, acc, qk_scale)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if not SPLIT:
@@ -264,7 +294,11 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     else:  # partial result of this key range; a row that saw none of it gets weight 0 (lse -inf)
         mid = (split * n_tokens + rows) * NUM_HEADS + head
         tl.store(mid_o_ptr + mid[:, None] * D + d[None, :], o, mask=row_mask[:, None])
-        tl.store(mid_lse_ptr + mid, tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf")), mask=row_mask)
+        if IEEE:
+            lse = m_i + tl.log(l_safe)
+        else:  # back to natural units, as the reduce kernel reads them
+            lse = (m_i + tl.log2(l_safe)) * LN_2
+        tl.store(mid_lse_ptr + mid, tl.where(l_i > 0, lse, float("-inf")), mask=row_mask)
 
 
 @triton.jit(do_not_specialize=["n_rows", "splits"])

@@ -241,11 +241,12 @@ class PrefillAttention:
     """Causal attention for a prefill over a cached prefix (or none), start read from a device tensor. The
     split scratch is allocated once for the largest prefill (PREFILL_CHUNK tokens) it is asked to split."""
 
-    # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)), from the H200 sweep
-    # (benchmarks/prefill_attention_sweep.py, 2026-12-03, with unmasked blocks below the diagonal): per layer,
-    # 4,096 cached + 1,024 new 101 us with (128, 64, 4, 2), the earlier (128, 128, 8, 3) over 117;
-    # 4,096 + 2,048 259 us with (64, 32, 4, 2) against 279; 8,192 + 2,048 431 against 479.
-    SHAPES = ((256, (64, 64, 4, 3)), (1024, (128, 64, 4, 2)), (None, (64, 32, 4, 2)))
+    # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)). With the exp2 softmax one shape is
+    # the fastest or within 2% of it in each case an H200 sweep of 8 shapes timed (2026-12-04, per layer):
+    # 512 cached + 2,048 new 71.5 us (the earlier (64, 32, 4, 2): 86.5), 4,096 + 2,048 198.1 (203.7; best (128, 64,
+    # 8, 3) 195.0), 4,096 + 1,024 95.4 (the earlier (128, 64, 4, 2): 98.7), 512 + 1,024 34.4 (57.0). One shape is
+    # also two compile variants on a first start (in one pass or in key splits) instead of three.
+    SHAPES = ((None, (64, 64, 4, 3)),)
     # Smaller tiles, one pipeline stage: where a shape above needs more shared memory than the GPU has (fp32
     # models: 393 KB for 128 x 128 at head dim 128; fp16 on a 64 KB Turing card), the first of these that fits.
     FALLBACKS = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
