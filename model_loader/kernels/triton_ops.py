@@ -247,9 +247,11 @@ class PrefillAttention:
     # 8, 3) 195.0), 4,096 + 1,024 95.4 (the earlier (128, 64, 4, 2): 98.7), 512 + 1,024 34.4 (57.0). One shape is
     # also two compile variants on a first start (in one pass or in key splits) instead of three.
     SHAPES = ((None, (64, 64, 4, 3)),)
-    # Smaller tiles, one pipeline stage: where a shape above needs more shared memory than the GPU has (fp32
-    # models: 393 KB for 128 x 128 at head dim 128; fp16 on a 64 KB Turing card), the first of these that fits.
-    FALLBACKS = ((64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
+    # Where a shape above needs more shared memory than the GPU has, the first of these that fits: fewer pipeline
+    # stages, then smaller tiles. (64, 64, 4, 3) takes ~112 KB in bf16, more than the 99 KB of an RTX 30/40-series
+    # card (sm_86/89), where (64, 64, 4, 2) (~80 KB; on the H200 within 1.5-6.6% of it) keeps the loads pipelined;
+    # fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing cards go further down.
+    FALLBACKS = ((64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     MAX_SPLITS = 16
     REDUCE_ROWS = 16  # (token, head) rows per program of the split reduce
 
