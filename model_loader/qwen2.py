@@ -120,8 +120,9 @@ class Qwen2Model:
 
     def _row_attention(self, pos_t: torch.Tensor, length: int | None):
         """attend_rows for _layers: one query row at position pos_t (a [1] int32 device tensor; length = pos + 1
-        on the host where known, read by the reference path only) through the decode attention. On the Triton path with the
-        configuration that splits by SM, whatever the depth (the prefill graphs serve every prefix length)."""
+        on the host where known, read by the reference path only) through the decode attention. On the Triton
+        path with the configuration that splits by SM, whatever the depth (the prefill graphs serve every prefix
+        length)."""
         def attend_rows(q: torch.Tensor, layer: int) -> torch.Tensor:
             if self.use_triton:
                 config = self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv)[-1]

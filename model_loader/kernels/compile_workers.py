@@ -100,7 +100,7 @@ def _boot(cache_dir: str, target: tuple | None) -> dict:
     # multiprocessing names the parent's main module __mp_main__ where it imported it (a file or a module); else
     # that name is this process's own bootstrap, which has neither
     parents_main = sys.modules.get("__mp_main__")
-    imported = getattr(parents_main, "__file__", None) is not None or getattr(parents_main, "__spec__", None) is not None
+    imported = any(getattr(parents_main, name, None) is not None for name in ("__file__", "__spec__"))
     return {"pid": os.getpid(), "warm_s": _warm_compiler(target) if target else None, "main_imported": imported}
 
 

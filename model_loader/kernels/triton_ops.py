@@ -248,9 +248,10 @@ class PrefillAttention:
     # also two compile variants on a first start (in one pass or in key splits) instead of three.
     SHAPES = ((None, (64, 64, 4, 3)),)
     # Where a shape above needs more shared memory than the GPU has, the first of these that fits: fewer pipeline
-    # stages, then smaller tiles. (64, 64, 4, 3) takes ~112 KB in bf16, more than the 99 KB of an RTX 30/40-series
-    # card (sm_86/89), where (64, 64, 4, 2) (~80 KB; on the H200 within 1.5-6.6% of it) keeps the loads pipelined;
-    # fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing cards go further down.
+    # stages, then smaller tiles. (64, 64, 4, 3) may take ~112 KB in bf16 (q and three K/V stages, our estimate),
+    # over the 99 KB of an RTX 30/40-series card (sm_86/89), where (64, 64, 4, 2) (~80 KB; on the H200 within
+    # 1.5-6.6% of it) keeps the loads pipelined; fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing
+    # cards go further down.
     FALLBACKS = ((64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     MAX_SPLITS = 16
     REDUCE_ROWS = 16  # (token, head) rows per program of the split reduce
