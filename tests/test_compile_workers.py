@@ -145,24 +145,26 @@ def test_workers_are_on_by_default_off_when_asked_and_never_in_a_bundle(monkeypa
     assert not compile_workers.enabled()
 
 
-def test_the_available_host_memory_counts_the_page_cache_and_the_cgroup_limit(tmp_path):
+def test_the_available_host_memory_counts_the_page_cache_and_the_cgroup_limit(tmp_path, monkeypatch):
     """MemAvailable (free memory plus the page cache a process could take back: a machine that just read a model
-    file has little *free* memory), capped by a cgroup v2 limit; None where /proc/meminfo can't be read."""
+    file has little *free* memory; context.host_memory reads it), capped by a cgroup v2 limit; None where the
+    system doesn't say."""
+    from model_loader import context
     from model_loader.kernels import compile_workers
 
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:          500000 kB\nMemAvailable:   8000000 kB\n")
+    monkeypatch.setattr(context, "host_memory", lambda: (8_000_000 * 1024, 32_000_000 * 1024))
     no_cgroup = tmp_path / "none"
-    assert compile_workers.available_host_memory(str(meminfo), str(no_cgroup)) == 8_000_000 * 1024
+    assert compile_workers.available_host_memory(str(no_cgroup)) == 8_000_000 * 1024
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("123\n")
-    assert compile_workers.available_host_memory(str(meminfo), str(cgroup)) == 8_000_000 * 1024
+    assert compile_workers.available_host_memory(str(cgroup)) == 8_000_000 * 1024
     (cgroup / "memory.max").write_text(str(3 * 2**30))
     (cgroup / "memory.current").write_text(str(2**30))
-    assert compile_workers.available_host_memory(str(meminfo), str(cgroup)) == 2 * 2**30
-    assert compile_workers.available_host_memory(str(tmp_path / "missing"), str(cgroup)) is None
+    assert compile_workers.available_host_memory(str(cgroup)) == 2 * 2**30
+    monkeypatch.setattr(context, "host_memory", lambda: (None, None))
+    assert compile_workers.available_host_memory(str(cgroup)) is None
 
 
 def test_as_many_workers_as_the_available_memory_allows(monkeypatch):

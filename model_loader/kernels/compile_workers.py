@@ -65,13 +65,13 @@ def affordable_workers(wanted: int) -> int:
     return max(0, min(wanted, available // WORKER_BYTES))
 
 
-def available_host_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes of host memory a new process could use without swapping, or None where the system doesn't say."""
-    try:
-        with open(meminfo) as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
+def available_host_memory(cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of host memory a new process could use without swapping (context.host_memory: MemAvailable on Linux),
+    within a cgroup v2 limit where there is one; None where the system doesn't say."""
+    from model_loader.context import host_memory
+
+    available, _ = host_memory()
+    if available is None:
         return None
     try:  # cgroup v2 (a container, a systemd slice): what is left under its limit
         with open(os.path.join(cgroup, "memory.max")) as f:
