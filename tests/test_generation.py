@@ -1,9 +1,11 @@
 """Engine behaviour on the tiny model: sampling, prefix reuse, stopping, cancel, stop-thinking, context limits."""
 
+import random
 import threading
 
 import pytest
 
+from model_loader.engine import common_prefix
 from model_loader.errors import ContextFullError
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings, Started
 
@@ -46,6 +48,34 @@ def test_prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill(cpu_engine):
     fresh, _ = run(cpu_engine, follow, temperature=0, max_new_tokens=16, ignore_eos=True)
     assert fresh.stats.prefix_reused_tokens == 0
     assert fresh.token_ids == reused.token_ids
+
+
+def test_common_prefix_finds_the_first_difference():
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        limit = rng.randrange(0, min(len(a), len(b)) + 1)
+        expected = 0
+        while expected < limit and a[expected] == b[expected]:
+            expected += 1
+        assert common_prefix(a, b, limit) == expected, (a, b, limit)
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 3) == 3
+    assert common_prefix([9, 2, 3], [1, 2, 3], 3) == 0
+    assert common_prefix([1, 2, 3], [1, 2, 4], 3) == 2
+
+
+def test_a_changed_conversation_reuses_only_what_still_matches(cpu_engine):
+    first, _ = run(cpu_engine, temperature=0, max_new_tokens=8, ignore_eos=True)
+    edited = [{"role": "user", "content": "Tell me a story about a cat."}]
+    ids_before = cpu_engine.chat.render(MESSAGES).ids
+    ids_after = cpu_engine.chat.render(edited).ids
+    same = next(i for i, (x, y) in enumerate(zip(ids_before, ids_after)) if x != y)
+    changed, _ = run(cpu_engine, edited, temperature=0, max_new_tokens=8, ignore_eos=True)
+    assert changed.stats.prefix_reused_tokens == same
+    cpu_engine.reset_cache()
+    fresh, _ = run(cpu_engine, edited, temperature=0, max_new_tokens=8, ignore_eos=True)
+    assert fresh.token_ids == changed.token_ids
 
 
 def test_deltas_add_up_to_the_reply_and_stats_are_filled(cpu_engine):
