@@ -32,7 +32,6 @@ class Linears:
 
             split_counters(device)  # before any graph capture
         self.int4pack_prefill = False  # see enable_int4pack_prefill
-        self._zero_rows: dict = {}  # see _zero_row
 
     @staticmethod
     def _int4_weights(weights: dict, kind=RowPackedInt4) -> list:
@@ -80,49 +79,13 @@ class Linears:
 
                 return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))
             return int4_linear(x, w)
-        config = self._gemv_config(x, w)
-        if config is not None:
-            from model_loader.kernels.triton_ops import gemv
+        if self.gemv_choice and x.shape[0] == 1:
+            config = self.gemv_choice.get(tuple(w.shape))
+            if config is not None:
+                from model_loader.kernels.triton_ops import gemv
 
-            return gemv(x, w, config)
+                return gemv(x, w, config)
         return F.linear(x, w)
-
-    def _gemv_config(self, x: torch.Tensor, w):
-        """Our dense GEMV's tuned config where it serves this call (one token, a dense weight whose shape it
-        won at warm-up), else None."""
-        if self.gemv_choice and x.shape[0] == 1 and isinstance(w, torch.Tensor):
-            return self.gemv_choice.get(tuple(w.shape))
-        return None
-
-    def normed(self, h: torch.Tensor, residual, norm_weight, eps: float, w, add_rms_norm):
-        """x, residual = add_rms_norm(h, residual, norm_weight, eps), then self(x, w): -> (output, residual).
-        Where our dense GEMV serves the call, both are one kernel (triton_ops.normed_gemv): a decode step has a
-        kernel boundary less before each QKV and gate/up GEMV."""
-        config = self._gemv_config(h, w)
-        if config is None:
-            x, residual = add_rms_norm(h, residual, norm_weight, eps)
-            return self(x, w), residual
-        from model_loader.kernels.triton_ops import normed_gemv
-
-        if residual is None:  # the first layer: the residual stream starts as h itself
-            residual = self._zero_row(h)
-        return normed_gemv(h, residual, norm_weight, eps, w, config)
-
-    def mlp_normed(self, h: torch.Tensor, residual, norm_weight, eps: float, gate_up_w, down_w, silu_mul,
-                   add_rms_norm):
-        """The add + RMSNorm ahead of the MLP, then the MLP: -> (output, residual); see normed and mlp."""
-        if self._gemv_config(h, gate_up_w) is None:
-            x, residual = add_rms_norm(h, residual, norm_weight, eps)
-            return self.mlp(x, gate_up_w, down_w, silu_mul), residual
-        gate_up, residual = self.normed(h, residual, norm_weight, eps, gate_up_w, add_rms_norm)
-        return self(silu_mul(gate_up), down_w), residual
-
-    def _zero_row(self, like: torch.Tensor) -> torch.Tensor:
-        """A zero residual for the first layer's folded norm (never written; one per shape and dtype)."""
-        key = (tuple(like.shape), like.dtype, like.device)
-        if key not in self._zero_rows:
-            self._zero_rows[key] = torch.zeros_like(like)
-        return self._zero_rows[key]
 
     def mlp(self, x: torch.Tensor, gate_up_w, down_w, silu_mul) -> torch.Tensor:
         """down(SiLU(gate(x)) * up(x)). For one token on paired int4 gate/up weights, the gate/up GEMV outputs
@@ -145,13 +108,6 @@ class Linears:
         return config
 
     @staticmethod
-    def normed_shapes(weights: dict) -> frozenset:
-        """The dense weight shapes whose single-token GEMV has the add + RMSNorm folded in (see normed): the
-        QKV and gate/up projections (their shapes never coincide with the O and down projections')."""
-        return frozenset(tuple(layer[key].shape) for layer in weights["layers"] for key in ("qkv_w", "gate_up_w")
-                         if isinstance(layer[key], torch.Tensor))
-
-    @staticmethod
     def single_token_uses(weights: dict) -> tuple[dict, dict]:
         """The single-token GEMVs a decode step makes, grouped as tune() times them: ({dense shape: [weights]},
         {(int4 shape, SiLU output?): [weights]})."""
@@ -169,17 +125,13 @@ class Linears:
     def call_every_candidate(self, weights: dict, dtype) -> None:
         """Call each single-token kernel configuration tune() may choose, once per weight use, as tune() calls
         it: the pass that kernels.precompile runs to compile them all at once, before tune() times them."""
-        from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv, normed_gemv
+        from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv
 
         dense, int4 = self.single_token_uses(weights)
-        normed = self.normed_shapes(weights)
-        for (n, k), ws in dense.items():
+        for (_, k), ws in dense.items():
             x = torch.zeros(1, k, device=ws[0].device, dtype=ws[0].dtype)
             for config in GEMV_CONFIGS:
-                if (n, k) in normed:  # as the decode step calls it (and the tuning times it)
-                    normed_gemv(x, x, x[0], 1e-6, ws[0], config)
-                else:
-                    gemv(x, ws[0], config)
+                gemv(x, ws[0], config)
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv, int4_gemv_candidates
 
@@ -197,7 +149,7 @@ class Linears:
         dense, int4 = self.single_token_uses(weights)
         choice, timings = {}, {}
         if dense:
-            result = gemv_autotune(dense, self.normed_shapes(weights))
+            result = gemv_autotune(dense)
             self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
             for (n, k), c in result["choice"].items():
                 choice[f"{n}x{k}"] = "cuBLAS" if c is None else f"triton {c}"

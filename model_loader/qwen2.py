@@ -100,8 +100,8 @@ class Qwen2Model:
         linear = self.linear
         last = len(self.w["layers"]) - 1
         for i, layer in enumerate(self.w["layers"]):
-            # bias is added inside the RoPE kernel; for one token the norm may run inside the GEMV (Linears.normed)
-            qkv, residual = linear.normed(h, residual, layer["ln1"], eps, layer["qkv_w"], ops.add_rms_norm)
+            x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
+            qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
                                     pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
             if i == last and attend_rows is not None and self.last_layer_rows_only:
@@ -111,8 +111,8 @@ class Qwen2Model:
                 rows = None  # selected
             else:
                 h = linear(attend(q, i), layer["o_w"])
-            h, residual = linear.mlp_normed(h, residual, layer["ln2"], eps, layer["gate_up_w"], layer["down_w"],
-                                            ops.silu_mul, ops.add_rms_norm)
+            x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
+            h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
         if rows is not None:
             h, residual = h.index_select(0, rows), residual.index_select(0, rows)
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)

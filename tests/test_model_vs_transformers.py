@@ -70,20 +70,13 @@ def test_greedy_tokens_identical_to_transformers_generate(cpu_engine, hf_model, 
     assert ours == out[0, len(ids):].tolist()
 
 
-def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model, monkeypatch):
-    """The Triton path (CUDA kernels; Triton's interpreter on a CPU machine) prefill + decode, greedy; on a CPU
-    machine the decode runs through our single-token GEMVs, the QKV and gate/up ones with the norm folded in."""
+def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model):
+    """The Triton path (CUDA kernels; Triton's interpreter on a CPU machine) prefill + decode, greedy."""
     engine = Engine.load(tiny_model, device="cuda" if torch.cuda.is_available() else "cpu", use_triton=True,
                          dtype="fp32", context_length=512)
     assert engine.info.kernels == "triton"
     engine.warm_up()
-    from model_loader.kernels import triton_ops
     from model_loader.kernels.triton_ops import GEMV_CONFIGS
-
-    folded = []  # the weight shapes normed_gemv served (it still does the work)
-    real_normed_gemv = triton_ops.normed_gemv
-    monkeypatch.setattr(triton_ops, "normed_gemv",
-                        lambda h, r, ln, eps, w, c: folded.append(tuple(w.shape)) or real_normed_gemv(h, r, ln, eps, w, c))
 
     # decode through our single-token GEMV too (on a GPU, warm-up picks it per shape where it beats cuBLAS)
     engine.model.linear.gemv_choice = {tuple(w.shape): GEMV_CONFIGS[i % len(GEMV_CONFIGS)]
@@ -96,9 +89,6 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
         out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, min_new_tokens=10,
                                 pad_token_id=0)
     assert ours == out[0, len(ids):].tolist()
-    if not torch.cuda.is_available():  # (a GPU replays the graphs its warm-up captured)
-        layer = engine.model.w["layers"][0]
-        assert set(folded) == {tuple(layer["qkv_w"].shape), tuple(layer["gate_up_w"].shape)}
     # and the next turn reuses the cached prefix through the masked prefill path
     follow = messages + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
     again = [e for e in engine.generate(follow, SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True))

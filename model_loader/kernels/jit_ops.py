@@ -328,21 +328,9 @@ def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits,
 
 
 @triton.jit
-def _gemv_x(x_ptr, res_ptr, ln_ptr, cols, K, inv_rms, NORM: tl.constexpr):
-    """x[cols] as fp32. NORM: x_ptr holds the hidden state h and the GEMV's input is RMSNorm(h + residual) *
-    ln, computed here exactly as _add_rms_norm_kernel stores it (the sum rounded to the model's dtype, then
-    normalised and rounded again)."""
-    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-    if NORM:
-        s = (x.to(tl.float32) + tl.load(res_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)).to(x.dtype)
-        w = tl.load(ln_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        x = (s.to(tl.float32) * inv_rms * w).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _gemv_chunk(x_ptr, res_ptr, ln_ptr, inv_rms, w_chunk, k0, K, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    x = _gemv_x(x_ptr, res_ptr, ln_ptr, k0 + tl.arange(0, BLOCK_K), K, inv_rms, NORM)
+def _gemv_chunk(x_ptr, w_chunk, k0, K, BLOCK_K: tl.constexpr):
+    cols = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
     return w_chunk.to(tl.float32) * x[None, :]
 
 
@@ -354,20 +342,13 @@ def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, res_ptr, ln_ptr, res_out_ptr, eps, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, NORM: tl.constexpr = False,
-                 K_POW2: tl.constexpr = 1):
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                 EARLY: tl.constexpr):
     # One token: out[n] = sum_k x[k] * W[n, k]. Each program owns BLOCK_N rows of W and streams them once;
     # partial products stay in registers and are reduced once at the end. EARLY (0-3): the first EARLY chunks
     # of BLOCK_K columns are requested before the wait for the kernel ahead (programmatic dependent launch):
     # nothing ever writes the weights, so their DRAM latency can overlap that kernel's end (as the int4 GEMV
     # does); only x must wait.
-    # NORM: the input is RMSNorm(x + residual) * ln (x: the layer's hidden state h), the add + RMSNorm that
-    # otherwise runs as a kernel of its own ahead of this one (_add_rms_norm_kernel): every program computes
-    # the norm's sum of squares over all K_POW2 >= K inputs (a few KB from L2) and normalises its chunks as it
-    # reads them; program 0 writes h + residual to res_out_ptr (not in place: other programs still read the
-    # residual). In a decode step that is one kernel boundary less before each QKV and gate/up GEMV (H200:
-    # without those kernels at all, a bf16 step took 63 of 1,262 us less).
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -380,25 +361,15 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, res_ptr, ln_ptr, res_out_ptr, eps,
         w2 = _gemv_w(w_ptr, rows, row_mask, 2 * BLOCK_K, K, BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    inv_rms = 1.0
-    if NORM:
-        cols = tl.arange(0, K_POW2)
-        h = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-        s = (h.to(tl.float32) + tl.load(res_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)).to(h.dtype)
-        if tl.program_id(0) == 0:
-            tl.store(res_out_ptr + cols, s, mask=cols < K)
-        s = s.to(tl.float32)
-        inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     if EARLY > 0:
-        acc += _gemv_chunk(x_ptr, res_ptr, ln_ptr, inv_rms, w0, 0, K, BLOCK_K, NORM)
+        acc += _gemv_chunk(x_ptr, w0, 0, K, BLOCK_K)
     if EARLY > 1:
-        acc += _gemv_chunk(x_ptr, res_ptr, ln_ptr, inv_rms, w1, BLOCK_K, K, BLOCK_K, NORM)
+        acc += _gemv_chunk(x_ptr, w1, BLOCK_K, K, BLOCK_K)
     if EARLY > 2:
-        acc += _gemv_chunk(x_ptr, res_ptr, ln_ptr, inv_rms, w2, 2 * BLOCK_K, K, BLOCK_K, NORM)
+        acc += _gemv_chunk(x_ptr, w2, 2 * BLOCK_K, K, BLOCK_K)
     for k0 in range(EARLY * BLOCK_K, K, BLOCK_K):
-        acc += _gemv_chunk(x_ptr, res_ptr, ln_ptr, inv_rms, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K,
-                           BLOCK_K, NORM)
+        acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K, BLOCK_K)
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 

@@ -344,26 +344,12 @@ GEMV_EARLY_CHUNKS = 3
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torch.Tensor:
     """x [1, K] @ W[N, K].T -> [1, N] (what F.linear computes, for a single token)."""
-    return _launch_gemv(x, w, config, x, x, x, 0.0, False)
-
-
-def normed_gemv(h: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
-                config: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """add_rms_norm(h, residual, norm_weight, eps) followed by gemv, in one kernel (see _gemv_kernel's NORM):
-    -> (the GEMV's output [1, N], the new residual h + residual [1, K], a new buffer: residual is not
-    written)."""
-    residual_out = torch.empty_like(h)
-    return _launch_gemv(h, w, config, residual, norm_weight, residual_out, eps, True), residual_out
-
-
-def _launch_gemv(x, w, config, res, ln, res_out, eps: float, norm: bool) -> torch.Tensor:
     n, k = w.shape
     block_n, block_k, warps = config
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     early = min(GEMV_EARLY_CHUNKS, triton.cdiv(k, block_k))  # a K of one or two chunks: all of it early
-    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(
-        x, w, out, n, k, res, ln, res_out, eps, BLOCK_N=block_n, BLOCK_K=block_k, EARLY=early, NORM=norm,
-        K_POW2=triton.next_power_of_2(k) if norm else 1, num_warps=warps, **pdl_launch_args(x.device))
+    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, EARLY=early,
+                                                     num_warps=warps, **pdl_launch_args(x.device))
     return out
 
 
@@ -403,23 +389,16 @@ def time_configs(ws: list, configs, call) -> dict:
     return results
 
 
-def gemv_autotune(weights_by_shape: dict[tuple[int, int], list[torch.Tensor]], normed=frozenset()) -> dict:
-    """For each weight shape, the fastest of cuBLAS (config None) and our GEMV configs on this GPU; shapes in
-    `normed` are timed as they run, with the add + RMSNorm ahead of them folded in (normed_gemv; cuBLAS timed
-    without its norm kernel, so ours must win by more). Returns {shape: config or None (cuBLAS)} and the
-    timings, for the log."""
+def gemv_autotune(weights_by_shape: dict[tuple[int, int], list[torch.Tensor]]) -> dict:
+    """For each weight shape, the fastest of cuBLAS (config None) and our GEMV configs on this GPU.
+    Returns {shape: config or None (cuBLAS)} and the timings, for the log."""
     import torch.nn.functional as F
 
     choice, timings = {}, {}
     for shape, ws in weights_by_shape.items():
         x = torch.randn(1, shape[1], device=ws[0].device, dtype=ws[0].dtype)
-        ln = torch.ones(shape[1], device=ws[0].device, dtype=ws[0].dtype)
-
-        def ours(w, config, x=x, ln=ln, normed=shape in normed):
-            return normed_gemv(x, x, ln, 1e-6, w, config)[0] if normed else gemv(x, w, config)
-
         results = time_configs(ws, (None,) + GEMV_CONFIGS,
-                               lambda w, config: F.linear(x, w) if config is None else ours(w, config))
+                               lambda w, config: F.linear(x, w) if config is None else gemv(x, w, config))
         choice[shape] = min(results, key=results.get)
         timings[shape] = results
     return {"choice": choice, "timings_us": timings}
