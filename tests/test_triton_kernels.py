@@ -232,12 +232,14 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
     torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))
 
 
-@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16)])
+@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (0, 70, 1),
+                                             (300, 130, 1), (37, 200, 1)])
 def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, splits):
     """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
     natural units for the reduce: fp16 here (bf16 on a GPU too), which Triton's interpreter also runs, against
-    the reference in fp32. On Hopper or newer they read K/V through tensor descriptors, whose tiles include the
-    stale rows past the new tokens: NaN there (an earlier reply that overflowed) must not leak in."""
+    the reference in fp32. On Hopper or newer, unsplit (splits 1), they read K/V through tensor descriptors,
+    whose tiles include the stale rows past the new tokens: NaN there (an earlier reply that overflowed) must
+    not leak in."""
     hq, hkv, d = 4, 2, 64
     g = torch.Generator().manual_seed(6)
     max_ctx = 1152
