@@ -1,7 +1,8 @@
 """Where the local API's share of time-to-first-token goes, on any machine (no GPU, no model).
 
 The real ApiServer + EngineService + engine worker thread run in this process exactly as `r1desk-cli serve` sets
-them up (QCoreApplication, qasync loop, the same switch interval and GC guard), with a scripted engine that
+them up (QCoreApplication, the app's Qt-integrated loop (desktop.fastloop; --loop qasync for qasync's own), the
+same switch interval and GC guard), with a scripted engine that
 spends a fixed time per token (tests/desktop/fakes.py's FakeEngine). Like the real engine, it yields Started and
 the first token together, after the first token's time. The engine itself is not what is measured.
 
@@ -130,9 +131,20 @@ def _canned_stream() -> bytes:
     return b"".join(schema.sse(p) for p in parts) + schema.SSE_DONE
 
 
-def baseline(n: int, warmup: int, on_qt: bool = False) -> dict:
+def _qt_loop(app, kind: str):
+    """The asyncio loop over Qt: qasync's own, or desktop.fastloop's (what the app uses)."""
+    if kind == "qasync":
+        import qasync
+
+        return qasync.QEventLoop(app)
+    from desktop.fastloop import FastQEventLoop
+
+    return FastQEventLoop(app)
+
+
+def baseline(n: int, warmup: int, on_qt: bool = False, loop_kind: str = "fast") -> dict:
     """Both clients against an aiohttp app that answers each request at once, on plain asyncio or (on_qt) on
-    qasync's loop over a bare QCoreApplication: what the Qt loop alone costs."""
+    a Qt-integrated loop over a bare QCoreApplication: what the Qt loop alone costs."""
     import asyncio
 
     from aiohttp import web
@@ -172,10 +184,8 @@ def baseline(n: int, warmup: int, on_qt: bool = False) -> dict:
         return asyncio.run(main())
     from PySide6.QtCore import QCoreApplication
 
-    import qasync
-
     app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
-    loop = qasync.QEventLoop(app)
+    loop = _qt_loop(app, loop_kind)
     asyncio.set_event_loop(loop)
     with loop:
         return loop.run_until_complete(main())
@@ -202,7 +212,7 @@ def _stamp_generate(generate, gen_t: dict, token_t: dict):
 
 
 def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: str | None = None,
-                context: int = 4096) -> dict:
+                context: int = 4096, loop_kind: str = "fast") -> dict:
     """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
     import asyncio
     import contextvars
@@ -210,7 +220,6 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
     from PySide6.QtCore import QCoreApplication
 
     import fakes
-    import qasync
     from model_loader.events import Delta, Started
 
     from desktop.api import server as server_module
@@ -235,6 +244,12 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
     class StampedSse(server_module._SseResponse):
         async def write(self, data):
             await super().write(data)
+            rid = current_id.get()
+            if rid and rid not in write_t and any(_is_first_text(line) for line in data.split(b"\n")):
+                write_t[rid] = time.perf_counter()
+
+        async def write_eof(self, data=b""):  # a short stream's first text can come with the end
+            await super().write_eof(data)
             rid = current_id.get()
             if rid and rid not in write_t and any(_is_first_text(line) for line in data.split(b"\n")):
                 write_t[rid] = time.perf_counter()
@@ -293,7 +308,7 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
 
     service.request_progress.connect(on_progress)
     server = StampedServer(service, host="127.0.0.1", port=0, defaults={"temperature": 0.6, "top_p": 0.95})
-    loop = qasync.QEventLoop(app)  # as serve.run does
+    loop = _qt_loop(app, loop_kind)  # as serve.run does
     asyncio.set_event_loop(loop)
 
     async def main() -> dict:
@@ -347,6 +362,12 @@ def main() -> int:
     ap.add_argument("--model", help="the real engine with this model on the GPU (default: a scripted engine)")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--json", help="also write the medians here")
+    ap.add_argument("--loop", choices=["fast", "qasync"], default="fast",
+                    help="the Qt-integrated asyncio loop: desktop.fastloop's (as the app runs it) or "
+                         "qasync's own")
+    ap.add_argument("--parts", default="base,base_qt,real",
+                    help="which servers to measure, comma-separated: base (instant, plain asyncio), base_qt "
+                         "(instant, Qt loop), real (the real server)")
     ap.add_argument("--client", choices=["raw", "openai"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model-id", help=argparse.SUPPRESS)
@@ -357,11 +378,15 @@ def main() -> int:
         return 0
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["R1DESK_BENCH_PAUSE_MS"] = str(args.pause_ms)  # read by the client processes
-    base = baseline(args.n, args.warmup)
-    base_qt = baseline(args.n, args.warmup, on_qt=True)
-    real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.model, args.context)
+    parts = set(args.parts.split(","))
+    base = baseline(args.n, args.warmup) if "base" in parts else None
+    base_qt = baseline(args.n, args.warmup, on_qt=True, loop_kind=args.loop) if "base_qt" in parts else None
+    real = None
+    if "real" in parts:
+        real = real_server(args.n, args.warmup, args.token_ms, args.max_tokens, args.model, args.context, args.loop)
     engine = f"real engine, {args.model}" if args.model else f"scripted engine: {args.token_ms} ms/token"
-    print(f"medians of {args.n} streamed requests per client, ms ({engine})")
+    loop_name = {"fast": "desktop.fastloop's", "qasync": "qasync's own"}[args.loop]
+    print(f"medians of {args.n} streamed requests per client, ms ({engine}; Qt loop: {loop_name})")
     print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
     rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
             ("  handler -> queued to the worker", "handler_to_submitted_ms"),
@@ -370,24 +395,28 @@ def main() -> int:
             ("  token -> GUI thread has it", "token_to_gui_ms"), ("  GUI thread -> first write returned", "gui_to_written_ms"),
             ("  write returned -> client has it", "written_to_client_ms"), ("client TTFT", "ttft_ms"),
             ("engine's own TTFT", "engine_ttft_ms"), ("client TTFT - engine TTFT", "ttft_minus_engine_ms")]
-    print("real server (qasync's loop, as r1desk-cli serve and the window run it)")
-    for label, key in rows:
-        print(f"  {label:38s}{real['raw'][key]:17.3f}{real['openai'][key]:10.3f}")
-    print("instant canned-SSE server (plain asyncio)")
-    for label, key in [("send -> handler", "send_to_handler_ms"), ("handler -> client chunk", "handler_to_client_ms"),
-                       ("client TTFT", "ttft_ms")]:
-        print(f"  {label:38s}{base['raw'][key]:17.3f}{base['openai'][key]:10.3f}")
-    print("the same instant server on qasync's loop (a bare QCoreApplication)")
-    for label, key in [("send -> handler", "send_to_handler_ms"), ("handler -> client chunk", "handler_to_client_ms"),
-                       ("client TTFT", "ttft_ms")]:
-        print(f"  {label:38s}{base_qt['raw'][key]:17.3f}{base_qt['openai'][key]:10.3f}")
-    client_own = base["openai"]["ttft_ms"] - base["raw"]["ttft_ms"]
-    print(f"openai client's own cost over raw http.client (instant server): {client_own:.3f} ms")
-    print(f"real server's share with the openai client (TTFT - engine TTFT - that): "
-          f"{real['openai']['ttft_minus_engine_ms'] - client_own:.3f} ms")
+    short = [("send -> handler", "send_to_handler_ms"), ("handler -> client chunk", "handler_to_client_ms"),
+             ("client TTFT", "ttft_ms")]
+    if real:
+        print(f"real server ({loop_name} Qt loop, as r1desk-cli serve and the window run it)")
+        for label, key in rows:
+            print(f"  {label:38s}{real['raw'][key]:17.3f}{real['openai'][key]:10.3f}")
+    if base:
+        print("instant canned-SSE server (plain asyncio)")
+        for label, key in short:
+            print(f"  {label:38s}{base['raw'][key]:17.3f}{base['openai'][key]:10.3f}")
+    if base_qt:
+        print(f"the same instant server on {loop_name} Qt loop (a bare QCoreApplication)")
+        for label, key in short:
+            print(f"  {label:38s}{base_qt['raw'][key]:17.3f}{base_qt['openai'][key]:10.3f}")
+    if base and real:
+        client_own = base["openai"]["ttft_ms"] - base["raw"]["ttft_ms"]
+        print(f"openai client's own cost over raw http.client (instant server): {client_own:.3f} ms")
+        print(f"real server's share with the openai client (TTFT - engine TTFT - that): "
+              f"{real['openai']['ttft_minus_engine_ms'] - client_own:.3f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "real_server": real, "instant_server": base,
-                                               "instant_server_qasync": base_qt},
+                                               "instant_server_qt": base_qt},
                                               indent=1))
     return 0
 

@@ -159,9 +159,8 @@ def main(argv=None) -> int:
     app.setOrganizationName("r1desk")
     app.setApplicationDisplayName("r1desk")
 
-    import qasync
-
     from desktop.crashlog import CrashLog
+    from desktop.fastloop import qt_event_loop
     from desktop.gcguard import GuiThreadGC
 
     # The GUI thread holds the GIL for every Python line and every Qt call it makes; the engine thread needs it
@@ -177,7 +176,7 @@ def main(argv=None) -> int:
     test = SelfTest(win, args) if args.self_test else None
     QTimer.singleShot(0, win.start_engine)  # after the first paint: the user sees the window at once
 
-    loop = qasync.QEventLoop(app)
+    loop = qt_event_loop(app)  # qasync's, with asyncio's own callback/timer/socket bookkeeping (fastloop.py)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     app.aboutToQuit.connect(done.set)

@@ -17,9 +17,8 @@ def run(args) -> int:
     """args: `r1desk-cli serve`'s options (model_loader.cli)."""
     from PySide6.QtCore import QCoreApplication, QTimer
 
-    import qasync
-
     from desktop.api.server import ApiServer, is_loopback
+    from desktop.fastloop import qt_event_loop
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
 
@@ -35,7 +34,7 @@ def run(args) -> int:
     server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
                        allowed_origins=args.allow_origin,
                        defaults={"temperature": args.temperature, "top_p": args.top_p})
-    loop = qasync.QEventLoop(app)
+    loop = qt_event_loop(app)  # as the app's (qasync's, with cheaper callbacks: desktop/fastloop.py)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
     code = [0]

@@ -94,12 +94,13 @@ def make_window(qtbot, profile):
 
 @pytest.fixture
 def aio(qapp):
-    """An asyncio loop run by Qt (qasync), as in the app: the download is asyncio code."""
+    """An asyncio loop run by Qt (the app's: qasync's, desktop.fastloop), as in the app: the download is asyncio
+    code."""
     import asyncio
 
-    import qasync
+    from desktop.fastloop import FastQEventLoop
 
-    loop = qasync.QEventLoop(qapp)
+    loop = FastQEventLoop(qapp)
     asyncio.set_event_loop(loop)
     yield loop
     asyncio.set_event_loop(None)

@@ -18,10 +18,11 @@ import pytest
 
 @pytest.fixture
 def running_loop(qapp):
-    """qasync's loop over the Qt loop pytest-qt spins, marked running as app.main's is (aiohttp needs it)."""
-    import qasync
+    """The app's loop (qasync's, desktop.fastloop) over the Qt loop pytest-qt spins, marked running as app.main's
+    is (aiohttp needs it)."""
+    from desktop.fastloop import FastQEventLoop
 
-    loop = qasync.QEventLoop(qapp, already_running=True)
+    loop = FastQEventLoop(qapp, already_running=True)
     asyncio.set_event_loop(loop)
     yield loop
     asyncio.events._set_running_loop(None)

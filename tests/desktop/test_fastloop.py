@@ -1,0 +1,167 @@
+"""desktop.fastloop.FastQEventLoop keeps asyncio's semantics over Qt: FIFO callbacks, cancellable handles,
+exceptions to the loop's handler, wake-ups from other threads, timers in deadline order (cancelled ones do not
+pile up), Qt's own events still served between batches, and sockets (an aiohttp round trip)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+
+import pytest
+
+
+@pytest.fixture
+def loop(qapp):
+    from desktop.fastloop import FastQEventLoop
+
+    loop = FastQEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    if not loop.is_closed():
+        loop.close()
+
+
+def test_callbacks_run_in_order_and_a_cancelled_one_does_not(loop):
+    seen = []
+
+    async def main():
+        done = loop.create_future()
+        for i in range(5):
+            loop.call_soon(seen.append, i)
+        loop.call_soon(seen.append, "cancelled").cancel()
+        loop.call_soon(lambda: loop.call_soon(seen.append, "queued by a callback"))
+        loop.call_soon(seen.append, 5)
+        loop.call_soon(lambda: loop.call_soon(done.set_result, None))
+        await done
+
+    loop.run_until_complete(main())
+    assert seen == [0, 1, 2, 3, 4, 5, "queued by a callback"]
+
+
+def test_an_exception_goes_to_the_loop_handler_and_the_rest_still_run(loop):
+    caught, seen = [], []
+    loop.set_exception_handler(lambda lp, ctx: caught.append(ctx["exception"]))
+
+    def boom():
+        raise ValueError("boom")
+
+    async def main():
+        loop.call_soon(boom)
+        loop.call_soon(seen.append, "after")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    loop.run_until_complete(main())
+    assert [str(e) for e in caught] == ["boom"] and seen == ["after"]
+
+
+def test_call_soon_threadsafe_wakes_the_loop_from_another_thread(loop):
+    async def main():
+        fut = loop.create_future()
+        results = []
+
+        def worker():
+            for i in range(200):
+                results.append(loop.call_soon_threadsafe(lambda i=i: i == 199 and fut.set_result(i)))
+
+        t = threading.Thread(target=worker)
+        t.start()
+        value = await asyncio.wait_for(fut, 10)
+        t.join()
+        return value, results
+
+    value, handles = loop.run_until_complete(main())
+    assert value == 199 and all(isinstance(h, asyncio.Handle) for h in handles)  # as asyncio's, not None
+
+
+def test_a_callback_that_requeues_itself_forever_does_not_starve_qt(loop):
+    """Each batch runs only what was queued when it started, so Qt's timers and posted events get their turn."""
+    from PySide6.QtCore import QTimer
+
+    count = [0]
+    running = [True]
+
+    def spin():
+        count[0] += 1
+        if running[0]:
+            loop.call_soon(spin)
+
+    async def main():
+        fut = loop.create_future()
+        loop.call_soon(spin)
+        QTimer.singleShot(0, lambda: fut.set_result(count[0]))  # a plain Qt timer, not asyncio's
+        try:
+            return await asyncio.wait_for(fut, 10)
+        finally:
+            running[0] = False
+
+    assert loop.run_until_complete(main()) < 1000
+
+
+def test_timers_fire_in_deadline_order_not_early_and_cancelled_ones_are_dropped(loop):
+    seen = []
+
+    async def main():
+        t0 = loop.time()
+        loop.call_later(0.03, seen.append, "30 ms")
+        loop.call_later(0.01, seen.append, "10 ms")
+        loop.call_later(0.02, seen.append, "20 ms, cancelled").cancel()
+        loop.call_at(t0 + 0.005, seen.append, "5 ms")
+        # aiohttp arms a 3630 s keep-alive timer per connection and cancels it when the connection closes
+        for _ in range(5000):
+            loop.call_later(3630, seen.append, "never").cancel()
+        await asyncio.sleep(0.04)
+        return loop.time() - t0
+
+    elapsed = loop.run_until_complete(main())
+    assert seen == ["5 ms", "10 ms", "30 ms"] and elapsed >= 0.04
+    assert len(loop._scheduled) < 200  # the cancelled ones do not pile up (qasync kept a Qt timer for each)
+
+
+def test_sleep_and_wait_for_timeouts(loop):
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.Event().wait(), 0.02)
+        t0 = loop.time()
+        await asyncio.sleep(0.015)
+        return loop.time() - t0
+
+    assert loop.run_until_complete(main()) >= 0.015
+
+
+def test_an_aiohttp_server_and_client_talk_over_the_loop_and_close_cleanly(loop):
+    import aiohttp
+    from aiohttp import web
+
+    async def hello(request):
+        body = await request.read()
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for part in (b"a", b"b", body):
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/", hello)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        out = []
+        async with aiohttp.ClientSession() as session:
+            for i in range(20):  # new connections and kept-alive ones
+                async with session.post(f"http://127.0.0.1:{port}/", data=str(i).encode(),
+                                        headers={"Connection": "close"} if i % 2 else {}) as resp:
+                    out.append(await resp.read())
+        await runner.cleanup()
+        return out
+
+    assert loop.run_until_complete(main()) == [b"ab" + str(i).encode() for i in range(20)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. libpyside's "Failed to disconnect" from qasync's close()
+        loop.close()
+    assert not loop._read_notifiers and not loop._write_notifiers
