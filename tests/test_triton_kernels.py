@@ -237,9 +237,8 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
 def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, splits):
     """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
     natural units for the reduce: fp16 here (bf16 on a GPU too), which Triton's interpreter also runs, against
-    the reference in fp32. On Hopper or newer, unsplit (splits 1), they read K/V through tensor descriptors,
-    whose tiles include the stale rows past the new tokens: NaN there (an earlier reply that overflowed) must
-    not leak in."""
+    the reference in fp32, split and not. The cache rows past the new tokens hold NaN (stale rows of an earlier
+    reply that overflowed): nothing of them may leak in."""
     hq, hkv, d = 4, 2, 64
     g = torch.Generator().manual_seed(6)
     max_ctx = 1152
@@ -253,28 +252,10 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, 
         k[:, start + t:] = float("nan")
         v[:, start + t:] = float("nan")
         attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
-        assert attn.tma == (device == "cuda" and torch.cuda.get_device_capability() >= (9, 0))
         start_t = torch.tensor([start], device=device, dtype=torch.int32)
         out = attn(q, k, v, start_t, scale, splits=splits)
         assert out.dtype == dt
         torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
-
-
-def test_tensor_descriptors_only_where_tma_runs(monkeypatch):
-    """The prefill attention's TMA path needs a GPU of compute capability 9 or newer and a compiled kernel (not
-    the interpreter); R1DESK_NO_TMA=1 turns it off."""
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
-    assert not triton_ops.prefill_tma_supported("cpu")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert triton_ops.prefill_tma_supported("cuda:0")
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
-    assert not triton_ops.prefill_tma_supported("cuda:0")  # RTX 40: no TMA
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setenv("R1DESK_NO_TMA", "1")
-    assert not triton_ops.prefill_tma_supported("cuda:0")
 
 
 @pytest.mark.parametrize("max_stages,expected", [(1, (64, 64, 4, 1)), (2, (64, 64, 4, 2))])

@@ -236,42 +236,17 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
     tl.store(out_ptr + head * D + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
-    """The K and V tiles of keys n = n0 + [0, BLOCK_N) of one KV head (base: its first element; with TMA its
-    first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
-    as zeros): rows from hi on are stale cache rows, finite unless an earlier reply overflowed, so V's are zeroed
-    (a NaN there would survive a zero weight); K's scores are masked by the caller."""
-    if TMA:
-        row = base // D + n0
-        k = k_ptr.load([row, 0])
-        v = v_ptr.load([row, 0])
-        if MASKED:
-            v = tl.where((n < hi)[:, None], v, 0.0)
-    elif MASKED:
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
-    return k, v
-
-
 @triton.jit(do_not_specialize=["n_tokens", "splits"])
 def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
                          splits, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                         PDL: tl.constexpr, TMA: tl.constexpr = False):
+                         PDL: tl.constexpr):
     # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
     # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
     # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
     # SPLIT (few queries, long prefix): the keys are cut into `splits` ranges whose partial results
     # _prefill_attn_reduce_kernel combines, so short prefills still fill the GPU. The split count is a plain
     # int so that every bucket shares two compiled variants (split or not).
-    # TMA (Hopper and newer, 16-bit, not split): k_ptr and v_ptr are tensor descriptors of the caches as
-    # [Hkv * max_ctx, D] with [BLOCK_N, D] blocks, so the K/V tiles come in through the tensor memory accelerator
-    # instead of per-thread address arithmetic and loads (H200: a follow-up of 4,096 cached + 2,048 new tokens
-    # 14.5 -> 13.7 ms; alone, per layer, 192 -> 160 us).
     _pdl_start(PDL)
     mblock = tl.num_programs(0) - 1 - tl.program_id(0)  # the last rows see the most keys: start them first
     head = tl.program_id(1)
@@ -297,14 +272,16 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA)
+        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
+        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
         if IEEE:
             m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
         else:
             m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False)
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA)
+        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
+        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
         if IEEE:
             m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)

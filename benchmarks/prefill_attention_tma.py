@@ -1,0 +1,139 @@
+"""The prefill attention over a cached prefix: production's (pointer loads) against a stand-alone kernel that
+reads K/V through TMA tensor descriptors, GPU time per layer through CUDA graphs of 28 layers' caches (no host
+launch cost; each layer's K/V its own memory), outputs checked against each other.
+
+Why it is here (2026-12-04, thirteenth session, docs/BENCHMARKS.md): this stand-alone kernel was 15-25% faster
+than production's at every long case on the H200 (512 + 2,048: 57 vs 68 us a layer), but the same TMA loads put
+into production's kernel (with its key splits, programmatic dependent launch and shared softmax step) were not:
+68 / 172 / 100 us against 68 / 192 / 91 at 512 + 2,048 / 4,096 + 2,048 / 4,096 + 1,024, so they were taken out
+again. What makes the difference is not yet known; this script is where to look for it.
+
+usage: python benchmarks/prefill_attention_tma.py [--cases 512+2048,4096+2048,4096+1024] [--shapes 64,64,4,3;...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model_loader.kernels import triton_ops as T  # noqa: E402
+from model_loader.kernels.jit_ops import LOG2_E  # noqa: E402
+
+LAYERS, HQ, HKV, D = 28, 12, 2, 128
+
+
+@triton.jit
+def _pf_tma(q_ptr, k_desc, v_desc, out_ptr, start_ptr, n_tokens, max_ctx, scale,
+            NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    mblock = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    kvh = head // GROUP
+    start = tl.load(start_ptr)
+    rows = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_tokens
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], mask=row_mask[:, None], other=0.0)
+    visible = start + rows
+    hi = tl.minimum(start + (mblock + 1) * BLOCK_M, start + n_tokens)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    base = kvh * max_ctx
+    open_blocks = tl.minimum(start + mblock * BLOCK_M, hi) // BLOCK_N
+    qk_scale = scale * LOG2_E
+    for i in range(0, open_blocks):
+        k = k_desc.load([base + i * BLOCK_N, 0])
+        v = v_desc.load([base + i * BLOCK_N, 0])
+        s = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    for n_start in range(open_blocks * BLOCK_N, hi, BLOCK_N):
+        n = n_start + tl.arange(0, BLOCK_N)
+        k = k_desc.load([base + n_start, 0])
+        v = v_desc.load([base + n_start, 0])
+        visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(visible_mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_off)
+        p = tl.math.exp2(s * qk_scale - m_off[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None])
+
+
+def tma_call(q, k, v, st, scale, shape):
+    """The stand-alone kernel for one layer (no key splits, no programmatic dependent launch)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bn, w, stg = shape
+    t = q.shape[0]
+    out = torch.empty((t, HQ * D), device=q.device, dtype=q.dtype)
+    kd = TensorDescriptor.from_tensor(k.view(-1, D), [bn, D])
+    vd = TensorDescriptor.from_tensor(v.view(-1, D), [bn, D])
+    _pf_tma[(triton.cdiv(t, bm), HQ)](q, kd, vd, out, st, t, k.shape[1], scale, NUM_HEADS=HQ, GROUP=HQ // HKV,
+                                       D=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=stg)
+    return out
+
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="512+2048,4096+2048,512+1024,1024+1024,4096+1024")
+    ap.add_argument("--shapes", default="64,64,4,3;128,64,8,3", help="TMA tile shapes: BLOCK_M,BLOCK_N,warps,stages;...")
+    args = ap.parse_args()
+    cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
+    torch.manual_seed(0)
+    k = torch.randn(LAYERS, HKV, max(p + n for p, n in cases), D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    for start, t in cases:
+        q = torch.randn(t, HQ, D, device="cuda", dtype=torch.bfloat16)
+        st = torch.tensor([start], device="cuda", dtype=torch.int32)
+        attn = T.PrefillAttention(HQ, HKV, D, "cuda", max_tokens=2048)
+        variants = {"production": lambda i: attn(q, k[i], v[i], st, D ** -0.5)}
+        for shape in shapes:
+            variants[f"TMA {shape}"] = lambda i, shape=shape: tma_call(q, k[i], v[i], st, D ** -0.5, shape)
+        expected = variants["production"](0).float()
+        row = []
+        for name, fn in variants.items():
+            err = (fn(0).float() - expected).abs().max().item()
+            for i in range(LAYERS):
+                fn(i)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in range(LAYERS):
+                    fn(i)
+            best = float("inf")
+            for _ in range(3):
+                graph.replay()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(5):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                best = min(best, begin.elapsed_time(end) * 1000 / 5 / LAYERS)
+            row.append(f"{name} {best:.1f} us (max diff {err:.4f})")
+        print(f"{start} cached + {t} new, per layer: " + "; ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
