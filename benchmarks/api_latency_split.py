@@ -211,6 +211,31 @@ def _stamp_generate(generate, gen_t: dict, token_t: dict):
     return stamped
 
 
+def stamped_fake_engine(gen_t: dict, token_t: dict):
+    """A FakeEngine class whose Started comes with the first token, as the real engine's does (Started is yielded
+    after the prefill, right before the first token's Delta); it stamps generate() into gen_t and that first
+    token into token_t, by the request id its last message carries ("bench ID")."""
+    import fakes
+    from model_loader.events import Delta, Started
+
+    class StampedEngine(fakes.FakeEngine):
+        def generate(self, messages, settings=None, control=None):
+            rid = messages[-1]["content"].removeprefix("bench ")
+            gen_t[rid] = time.perf_counter()
+            started = None
+            for ev in super().generate(messages, settings, control):
+                if isinstance(ev, Started):
+                    started = ev
+                    continue
+                if isinstance(ev, Delta) and started is not None:
+                    token_t[rid] = time.perf_counter()
+                    yield started
+                    started = None
+                yield ev
+
+    return StampedEngine
+
+
 def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: str | None = None,
                 context: int = 4096, loop_kind: str = "fast") -> dict:
     """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
@@ -256,23 +281,7 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
 
     server_module._SseResponse = StampedSse
 
-    class StampedEngine(fakes.FakeEngine):
-        """FakeEngine whose Started comes with the first token, as the real engine's does (Started is yielded
-        after the prefill, right before the first token's Delta); stamps generate() and that first token."""
-
-        def generate(self, messages, settings=None, control=None):
-            rid = messages[-1]["content"].removeprefix("bench ")
-            gen_t[rid] = time.perf_counter()
-            started = None
-            for ev in super().generate(messages, settings, control):
-                if isinstance(ev, Started):
-                    started = ev
-                    continue
-                if isinstance(ev, Delta) and started is not None:
-                    token_t[rid] = time.perf_counter()
-                    yield started
-                    started = None
-                yield ev
+    StampedEngine = stamped_fake_engine(gen_t, token_t)
 
     class StampedServer(ApiServer):
         async def chat_completions(self, request):

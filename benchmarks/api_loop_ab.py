@@ -95,26 +95,12 @@ def serve(kind: str, loop_kind: str, token_ms: float) -> None:
         factory = instant
     else:
         import fakes
-        from model_loader.events import Delta, Started
 
         from desktop.api.server import ApiServer
         from desktop.gcguard import GuiThreadGC
         from desktop.service import EngineService
 
-        class StampedEngine(fakes.FakeEngine):  # as api_latency_split's: Started comes with the first token
-            def generate(self, messages, settings=None, control=None):
-                rid = messages[-1]["content"].removeprefix("bench ")
-                gen_t[rid] = time.perf_counter()
-                started = None
-                for ev in super().generate(messages, settings, control):
-                    if isinstance(ev, Started):
-                        started = ev
-                        continue
-                    if isinstance(ev, Delta) and started is not None:
-                        token_t[rid] = time.perf_counter()
-                        yield started
-                        started = None
-                    yield ev
+        StampedEngine = split.stamped_fake_engine(gen_t, token_t)  # Started comes with the first token
 
         app._r1desk_gc = GuiThreadGC(parent=app)
         service = EngineService(app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000)))

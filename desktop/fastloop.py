@@ -96,14 +96,14 @@ class FastQEventLoop(qasync.QEventLoop):
     def call_soon(self, callback, *args, context=None):
         if self.get_debug():
             return super().call_soon(callback, *args, context=context)
-        self._check_closed()
-        handle = asyncio.Handle(callback, args, self, context)
-        self._ready_batch.append(handle)
-        if not self._batch_posted:
-            self._post_batch()
-        return handle
+        return self._queue(callback, args, context)
 
     def call_soon_threadsafe(self, callback, *args, context=None):
+        return self._queue(callback, args, context)
+
+    def _queue(self, callback, args, context) -> asyncio.Handle:
+        """The Handle, queued for the next batch (from any thread: deque appends are atomic, postEvent is
+        thread-safe)."""
         self._check_closed()
         handle = asyncio.Handle(callback, args, self, context)
         self._ready_batch.append(handle)
