@@ -38,6 +38,7 @@ import qasync
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QSocketNotifier, Qt
 
 _BATCH_EVENT = QEvent.Type(QEvent.registerEventType())
+MAX_TIMER_MS = 86_400_000  # the longest Qt timer armed at once (a day); later deadlines re-arm on waking
 
 
 class _Driver(QObject):
@@ -113,14 +114,22 @@ class FastQEventLoop(qasync.QEventLoop):
 
     def _run_batch(self) -> None:
         self._batch_posted = False
+        if self.is_closed():  # a batch posted (or a thread's handle queued) just before close()
+            self._ready_batch.clear()
+            return
         self._dropped_notifiers.clear()
         ready = self._ready_batch
-        for _ in range(len(ready)):  # only what is queued now: what these queue goes in the next batch
-            handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()  # Handle._run hands an exception to the loop's exception handler
-        if ready and not self._batch_posted:
-            self._post_batch()
+        try:
+            for _ in range(len(ready)):  # only what is queued now: what these queue goes in the next batch
+                if not ready:  # a callback ran a nested Qt loop (a modal dialog, processEvents) that drained it
+                    break
+                handle = ready.popleft()
+                if not handle._cancelled:
+                    handle._run()  # hands an exception to the loop's exception handler, but re-raises
+                    # KeyboardInterrupt and SystemExit: the finally below keeps the rest of the queue going
+        finally:
+            if ready and not self._batch_posted:
+                self._post_batch()
 
     # ---------------------------------------------------------------- timers
     def call_later(self, delay, callback, *args, context=None):
@@ -150,7 +159,11 @@ class FastQEventLoop(qasync.QEventLoop):
             self._qt_timer_id, self._qt_timer_when = 0, math.inf
         if scheduled:
             when = scheduled[0]._when
-            ms = max(0, math.ceil((when - self.time()) * 1000))  # never early: Qt counts whole milliseconds
+            delay_ms = (when - self.time()) * 1000
+            # Never early (Qt counts whole milliseconds), and at most a day: Qt takes a 32-bit int (24.8 days),
+            # and asyncio allows sleep(inf). Waking early is harmless: _on_timer runs only what is due and
+            # arms the timer again for the rest.
+            ms = 0 if delay_ms <= 0 else MAX_TIMER_MS if delay_ms >= MAX_TIMER_MS else math.ceil(delay_ms)
             self._qt_timer_id = self._driver.startTimer(ms, Qt.TimerType.PreciseTimer)
             self._qt_timer_when = when
 
@@ -162,7 +175,7 @@ class FastQEventLoop(qasync.QEventLoop):
         if self._timer_cancelled_count > 100 and self._timer_cancelled_count > len(scheduled) // 2:
             live = []
             for timer in scheduled:
-                if timer._cancelled:
+                if timer._cancelled or timer is handle:  # (TimerHandle.cancel calls this before it sets _cancelled)
                     timer._scheduled = False
                 else:
                     live.append(timer)
@@ -172,7 +185,7 @@ class FastQEventLoop(qasync.QEventLoop):
 
     def _on_timer(self, timer_id: int) -> None:
         if timer_id != self._qt_timer_id:  # killed and replaced after its event was queued
-            return
+            return  # (Qt may reuse an id for the new timer: then this runs early, which only re-arms)
         self._driver.killTimer(timer_id)
         self._qt_timer_id, self._qt_timer_when = 0, math.inf
         scheduled = self._scheduled
@@ -188,20 +201,23 @@ class FastQEventLoop(qasync.QEventLoop):
                 due = True
         self._arm_qt_timer()
         if due and not self._batch_posted:
-            self._run_batch()
+            self._run_batch()  # (it re-posts itself for what is left if a callback raises KeyboardInterrupt)
 
     # ---------------------------------------------------------------- sockets
+    # The Handle is returned, and cancelled once replaced or removed, as asyncio's selector loop does: its
+    # sock_recv/sock_sendall remove a reader only if their handle was not cancelled (a newer one on that fd).
     def _add_reader(self, fd, callback, *args):
-        self._check_closed()
-        self._drop_notifier(self._read_notifiers, fd)
-        self._read_notifiers[fd] = _Notifier(qasync._fileno(fd), QSocketNotifier.Type.Read,
-                                             asyncio.Handle(callback, args, self, None))
+        return self._add_notifier(self._read_notifiers, fd, QSocketNotifier.Type.Read, callback, args)
 
     def _add_writer(self, fd, callback, *args):
+        return self._add_notifier(self._write_notifiers, fd, QSocketNotifier.Type.Write, callback, args)
+
+    def _add_notifier(self, notifiers: dict, fd, kind, callback, args) -> asyncio.Handle:
         self._check_closed()
-        self._drop_notifier(self._write_notifiers, fd)
-        self._write_notifiers[fd] = _Notifier(qasync._fileno(fd), QSocketNotifier.Type.Write,
-                                              asyncio.Handle(callback, args, self, None))
+        self._drop_notifier(notifiers, fd)
+        handle = asyncio.Handle(callback, args, self, None)
+        notifiers[fd] = _Notifier(qasync._fileno(fd), kind, handle)
+        return handle
 
     def _remove_reader(self, fd):
         return not self.is_closed() and self._drop_notifier(self._read_notifiers, fd)
@@ -214,6 +230,8 @@ class FastQEventLoop(qasync.QEventLoop):
         if notifier is None:
             return False
         notifier.setEnabled(False)
+        if notifier.handle is not None:
+            notifier.handle.cancel()
         notifier.handle = None
         # A transport often removes its reader from inside that notifier's own event (EOF, an error): if this
         # were the last reference, the QSocketNotifier would be deleted in its own event(). Keep it until the

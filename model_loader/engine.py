@@ -248,7 +248,7 @@ class PrefillGraphs:
         self.staging_np[: len(ids)] = ids
         self.tokens[: len(ids)].copy_(self.staging[: len(ids)], non_blocking=True)
         if self.staging.is_pinned():
-            self.staged = torch.cuda.Event()
+            self.staged = self.staged or torch.cuda.Event()
             self.staged.record()
         self.last.fill_(len(ids) - 1)
         self.start.fill_(start)
@@ -260,6 +260,7 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     """How many leading ids a and b share, up to limit. List slices compare in C: a follow-up (the whole
     cached conversation again, then new tokens) is one comparison instead of a Python loop over thousands of ids
     (0.2 ms at 4,096), and a conversation that changed is a binary search over slice comparisons."""
+    limit = max(0, min(limit, len(a), len(b)))
     if a[:limit] == b[:limit]:
         return limit
     lo, hi = 0, limit  # a[:lo] == b[:lo] and a[:hi] != b[:hi]

@@ -5,6 +5,7 @@ pile up), Qt's own events still served between batches, and sockets (an aiohttp 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import warnings
 
@@ -13,11 +14,20 @@ import pytest
 
 @pytest.fixture
 def loop(qapp):
+    from PySide6.QtCore import QTimer
+
     from desktop.fastloop import FastQEventLoop
 
     loop = FastQEventLoop(qapp)
     asyncio.set_event_loop(loop)
+    # A loop that stops waking would hang the test (pytest-timeout cannot interrupt Qt's wait): a plain Qt timer
+    # stops it instead, and run_until_complete then raises "Event loop stopped before Future completed".
+    watchdog = QTimer()
+    watchdog.setSingleShot(True)
+    watchdog.timeout.connect(loop.stop)
+    watchdog.start(20_000)
     yield loop
+    watchdog.stop()
     asyncio.set_event_loop(None)
     if not loop.is_closed():
         loop.close()
@@ -165,3 +175,48 @@ def test_an_aiohttp_server_and_client_talk_over_the_loop_and_close_cleanly(loop)
         warnings.simplefilter("error")  # e.g. libpyside's "Failed to disconnect" from qasync's close()
         loop.close()
     assert not loop._read_notifiers and not loop._write_notifiers
+
+
+def test_an_infinite_or_very_long_timer_does_not_stop_the_others(loop):
+    """asyncio allows sleep(inf) and delays past Qt's 32-bit milliseconds (24.8 days); they must neither raise
+    nor keep the timers due before them from firing."""
+
+    async def main():
+        forever = asyncio.ensure_future(asyncio.sleep(math.inf))
+        month = loop.call_later(3e6, lambda: None)
+        await asyncio.sleep(0)  # forever's timer is armed first
+        await asyncio.sleep(0.02)
+        forever.cancel()
+        month.cancel()
+        return "woke"
+
+    assert loop.run_until_complete(main()) == "woke"
+
+
+def test_the_cancelled_timer_count_matches_the_heap(loop):
+    """asyncio's TimerHandle.cancel() reports a cancel before it marks the handle cancelled: the heap rebuild must
+    not count that handle as live (the count would end below the cancelled handles left, then negative)."""
+    keep = loop.call_later(3600, lambda: None)  # a live timer ahead of them: the head is never pruned
+    for _ in range(500):
+        loop.call_later(3630, lambda: None).cancel()
+        assert loop._timer_cancelled_count == sum(1 for t in loop._scheduled if t._cancelled)
+    keep.cancel()
+
+
+def test_keyboard_interrupt_in_a_callback_leaves_the_rest_queued_to_run(loop):
+    """Handle._run re-raises KeyboardInterrupt and SystemExit (Ctrl+C in a terminal): the callbacks queued after
+    it must still run, in a batch posted again."""
+    seen = []
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    loop.call_soon(interrupt)
+    loop.call_soon(seen.append, "after")
+    with pytest.raises(KeyboardInterrupt):
+        loop._run_batch()  # what the posted batch event runs
+    assert seen == [] and loop._batch_posted  # "after" still queued, its batch posted again
+    done = loop.create_future()
+    loop.call_soon(done.set_result, None)
+    loop.run_until_complete(done)
+    assert seen == ["after"]
