@@ -200,6 +200,7 @@ def test_the_cancelled_timer_count_matches_the_heap(loop):
     for _ in range(500):
         loop.call_later(3630, lambda: None).cancel()
         assert loop._timer_cancelled_count == sum(1 for t in loop._scheduled if t._cancelled)
+    assert len(loop._scheduled) < 250  # rebuilt without the cancelled ones (the live head keeps them from pruning)
     keep.cancel()
 
 
