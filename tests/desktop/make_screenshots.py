@@ -118,7 +118,7 @@ def first_start_shot(out_dir: Path, tmp: Path) -> None:
         release = threading.Event()
 
         def warm_up(self, progress=None):
-            progress(0, 16, "compiling every kernel at once (16 CPU threads)")  # Engine.warm_up's first step
+            progress(0, 16, "compiling every kernel at once (16 worker processes)")  # Engine.warm_up's first step
             self.release.wait(30)
 
     engine = CompilingEngine()
