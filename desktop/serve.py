@@ -59,7 +59,8 @@ def run(args) -> int:
         try:
             loop.add_signal_handler(sig, lambda: finish(0))
         except (NotImplementedError, RuntimeError):  # Windows: Ctrl+C arrives as KeyboardInterrupt instead
-            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(finish, 0))
+            # (a Ctrl+C after the loop closed, while the engine shuts down: nothing left to stop)
+            signal.signal(sig, lambda *_: loop.is_closed() or loop.call_soon_threadsafe(finish, 0))
     # Python runs signal handlers only between bytecodes; a timer keeps the interpreter ticking while Qt waits.
     ticker = QTimer()
     ticker.start(200)
