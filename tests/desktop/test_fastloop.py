@@ -221,3 +221,18 @@ def test_keyboard_interrupt_in_a_callback_leaves_the_rest_queued_to_run(loop):
     loop.call_soon(done.set_result, None)
     loop.run_until_complete(done)
     assert seen == ["after"]
+
+
+def test_the_app_runs_on_this_loop_unless_told_to_use_qasyncs(qapp, monkeypatch):
+    import qasync
+
+    from desktop.fastloop import FastQEventLoop, qt_event_loop
+
+    monkeypatch.delenv("R1DESK_QASYNC_LOOP", raising=False)
+    loop = qt_event_loop(qapp)
+    assert isinstance(loop, FastQEventLoop)
+    loop.close()
+    monkeypatch.setenv("R1DESK_QASYNC_LOOP", "1")
+    loop = qt_event_loop(qapp)
+    assert type(loop) is qasync.QEventLoop
+    loop.close()
