@@ -1,7 +1,9 @@
 """y = x @ W.T for every kind of weight the loader produces, with the kernel chosen per weight kind, per
 shape and per row count:
 
-  dense [out, in]        cuBLAS, or (one token) our Triton GEMV where warm-up measured it faster
+  dense [out, in]        cuBLAS, or (one token) our Triton GEMV where warm-up measured it faster; on the
+                         Triton path the MLP's gate/up rows are stored in pairs (pair_gate_up_rows) so that
+                         the single-token GEMV outputs SiLU(gate) * up itself
   awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up; the MLP's
                          gate/up GEMV outputs SiLU(gate) * up);
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
@@ -20,18 +22,30 @@ from model_loader.awq import Int4Weight, RowPackedInt4, int4_linear
 
 class Linears:
     def __init__(self, weights: dict, device, dtype):
-        self.gemv_choice: dict = {}  # dense shape -> our GEMV config (absent: cuBLAS); see tune()
+        self.gemv_choice: dict = {}  # (dense shape, SiLU output?) -> our GEMV config (absent: cuBLAS); see tune()
+        self.dense_gate_up_pairs = False  # see pair_dense_gate_up
         self.int4_choice: dict = {}  # (int4 shape, SiLU output?) -> our int4 GEMV config; see tune()
         # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
         self.int4_gemv = bool(sizes)  # single-token steps run our 4-bit GEMVs (a 4-bit model on a GPU)
         self.scratch = torch.empty(max(sizes), device=device, dtype=dtype) if sizes else None
-        if sizes and torch.device(device).type == "cuda":
-            from model_loader.kernels.int4_triton import split_counters
+        if torch.device(device).type == "cuda":
+            from model_loader.kernels.triton_ops import split_counters
 
-            split_counters(device)  # before any graph capture
+            split_counters(device)  # the split GEMVs' arrival counts: before any graph capture
         self.int4pack_prefill = False  # see enable_int4pack_prefill
+
+    def pair_dense_gate_up(self, weights: dict) -> None:
+        """Store every layer's dense [gate; up] weight with its rows in pairs (gate 0, up 0, gate 1, ...), in place:
+        a single-token GEMV then outputs SiLU(gate) * up itself (no separate kernel: H200 bf16, 25 us a decode
+        step), and a prefill's GEMM output goes through silu_mul(paired=True). Triton path only (the reference
+        ops take [gate | up])."""
+        for layer in weights["layers"]:
+            w = layer["gate_up_w"]
+            if isinstance(w, torch.Tensor):
+                pair_gate_up_rows(w)
+                self.dense_gate_up_pairs = True
 
     @staticmethod
     def _int4_weights(weights: dict, kind=RowPackedInt4) -> list:
@@ -80,7 +94,7 @@ class Linears:
                 return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))
             return int4_linear(x, w)
         if self.gemv_choice and x.shape[0] == 1:
-            config = self.gemv_choice.get(tuple(w.shape))
+            config = self.gemv_choice.get((tuple(w.shape), False))
             if config is not None:
                 from model_loader.kernels.triton_ops import gemv
 
@@ -88,13 +102,21 @@ class Linears:
         return F.linear(x, w)
 
     def mlp(self, x: torch.Tensor, gate_up_w, down_w, silu_mul) -> torch.Tensor:
-        """down(SiLU(gate(x)) * up(x)). For one token on paired int4 gate/up weights, the gate/up GEMV outputs
-        SiLU(gate) * up itself (no [gate | up] round trip through memory, no separate SiLU kernel)."""
+        """down(SiLU(gate(x)) * up(x)). For one token on gate/up weights stored in pairs (int4, or dense on the
+        Triton path where our GEMV won the tuning), the gate/up GEMV outputs SiLU(gate) * up itself (no
+        [gate | up] round trip through memory, no separate SiLU kernel)."""
         if isinstance(gate_up_w, RowPackedInt4) and gate_up_w.gate_up_pairs and x.shape[0] == 1:
             from model_loader.kernels import int4_triton
 
             return self(int4_triton.int4_gemv(x, gate_up_w, self._int4_config(gate_up_w, True), silu_output=True),
                         down_w)
+        if self.dense_gate_up_pairs and isinstance(gate_up_w, torch.Tensor):
+            config = self.gemv_choice.get((tuple(gate_up_w.shape), True)) if x.shape[0] == 1 else None
+            if config is not None:
+                from model_loader.kernels.triton_ops import gemv
+
+                return self(gemv(x, gate_up_w, config, silu_output=True), down_w)
+            return self(silu_mul(F.linear(x, gate_up_w), paired=True), down_w)
         return self(silu_mul(self(x, gate_up_w)), down_w)
 
     def _int4_config(self, w: RowPackedInt4, silu_output: bool) -> tuple:
@@ -107,17 +129,17 @@ class Linears:
             config = int4_gemv_candidates(w, silu_output)[0]
         return config
 
-    @staticmethod
-    def single_token_uses(weights: dict) -> tuple[dict, dict]:
-        """The single-token GEMVs a decode step makes, grouped as tune() times them: ({dense shape: [weights]},
-        {(int4 shape, SiLU output?): [weights]})."""
-        dense: dict[tuple[int, int], list[torch.Tensor]] = {}
+    def single_token_uses(self, weights: dict) -> tuple[dict, dict]:
+        """The single-token GEMVs a decode step makes, grouped as tune() times them: ({(dense shape, SiLU
+        output?): [weights]}, {(int4 shape, SiLU output?): [weights]})."""
+        dense: dict[tuple[tuple[int, int], bool], list[torch.Tensor]] = {}
         int4: dict[tuple[tuple[int, int], bool], list[RowPackedInt4]] = {}
         for layer in weights["layers"]:
             for key in ("qkv_w", "o_w", "gate_up_w", "down_w"):
                 w = layer[key]
                 if isinstance(w, torch.Tensor):
-                    dense.setdefault(tuple(w.shape), []).append(w)
+                    silu = key == "gate_up_w" and self.dense_gate_up_pairs
+                    dense.setdefault((tuple(w.shape), silu), []).append(w)
                 elif isinstance(w, RowPackedInt4):
                     int4.setdefault((w.shape, w.gate_up_pairs), []).append(w)
         return dense, int4
@@ -125,13 +147,13 @@ class Linears:
     def call_every_candidate(self, weights: dict, dtype) -> None:
         """Call each single-token kernel configuration tune() may choose, once per weight use, as tune() calls
         it: the pass that kernels.precompile runs to compile them all at once, before tune() times them."""
-        from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv
+        from model_loader.kernels.triton_ops import gemv, gemv_candidates
 
         dense, int4 = self.single_token_uses(weights)
-        for (_, k), ws in dense.items():
+        for ((_, k), silu), ws in dense.items():
             x = torch.zeros(1, k, device=ws[0].device, dtype=ws[0].dtype)
-            for config in GEMV_CONFIGS:
-                gemv(x, ws[0], config)
+            for config in gemv_candidates(k):
+                gemv(x, ws[0], config, silu_output=silu)
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv, int4_gemv_candidates
 
@@ -150,10 +172,11 @@ class Linears:
         choice, timings = {}, {}
         if dense:
             result = gemv_autotune(dense)
-            self.gemv_choice = {s: c for s, c in result["choice"].items() if c is not None}
-            for (n, k), c in result["choice"].items():
-                choice[f"{n}x{k}"] = "cuBLAS" if c is None else f"triton {c}"
-                timings[f"{n}x{k}"] = result["timings_us"][(n, k)]
+            self.gemv_choice = {use: c for use, c in result["choice"].items() if c is not None}
+            for ((n, k), silu), c in result["choice"].items():
+                label = f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
+                choice[label] = "cuBLAS" if c is None else f"triton {c}"
+                timings[label] = result["timings_us"][((n, k), silu)]
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv_autotune
 
@@ -164,3 +187,9 @@ class Linears:
                 choice[label] = f"triton int4 {c}"
                 timings[label] = result["timings_us"][((n, k), silu)]
         return {"choice": choice, "timings_us": timings}
+
+
+def pair_gate_up_rows(w: torch.Tensor) -> None:
+    """[gate; up] rows -> (gate 0, up 0, gate 1, up 1, ...), in place (awq.pair_gate_up's order for int4)."""
+    half = w.shape[0] // 2
+    w.copy_(w.view(2, half, -1).transpose(0, 1).reshape(w.shape))

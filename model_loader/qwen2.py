@@ -46,6 +46,7 @@ class Qwen2Model:
             from model_loader.kernels import triton_ops
 
             self.ops = triton_ops
+            self.linear.pair_dense_gate_up(weights)  # the decode step's gate/up GEMV then outputs SiLU(gate) * up
             self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                                cfg.head_dim, device, dtype)
             self.prefill_attention = triton_ops.PrefillAttention(cfg.num_attention_heads, cfg.num_key_value_heads,

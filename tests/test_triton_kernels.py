@@ -50,6 +50,20 @@ def test_silu_mul_matches_reference(device):
     torch.testing.assert_close(triton_ops.silu_mul(x), reference.silu_mul(x), **_tol(device))
 
 
+def test_silu_mul_reads_rows_stored_in_gate_up_pairs(device):
+    """A paired gate/up weight (linears.pair_gate_up_rows) makes a prefill's GEMM output (gate 0, up 0, gate 1,
+    ...): silu_mul(paired=True) gives what the reference makes of [gate | up]."""
+    from model_loader.linears import pair_gate_up_rows
+
+    x = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(4)).to(device, _dtype(device))
+    paired = x.t().contiguous()  # pair the columns the way pair_gate_up_rows pairs a weight's rows
+    pair_gate_up_rows(paired)
+    paired = paired.t().contiguous()
+    assert torch.equal(paired[:, 0::2], x[:, :1500]) and torch.equal(paired[:, 1::2], x[:, 1500:])
+    torch.testing.assert_close(triton_ops.silu_mul(paired, paired=True), triton_ops.silu_mul(x), atol=0, rtol=0)
+    torch.testing.assert_close(triton_ops.silu_mul(paired, paired=True), reference.silu_mul(x), **_tol(device))
+
+
 def _rope_inputs(device, hq, hkv, d, t, seed, max_ctx=32):
     """qkv, bias, cos, sin and four empty caches (two for the reference, two for the kernel)."""
     dt = _dtype(device)
@@ -185,6 +199,48 @@ def test_single_token_gemv_matches_linear(device, n, k, config, early, monkeypat
     ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
     torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
                                rtol=2e-2 if device == "cuda" else 1e-5)
+
+
+@pytest.mark.parametrize("config", [(4, 64, 4, 2), (8, 64, 4, 3), (16, 128, 8, 4), (4, 512, 4, 7)])
+@pytest.mark.parametrize("n,k", [(24, 448), (40, 1536)])
+def test_single_token_gemv_split_along_k_matches_linear(device, n, k, config):
+    """Splits along K (fp32 partials summed by the last split to finish): the same as F.linear, whether the splits
+    come out even, one short, or fewer than asked; called twice, so the arrival counts are back to zero between
+    calls (a count left over would make the wrong split sum up, or none)."""
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, k, generator=g).to(device, dt)
+    w = torch.randn(n, k, generator=g).to(device, dt)
+    ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
+    per_split, splits = triton_ops.gemv_split(k, config)
+    assert per_split % config[1] == 0 and (splits - 1) * per_split < k <= splits * per_split
+    assert splits > 1 or k <= config[1]  # one chunk of 512 covers 448 inputs: no split
+    for _ in range(2):
+        torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
+                                   rtol=2e-2 if device == "cuda" else 1e-5)
+    assert not triton_ops.split_counters(x.device).any()
+
+
+@pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS + ((8, 128, 4, 3),))
+def test_gate_up_gemv_on_paired_rows_outputs_silu_gate_times_up(device, config):
+    """The dense gate/up weight with its rows in pairs: the GEMV outputs SiLU(gate) * up, the numbers of the
+    plain GEMV on [gate; up] followed by the separate SiLU kernel (bit for bit: both round the GEMV's sums to
+    the model's dtype first)."""
+    from model_loader.linears import pair_gate_up_rows
+
+    dt = _dtype(device)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 384, generator=g).to(device, dt)
+    w = torch.randn(2 * 40, 384, generator=g).to(device, dt)
+    paired = w.clone()
+    pair_gate_up_rows(paired)
+    assert torch.equal(paired[0::2], w[:40]) and torch.equal(paired[1::2], w[40:])
+    expected = triton_ops.silu_mul(triton_ops.gemv(x, paired, config), paired=True)
+    got = triton_ops.gemv(x, paired, config, silu_output=True)
+    assert got.shape == (1, 40)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    torch.testing.assert_close(got, reference.silu_mul(torch.nn.functional.linear(x.float(), w.float()).to(dt)),
+                               atol=5e-2 if device == "cuda" else 1e-4, rtol=2e-2 if device == "cuda" else 1e-4)
 
 
 def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_cannot(device, monkeypatch):

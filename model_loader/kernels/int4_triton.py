@@ -30,7 +30,7 @@ import triton
 from model_loader.awq import RowPackedInt4
 from model_loader.kernels.jit_int4 import _int4_dequantize_kernel, _int4_gemv_kernel, _int4pack_dequantize_kernel
 from model_loader.kernels.precompile import launch
-from model_loader.kernels.triton_ops import pdl_launch_args, time_configs
+from model_loader.kernels.triton_ops import MAX_ROW_BLOCKS, pdl_launch_args, split_counters, time_configs
 
 # The bits of 16.0f and 256.0f, passed to the GEMV as run-time arguments: with two constants,
 # (q & mask) | bits compiles to two logic ops; with one in a register, ptxas makes it one three-input LOP3.
@@ -101,20 +101,6 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
         num_warps=warps, **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
-
-
-_COUNTERS: dict = {}
-MAX_ROW_BLOCKS = 1 << 16
-
-
-def split_counters(device) -> torch.Tensor:
-    """Arrival counts for the split GEMV, one per row block, zero between calls (the last split resets its
-    own). Made once per device, before any CUDA-graph capture uses it (Linears does so at load); kernels on
-    one stream run one at a time, so every GEMV can share it."""
-    device = torch.device(device)
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
 
 
 def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:

@@ -7,22 +7,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from model_loader.kernels.jit_ops import _finish_rows
+
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
-
-
-@triton.jit
-def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr):
-    # total [BLOCK_N] fp32 -> out. SILU_OUTPUT: rows come in (gate, up) pairs (awq.pair_gate_up); store
-    # SiLU(gate) * up at the pair's index, each rounded to the output dtype first as the separate kernels would.
-    if SILU_OUTPUT:
-        gate, up = tl.split(tl.reshape(total.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_N // 2, 2]))
-        pair_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        pair_mask = tl.max(tl.reshape(row_mask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0
-        tl.store(out_ptr + pair_rows, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
-                 mask=pair_mask)
-    else:
-        tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
@@ -129,21 +117,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     if CHUNKS > 3:
         per_block += _int4_dot_blocks(packed3, s3, z3, x_ptr, blk0 + 3 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
                                       TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
-    total = tl.sum(per_block, axis=0)
-    if SPLITS > 1:
-        # Split along K: each split leaves fp32 partial sums; the last split of a row block to finish (an
-        # atomic arrival count) adds them up in a fixed order and resets the count. No second kernel launch.
-        tl.store(part_ptr + tl.program_id(1) * N + rows, total, mask=row_mask)
-        tl.debug_barrier()  # every thread's partials are written before the arrival is counted
-        arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
-        if arrived == SPLITS - 1:
-            total = tl.zeros([BLOCK_N], tl.float32)
-            for c in range(0, SPLITS):
-                total += tl.load(part_ptr + c * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
-            _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
-            tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
-    else:
-        _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
+    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(per_block, axis=0), rows, row_mask, N, SPLITS, BLOCK_N,
+                 SILU_OUTPUT)
 
 
 @triton.jit

@@ -92,12 +92,15 @@ def commit_token(nxt, token, pos, state, queue) -> None:
     launch(_commit_token_kernel, (1,))(nxt, token, pos, state, queue, num_warps=1)
 
 
-def silu_mul(gate_up, out=None):
+def silu_mul(gate_up, out=None, paired: bool = False):
+    """SiLU(gate) * up from [gate | up] rows, or paired: from rows laid out (gate 0, up 0, gate 1, ...), what a
+    gate/up weight with its rows in pairs (linears.pair_gate_up_rows) outputs."""
     t, two_i = gate_up.shape
     i = two_i // 2
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     block = 1024
-    launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(gate_up, out, i, BLOCK=block, num_warps=4, **pdl_launch_args(gate_up.device))
+    launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(gate_up, out, i, BLOCK=block, PAIRED=paired, num_warps=4,
+                                                          **pdl_launch_args(gate_up.device))
     return out
 
 
@@ -335,21 +338,58 @@ def depth_buckets(max_ctx: int) -> list[int]:
     return [b for b in DEPTH_BUCKETS if b < max_ctx] + [max_ctx]
 
 
-# (BLOCK_N, BLOCK_K, num_warps) tried against cuBLAS for each weight shape at warm-up (see gemv_autotune)
-GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
+# (BLOCK_N, BLOCK_K, num_warps[, K splits]) tried against cuBLAS for each weight shape at warm-up (see
+# gemv_autotune); no fourth item: one split. H200, the 1.5B's shapes (benchmarks/dense_gemv_configs.py,
+# 2026-12-04): (4, 512, 4) best or within 1% for QKV, (32, 512, 8) for O (2.18 us against 2.38), (8, 256, 4) for
+# gate/up with its SiLU output (14.1 us against 15.9 for the GEMV + SiLU kernel before), cuBLAS nowhere.
+GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8), (32, 512, 8))
 # Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
 # a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
 GEMV_EARLY_CHUNKS = 3
+# Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
+# at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
+# 8,960 columns (1.5B). H200 (same sweep of 112 configs): 4 splits of (8, 512, 4) 8.42 us against 11.33 for the
+# best without a split (12.15 cuBLAS); the next two within 7%. In the decode step: 799 -> 870 tok/s.
+GEMV_SPLIT_CONFIGS = ((8, 512, 4, 4), (16, 512, 4, 4), (4, 512, 4, 3))
+GEMV_SPLIT_MIN_K = 4096
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torch.Tensor:
-    """x [1, K] @ W[N, K].T -> [1, N] (what F.linear computes, for a single token)."""
+_COUNTERS: dict = {}
+MAX_ROW_BLOCKS = 1 << 16
+
+
+def split_counters(device) -> torch.Tensor:
+    """Arrival counts for the split GEMVs (dense and int4), one per row block, zero between calls (the last split
+    resets its own). Made once per device, before any CUDA-graph capture uses it (Linears does so at load); kernels on
+    one stream run one at a time, so every GEMV can share it."""
+    device = torch.device(device)
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def gemv_split(k: int, config: tuple) -> tuple[int, int]:
+    """(columns per split, splits) for a GEMV config over k inputs: whole BLOCK_K chunks per split."""
+    block_k = config[1]
+    requested = config[3] if len(config) > 3 else 1
+    per_split = triton.cdiv(triton.cdiv(k, requested), block_k) * block_k
+    return per_split, triton.cdiv(k, per_split)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple, silu_output: bool = False) -> torch.Tensor:
+    """x [1, K] @ W[N, K].T -> [1, N] (what F.linear computes, for a single token). silu_output: W is the MLP's
+    gate/up weight with its rows in pairs (linears.pair_gate_up_rows) -> SiLU(gate) * up [1, N/2]."""
     n, k = w.shape
-    block_n, block_k, warps = config
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    early = min(GEMV_EARLY_CHUNKS, triton.cdiv(k, block_k))  # a K of one or two chunks: all of it early
-    launch(_gemv_kernel, (triton.cdiv(n, block_n),))(x, w, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, EARLY=early,
-                                                     num_warps=warps, **pdl_launch_args(x.device))
+    block_n, block_k, warps = config[:3]
+    per_split, splits = gemv_split(k, config)
+    if splits > 1 and triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
+        raise ValueError(f"GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
+    out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
+    partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    early = min(GEMV_EARLY_CHUNKS, triton.cdiv(per_split, block_k))  # a K of one or two chunks: all of it early
+    launch(_gemv_kernel, (triton.cdiv(n, block_n), splits))(
+        x, w, out, partials, split_counters(x.device), n, k, per_split, splits, BLOCK_N=block_n, BLOCK_K=block_k,
+        EARLY=early, SILU_OUTPUT=silu_output, num_warps=warps, **pdl_launch_args(x.device))
     return out
 
 
@@ -389,16 +429,27 @@ def time_configs(ws: list, configs, call) -> dict:
     return results
 
 
-def gemv_autotune(weights_by_shape: dict[tuple[int, int], list[torch.Tensor]]) -> dict:
-    """For each weight shape, the fastest of cuBLAS (config None) and our GEMV configs on this GPU.
-    Returns {shape: config or None (cuBLAS)} and the timings, for the log."""
+def gemv_candidates(k: int) -> tuple:
+    """The GEMV configs tried (and compiled) for a weight of k inputs."""
+    return GEMV_CONFIGS + (GEMV_SPLIT_CONFIGS if k >= GEMV_SPLIT_MIN_K else ())
+
+
+def gemv_autotune(weights_by_use: dict) -> dict:
+    """weights_by_use: {(shape, SiLU output?): [weights]}. For each use, the fastest of cuBLAS (config None; with
+    SiLU output: cuBLAS then silu_mul on the paired rows) and our GEMV configs on this GPU, timed on the call the
+    decoder makes. Returns {"choice": {use: config or None (cuBLAS)}, "timings_us": {use: {config: us}}}."""
     import torch.nn.functional as F
 
     choice, timings = {}, {}
-    for shape, ws in weights_by_shape.items():
+    for (shape, silu), ws in weights_by_use.items():
         x = torch.randn(1, shape[1], device=ws[0].device, dtype=ws[0].dtype)
-        results = time_configs(ws, (None,) + GEMV_CONFIGS,
-                               lambda w, config: F.linear(x, w) if config is None else gemv(x, w, config))
-        choice[shape] = min(results, key=results.get)
-        timings[shape] = results
+
+        def call(w, config):
+            if config is not None:
+                return gemv(x, w, config, silu_output=silu)
+            return silu_mul(F.linear(x, w), paired=True) if silu else F.linear(x, w)
+
+        results = time_configs(ws, (None,) + gemv_candidates(shape[1]), call)
+        choice[(shape, silu)] = min(results, key=results.get)
+        timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}
