@@ -264,6 +264,32 @@ def test_rope_bias_cache_takes_the_position_from_the_device_tensor(device, hq, h
     assert caches[2][:, stale].abs().sum() == 0 and caches[3][:, stale].abs().sum() == 0
 
 
+@pytest.mark.parametrize("start,t", [(37, 16), (100, 70), (1020, 3)])
+def test_a_prefills_rope_kernel_zeroes_the_stale_value_rows_a_whole_key_tile_reads(device, start, t):
+    """The prefill attention reads its last key tile whole through TMA on Hopper (no per-row mask), so this
+    prefill's RoPE/cache kernel zeroes the STALE_V_ROWS value rows after its tokens: a NaN an earlier reply left
+    there would survive a zero weight. Only those rows, only V, never past the head's max_ctx rows (the next
+    head's first rows follow them in memory); a decode step (one token) writes just its row."""
+    from model_loader.kernels.jit_ops import STALE_V_ROWS
+
+    hq, hkv, d, max_ctx = 4, 2, 16, 1024
+    stale_rows = STALE_V_ROWS.value
+    assert all(shape[1] <= stale_rows for _, shape in triton_ops.PrefillAttention.SHAPES)
+    qkv, bias, cos, sin, _ = _rope_inputs(device, hq, hkv, d, t, seed=7, max_ctx=max_ctx)
+    k = torch.full((hkv, max_ctx, d), float("nan"), device=device, dtype=qkv.dtype)
+    v = torch.full((hkv, max_ctx, d), float("nan"), device=device, dtype=qkv.dtype)
+    start_t = torch.tensor([start], device=device, dtype=torch.int32)
+    triton_ops.rope_bias_cache(qkv, bias, cos, sin, k, v, start_t, start, hq, hkv)
+    end = start + t
+    assert not k[:, start:end].isnan().any() and not v[:, start:end].isnan().any()
+    zeroed = v[:, end:end + stale_rows]
+    assert zeroed.shape[1] == min(stale_rows, max_ctx - end) and not zeroed.any()
+    assert v[:, end + stale_rows:].isnan().all() and v[:, :start].isnan().all()
+    assert k[:, end:].isnan().all() and k[:, :start].isnan().all()
+    one = triton_ops.rope_bias_cache(qkv[:1], bias, cos, sin, k, v, start_t, start, hq, hkv)
+    assert one.shape[0] == 1 and v[:, end + stale_rows:].isnan().all()
+
+
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
 @pytest.mark.parametrize("start,t,splits", [(0, 5, None), (0, 70, None), (0, 70, 16), (37, 1, None), (37, 1, 16),
                                              (37, 16, 3), (300, 130, None), (300, 130, 3), (200, 300, None),
@@ -293,8 +319,12 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
 def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, splits):
     """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
     natural units for the reduce: fp16 here (bf16 on a GPU too), which Triton's interpreter also runs, against
-    the reference in fp32, split and not. The cache rows past the new tokens hold NaN (stale rows of an earlier
-    reply that overflowed): nothing of them may leak in."""
+    the reference in fp32. On Hopper or newer, unsplit (splits 1), they read K/V through tensor descriptors,
+    whose tiles include the stale rows past the new tokens: NaN there (an earlier reply that overflowed) must
+    not leak in. The cache as a prefill leaves it: K stale (NaN) after the new tokens, V zeroed for
+    STALE_V_ROWS (by the RoPE kernel) and stale beyond."""
+    from model_loader.kernels.jit_ops import STALE_V_ROWS
+
     hq, hkv, d = 4, 2, 64
     g = torch.Generator().manual_seed(6)
     max_ctx = 1152
@@ -306,12 +336,31 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, 
         scale = 1 / math.sqrt(d)
         ref = reference.prefill_attention(q.float(), k.float(), v.float(), start, scale)
         k[:, start + t:] = float("nan")
-        v[:, start + t:] = float("nan")
+        v[:, start + t:start + t + STALE_V_ROWS.value] = 0.0
+        v[:, start + t + STALE_V_ROWS.value:] = float("nan")
         attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
+        assert attn.tma == (device == "cuda" and torch.cuda.get_device_capability() >= (9, 0))
         start_t = torch.tensor([start], device=device, dtype=torch.int32)
         out = attn(q, k, v, start_t, scale, splits=splits)
         assert out.dtype == dt
         torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
+
+
+def test_tensor_descriptors_only_where_tma_runs(monkeypatch):
+    """The prefill attention's TMA path needs a GPU of compute capability 9 or newer and a compiled kernel (not
+    the interpreter); R1DESK_NO_TMA=1 turns it off."""
+    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
+    assert not triton_ops.prefill_tma_supported("cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert triton_ops.prefill_tma_supported("cuda:0")
+    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert not triton_ops.prefill_tma_supported("cuda:0")  # RTX 40: no TMA
+    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setenv("R1DESK_NO_TMA", "1")
+    assert not triton_ops.prefill_tma_supported("cuda:0")
 
 
 @pytest.mark.parametrize("max_stages,expected", [(1, (64, 64, 4, 1)), (2, (64, 64, 4, 2))])

@@ -46,6 +46,25 @@ def pdl_supported(device) -> bool:
     return _PDL_OK[device]
 
 
+_TMA_OK: dict = {}
+
+
+def prefill_tma_supported(device) -> bool:
+    """The prefill attention may read K/V through tensor descriptors (TMA): Hopper or newer, a Triton with
+    host-side tensor descriptors, not the CPU interpreter. R1DESK_NO_TMA=1 turns it off."""
+    device = torch.device(device)
+    if device not in _TMA_OK:
+        ok = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+              and os.environ.get("R1DESK_NO_TMA") != "1" and torch.cuda.get_device_capability(device) >= (9, 0))
+        if ok:
+            try:
+                from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+            except ImportError:
+                ok = False
+        _TMA_OK[device] = ok
+    return _TMA_OK[device]
+
+
 def pdl_launch_args(device) -> dict:
     """Launch arguments for programmatic dependent launch: each decode kernel lets the next one start as soon as
     it has started itself, and waits for the previous one before reading what it wrote (weights and tables,
@@ -266,6 +285,8 @@ class PrefillAttention:
         self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                     if self.device.type == "cuda" else 8)
         self.working: dict[tuple, tuple] = {}  # tuned shape -> the shape that compiled for this GPU and dtype
+        self.tma = prefill_tma_supported(self.device)  # 16-bit K/V through tensor descriptors (see _kv_args)
+        self._descriptors: dict[tuple, tuple] = {}
         # Allocated now for the most any prefill of up to max_tokens splits into: it must exist before graph
         # capture (and stays the same memory for every graph). A fallback shape has smaller row blocks, so it
         # splits into no more than this.
@@ -280,6 +301,19 @@ class PrefillAttention:
         """The tile shape a prefill of n_tokens runs with here (the tuned one, or the fallback that fit)."""
         tuned = self._tuned(n_tokens)
         return self.working.get(tuned, tuned)
+
+    def _kv_args(self, k_cache, v_cache, block_n: int) -> tuple:
+        """Tensor descriptors of the caches as [Hkv * max_ctx, D] rows in [block_n, D] tiles, made once per
+        cache and tile height (they hold the address and shape: a CUDA graph captures them as launch
+        arguments)."""
+        key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), block_n)
+        if key not in self._descriptors:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            d = k_cache.shape[-1]
+            self._descriptors[key] = tuple(TensorDescriptor.from_tensor(c.view(-1, d), [block_n, d])
+                                           for c in (k_cache, v_cache))
+        return self._descriptors[key]
 
     def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
         """Key splits so that the programs fill every SM once: 1 for long prefills (a 2,048-token one has 192
@@ -307,11 +341,15 @@ class PrefillAttention:
             if n_splits * t * self.num_heads > self.mid_lse.numel():
                 raise ValueError(f"a {t}-token prefill in {n_splits} splits needs more scratch than was allocated")
             block_m, block_n, warps, stages = shape
+            # Not for key splits (short prefills over a prefix): there each program reads a few tiles and TMA's
+            # set-up did not pay (H200: 512 cached + 256 new 2.5-2.6 -> 2.8 ms); one variant each way, as before.
+            tma = self.tma and q.dtype != torch.float32 and n_splits == 1
+            k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             try:  # a shape too big for this GPU's shared memory fails here, before anything runs
                 launch(_prefill_attn_kernel, (triton.cdiv(t, block_m), self.num_heads, n_splits))(
-                    q, k_cache, v_cache, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
+                    q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
                     n_splits, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
-                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, num_warps=warps,
+                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, TMA=tma, num_warps=warps,
                     num_stages=stages, **pdl)
             except OutOfResources:
                 if shape == candidates[-1]:
