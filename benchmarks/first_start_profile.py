@@ -41,6 +41,12 @@ def main() -> None:
         precompile.COMPILE_SWITCH_INTERVAL_S = args.compile_switch_interval
     cache = args.cache or tempfile.mkdtemp(prefix="triton-cache-")
     os.environ["TRITON_CACHE_DIR"] = cache
+    # The marker that says a warm-up completed on this machine (model_loader.kernel_cache) lives in the user's
+    # cache folder: with an empty Triton cache it must be missing too, or the engine skips compiling beside the
+    # load and compiles everything on its own thread during the warm-up (what a first start never does: 25 s
+    # instead of 5 on the H200, fourteenth session, when a bench run earlier in the same call had left it).
+    if not os.listdir(cache):
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="r1desk-cache-")
     t_start = time.perf_counter()
 
     import triton

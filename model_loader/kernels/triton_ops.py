@@ -377,10 +377,11 @@ def depth_buckets(max_ctx: int) -> list[int]:
 
 
 # (BLOCK_N, BLOCK_K, num_warps[, K splits]) tried against cuBLAS for each weight shape at warm-up (see
-# gemv_autotune); no fourth item: one split. H200, the 1.5B's shapes (benchmarks/dense_gemv_configs.py,
-# 2026-12-04): (4, 512, 4) best or within 1% for QKV, (32, 512, 8) for O (2.18 us against 2.38), (8, 256, 4) for
-# gate/up with its SiLU output (14.1 us against 15.9 for the GEMV + SiLU kernel before), cuBLAS nowhere.
-GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8), (32, 512, 8))
+# gemv_autotune); no fourth item: one split. H200, the 1.5B's shapes (benchmarks/dense_gemv_configs.py, 112
+# configs, 2026-12-04): (4, 512, 4) best or within 1% for QKV, (8, 256, 4) for gate/up with its SiLU output (14.1
+# us against 15.9 for the GEMV + SiLU kernel before); cuBLAS nowhere. (32, 512, 8), best for O there (2.18 us
+# against 2.38), lost to (4, 512, 4) in the warm-up's own timing (2.55 against 2.38), so it is not a candidate.
+GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
 # Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
 # a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
 GEMV_EARLY_CHUNKS = 3
