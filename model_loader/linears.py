@@ -152,7 +152,7 @@ class Linears:
         dense, int4 = self.single_token_uses(weights)
         for ((_, k), silu), ws in dense.items():
             x = torch.zeros(1, k, device=ws[0].device, dtype=ws[0].dtype)
-            for config in gemv_candidates(k):
+            for config in gemv_candidates(k, silu):
                 gemv(x, ws[0], config, silu_output=silu)
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv, int4_gemv_candidates

@@ -446,3 +446,33 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
     eager = list(engine.generate(prompt, settings))
     text = lambda events: "".join(getattr(e, "text", "") for e in events)  # noqa: E731
     assert text(graphed) == text(eager) and text(graphed)
+
+
+def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monkeypatch):
+    """The dense single-token uses as the decode step makes them: on the Triton path the gate/up weight's rows are
+    stored in pairs and its GEMV outputs SiLU(gate) * up, so its candidates are GEMV_SILU_CONFIGS with that
+    output; a weight of >= GEMV_SPLIT_MIN_K inputs (the down projection) also tries the K splits. The pass that
+    compiles ahead (Linears.call_every_candidate) and the tuning that times them must agree use by use (a config
+    the tuning times but nobody compiled ahead compiles on the warm-up's own thread on a first start)."""
+    from model_loader.linears import Linears
+
+    big_k = triton_ops.GEMV_SPLIT_MIN_K
+    gate_up = torch.randn(2 * 24, 64)
+    weights = {"layers": [{"qkv_w": torch.randn(48, 64), "o_w": torch.randn(64, 32), "gate_up_w": gate_up.clone(),
+                           "down_w": torch.randn(64, big_k)}]}
+    linears = Linears(weights, "cpu", torch.float32)
+    linears.pair_dense_gate_up(weights)
+    assert linears.dense_gate_up_pairs
+    assert torch.equal(weights["layers"][0]["gate_up_w"][0::2], gate_up[:24])
+    compiled, timed = [], []
+    monkeypatch.setattr(triton_ops, "gemv", lambda x, w, config, silu_output=False: compiled.append(
+        (tuple(w.shape), silu_output, config)))
+    linears.call_every_candidate(weights, torch.float32)
+    expected = {((48, 64), False): triton_ops.GEMV_CONFIGS, ((64, 32), False): triton_ops.GEMV_CONFIGS,
+                ((48, 64), True): triton_ops.GEMV_SILU_CONFIGS,
+                ((64, big_k), False): triton_ops.GEMV_CONFIGS + triton_ops.GEMV_SPLIT_CONFIGS}
+    assert {use: tuple(c for s, si, c in compiled if (s, si) == use) for use in expected} == expected
+    monkeypatch.setattr(triton_ops, "time_configs", lambda ws, configs, call: timed.append(
+        (tuple(ws[0].shape), tuple(configs))) or {None: 1.0})
+    linears.tune(weights, torch.float32)
+    assert sorted(timed) == sorted((shape, (None,) + configs) for (shape, _), configs in expected.items())

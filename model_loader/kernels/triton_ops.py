@@ -389,8 +389,11 @@ GEMV_EARLY_CHUNKS = 3
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
 # 8,960 columns (1.5B). H200 (same sweep of 112 configs): 4 splits of (8, 512, 4) 8.42 us against 11.33 for the
 # best without a split (12.15 cuBLAS); the next two within 7%. In the decode step: 799 -> 870 tok/s.
-GEMV_SPLIT_CONFIGS = ((8, 512, 4, 4), (16, 512, 4, 4), (4, 512, 4, 3))
+GEMV_SPLIT_CONFIGS = ((8, 512, 4, 4), (4, 512, 4, 3))
 GEMV_SPLIT_MIN_K = 4096
+# For the gate/up weight with its SiLU output, the two of GEMV_CONFIGS that were within 4% of each other on the
+# H200 (warm-up timing: 14.0 and 14.5 us; (16, 256, 8) 16.3): each candidate is one more compile on a first start.
+GEMV_SILU_CONFIGS = ((8, 256, 4), (4, 512, 4))
 
 
 _COUNTERS: dict = {}
@@ -468,8 +471,10 @@ def time_configs(ws: list, configs, call) -> dict:
     return results
 
 
-def gemv_candidates(k: int) -> tuple:
-    """The GEMV configs tried (and compiled) for a weight of k inputs."""
+def gemv_candidates(k: int, silu_output: bool = False) -> tuple:
+    """The GEMV configs tried (and compiled) for a weight of k inputs (the gate/up one with its SiLU output)."""
+    if silu_output:
+        return GEMV_SILU_CONFIGS
     return GEMV_CONFIGS + (GEMV_SPLIT_CONFIGS if k >= GEMV_SPLIT_MIN_K else ())
 
 
@@ -488,7 +493,7 @@ def gemv_autotune(weights_by_use: dict) -> dict:
                 return gemv(x, w, config, silu_output=silu)
             return silu_mul(F.linear(x, w), paired=True) if silu else F.linear(x, w)
 
-        results = time_configs(ws, (None,) + gemv_candidates(shape[1]), call)
+        results = time_configs(ws, (None,) + gemv_candidates(shape[1], silu), call)
         choice[(shape, silu)] = min(results, key=results.get)
         timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}
