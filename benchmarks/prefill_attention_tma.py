@@ -10,7 +10,11 @@ into production's kernel (with its key splits, programmatic dependent launch and
 again. What makes the difference is not yet known; this script is where to look for it (compiled for sm_90 on
 a CPU, the two differ in the diagonal loop, where production's guard takes V through registers).
 
+Since the fourteenth session production reads K/V through TMA itself (without the guard, which was all of the
+difference); --production-shapes times its kernel with other tile shapes.
+
 usage: python benchmarks/prefill_attention_tma.py [--cases 512+2048,4096+2048,4096+1024] [--shapes 64,64,4,3;...]
+           [--production-shapes 64,64,4,2;...] [--no-old]
 """
 
 from __future__ import annotations
@@ -211,9 +215,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="512+2048,4096+2048,512+1024,1024+1024,4096+1024")
     ap.add_argument("--shapes", default="64,64,4,3;128,64,8,3", help="TMA tile shapes: BLOCK_M,BLOCK_N,warps,stages;...")
+    ap.add_argument("--production-shapes", default="",
+                    help="also production's kernel (TMA since the fourteenth session) with these tile shapes")
+    ap.add_argument("--no-old", action="store_true", help="leave out the thirteenth session's guard variants")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
-    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";") if s]
+    production_shapes = [tuple(int(x) for x in s.split(",")) for s in args.production_shapes.split(";") if s]
     torch.manual_seed(0)
     k = torch.randn(LAYERS, HKV, max(p + n for p, n in cases), D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -224,7 +232,11 @@ def main() -> None:
         variants = {"production": lambda i: attn(q, k[i], v[i], st, D ** -0.5)}
         for shape in shapes:
             variants[f"TMA {shape}"] = lambda i, shape=shape: tma_call(q, k[i], v[i], st, D ** -0.5, shape)
-        for guard in (True, False):
+        for shape in production_shapes:
+            shaped = T.PrefillAttention(HQ, HKV, D, "cuda", max_tokens=2048)
+            shaped.SHAPES = ((None, shape),)
+            variants[f"production {shape}"] = lambda i, a=shaped: a(q, k[i], v[i], st, D ** -0.5)
+        for guard in () if args.no_old else (True, False):
             variants[f"production + TMA, V guard {'on' if guard else 'off'}"] = (
                 lambda i, guard=guard: prod_tma_call(q, k[i], v[i], st, D ** -0.5, guard))
         expected = variants["production"](0).float()
