@@ -88,16 +88,18 @@ class Linears:
                                           rope.v_cache, rope.pos_t, 0, rope.num_heads, rope.num_kv_heads, paired=True)
 
     def _stand_in_rope(self, weight, dtype):
-        """A RopeTarget for timing and compiling the QKV GEMV's RoPE output: the real shapes, a one-row cache of
-        its own (nothing real is written)."""
+        """A RopeTarget for timing and compiling the QKV GEMV's RoPE output: the real shapes, a small cache of
+        its own (nothing real is written). 16 rows: the RoPE kernel (cuBLAS's candidate) is specialised on the
+        cache's row count, and a real cache's (a context length of whole blocks) divides by 16 too; an int of 1
+        would compile a variant no real launch uses."""
         from model_loader.kernels.triton_ops import RopeTarget
 
         heads, kv_heads = self.rope_heads
         device = weight.qweight.device if isinstance(weight, RowPackedInt4) else weight.device
         head_dim = weight.shape[0] // (heads + 2 * kv_heads)
-        cache = torch.zeros((kv_heads, 1, head_dim), device=device, dtype=dtype)
+        cache = torch.zeros((kv_heads, 16, head_dim), device=device, dtype=dtype)
         return RopeTarget(torch.zeros(weight.shape[0], device=device, dtype=dtype),
-                          torch.ones((1, head_dim // 2), device=device), torch.zeros((1, head_dim // 2), device=device),
+                          torch.ones((16, head_dim // 2), device=device), torch.zeros((16, head_dim // 2), device=device),
                           torch.zeros(1, device=device, dtype=torch.int32), cache, torch.zeros_like(cache), heads,
                           kv_heads)
 

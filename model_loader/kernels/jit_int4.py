@@ -69,7 +69,7 @@ def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_
     return s * (tl.sum(a, axis=2) - (known[:, None] + z * x_sum[:, None]))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_ctx"])  # see jit_ops._gemv_kernel
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
                       SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr,
                       v_cache_ptr, max_ctx, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,

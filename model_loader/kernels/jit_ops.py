@@ -471,8 +471,10 @@ def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits,
                     max_ctx, BLOCK_N, SILU_OUTPUT, ROPE_HEADS, ROPE_KV, ROPE_D)
 
 
-# splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile.
-@triton.jit(do_not_specialize=["splits"])
+# splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile; so is
+# max_ctx (the cache's rows, read only by the RoPE output): any context length shares the variant a first start
+# compiled ahead on a stand-in cache.
+@triton.jit(do_not_specialize=["splits", "max_ctx"])
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, splits, bias_ptr, cos_ptr, sin_ptr,
                  pos_ptr, k_cache_ptr, v_cache_ptr, max_ctx, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr, ROPE_HEADS: tl.constexpr = 0,
