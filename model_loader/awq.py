@@ -68,10 +68,7 @@ class RowPackedInt4:
     with W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group], exactly AWQ's numbers.
     gate_up_pairs: the MLP's fused [gate; up] weight with its rows stored in pairs (gate row i, then up row i;
     see pair_gate_up), so one GEMV program holds both halves of a pair and can output SiLU(gate) * up. W and
-    every dense copy of it keep the [gate; up] row order.
-    rope_pairs: the attention's fused QKV weight with each head's rows in RoPE pairs (dimension i, then i + D/2;
-    see pair_qkv_rope), so one GEMV program can apply the bias and the rotation and write q and the cache. W and
-    its dense copies keep that order too: the prefill's GEMM output goes to the RoPE kernel in pairs."""
+    every dense copy of it keep the [gate; up] row order."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -79,7 +76,6 @@ class RowPackedInt4:
     group_size: int
     interleave: int
     gate_up_pairs: bool = False
-    rope_pairs: bool = False
 
     @property
     def out_features(self) -> int:
@@ -136,21 +132,6 @@ def pair_gate_up(w: RowPackedInt4) -> RowPackedInt4:
     order = torch.stack([torch.arange(half), torch.arange(half, 2 * half)], dim=1).reshape(-1).to(w.qweight.device)
     return RowPackedInt4(w.qweight[order].contiguous(), w.scales[order].contiguous(), w.zeros[order].contiguous(),
                          w.group_size, w.interleave, gate_up_pairs=True)
-
-
-def rope_pair_order(rows: int, head_dim: int) -> torch.Tensor:
-    """The row order that puts each head's dimensions i and i + D/2 next to each other: stored row h*D + 2i + j
-    holds row h*D + j*D/2 + i."""
-    heads, half = rows // head_dim, head_dim // 2
-    return (torch.arange(heads)[:, None, None] * head_dim + torch.arange(half)[None, :, None]
-            + half * torch.arange(2)[None, None, :]).reshape(-1)
-
-
-def pair_qkv_rope(w: RowPackedInt4, head_dim: int) -> RowPackedInt4:
-    """The fused QKV weight with each head's rows in RoPE pairs (rope_pairs)."""
-    order = rope_pair_order(w.out_features, head_dim).to(w.qweight.device)
-    return RowPackedInt4(w.qweight[order].contiguous(), w.scales[order].contiguous(), w.zeros[order].contiguous(),
-                         w.group_size, w.interleave, rope_pairs=True)
 
 
 @dataclass

@@ -22,13 +22,9 @@ from model_loader.awq import Int4Weight, RowPackedInt4, int4_linear
 
 class Linears:
     def __init__(self, weights: dict, device, dtype):
-        # Uses are (shape, output): output False plain, True SiLU(gate) * up (gate/up rows in pairs), "rope" q/k/v
-        # with RoPE into the cache (QKV rows in RoPE pairs): what the single-token GEMV writes.
-        self.gemv_choice: dict = {}  # dense use -> our GEMV config (absent: cuBLAS); see tune()
+        self.gemv_choice: dict = {}  # (dense shape, SiLU output?) -> our GEMV config (absent: cuBLAS); see tune()
         self.dense_gate_up_pairs = False  # see pair_dense_gate_up
-        self.qkv_rope_pairs = False  # see pair_qkv_rope
-        self.rope_heads: tuple[int, int] | None = None  # (heads, KV heads) where qkv_rope_pairs
-        self.int4_choice: dict = {}  # int4 use -> our int4 GEMV config; see tune()
+        self.int4_choice: dict = {}  # (int4 shape, SiLU output?) -> our int4 GEMV config; see tune()
         # One dense copy at a time is enough: the stream runs the linears in order. Allocated up front so CUDA
         # graphs of the prefill can capture it, and so its memory is taken at load, not mid-reply.
         sizes = [w.out_features * w.in_features for w in self._int4_weights(weights)]
@@ -50,58 +46,6 @@ class Linears:
             if isinstance(w, torch.Tensor):
                 pair_gate_up_rows(w)
                 self.dense_gate_up_pairs = True
-
-    def pair_qkv_rope(self, weights: dict, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        """Store every layer's QKV weight and bias with each head's rows in RoPE pairs (dimension i, then i + D/2;
-        dense in place, int4 as a re-ordered copy): a single-token GEMV then adds the bias, rotates q and k and
-        writes q and the cache itself (qkv_rope: no RoPE kernel in the decode step), and a prefill's GEMM output
-        goes through rope_bias_cache(paired=True). Triton path only, and only where every layer's QKV is dense or
-        in our int4 layout (torch's int4 kernel has no such output)."""
-        from model_loader import awq
-
-        if not all(isinstance(layer["qkv_w"], (torch.Tensor, RowPackedInt4)) for layer in weights["layers"]):
-            return
-        for layer in weights["layers"]:
-            w = layer["qkv_w"]
-            if isinstance(w, RowPackedInt4):
-                layer["qkv_w"] = awq.pair_qkv_rope(w, head_dim)
-            else:
-                pair_qkv_rope_rows(w, head_dim)
-            pair_qkv_rope_rows(layer["qkv_b"], head_dim)
-        self.qkv_rope_pairs = True
-        self.rope_heads = (num_heads, num_kv_heads)
-
-    def qkv_rope(self, x: torch.Tensor, qkv_w, rope) -> torch.Tensor:
-        """One token through the QKV weight in RoPE pairs: q [1, heads, D], with k and v written into rope's cache
-        row (rope: a triton_ops.RopeTarget). Our GEMV with its RoPE epilogue, or where cuBLAS won the tuning,
-        cuBLAS and then rope_bias_cache on the paired output."""
-        from model_loader.kernels import triton_ops
-
-        if isinstance(qkv_w, RowPackedInt4):
-            from model_loader.kernels import int4_triton
-
-            return int4_triton.int4_gemv(x, qkv_w, self._int4_config(qkv_w, "rope"), rope=rope)
-        config = self.gemv_choice.get((tuple(qkv_w.shape), "rope"))
-        if config is not None:
-            return triton_ops.gemv(x, qkv_w, config, rope=rope)
-        return triton_ops.rope_bias_cache(F.linear(x, qkv_w), rope.bias, rope.cos, rope.sin, rope.k_cache,
-                                          rope.v_cache, rope.pos_t, 0, rope.num_heads, rope.num_kv_heads, paired=True)
-
-    def _stand_in_rope(self, weight, dtype):
-        """A RopeTarget for timing and compiling the QKV GEMV's RoPE output: the real shapes, a small cache of
-        its own (nothing real is written). 16 rows: the RoPE kernel (cuBLAS's candidate) is specialised on the
-        cache's row count, and a real cache's (a context length of whole blocks) divides by 16 too; an int of 1
-        would compile a variant no real launch uses."""
-        from model_loader.kernels.triton_ops import RopeTarget
-
-        heads, kv_heads = self.rope_heads
-        device = weight.qweight.device if isinstance(weight, RowPackedInt4) else weight.device
-        head_dim = weight.shape[0] // (heads + 2 * kv_heads)
-        cache = torch.zeros((kv_heads, 16, head_dim), device=device, dtype=dtype)
-        return RopeTarget(torch.zeros(weight.shape[0], device=device, dtype=dtype),
-                          torch.ones((16, head_dim // 2), device=device), torch.zeros((16, head_dim // 2), device=device),
-                          torch.zeros(1, device=device, dtype=torch.int32), cache, torch.zeros_like(cache), heads,
-                          kv_heads)
 
     @staticmethod
     def _int4_weights(weights: dict, kind=RowPackedInt4) -> list:
@@ -175,34 +119,29 @@ class Linears:
             return self(silu_mul(F.linear(x, gate_up_w), paired=True), down_w)
         return self(silu_mul(self(x, gate_up_w)), down_w)
 
-    def _int4_config(self, w: RowPackedInt4, output) -> tuple:
+    def _int4_config(self, w: RowPackedInt4, silu_output: bool) -> tuple:
         """The tuned int4 GEMV config for this use, else the first candidate (before tuning, e.g. in the
         compile-ahead pass, or without CUDA graphs): never a variant the tuning would not compile anyway."""
-        config = self.int4_choice.get((w.shape, output))
+        config = self.int4_choice.get((w.shape, silu_output))
         if config is None:
             from model_loader.kernels.int4_triton import int4_gemv_candidates
 
-            config = int4_gemv_candidates(w, output)[0]
+            config = int4_gemv_candidates(w, silu_output)[0]
         return config
 
     def single_token_uses(self, weights: dict) -> tuple[dict, dict]:
-        """The single-token GEMVs a decode step makes, grouped as tune() times them: ({(dense shape, output):
-        [weights]}, {(int4 shape, output): [weights]}), output as in __init__."""
-        dense: dict[tuple, list[torch.Tensor]] = {}
-        int4: dict[tuple, list[RowPackedInt4]] = {}
+        """The single-token GEMVs a decode step makes, grouped as tune() times them: ({(dense shape, SiLU
+        output?): [weights]}, {(int4 shape, SiLU output?): [weights]})."""
+        dense: dict[tuple[tuple[int, int], bool], list[torch.Tensor]] = {}
+        int4: dict[tuple[tuple[int, int], bool], list[RowPackedInt4]] = {}
         for layer in weights["layers"]:
             for key in ("qkv_w", "o_w", "gate_up_w", "down_w"):
                 w = layer[key]
-                if key == "qkv_w" and self.qkv_rope_pairs:
-                    output = "rope"
-                elif isinstance(w, RowPackedInt4):
-                    output = w.gate_up_pairs
-                else:
-                    output = key == "gate_up_w" and self.dense_gate_up_pairs
                 if isinstance(w, torch.Tensor):
-                    dense.setdefault((tuple(w.shape), output), []).append(w)
+                    silu = key == "gate_up_w" and self.dense_gate_up_pairs
+                    dense.setdefault((tuple(w.shape), silu), []).append(w)
                 elif isinstance(w, RowPackedInt4):
-                    int4.setdefault((w.shape, output), []).append(w)
+                    int4.setdefault((w.shape, w.gate_up_pairs), []).append(w)
         return dense, int4
 
     def call_every_candidate(self, weights: dict, dtype) -> None:
@@ -211,48 +150,42 @@ class Linears:
         from model_loader.kernels.triton_ops import gemv, gemv_candidates
 
         dense, int4 = self.single_token_uses(weights)
-        for ((_, k), output), ws in dense.items():
+        for ((_, k), silu), ws in dense.items():
             x = torch.zeros(1, k, device=ws[0].device, dtype=ws[0].dtype)
-            rope = self._stand_in_rope(ws[0], ws[0].dtype) if output == "rope" else None
-            for config in gemv_candidates(k, output):
-                gemv(x, ws[0], config, silu_output=output is True, rope=rope)
+            for config in gemv_candidates(k, silu):
+                gemv(x, ws[0], config, silu_output=silu)
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv, int4_gemv_candidates
 
-            for (shape, output), ws in int4.items():
+            for (shape, silu), ws in int4.items():
                 x = torch.zeros(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-                rope = self._stand_in_rope(ws[0], dtype) if output == "rope" else None
-                for config in int4_gemv_candidates(ws[0], output):
-                    int4_gemv(x, ws[0], config, silu_output=output is True, rope=rope)
+                for config in int4_gemv_candidates(ws[0], silu):
+                    int4_gemv(x, ws[0], config, silu_output=silu)
 
     def tune(self, weights: dict, dtype) -> dict:
-        """Measure, for each single-token weight use, cuBLAS against our dense GEMV configs and our int4 GEMV
-        configs against each other (each with its output: SiLU(gate) * up, RoPE into the cache, as it runs); keep
-        the fastest. Returns {"choice": {"NxK (output)": label}, "timings_us": {"NxK (output)": {config: us}}}."""
+        """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
+        configs against each other (the gate/up one with its SiLU output, as it runs); keep the fastest.
+        Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
         from model_loader.kernels.triton_ops import gemv_autotune
 
         dense, int4 = self.single_token_uses(weights)
         choice, timings = {}, {}
-        labels = {False: "", True: " (SiLU(gate) * up output)", "rope": " (RoPE output)"}
         if dense:
-            rope = next((self._stand_in_rope(ws[0], ws[0].dtype) for (_, o), ws in dense.items() if o == "rope"),
-                        None)
-            result = gemv_autotune(dense, rope=rope)
+            result = gemv_autotune(dense)
             self.gemv_choice = {use: c for use, c in result["choice"].items() if c is not None}
-            for ((n, k), output), c in result["choice"].items():
-                label = f"{n}x{k}" + labels[output]
+            for ((n, k), silu), c in result["choice"].items():
+                label = f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
                 choice[label] = "cuBLAS" if c is None else f"triton {c}"
-                timings[label] = result["timings_us"][((n, k), output)]
+                timings[label] = result["timings_us"][((n, k), silu)]
         if int4:
             from model_loader.kernels.int4_triton import int4_gemv_autotune
 
-            rope = next((self._stand_in_rope(ws[0], dtype) for (_, o), ws in int4.items() if o == "rope"), None)
-            result = int4_gemv_autotune(int4, dtype, rope=rope)
+            result = int4_gemv_autotune(int4, dtype)
             self.int4_choice = dict(result["choice"])
-            for ((n, k), output), c in result["choice"].items():
-                label = f"{n}x{k}" + labels[output]
+            for ((n, k), silu), c in result["choice"].items():
+                label = f"{n}x{k}" + (" (SiLU(gate) * up output)" if silu else "")
                 choice[label] = f"triton int4 {c}"
-                timings[label] = result["timings_us"][((n, k), output)]
+                timings[label] = result["timings_us"][((n, k), silu)]
         return {"choice": choice, "timings_us": timings}
 
 
@@ -260,10 +193,3 @@ def pair_gate_up_rows(w: torch.Tensor) -> None:
     """[gate; up] rows -> (gate 0, up 0, gate 1, up 1, ...), in place (awq.pair_gate_up's order for int4)."""
     half = w.shape[0] // 2
     w.copy_(w.view(2, half, -1).transpose(0, 1).reshape(w.shape))
-
-
-def pair_qkv_rope_rows(t: torch.Tensor, head_dim: int) -> None:
-    """Each head's rows (a QKV weight [heads * D, K] or its bias [heads * D]) -> dimension 0, D/2, 1, D/2 + 1, ...,
-    in place (awq.rope_pair_order): a RoPE pair side by side, in one GEMV program."""
-    heads = t.shape[0] // head_dim
-    t.copy_(t.view(heads, 2, head_dim // 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape))

@@ -47,8 +47,6 @@ class Qwen2Model:
 
             self.ops = triton_ops
             self.linear.pair_dense_gate_up(weights)  # the decode step's gate/up GEMV then outputs SiLU(gate) * up
-            # ... and its QKV GEMV adds the bias, applies RoPE and writes q and the cache itself
-            self.linear.pair_qkv_rope(weights, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                                cfg.head_dim, device, dtype)
             self.prefill_attention = triton_ops.PrefillAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
@@ -104,15 +102,9 @@ class Qwen2Model:
         last = len(self.w["layers"]) - 1
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
-            if linear.qkv_rope_pairs and x.shape[0] == 1:  # one token: the GEMV does the RoPE kernel's work
-                q = linear.qkv_rope(x, layer["qkv_w"], ops.RopeTarget(
-                    layer["qkv_b"], self.cos, self.sin, pos_t, self.k_cache[i], self.v_cache[i],
-                    cfg.num_attention_heads, cfg.num_key_value_heads))
-            else:
-                qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
-                q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
-                                        pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                        **({"paired": True} if linear.qkv_rope_pairs else {}))
+            qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
+            q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
+                                    pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
             if i == last and attend_rows is not None and self.last_layer_rows_only:
                 assert rows is not None and rows.shape[0] == 1, "the row path attends for one row"
                 q, residual = q.index_select(0, rows), residual.index_select(0, rows)

@@ -144,44 +144,6 @@ def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
         int4_triton.int4_gemv(x, plain, config, silu_output=True)
 
 
-@pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 1, 1), (32, 8, 8, 1), (16, 1, 2, 4)])
-def test_qkv_gemv_with_its_rope_output_writes_q_and_the_cache(device, config):
-    """The QKV weight with its heads' rows in RoPE pairs (awq.pair_qkv_rope): the int4 GEMV with its RoPE output
-    gives q and this position's cache rows bit for bit as the plain GEMV on the paired weight followed by
-    rope_bias_cache(paired=True); its dense copy (the prefill's) keeps the pairs."""
-    from model_loader.kernels import triton_ops
-    from model_loader.linears import pair_qkv_rope_rows
-
-    hq, hkv, d = 4, 2, 16
-    n = (hq + 2 * hkv) * d
-    q, z, s = _random_awq(n, 768, 128)
-    plain = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), 128)
-    paired = fmt.pair_qkv_rope(plain, d)
-    assert paired.rope_pairs and not plain.rope_pairs
-    dense_paired = fmt.dequantize_row_packed(plain).clone()
-    pair_qkv_rope_rows(dense_paired, d)
-    assert torch.equal(fmt.dequantize_row_packed(paired), dense_paired)
-    dt = _dtype(device)
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 768, generator=g).to(device, dt)
-    bias = torch.randn(n, generator=g).to(device, dt)
-    pair_qkv_rope_rows(bias, d)
-    freqs = torch.outer(torch.arange(16).float(), 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)))
-    cos, sin = freqs.cos().to(device), freqs.sin().to(device)
-    pos = torch.tensor([6], device=device, dtype=torch.int32)
-    caches = [torch.zeros(hkv, 16, d, device=device, dtype=dt) for _ in range(4)]
-    target = triton_ops.RopeTarget(bias, cos, sin, pos, caches[0], caches[1], hq, hkv)
-    got = int4_triton.int4_gemv(x, paired, config, rope=target)
-    expected = triton_ops.rope_bias_cache(int4_triton.int4_gemv(x, paired, config), bias, cos, sin, caches[2],
-                                          caches[3], pos, 6, hq, hkv, paired=True)
-    assert got.shape == (1, hq, d)
-    for a, b in ((got, expected), (caches[0], caches[2]), (caches[1], caches[3])):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
-    assert caches[0][:, 6].any() and caches[1][:, 6].any()
-    with pytest.raises(ValueError, match="RoPE pairs"):
-        int4_triton.int4_gemv(x, plain, config, rope=target)
-
-
 @pytest.mark.parametrize("n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4),
                                                              (8, 768, 256, 8)])
 def test_dequantizer_of_torchs_cuda_int4_layout(device, n_out, k_in, group, inner_k_tiles):
@@ -315,7 +277,7 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
                            "down_w": packed(48, 256)}]}
     compiled, timed = [], []
     real_gemv = int4_triton.int4_gemv
-    monkeypatch.setattr(int4_triton, "int4_gemv", lambda x, w, config, silu_output=False, rope=None: compiled.append(
+    monkeypatch.setattr(int4_triton, "int4_gemv", lambda x, w, config, silu_output=False: compiled.append(
         (w.shape, silu_output, config)))
     linears = Linears(weights, "cpu", torch.float32)
     linears.call_every_candidate(weights, torch.float32)

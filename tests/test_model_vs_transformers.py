@@ -79,17 +79,15 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
     from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv_split
 
     # decode through our single-token GEMV too (on a GPU, warm-up picks it per shape where it beats cuBLAS): the
-    # QKV one with its RoPE output, the gate/up one with its SiLU output, the down projection split along K (the
-    # tiny model's 128 inputs: 4 splits)
+    # gate/up one with its SiLU output, the down projection split along K (the tiny model's 128 inputs: 4 splits)
     layer = engine.model.w["layers"][0]
     down_split = (8, 32, 4, 4)
     assert gemv_split(layer["down_w"].shape[1], down_split)[1] == 4
-    engine.model.linear.gemv_choice = {(tuple(layer["qkv_w"].shape), "rope"): GEMV_CONFIGS[0],
+    engine.model.linear.gemv_choice = {(tuple(layer["qkv_w"].shape), False): GEMV_CONFIGS[0],
                                        (tuple(layer["o_w"].shape), False): GEMV_CONFIGS[-1],
                                        (tuple(layer["gate_up_w"].shape), True): GEMV_CONFIGS[1],
                                        (tuple(layer["down_w"].shape), False): down_split}
-    # the gate/up GEMV outputs SiLU(gate) * up, the QKV GEMV q and the cache with RoPE
-    assert engine.model.linear.dense_gate_up_pairs and engine.model.linear.qkv_rope_pairs
+    assert engine.model.linear.dense_gate_up_pairs  # the gate/up GEMV outputs SiLU(gate) * up
     messages = PROMPTS["multi_turn"]
     ids = engine.chat.render(messages).ids
     ours = _greedy(engine, messages, 10).token_ids

@@ -128,17 +128,13 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
                       splits=splits)
     del attention._tuned
     pos = torch.tensor([ids.numel()], dtype=torch.int32)
-    # decode through our GEMVs as a GPU's tuning would pick them: QKV with its RoPE output, gate/up with SiLU's
-    dense_uses = model.linear.single_token_uses(model.w)[0]
-    assert {output for _, output in dense_uses} == {"rope", True, False}
-    model.linear.gemv_choice = {use: triton_ops.gemv_candidates(use[0][1], use[1])[0] for use in dense_uses}
     for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
         model.set_decode_attention_config(config)
         model.decode(ids[-1:], pos, ids.numel())
     w = torch.randn(40, 256, dtype=torch.bfloat16)
     for config in triton_ops.GEMV_CONFIGS:
         triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config)
-    for config in triton_ops.GEMV_SILU_CONFIGS:
+    for config in triton_ops.GEMV_SILU_CONFIGS:  # the gate/up GEMV with its SiLU output
         triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config, silu_output=True)
     wide = torch.randn(40, triton_ops.GEMV_SPLIT_MIN_K, dtype=torch.bfloat16)  # the down projection's K splits
     for config in triton_ops.GEMV_SPLIT_CONFIGS:
@@ -164,15 +160,6 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
     gate_up = fmt.pair_gate_up(w)  # the MLP's gate/up GEMV, which outputs SiLU(gate) * up
     int4_triton.int4_gemv(x, gate_up, silu_output=True)
     int4_triton.int4_dequantize(gate_up, torch.empty(48 * 1024, dtype=torch.bfloat16))
-    # the QKV GEMV with its RoPE output (48 rows: 1 q head, 1 KV head of 16)
-    from model_loader.kernels import triton_ops
-
-    qkv = fmt.pair_qkv_rope(w, 16)
-    tables = torch.zeros(4, 8)
-    cache = torch.zeros(1, 4, 16, dtype=torch.bfloat16)
-    int4_triton.int4_gemv(x, qkv, rope=triton_ops.RopeTarget(torch.zeros(48, dtype=torch.bfloat16), tables, tables,
-                                                             torch.tensor([1], dtype=torch.int32), cache,
-                                                             cache.clone(), 1, 1))
     # the dequantiser of torch's CUDA int4 layout (prefill on the default 4-bit path)
     w_uint8, sz = fmt.int4pack_inputs(q, torch.randint(0, 16, (8, 48)), torch.rand(8, 48).half())
     packed = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 48, 1024)

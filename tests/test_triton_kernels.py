@@ -95,74 +95,6 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
     assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
 
 
-@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("start,t", [(0, 5), (7, 1), (3, 21)])
-def test_rope_bias_cache_reads_qkv_in_rope_pairs(device, hq, hkv, d, hidden, start, t):
-    """A QKV weight stored with its heads' rows in RoPE pairs (linears.pair_qkv_rope_rows) gives a GEMM output
-    and bias in pairs: rope_bias_cache(paired=True) must make of them what it makes of the plain layout."""
-    from model_loader.linears import pair_qkv_rope_rows
-
-    qkv, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, t, seed=1)
-    pos_t = torch.tensor([start], device=device, dtype=torch.int32)
-    paired_qkv, paired_bias = qkv.t().clone(), bias.clone()  # (contiguous() of a one-row t() is a view)
-    pair_qkv_rope_rows(paired_qkv, d)  # the columns of the output are the rows of the weight
-    pair_qkv_rope_rows(paired_bias, d)
-    paired_qkv = paired_qkv.t().contiguous()
-    assert torch.equal(paired_qkv[:, 0:2], qkv[:, [0, d // 2]]) and torch.equal(paired_bias[d:d + 2],
-                                                                                   bias[[d, d + d // 2]])
-    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, start, hq, hkv)
-    q_paired = triton_ops.rope_bias_cache(paired_qkv, paired_bias, cos, sin, caches[2], caches[3], pos_t, start, hq,
-                                          hkv, paired=True)
-    for got, want in ((q_paired, q), (caches[2], caches[0]), (caches[3], caches[1])):
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
-
-
-def _rope_target(device, hq, hkv, d, max_ctx, pos, seed):
-    """A RopeTarget over fresh caches, and the bias and tables it holds."""
-    _, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, 1, seed=seed, max_ctx=max_ctx)
-    return triton_ops.RopeTarget(bias, cos, sin, torch.tensor([pos], device=device, dtype=torch.int32), caches[0],
-                                 caches[1], hq, hkv)
-
-
-@pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS + ((8, 128, 4, 3),))
-@pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-def test_qkv_gemv_with_its_rope_output_writes_q_and_the_cache(device, config, hq, hkv, d, hidden):
-    """The single-token QKV GEMV on a weight in RoPE pairs adds the bias, rotates q and k and writes q and this
-    position's cache rows: bit for bit what the plain GEMV followed by rope_bias_cache(paired=True) gives (both
-    round the sums to the model's dtype first), and, against the unpaired weight, what the reference computes.
-    Nothing else of the cache is touched."""
-    from model_loader.linears import pair_qkv_rope_rows
-
-    dt = _dtype(device)
-    g = torch.Generator().manual_seed(8)
-    n = (hq + 2 * hkv) * d
-    x = torch.randn(1, hidden, generator=g).to(device, dt)
-    w = (torch.randn(n, hidden, generator=g) / hidden ** 0.5).to(device, dt)
-    pos, max_ctx = 5, 16
-    fused = _rope_target(device, hq, hkv, d, max_ctx, pos, seed=9)
-    separate = _rope_target(device, hq, hkv, d, max_ctx, pos, seed=9)
-    reference_target = _rope_target(device, hq, hkv, d, max_ctx, pos, seed=9)
-    paired = w.clone()
-    pair_qkv_rope_rows(paired, d)
-    for target in (fused, separate):
-        pair_qkv_rope_rows(target.bias, d)
-    q = triton_ops.gemv(x, paired, config, rope=fused)
-    plain = triton_ops.gemv(x, paired, config)
-    q_separate = triton_ops.rope_bias_cache(plain, separate.bias, separate.cos, separate.sin, separate.k_cache,
-                                            separate.v_cache, separate.pos_t, pos, hq, hkv, paired=True)
-    assert q.shape == (1, hq, d)
-    for got, want in ((q, q_separate), (fused.k_cache, separate.k_cache), (fused.v_cache, separate.v_cache)):
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
-    r = reference_target
-    q_ref = reference.rope_bias_cache(torch.nn.functional.linear(x.float(), w.float()).to(dt), r.bias, r.cos,
-                                      r.sin, r.k_cache, r.v_cache, r.pos_t, pos, hq, hkv)
-    tol = dict(atol=5e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(q, q_ref, **tol)
-    torch.testing.assert_close(fused.k_cache, r.k_cache, **tol)
-    torch.testing.assert_close(fused.v_cache, r.v_cache, **tol)
-    assert fused.k_cache[:, pos].any() and not fused.k_cache[:, :pos].any() and not fused.k_cache[:, pos + 1:].any()
-
-
 # 66 splits (132 SMs / 2 KV heads) of chunks aligned to 1 token: 2,500 tokens -> 38-token chunks, 3 loop steps of
 # 16 with the last one partly masked, and the last split shorter than the rest. With the first tile read early,
 # a split whose first tile holds the current token must read that tile again (the early read leaves its row
@@ -519,7 +451,7 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
 def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monkeypatch):
     """The dense single-token uses as the decode step makes them: on the Triton path the gate/up weight's rows are
     stored in pairs and its GEMV outputs SiLU(gate) * up, so its candidates are GEMV_SILU_CONFIGS with that
-    output; the QKV weight's rows are in RoPE pairs and its GEMV writes q and the cache; a weight of >= GEMV_SPLIT_MIN_K inputs (the down projection) also tries the K splits. The pass that
+    output; a weight of >= GEMV_SPLIT_MIN_K inputs (the down projection) also tries the K splits. The pass that
     compiles ahead (Linears.call_every_candidate) and the tuning that times them must agree use by use (a config
     the tuning times but nobody compiled ahead compiles on the warm-up's own thread on a first start)."""
     from model_loader.linears import Linears
@@ -528,17 +460,15 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
     gate_up = torch.randn(2 * 24, 64)
     weights = {"layers": [{"qkv_w": torch.randn(48, 64), "o_w": torch.randn(64, 32), "gate_up_w": gate_up.clone(),
                            "down_w": torch.randn(64, big_k)}]}
-    weights["layers"][0]["qkv_b"] = torch.randn(48)
     linears = Linears(weights, "cpu", torch.float32)
     linears.pair_dense_gate_up(weights)
-    linears.pair_qkv_rope(weights, 1, 1, 16)  # 3 heads of 16: q, k, v
-    assert linears.dense_gate_up_pairs and linears.qkv_rope_pairs
+    assert linears.dense_gate_up_pairs
     assert torch.equal(weights["layers"][0]["gate_up_w"][0::2], gate_up[:24])
     compiled, timed = [], []
-    monkeypatch.setattr(triton_ops, "gemv", lambda x, w, config, silu_output=False, rope=None: compiled.append(
-        (tuple(w.shape), "rope" if rope is not None else silu_output, config)))
+    monkeypatch.setattr(triton_ops, "gemv", lambda x, w, config, silu_output=False: compiled.append(
+        (tuple(w.shape), silu_output, config)))
     linears.call_every_candidate(weights, torch.float32)
-    expected = {((48, 64), "rope"): triton_ops.GEMV_CONFIGS, ((64, 32), False): triton_ops.GEMV_CONFIGS,
+    expected = {((48, 64), False): triton_ops.GEMV_CONFIGS, ((64, 32), False): triton_ops.GEMV_CONFIGS,
                 ((48, 64), True): triton_ops.GEMV_SILU_CONFIGS,
                 ((64, big_k), False): triton_ops.GEMV_CONFIGS + triton_ops.GEMV_SPLIT_CONFIGS}
     assert {use: tuple(c for s, si, c in compiled if (s, si) == use) for use in expected} == expected

@@ -30,8 +30,7 @@ import triton
 from model_loader.awq import RowPackedInt4
 from model_loader.kernels.jit_int4 import _int4_dequantize_kernel, _int4_gemv_kernel, _int4pack_dequantize_kernel
 from model_loader.kernels.precompile import launch
-from model_loader.kernels.triton_ops import (MAX_ROW_BLOCKS, RopeTarget, no_rope_args, pdl_launch_args,
-                                             split_counters, time_configs)
+from model_loader.kernels.triton_ops import MAX_ROW_BLOCKS, pdl_launch_args, split_counters, time_configs
 
 # The bits of 16.0f and 256.0f, passed to the GEMV as run-time arguments: with two constants,
 # (q & mask) | bits compiles to two logic ops; with one in a register, ptxas makes it one three-input LOP3.
@@ -71,22 +70,19 @@ def _measured_here(w: RowPackedInt4) -> bool:
             and torch.cuda.get_device_capability(device)[0] == MEASURED_ON["capability_major"])
 
 
-def int4_gemv_candidates(w: RowPackedInt4, output) -> tuple:
-    """The GEMV configurations the warm-up tries (and compiles) for this weight's use (output: False plain, True
-    SiLU(gate) * up, "rope" the QKV weight's RoPE output, which has the plain GEMV's main loop and list), best known
-    first (the one used untuned). The measured lists apply where they were measured: Hopper, group size 128."""
+def int4_gemv_candidates(w: RowPackedInt4, silu_output: bool) -> tuple:
+    """The GEMV configurations the warm-up tries (and compiles) for this weight's use, best known first (the
+    one used untuned). The measured lists apply where they were measured: Hopper, group size 128."""
     if _measured_here(w):
-        return INT4_GEMV_MEASURED.get((*w.shape, output is True), INT4_GEMV_CONFIGS)
+        return INT4_GEMV_MEASURED.get((*w.shape, silu_output), INT4_GEMV_CONFIGS)
     return INT4_GEMV_CONFIGS
 
 
 def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
-              silu_output: bool = False, maxnreg: int | None = None, rope: RopeTarget | None = None) -> torch.Tensor:
+              silu_output: bool = False, maxnreg: int | None = None) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
-    awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up]. rope (the QKV
-    weight with its rows in RoPE pairs, awq.pair_qkv_rope): -> q [1, heads, D], k and v written into the cache
-    (triton_ops.gemv's rope). maxnreg: a register cap per thread (for experiments; benchmarks/int4_registers.py
-    found none that helps)."""
+    awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up].
+    maxnreg: a register cap per thread (for experiments; benchmarks/int4_registers.py found none that helps)."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")
@@ -97,21 +93,13 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
     splits = triton.cdiv(blocks, nb * chunks)
     if triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
         raise ValueError(f"int4 GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
-    if rope is not None and not w.rope_pairs:
-        raise ValueError("int4 GEMV: the RoPE output needs a QKV weight with its rows in RoPE pairs")
-    if rope is not None:
-        out = rope.q_buffer()
-    else:
-        out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
+    out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     launch(_int4_gemv_kernel, (triton.cdiv(n, block_n), splits))(
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, *(rope.kernel_args() if rope is not None else
-                                                            no_rope_args(out)),
-        GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, NB=nb, CHUNKS=chunks,
-        EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output, num_warps=warps,
-        **(rope.kernel_constants() if rope is not None else {}), **pdl_launch_args(x.device),
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n,
+        NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
+        num_warps=warps, **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 
@@ -150,18 +138,16 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
     return bool(((got - expected).abs() <= 0.5 * step).all())
 
 
-def int4_gemv_autotune(weights_by_use: dict, dtype, configs=None, rope: RopeTarget | None = None) -> dict:
-    """weights_by_use: {(shape, output): [RowPackedInt4, ...]} (output as int4_gemv_candidates takes it). For each,
-    the fastest GEMV config on this GPU (triton_ops.time_configs) among `configs` (default: int4_gemv_candidates
-    for the use), timed on the call the decoder makes (a "rope" use writes into `rope`'s stand-in cache). Returns
-    {"choice": {(shape, output): config}, "timings_us": {(shape, output): {config: us}}}."""
+def int4_gemv_autotune(weights_by_use: dict, dtype, configs=None) -> dict:
+    """weights_by_use: {(shape, silu_output): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this
+    GPU (triton_ops.time_configs) among `configs` (default: int4_gemv_candidates for the use), timed on the call
+    the decoder makes. Returns {"choice": {(shape, silu_output): config}, "timings_us": {(shape, silu_output):
+    {config: us}}}."""
     choice, timings = {}, {}
-    for (shape, output), ws in weights_by_use.items():
+    for (shape, silu), ws in weights_by_use.items():
         x = torch.randn(1, shape[1], device=ws[0].qweight.device, dtype=dtype)
-        tried = configs if configs is not None else int4_gemv_candidates(ws[0], output)
-        target = rope if output == "rope" else None
-        results = time_configs(ws, tried, lambda w, config: int4_gemv(x, w, config, silu_output=output is True,
-                                                                      rope=target))
-        choice[(shape, output)] = min(results, key=results.get) if results else tried[0]
-        timings[(shape, output)] = results
+        tried = configs if configs is not None else int4_gemv_candidates(ws[0], silu)
+        results = time_configs(ws, tried, lambda w, config: int4_gemv(x, w, config, silu_output=silu))
+        choice[(shape, silu)] = min(results, key=results.get) if results else tried[0]
+        timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}

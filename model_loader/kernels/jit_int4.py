@@ -69,13 +69,11 @@ def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_
     return s * (tl.sum(a, axis=2) - (known[:, None] + z * x_sum[:, None]))
 
 
-@triton.jit(do_not_specialize=["max_ctx"])  # see jit_ops._gemv_kernel
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
-                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr,
-                      v_cache_ptr, max_ctx, GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr,
-                      NB: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr, SILU_OUTPUT: tl.constexpr,
-                      PDL: tl.constexpr, ROPE_HEADS: tl.constexpr = 0, ROPE_KV: tl.constexpr = 0,
-                      ROPE_D: tl.constexpr = 0):
+                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
+                      BLOCK_N: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr,
+                      SILU_OUTPUT: tl.constexpr, PDL: tl.constexpr):
     # Program (r, c) owns rows r*BLOCK_N.. over the CHUNKS*NB packed blocks from c*CHUNKS*NB (one block =
     # 8*IB inputs, IB ints per row, inside one group), as CHUNKS [NB, BLOCK_N, IB] tiles, and requests all of
     # them before any arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM
@@ -85,7 +83,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     # Triton sees it divisible by 16 (16-byte vector loads). EVEN: whole tiles, no masks. Chunks (up to 4,
     # written out: Triton has no lists of tiles) let one program cover a K that isn't a power of two of blocks
     # (1536 = 3 x 512) without a split. Splits along K (c > 0): fp32 partial sums, added up by the last split.
-    # SILU_OUTPUT / ROPE_*: what the rows are written as (jit_ops._store_rows).
     # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
     # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
     # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
@@ -120,9 +117,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     if CHUNKS > 3:
         per_block += _int4_dot_blocks(packed3, s3, z3, x_ptr, blk0 + 3 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
                                       TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
-    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(per_block, axis=0), rows, row_mask, N, SPLITS, bias_ptr,
-                 cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr, max_ctx, BLOCK_N, SILU_OUTPUT, ROPE_HEADS,
-                 ROPE_KV, ROPE_D)
+    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(per_block, axis=0), rows, row_mask, N, SPLITS, BLOCK_N,
+                 SILU_OUTPUT)
 
 
 @triton.jit

@@ -43,14 +43,12 @@ STALE_V_ROWS = tl.constexpr(128)  # at least the prefill attention's key tile he
 @triton.jit(do_not_specialize=["n_tokens"])
 def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
                             n_tokens, max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                            BLOCK_T: tl.constexpr, PDL: tl.constexpr, PAIRED: tl.constexpr = False):
+                            BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
     # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
     # A prefill also zeroes the STALE_V_ROWS value rows after its tokens (within the head's max_ctx rows): the
     # prefill attention's last key tile reads them whole through TMA (_prefill_kv_tile), and a stale NaN there
     # would survive its zero weight. Nothing valid lives there: the sequence ends at the last new token.
-    # PAIRED: each head's QKV columns (and bias) come in RoPE pairs, dimension i then i + D/2
-    # (linears.pair_qkv_rope_rows); q and the cache get the usual layout.
     _pdl_start(PDL)
     if BLOCK_T > 1:
         if (tl.program_id(1) >= NUM_HEADS + NUM_KV) & (tl.program_id(0) == tl.num_programs(0) - 1):
@@ -64,14 +62,8 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
     pos = (tl.load(pos_ptr) + tok)[:, None]
     half = tl.arange(0, D // 2)[None, :]
     row = qkv_ptr + tok[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
-    if PAIRED:
-        at1 = 2 * half
-        at2 = 2 * half + 1
-    else:
-        at1 = half
-        at2 = D // 2 + half
-    x1 = tl.load(row + at1, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + at1).to(tl.float32)
-    x2 = tl.load(row + at2, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + at2).to(tl.float32)
+    x1 = tl.load(row + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
+    x2 = tl.load(row + D // 2 + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32)
     if head < NUM_HEADS + NUM_KV:
         c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live)
         s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)
@@ -392,69 +384,26 @@ def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _store_rope_rows(q_ptr, total, rows, row_mask, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr,
-                     max_ctx, BLOCK_N: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr):
-    # The QKV GEMV's rows with every head's rows stored in RoPE pairs (dimension i, then i + D/2; see
-    # linears.pair_qkv_rope_rows): each pair gets its bias, is rotated (q and k heads) and goes where
-    # _rope_bias_cache_kernel would put it: q heads into q [NUM_HEADS, D], k and v heads into the cache row at
-    # the position read on the device. The GEMV's sums are rounded to the model's dtype first, as its output
-    # would be: the same numbers as the GEMV followed by that kernel, with no QKV round trip and no launch.
-    y = total.to(q_ptr.dtype.element_ty).to(tl.float32) + tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(
-        tl.float32)
-    x1, x2 = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
-    pair = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    live = pair < (NUM_HEADS + 2 * NUM_KV) * (D // 2)
-    head = pair // (D // 2)
-    i = pair % (D // 2)
-    pos = tl.load(pos_ptr)
-    rotated = head < NUM_HEADS + NUM_KV
-    c = tl.load(cos_ptr + pos * (D // 2) + i, mask=live & rotated, other=1.0)
-    s = tl.load(sin_ptr + pos * (D // 2) + i, mask=live & rotated, other=0.0)
-    y1 = x1 * c - x2 * s
-    y2 = x2 * c + x1 * s
-    dt = q_ptr.dtype.element_ty
-    q_at = q_ptr + head * D + i
-    tl.store(q_at, y1.to(dt), mask=live & (head < NUM_HEADS))
-    tl.store(q_at + D // 2, y2.to(dt), mask=live & (head < NUM_HEADS))
-    is_k = live & rotated & (head >= NUM_HEADS)
-    k_at = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D + i
-    tl.store(k_at, y1.to(dt), mask=is_k)
-    tl.store(k_at + D // 2, y2.to(dt), mask=is_k)
-    is_v = live & (head >= NUM_HEADS + NUM_KV)
-    v_at = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D + i
-    tl.store(v_at, x1.to(dt), mask=is_v)
-    tl.store(v_at + D // 2, x2.to(dt), mask=is_v)
-
-
-@triton.jit
-def _store_rows(out_ptr, total, rows, row_mask, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr, max_ctx,
-                BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr, ROPE_HEADS: tl.constexpr, ROPE_KV: tl.constexpr,
-                ROPE_D: tl.constexpr):
+def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr):
     # total [BLOCK_N] fp32 -> out. SILU_OUTPUT: rows come in (gate, up) pairs (awq.pair_gate_up,
     # linears.pair_gate_up_rows); store SiLU(gate) * up at the pair's index, each rounded to the output dtype first
-    # as the separate kernels would (the GEMV's output, then _silu_mul_kernel's reads of it). ROPE_D > 0: the QKV
-    # weight with its rows in RoPE pairs (ROPE_HEADS q heads, ROPE_KV KV heads of ROPE_D dimensions): out is q,
-    # the cache gets k and v (_store_rope_rows). Elsewhere the rope arguments are unused.
+    # as the separate kernels would (the GEMV's output, then _silu_mul_kernel's reads of it).
     if SILU_OUTPUT:
         gate, up = tl.split(tl.reshape(total.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_N // 2, 2]))
         pair_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         pair_mask = tl.max(tl.reshape(row_mask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0
         tl.store(out_ptr + pair_rows, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
                  mask=pair_mask)
-    elif ROPE_D > 0:
-        _store_rope_rows(out_ptr, total, rows, row_mask, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr,
-                         max_ctx, BLOCK_N, ROPE_HEADS, ROPE_KV, ROPE_D)
     else:
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
-def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits, bias_ptr, cos_ptr, sin_ptr, pos_ptr,
-                 k_cache_ptr, v_cache_ptr, max_ctx, BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr,
-                 ROPE_HEADS: tl.constexpr, ROPE_KV: tl.constexpr, ROPE_D: tl.constexpr):
-    # A GEMV program's row sums -> out (_store_rows). Split along K (splits > 1, program_id(1) = the split): each
-    # split leaves fp32 partial sums; the last split of a row block to finish (an atomic arrival count) adds them
-    # up in a fixed order and resets the count. No second kernel launch.
+def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits, BLOCK_N: tl.constexpr,
+                 SILU_OUTPUT: tl.constexpr):
+    # A GEMV program's row sums -> out. Split along K (splits > 1, program_id(1) = the split): each split leaves
+    # fp32 partial sums; the last split of a row block to finish (an atomic arrival count) adds them up in a
+    # fixed order and resets the count. No second kernel launch.
     if splits > 1:
         tl.store(part_ptr + tl.program_id(1) * N + rows, total, mask=row_mask)
         tl.debug_barrier()  # every thread's partials are written before the arrival is counted
@@ -463,30 +412,23 @@ def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits,
             total = tl.zeros([BLOCK_N], tl.float32)
             for c in range(0, splits):
                 total += tl.load(part_ptr + c * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
-            _store_rows(out_ptr, total, rows, row_mask, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr,
-                        max_ctx, BLOCK_N, SILU_OUTPUT, ROPE_HEADS, ROPE_KV, ROPE_D)
+            _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
             tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
     else:
-        _store_rows(out_ptr, total, rows, row_mask, bias_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr,
-                    max_ctx, BLOCK_N, SILU_OUTPUT, ROPE_HEADS, ROPE_KV, ROPE_D)
+        _store_rows(out_ptr, total, rows, row_mask, BLOCK_N, SILU_OUTPUT)
 
 
-# splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile; so is
-# max_ctx (the cache's rows, read only by the RoPE output): any context length shares the variant a first start
-# compiled ahead on a stand-in cache.
-@triton.jit(do_not_specialize=["splits", "max_ctx"])
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, splits, bias_ptr, cos_ptr, sin_ptr,
-                 pos_ptr, k_cache_ptr, v_cache_ptr, max_ctx, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr, ROPE_HEADS: tl.constexpr = 0,
-                 ROPE_KV: tl.constexpr = 0, ROPE_D: tl.constexpr = 0):
+# splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile.
+@triton.jit(do_not_specialize=["splits"])
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, splits, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr):
     # One token: out[n] = sum_k x[k] * W[n, k]. Program (r, c) owns BLOCK_N rows of W over columns c*K_SPLIT..
     # (K_SPLIT a multiple of BLOCK_K; one split: all of K) and streams them once; partial products stay in
     # registers and are reduced once at the end. EARLY (0-3): the first EARLY chunks of BLOCK_K columns are
     # requested before the wait for the kernel ahead (programmatic dependent launch): nothing ever writes the
     # weights, so their DRAM latency can overlap that kernel's end (as the int4 GEMV does); only x must wait.
     # The host keeps EARLY chunks within K_SPLIT. SILU_OUTPUT: the MLP's gate/up weight with its rows in pairs:
-    # out gets SiLU(gate) * up (no separate kernel, no [gate | up] round trip through memory). ROPE_D > 0: the QKV
-    # weight with its rows in RoPE pairs: out gets q, the cache gets k and v (_store_rope_rows).
+    # out gets SiLU(gate) * up (no separate kernel, no [gate | up] round trip through memory).
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -509,8 +451,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, spli
         acc += _gemv_chunk(x_ptr, w2, k_begin + 2 * BLOCK_K, K, BLOCK_K)
     for k0 in range(k_begin + EARLY * BLOCK_K, tl.minimum(k_begin + K_SPLIT, K), BLOCK_K):
         acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K, BLOCK_K)
-    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(acc, axis=1), rows, row_mask, N, splits, bias_ptr, cos_ptr,
-                 sin_ptr, pos_ptr, k_cache_ptr, v_cache_ptr, max_ctx, BLOCK_N, SILU_OUTPUT, ROPE_HEADS, ROPE_KV, ROPE_D)
+    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(acc, axis=1), rows, row_mask, N, splits, BLOCK_N, SILU_OUTPUT)
 
 
 @triton.jit

@@ -93,53 +93,16 @@ def rms_norm(x, weight, eps):
     return out
 
 
-def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
-                    paired: bool = False):
-    """See reference.rope_bias_cache. paired: each head's QKV columns and bias in RoPE pairs (dimension i, then
-    i + D/2), as a QKV weight stored by linears.pair_qkv_rope_rows outputs them."""
+def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None):
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     block_t = 1 if t == 1 else 16
     launch(_rope_bias_cache_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
         qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1],
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, PAIRED=paired, num_warps=1 if t == 1 else 4,
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
         **pdl_launch_args(qkv.device))
     return q
-
-
-@dataclass(frozen=True, eq=False)
-class RopeTarget:
-    """Where a single-token QKV GEMV with its RoPE epilogue puts its output (what rope_bias_cache takes): the
-    bias (in RoPE pairs, like the weight's rows), the cos/sin tables [max_ctx, D/2], the position (a [1] int32
-    device tensor: graph-safe), this layer's caches [Hkv, max_ctx, D] and the head counts."""
-
-    bias: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    pos_t: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    num_heads: int
-    num_kv_heads: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.k_cache.shape[-1]
-
-    def kernel_args(self) -> tuple:
-        return (self.bias, self.cos, self.sin, self.pos_t, self.k_cache, self.v_cache, self.k_cache.shape[1])
-
-    def kernel_constants(self) -> dict:
-        return {"ROPE_HEADS": self.num_heads, "ROPE_KV": self.num_kv_heads, "ROPE_D": self.head_dim}
-
-    def q_buffer(self) -> torch.Tensor:
-        return torch.empty((1, self.num_heads, self.head_dim), dtype=self.k_cache.dtype, device=self.k_cache.device)
-
-
-def no_rope_args(out: torch.Tensor) -> tuple:
-    """Stand-ins for a GEMV's unused RoPE arguments (ROPE_D = 0: never read)."""
-    return (out, out, out, out, out, out, 0)
 
 
 def commit_token(nxt, token, pos, state, queue) -> None:
@@ -455,28 +418,20 @@ def gemv_split(k: int, config: tuple) -> tuple[int, int]:
     return per_split, triton.cdiv(k, per_split)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple, silu_output: bool = False,
-         rope: RopeTarget | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple, silu_output: bool = False) -> torch.Tensor:
     """x [1, K] @ W[N, K].T -> [1, N] (what F.linear computes, for a single token). silu_output: W is the MLP's
-    gate/up weight with its rows in pairs (linears.pair_gate_up_rows) -> SiLU(gate) * up [1, N/2]. rope: W is the
-    QKV weight with its rows in RoPE pairs (linears.pair_qkv_rope_rows) -> q [1, heads, D], k and v written into
-    the cache: what rope_bias_cache(paired=True) makes of the plain output."""
+    gate/up weight with its rows in pairs (linears.pair_gate_up_rows) -> SiLU(gate) * up [1, N/2]."""
     n, k = w.shape
     block_n, block_k, warps = config[:3]
     per_split, splits = gemv_split(k, config)
     if splits > 1 and triton.cdiv(n, block_n) > MAX_ROW_BLOCKS:
         raise ValueError(f"GEMV: {n} outputs in blocks of {block_n} exceed {MAX_ROW_BLOCKS} row blocks")
-    if rope is not None:
-        out = rope.q_buffer()
-    else:
-        out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
+    out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     early = min(GEMV_EARLY_CHUNKS, triton.cdiv(per_split, block_k))  # a K of one or two chunks: all of it early
     launch(_gemv_kernel, (triton.cdiv(n, block_n), splits))(
-        x, w, out, partials, split_counters(x.device), n, k, per_split, splits,
-        *(rope.kernel_args() if rope is not None else no_rope_args(out)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EARLY=early, SILU_OUTPUT=silu_output, num_warps=warps, **(rope.kernel_constants() if rope is not None else {}),
-        **pdl_launch_args(x.device))
+        x, w, out, partials, split_counters(x.device), n, k, per_split, splits, BLOCK_N=block_n, BLOCK_K=block_k,
+        EARLY=early, SILU_OUTPUT=silu_output, num_warps=warps, **pdl_launch_args(x.device))
     return out
 
 
@@ -516,36 +471,29 @@ def time_configs(ws: list, configs, call) -> dict:
     return results
 
 
-def gemv_candidates(k: int, output=False) -> tuple:
-    """The GEMV configs tried (and compiled) for a weight of k inputs and its output: False plain, True SiLU(gate) *
-    up (the gate/up weight in pairs), "rope" q/k/v with RoPE (the QKV weight in RoPE pairs)."""
-    if output is True:
+def gemv_candidates(k: int, silu_output: bool = False) -> tuple:
+    """The GEMV configs tried (and compiled) for a weight of k inputs (the gate/up one with its SiLU output)."""
+    if silu_output:
         return GEMV_SILU_CONFIGS
     return GEMV_CONFIGS + (GEMV_SPLIT_CONFIGS if k >= GEMV_SPLIT_MIN_K else ())
 
 
-def gemv_autotune(weights_by_use: dict, rope: RopeTarget | None = None) -> dict:
-    """weights_by_use: {(shape, output): [weights]} (output as gemv_candidates takes it). For each use, the fastest
-    of cuBLAS (config None; then the separate kernel that makes the output: silu_mul or rope_bias_cache on the
-    paired rows) and our GEMV configs on this GPU, timed on the call the decoder makes (a "rope" use writes into
-    `rope`'s stand-in cache). Returns {"choice": {use: config or None (cuBLAS)}, "timings_us": {use: {config: us}}}."""
+def gemv_autotune(weights_by_use: dict) -> dict:
+    """weights_by_use: {(shape, SiLU output?): [weights]}. For each use, the fastest of cuBLAS (config None; with
+    SiLU output: cuBLAS then silu_mul on the paired rows) and our GEMV configs on this GPU, timed on the call the
+    decoder makes. Returns {"choice": {use: config or None (cuBLAS)}, "timings_us": {use: {config: us}}}."""
     import torch.nn.functional as F
 
     choice, timings = {}, {}
-    for (shape, output), ws in weights_by_use.items():
+    for (shape, silu), ws in weights_by_use.items():
         x = torch.randn(1, shape[1], device=ws[0].device, dtype=ws[0].dtype)
 
-        def call(w, config, output=output):
-            if output == "rope":
-                if config is not None:
-                    return gemv(x, w, config, rope=rope)
-                return rope_bias_cache(F.linear(x, w), rope.bias, rope.cos, rope.sin, rope.k_cache, rope.v_cache,
-                                       rope.pos_t, 0, rope.num_heads, rope.num_kv_heads, paired=True)
+        def call(w, config):
             if config is not None:
-                return gemv(x, w, config, silu_output=output)
-            return silu_mul(F.linear(x, w), paired=True) if output else F.linear(x, w)
+                return gemv(x, w, config, silu_output=silu)
+            return silu_mul(F.linear(x, w), paired=True) if silu else F.linear(x, w)
 
-        results = time_configs(ws, (None,) + gemv_candidates(shape[1], output), call)
-        choice[(shape, output)] = min(results, key=results.get)
-        timings[(shape, output)] = results
+        results = time_configs(ws, (None,) + gemv_candidates(shape[1], silu), call)
+        choice[(shape, silu)] = min(results, key=results.get)
+        timings[(shape, silu)] = results
     return {"choice": choice, "timings_us": timings}
