@@ -10,6 +10,7 @@ window says "Preparing GPU kernels (first start only)" instead of a bare "Warmin
 from __future__ import annotations
 
 import hashlib
+import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -38,11 +39,42 @@ def _marker(device, variant: str = "") -> Path | None:
         hashlib.sha256(key.encode()).hexdigest()[:16] + ".ready")
 
 
+def triton_cache_dir() -> Path | None:
+    """Where Triton keeps its compiled kernels (TRITON_CACHE_DIR, else its own default), or None if unknown."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    try:
+        from triton import knobs
+
+        return Path(knobs.cache.dir)
+    except Exception:  # a Triton without knobs, or none
+        try:
+            from triton.runtime.cache import default_cache_dir
+
+            return Path(default_cache_dir())
+        except Exception:
+            return None
+
+
+def _triton_cache_has_entries() -> bool:
+    folder = triton_cache_dir()
+    if folder is None:  # can't tell: trust the marker
+        return True
+    try:
+        with os.scandir(folder) as entries:
+            return any(True for _ in entries)
+    except OSError:  # missing (a cleaned cache) or unreadable
+        return False
+
+
 def kernels_prepared(device, variant: str = "") -> bool:
     """True where nothing needs compiling (not a CUDA device) or a warm-up of this variant (the model's dtype
-    and shapes, which the kernels are compiled for) has completed here before."""
+    and shapes, which the kernels are compiled for) has completed here before and Triton's cache still holds
+    something. A marker over an emptied or deleted Triton cache (a user's clean-up) would skip compiling beside the
+    load, and everything would compile one kernel at a time in the warm-up (H200: 25 s to ready instead of 5-6)
+    under a bare "Warming up"."""
     marker = _marker(device, variant)
-    return marker is None or marker.exists()
+    return marker is None or (marker.exists() and _triton_cache_has_entries())
 
 
 def mark_prepared(device, variant: str = "") -> None:

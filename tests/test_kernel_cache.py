@@ -5,6 +5,16 @@ import torch
 from model_loader import kernel_cache
 
 
+def _triton_cache(tmp_path, monkeypatch, filled=True):
+    """A Triton cache folder of the test's own (holding a compiled kernel's folder, or empty)."""
+    folder = tmp_path / "triton-cache"
+    folder.mkdir(exist_ok=True)
+    if filled:
+        (folder / "AB3XYZ").mkdir(exist_ok=True)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folder))
+    return folder
+
+
 def _fake_gpu(monkeypatch, name="NVIDIA RTX 4060 Laptop GPU"):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
@@ -12,6 +22,7 @@ def _fake_gpu(monkeypatch, name="NVIDIA RTX 4060 Laptop GPU"):
 
 def test_kernels_count_as_prepared_only_after_a_warm_up_on_that_gpu_and_versions(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _triton_cache(tmp_path, monkeypatch)
     _fake_gpu(monkeypatch)
     assert not kernel_cache.kernels_prepared("cuda")
     kernel_cache.mark_prepared("cuda")
@@ -42,8 +53,28 @@ def test_warm_up_reports_its_steps_in_order(tiny_model):
     assert not engine.first_start  # the CPU compiles nothing
 
 
+def test_a_marker_over_an_emptied_or_deleted_triton_cache_does_not_count(tmp_path, monkeypatch):
+    """A user who cleaned Triton's cache (or a new TRITON_CACHE_DIR) compiles everything again: that start must be
+    treated as a first start (compile beside the load, say so), whatever the marker says."""
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = _triton_cache(tmp_path, monkeypatch)
+    _fake_gpu(monkeypatch)
+    kernel_cache.mark_prepared("cuda")
+    assert kernel_cache.kernels_prepared("cuda")
+    shutil.rmtree(folder / "AB3XYZ")
+    assert not kernel_cache.kernels_prepared("cuda")  # emptied
+    shutil.rmtree(folder)
+    assert not kernel_cache.kernels_prepared("cuda")  # deleted
+    _triton_cache(tmp_path, monkeypatch)
+    assert kernel_cache.kernels_prepared("cuda")
+    assert kernel_cache.triton_cache_dir() == folder
+
+
 def test_another_kind_of_model_compiles_for_itself(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _triton_cache(tmp_path, monkeypatch)
     _fake_gpu(monkeypatch)
     kernel_cache.mark_prepared("cuda", "bfloat16|12/2x128|1536|None")
     assert kernel_cache.kernels_prepared("cuda", "bfloat16|12/2x128|1536|None")
