@@ -11,10 +11,11 @@ again. What makes the difference is not yet known; this script is where to look 
 a CPU, the two differ in the diagonal loop, where production's guard takes V through registers).
 
 Since the fourteenth session production reads K/V through TMA itself (without the guard, which was all of the
-difference); --production-shapes times its kernel with other tile shapes.
+difference); --production-shapes times its kernel with other tile shapes, --packed-shapes with the query heads of
+a KV head packed into its row blocks (PACK_GQA, fifteenth session).
 
 usage: python benchmarks/prefill_attention_tma.py [--cases 512+2048,4096+2048,4096+1024] [--shapes 64,64,4,3;...]
-           [--production-shapes 64,64,4,2;...] [--no-old]
+           [--production-shapes 64,64,4,2;...] [--packed-shapes 128,64,8,3;...] [--no-old]
 """
 
 from __future__ import annotations
@@ -217,11 +218,14 @@ def main() -> None:
     ap.add_argument("--shapes", default="64,64,4,3;128,64,8,3", help="TMA tile shapes: BLOCK_M,BLOCK_N,warps,stages;...")
     ap.add_argument("--production-shapes", default="",
                     help="also production's kernel (TMA since the fourteenth session) with these tile shapes")
+    ap.add_argument("--packed-shapes", default="",
+                    help="also production's kernel with all query heads of a KV head in a row block (PACK_GQA)")
     ap.add_argument("--no-old", action="store_true", help="leave out the thirteenth session's guard variants")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";") if s]
     production_shapes = [tuple(int(x) for x in s.split(",")) for s in args.production_shapes.split(";") if s]
+    packed_shapes = [tuple(int(x) for x in s.split(",")) for s in args.packed_shapes.split(";") if s]
     torch.manual_seed(0)
     k = torch.randn(LAYERS, HKV, max(p + n for p, n in cases), D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -230,12 +234,18 @@ def main() -> None:
         st = torch.tensor([start], device="cuda", dtype=torch.int32)
         attn = T.PrefillAttention(HQ, HKV, D, "cuda", max_tokens=2048)
         variants = {"production": lambda i: attn(q, k[i], v[i], st, D ** -0.5)}
+        ran = {}  # variant -> its PrefillAttention, to report the shape that ran (a refused one falls back)
         for shape in shapes:
             variants[f"TMA {shape}"] = lambda i, shape=shape: tma_call(q, k[i], v[i], st, D ** -0.5, shape)
         for shape in production_shapes:
             shaped = T.PrefillAttention(HQ, HKV, D, "cuda", max_tokens=2048)
             shaped.SHAPES = ((None, shape),)
             variants[f"production {shape}"] = lambda i, a=shaped: a(q, k[i], v[i], st, D ** -0.5)
+        for shape in packed_shapes:
+            packed = type("Packed", (T.PrefillAttention,), {"PACK_GQA": True, "SHAPES": ((None, shape),)})
+            shaped = packed(HQ, HKV, D, "cuda", max_tokens=2048)  # its scratch sized for its own splits
+            variants[f"packed {shape}"] = lambda i, a=shaped: a(q, k[i], v[i], st, D ** -0.5)
+            ran[f"packed {shape}"] = shaped
         for guard in () if args.no_old else (True, False):
             variants[f"production + TMA, V guard {'on' if guard else 'off'}"] = (
                 lambda i, guard=guard: prod_tma_call(q, k[i], v[i], st, D ** -0.5, guard))
@@ -260,7 +270,8 @@ def main() -> None:
                 end.record()
                 end.synchronize()
                 best = min(best, begin.elapsed_time(end) * 1000 / 5 / LAYERS)
-            row.append(f"{name} {best:.1f} us (max diff {err:.4f})")
+            fell_back = f", ran as {ran[name].shape_for(t)}" if name in ran and ran[name].shape_for(t) != ran[name]._tuned(t) else ""
+            row.append(f"{name} {best:.1f} us (max diff {err:.4f}{fell_back})")
         print(f"{start} cached + {t} new, per layer: " + "; ".join(row), flush=True)
 
 

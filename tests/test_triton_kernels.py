@@ -294,10 +294,14 @@ def test_a_prefills_rope_kernel_zeroes_the_stale_value_rows_a_whole_key_tile_rea
 @pytest.mark.parametrize("start,t,splits", [(0, 5, None), (0, 70, None), (0, 70, 16), (37, 1, None), (37, 1, 16),
                                              (37, 16, 3), (300, 130, None), (300, 130, 3), (200, 300, None),
                                              (200, 300, 3), (1000, 3, None), (1000, 3, 16)])
-def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, hkv, d, hidden, start, t, splits):
+@pytest.mark.parametrize("pack_gqa", [False, True])
+def test_prefill_attention_after_a_cached_prefix_matches_reference(device, monkeypatch, hq, hkv, d, hidden, start, t,
+                                                                   splits, pack_gqa):
     """Bottom-right causal attention over the cache with the prefix length read from a device tensor: fresh
     prompts (start 0), follow-ups and short injections, whole or cut into key splits (what short prefills over
-    long prefixes use), with garbage past the new tokens that must not leak in."""
+    long prefixes use), with garbage past the new tokens that must not leak in; a query head per row block, or
+    all the query heads of a KV head in one (PACK_GQA: rows of token and head, idle rows at the end)."""
+    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
     dt = _dtype(device)
     g = torch.Generator().manual_seed(5)
     max_ctx = 1152
@@ -309,6 +313,7 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
     scale = 1 / math.sqrt(d)
     ref = reference.prefill_attention(q, k, v, start, scale)
     attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)  # room for 16 splits
+    assert attn.pack_gqa == (pack_gqa and hq > hkv)
     attn.mid_o.fill_(float("nan"))
     start_t = torch.tensor([start], device=device, dtype=torch.int32)
     torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))
@@ -316,7 +321,8 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, hq, h
 
 @pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (0, 70, 1),
                                              (300, 130, 1), (37, 200, 1)])
-def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, splits):
+@pytest.mark.parametrize("pack_gqa", [False, True])
+def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatch, start, t, splits, pack_gqa):
     """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
     natural units for the reduce: fp16 here (bf16 on a GPU too), which Triton's interpreter also runs, against
     the reference in fp32. On Hopper or newer, unsplit (splits 1), they read K/V through tensor descriptors,
@@ -325,7 +331,8 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, start, t, 
     STALE_V_ROWS (by the RoPE kernel) and stale beyond."""
     from model_loader.kernels.jit_ops import STALE_V_ROWS
 
-    hq, hkv, d = 4, 2, 64
+    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
+    hq, hkv, d = 6, 2, 64  # a group of 3: packed row blocks end in idle rows
     g = torch.Generator().manual_seed(6)
     max_ctx = 1152
     dts = [torch.float16] + ([torch.bfloat16] if device == "cuda" else [])

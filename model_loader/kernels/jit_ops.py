@@ -280,7 +280,7 @@ def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: 
 def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
                          splits, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                         PDL: tl.constexpr, TMA: tl.constexpr = False):
+                         PDL: tl.constexpr, TMA: tl.constexpr = False, PACK_GQA: tl.constexpr = False):
     # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
     # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
     # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
@@ -291,18 +291,32 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     # [Hkv * max_ctx, D] with [BLOCK_N, D] blocks, so the K/V tiles come in through the tensor memory accelerator
     # instead of per-thread address arithmetic and loads (H200, 2026-12-04: per layer 512 cached + 2,048 new
     # tokens 67.7 -> 56.5 us, 4,096 + 1,024 90.8 -> 74.5; a follow-up of 4,096 + 2,048 14.1 -> 13.0-13.4 ms).
+    # PACK_GQA: a program holds the GROUP query heads of one KV head for BLOCK_M // GROUP tokens (row r: token
+    # r // GROUP, head r % GROUP of the group; the last BLOCK_M % GROUP rows idle), so each K/V tile it reads
+    # serves every query head that shares it, instead of being read once per query head.
     _pdl_start(PDL)
     mblock = tl.num_programs(0) - 1 - tl.program_id(0)  # the last rows see the most keys: start them first
-    head = tl.program_id(1)
     split = tl.program_id(2)
-    kvh = head // GROUP
     start = tl.load(start_ptr)
-    rows = mblock * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_tokens
+    r = tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        kvh = tl.program_id(1)
+        block_tokens = BLOCK_M // GROUP
+        rows = mblock * block_tokens + r // GROUP  # each row's token
+        head = kvh * GROUP + r % GROUP  # and query head
+        row_mask = (r < block_tokens * GROUP) & (rows < n_tokens)
+        head_col = head[:, None]
+    else:
+        head = tl.program_id(1)
+        kvh = head // GROUP
+        block_tokens = BLOCK_M
+        rows = mblock * BLOCK_M + r
+        row_mask = rows < n_tokens
+        head_col = head
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], mask=row_mask[:, None], other=0.0)
+    q = tl.load(q_ptr + (rows[:, None] * NUM_HEADS + head_col) * D + d[None, :], mask=row_mask[:, None], other=0.0)
     visible = start + rows  # last key each row may see
-    hi = tl.minimum(start + (mblock + 1) * BLOCK_M, start + n_tokens)  # keys this block needs
+    hi = tl.minimum(start + (mblock + 1) * block_tokens, start + n_tokens)  # keys this block needs
     chunk = tl.cdiv(tl.cdiv(start + n_tokens, splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(hi, lo + chunk)
@@ -312,7 +326,7 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     base = kvh * max_ctx * D
     # Keys below start + the block's first row are visible to every row of the block: whole key blocks there
     # need no mask (most of the work of a long prefill); the rest, up to the diagonal, are masked.
-    open_blocks = tl.maximum(tl.minimum(start + mblock * BLOCK_M, hi) - lo, 0) // BLOCK_N
+    open_blocks = tl.maximum(tl.minimum(start + mblock * block_tokens, hi) - lo, 0) // BLOCK_N
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -332,7 +346,7 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if not SPLIT:
-        tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+        tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head_col) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None])
     else:  # partial result of this key range; a row that saw none of it gets weight 0 (lse -inf)
         mid = (split * n_tokens + rows) * NUM_HEADS + head

@@ -275,6 +275,13 @@ class PrefillAttention:
     # 1.5-6.6% of it) keeps the loads pipelined; fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing
     # cards go further down.
     FALLBACKS = ((64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
+    # A row block holds BLOCK_M // group tokens of all the query heads of one KV head (_prefill_attn_kernel's
+    # PACK_GQA) rather than BLOCK_M tokens of one query head. H200, bf16, the kept (64, 64, 4, 3), per layer
+    # (benchmarks/prefill_attention_tma.py --packed-shapes, 2026-12-04): 512 cached + 2,048 new 56.0 -> 43.4 us,
+    # 0 + 2,048 41.4 -> 32.1, 4,096 + 2,048 160.2 -> 146.5, 4,096 + 1,024 74.4 -> 74.1, 512 + 1,024 25.0 -> 25.0,
+    # 4,096 + 256 (key splits) 26.4 -> 25.8. Other tile shapes packed were no better except (128, 128, 8, 3) at
+    # 4,096 + 2,048 (140.4) and worse elsewhere (94.4 at 4,096 + 1,024).
+    PACK_GQA = True
     MAX_SPLITS = 16
     REDUCE_ROWS = 16  # (token, head) rows per program of the split reduce
 
@@ -286,6 +293,9 @@ class PrefillAttention:
                     if self.device.type == "cuda" else 8)
         self.working: dict[tuple, tuple] = {}  # tuned shape -> the shape that compiled for this GPU and dtype
         self.tma = prefill_tma_supported(self.device)  # 16-bit K/V through tensor descriptors (see _kv_args)
+        # A row block holds every query head of one KV head (see _prefill_attn_kernel), where a block fits the
+        # group (block_m >= group for every shape this may run: the smallest fallback's 16 rows hold a group of 16)
+        self.pack_gqa = self.PACK_GQA and 1 < self.group <= 16
         self._descriptors: dict[tuple, tuple] = {}
         # Allocated now for the most any prefill of up to max_tokens splits into: it must exist before graph
         # capture (and stays the same memory for every graph). A fallback shape has smaller row blocks, so it
@@ -315,10 +325,18 @@ class PrefillAttention:
                                            for c in (k_cache, v_cache))
         return self._descriptors[key]
 
+    def grid_rows(self, n_tokens: int, block_m: int) -> tuple[int, int]:
+        """(row blocks, heads) of the attention's grid: with PACK_GQA a block holds block_m // group tokens of
+        all the query heads of one KV head."""
+        if self.pack_gqa:
+            return triton.cdiv(n_tokens, block_m // self.group), self.num_kv_heads
+        return triton.cdiv(n_tokens, block_m), self.num_heads
+
     def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
         """Key splits so that the programs fill every SM once: 1 for long prefills (a 2,048-token one has 192
         programs for the H200's 132 SMs: splitting it only added the reduce), up to MAX_SPLITS for short ones."""
-        programs = triton.cdiv(n_tokens, (shape or self.shape_for(n_tokens))[0]) * self.num_heads
+        blocks, heads = self.grid_rows(n_tokens, (shape or self.shape_for(n_tokens))[0])
+        programs = blocks * heads
         splits = 1
         while splits < self.MAX_SPLITS and programs * splits < self.sms:
             splits *= 2
@@ -346,11 +364,11 @@ class PrefillAttention:
             tma = self.tma and q.dtype != torch.float32 and n_splits == 1
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             try:  # a shape too big for this GPU's shared memory fails here, before anything runs
-                launch(_prefill_attn_kernel, (triton.cdiv(t, block_m), self.num_heads, n_splits))(
+                launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
                     q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
                     n_splits, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
-                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, TMA=tma, num_warps=warps,
-                    num_stages=stages, **pdl)
+                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, TMA=tma,
+                    PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
             except OutOfResources:
                 if shape == candidates[-1]:
                     raise
