@@ -2,16 +2,19 @@
 
 For each (cached prefix, new tokens): the GPU time of the captured prefill graph the engine would replay
 (replays back to back), and torch.profiler's per-kernel totals over a few replays, with the GEMMs' share and
-their TFLOP/s (2 x weights x rows), so the 2,048-token follow-up's 10 ms bar can be weighed kernel by kernel.
+their TFLOP/s (2 x weights x rows), so the 2,048-token follow-up's 10 ms bar can be weighed kernel by kernel;
+and the GPU's idle time between kernels, by the pair of kernels around it.
 usage: python benchmarks/profile_followup_prefill.py MODEL_DIR [--cases 512+2048,512+1024,4096+2048] [--json OUT]
 """
 
 import argparse
 import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_decode import kernel_totals  # noqa: E402
@@ -32,6 +35,32 @@ def replay_ms(graph, replays: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / replays
+
+
+def short_name(name: str) -> str:
+    if any(m in name.lower() for m in GEMM_MARKERS):
+        return "GEMM"
+    return name.split("(")[0].split("<")[0].strip()[:40]
+
+
+def kernel_gaps(run, calls: int) -> tuple[float, dict]:
+    """Idle GPU time between consecutive kernels of run() (one CUDA graph replay), per call: the total and by
+    (kernel before, kernel after), named by short_name. What the graph's time is beyond its kernels' sum."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, short_name(e.name)) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0)
+    by_pair: dict = defaultdict(float)
+    total = 0.0
+    for (_, end, before), (start, _, after) in zip(spans, spans[1:]):
+        gap = start - end
+        if 0 <= gap < 50:  # between replays the host launches the next one: not the graph's own gaps
+            by_pair[(before, after)] += gap / calls
+            total += gap / calls
+    return total, dict(sorted(by_pair.items(), key=lambda kv: -kv[1]))
 
 
 def linear_params(model) -> int:
@@ -71,6 +100,12 @@ def main() -> None:
               f"({row['gemm_tflops']} TFLOP/s), whole graph {row['all_tflops']} TFLOP/s of linear work")
         for name, k in list(kernels.items())[:14]:
             print(f"  {k['us']:9.1f} us  x{k['launches']:<4} {name}")
+        idle, pairs = kernel_gaps(graph.replay, REPLAYS_PROFILED)
+        row["idle_us"] = round(idle, 1)
+        row["idle_by_pair"] = {f"{a} -> {b}": round(us, 1) for (a, b), us in pairs.items()}
+        print(f"  idle between kernels: {idle:.1f} us per replay; by boundary:")
+        for (before, after), us in list(pairs.items())[:10]:
+            print(f"  {us:9.1f} us  {before} -> {after}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     engine.close()
