@@ -5,7 +5,10 @@ reports the load's parts, each warm-up step's wall time, and every Triton kernel
 with its duration (the compile and the launcher constructor are wrapped for timing only; nothing else changes).
 Run it twice with the same --cache to see a cached start.
 
-    python benchmarks/first_start_profile.py --model M [--cache DIR] [--context 4096] [--json F]
+    python benchmarks/first_start_profile.py --model M [--cache DIR] [--context 4096] [--json F] [--sample-walk]
+
+--sample-walk (fifteenth session) samples the compile walk's stack every 5 ms and prints where its first step
+(which takes ~0.7-1.3 s on the H200 machines, whichever part of the walk comes first) spends its time.
 """
 
 from __future__ import annotations
@@ -22,6 +25,40 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def sample_walk(samples: list) -> None:
+    """Every 5 ms, the compile walk thread's stack (innermost last) while it runs."""
+    walk = None
+    while walk is None:
+        walk = next((t for t in threading.enumerate() if t.name == "r1desk-twin-walk"), None)
+        time.sleep(0.002)
+    while walk.is_alive():
+        frame = sys._current_frames().get(walk.ident)
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append(f"{Path(code.co_filename).parent.name}/{Path(code.co_filename).name}:{code.co_name}")
+            frame = frame.f_back
+        samples.append((time.perf_counter(), tuple(reversed(stack))))
+        time.sleep(0.005)
+
+
+def print_samples(stacks: list, what: str) -> None:
+    """Where the sampled stacks spent their time: inclusive (a frame anywhere on the stack) and innermost."""
+    from collections import Counter
+
+    inclusive, innermost = Counter(), Counter()
+    for stack in stacks:
+        inclusive.update(set(stack))
+        if stack:
+            innermost[stack[-1]] += 1
+    print(f"{what}: {len(stacks)} samples (5 ms apart); inclusive:")
+    for frame, n in inclusive.most_common(25):
+        print(f"  {n:5d}  {frame}")
+    print("  innermost:")
+    for frame, n in innermost.most_common(12):
+        print(f"  {n:5d}  {frame}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -32,6 +69,8 @@ def main() -> None:
     ap.add_argument("--compile-switch-interval", type=float,
                     help="the GIL switch interval the compile pool sets while it compiles (default: "
                          "precompile.COMPILE_SWITCH_INTERVAL_S, 0.005; e.g. 0.0005 to compare)")
+    ap.add_argument("--sample-walk", action="store_true",
+                    help="sample the compile walk's stack every 5 ms and print where its first step spends time")
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
@@ -97,6 +136,9 @@ def main() -> None:
     from model_loader.engine import Engine
 
     steps: list[tuple[float, str]] = []
+    samples: list[tuple[float, tuple]] = []
+    if args.sample_walk:
+        threading.Thread(target=sample_walk, args=(samples,), name="walk-sampler", daemon=True).start()
     t0 = time.perf_counter()
     engine = Engine.load(args.model, context_length=args.context)
     t_loaded = time.perf_counter()
@@ -131,6 +173,13 @@ def main() -> None:
               f"{result['loaded_at_s']} s; ready at {result['ready_at_s']} s):")
         for row in timeline:
             print(f"  at {row['at_s']:6.2f}  {row['ended']}")
+    labels = [label for label, _ in ahead.timeline] if ahead is not None else []
+    if samples and "twin built" in labels:
+        first = labels.index("twin built") + 1  # the walk's first step
+        if first < len(labels):
+            begin, end = ahead.timeline[first - 1][1], ahead.timeline[first][1]
+            print_samples([stack for t, stack in samples if begin <= t <= end],
+                          f"the walk's first step ({labels[first]}, {end - begin:.2f} s)")
     if result["compile_workers"]:
         print(f"in worker processes: {result['compile_workers']}")
     print(f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "

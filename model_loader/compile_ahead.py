@@ -65,15 +65,20 @@ def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
     from model_loader.kernels import triton_ops
 
     dev = model.device
-    # The longest compiles are submitted first: the last one to finish bounds the first start. H200, 2026-12-04
-    # (first_start_profile.py, 16 workers): the decode attention's split kernel with its first tile early takes
-    # ~1.1 s and came last in the walk (its walk takes 0.02 s, the GEMV candidates' 0.7-0.8 s, the prefill
-    # graphs' 0.3-0.5 s), finishing 0.8-0.9 s after the weights had loaded. So: the decode attention
-    # candidates, then the prefill attention's two variants (the longest and the shortest bucket: in one pass
-    # and in key splits), then the GEMV candidates (4-bit: the slowest of the rest), then every other bucket.
+    # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
+    # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).
     # Inputs have the dtypes and shapes of the engine's warm-up, decode step and prefill graphs.
     with precompile.compile_only(), torch.inference_mode():
         if graphs:
+            model.linear.call_every_candidate(model.w, model.dtype)
+            mark("GEMV candidates")
+            tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
+            last = torch.zeros(1, dtype=torch.int64, device=dev)
+            start = torch.zeros(1, dtype=torch.int32, device=dev)
+            for bucket in sorted(buckets, reverse=True):  # tile shape and split differ by length: every bucket
+                for fresh in (False, True):
+                    model.prefill_static(tokens[:bucket], last, start, fresh)
+            mark("prefill graphs")
             token = torch.zeros(1, dtype=torch.int64, device=dev)
             pos = torch.zeros(1, dtype=torch.int32, device=dev)
             for config in triton_ops.decode_attention_candidates(dev, model.linear.int4_gemv):
@@ -81,20 +86,6 @@ def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)
             mark("decode attention candidates")
-            tokens = torch.zeros(max(buckets, default=1), dtype=torch.int64, device=dev)
-            last = torch.zeros(1, dtype=torch.int64, device=dev)
-            start = torch.zeros(1, dtype=torch.int32, device=dev)
-            ordered = sorted(set(buckets), reverse=True)  # tile shape and split differ by length: every bucket
-            early = list(dict.fromkeys(ordered[:1] + ordered[-1:]))
-            for bucket in early + ["GEMV"] + [b for b in ordered if b not in early]:
-                if bucket == "GEMV":
-                    mark("prefill graphs, longest and shortest")
-                    model.linear.call_every_candidate(model.w, model.dtype)
-                    mark("GEMV candidates")
-                    continue
-                for fresh in (False, True):
-                    model.prefill_static(tokens[:bucket], last, start, fresh)
-            mark("prefill graphs")
             _walk_sampler(dev, model.dtype, vocab_size or model.cfg.vocab_size)
             ForcedTokens(dev, None, use_triton=True).commit(token, token.clone(), pos)  # the step's last kernel
             mark("sampler and commit")

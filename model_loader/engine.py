@@ -386,7 +386,6 @@ class Engine:
         triton_check: dict = {}
         check_thread = None
         if triton_ok and dev.type == "cuda":
-            precompile.prewarm_cache_key()
             check_thread = threading.Thread(target=lambda: triton_check.update(ok=triton_works(dev)),
                                             name="r1desk-triton-check", daemon=True)
         breakdown: dict[str, float] = {}

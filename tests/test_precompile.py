@@ -31,23 +31,6 @@ def test_launch_is_the_plain_launch_outside_compiling_ahead():
     assert precompile.launch(Kernel(), (3,)) == ("launch", (3,))
 
 
-def test_the_cache_key_prefix_is_computed_ahead_on_a_helper_thread():
-    """Engine.load starts prewarm_cache_key first thing: Triton's per-process cache key prefix (a hash of
-    libtriton.so, ~0.5 GB) must then be computed and cached, so that the first compile does not pay for it."""
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:
-        from triton.compiler.compiler import triton_key
-    triton_key.cache_clear()
-    thread = precompile.prewarm_cache_key()
-    assert thread.name == "r1desk-triton-key" and thread.daemon
-    thread.join()
-    assert triton_key.cache_info().currsize == 1
-    hits = triton_key.cache_info().hits
-    triton_key()
-    assert triton_key.cache_info().hits == hits + 1
-
-
 def test_the_compile_pool_enters_and_leaves_tritons_async_mode_once():
     from concurrent.futures import Future
 

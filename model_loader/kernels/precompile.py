@@ -35,27 +35,6 @@ log = logging.getLogger(__name__)
 _state = threading.local()  # .active: this thread is inside compile_only()
 
 
-def prewarm_cache_key() -> threading.Thread:
-    """Compute Triton's cache key prefix (triton_key(): a SHA-256 of Triton's sources and of its compiler library,
-    libtriton.so, ~0.5 GB) on a helper thread now. Every kernel's first compile or cache lookup in a process
-    needs it and Triton computes it there, once (0.3 s on a 2-core box with the file in the page cache; more
-    when it has to come from disk): started at the top of a load, beside the CUDA context's creation, it is
-    ready before the compile walk and the Triton check need it (hashlib and file reads release the GIL)."""
-    def compute() -> None:
-        try:
-            try:
-                from triton.runtime.cache import triton_key
-            except ImportError:  # Triton before 3.3 kept it here
-                from triton.compiler.compiler import triton_key
-            triton_key()
-        except Exception as err:  # only a head start: the first compile computes it as it would have
-            log.debug("no head start on triton_key (%s: %s)", type(err).__name__, err)
-
-    thread = threading.Thread(target=compute, name="r1desk-triton-key", daemon=True)
-    thread.start()
-    return thread
-
-
 def active() -> bool:
     """True while this thread runs the warm-up paths only to compile (inside compile_only())."""
     return getattr(_state, "active", False)
