@@ -113,6 +113,13 @@ def gemm_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple, tma: bool) -> t
 
 
 @triton.jit
+def _store_swiglu(out_desc, off_m, off_n, acc_g, acc_u):
+    gate = acc_g.to(out_desc.dtype).to(tl.float32)  # rounded as the separate kernels round
+    up = acc_u.to(out_desc.dtype).to(tl.float32)
+    out_desc.store([off_m, off_n], (gate / (1.0 + tl.exp(-gate)) * up).to(out_desc.dtype))
+
+
+@triton.jit
 def _swiglu_ws_kernel(x_desc, w_desc, out_desc, M, N2, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, PERSISTENT: tl.constexpr,
                       WS: tl.constexpr, FLATTEN: tl.constexpr):
@@ -132,9 +139,7 @@ def _swiglu_ws_kernel(x_desc, w_desc, out_desc, M, N2, K, BLOCK_M: tl.constexpr,
                 a = x_desc.load([off_m, ki * BLOCK_K])
                 acc_g = tl.dot(a, w_desc.load([off_n, ki * BLOCK_K]).T, acc_g)
                 acc_u = tl.dot(a, w_desc.load([off_n, K + ki * BLOCK_K]).T, acc_u)
-            gate = acc_g.to(out_desc.dtype).to(tl.float32)
-            up = acc_u.to(out_desc.dtype).to(tl.float32)
-            out_desc.store([off_m, off_n], (gate / (1.0 + tl.exp(-gate)) * up).to(out_desc.dtype))
+            _store_swiglu(out_desc, off_m, off_n, acc_g, acc_u)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), blocks_m, blocks_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -145,9 +150,7 @@ def _swiglu_ws_kernel(x_desc, w_desc, out_desc, M, N2, K, BLOCK_M: tl.constexpr,
             a = x_desc.load([off_m, ki * BLOCK_K])
             acc_g = tl.dot(a, w_desc.load([off_n, ki * BLOCK_K]).T, acc_g)
             acc_u = tl.dot(a, w_desc.load([off_n, K + ki * BLOCK_K]).T, acc_u)
-        gate = acc_g.to(out_desc.dtype).to(tl.float32)
-        up = acc_u.to(out_desc.dtype).to(tl.float32)
-        out_desc.store([off_m, off_n], (gate / (1.0 + tl.exp(-gate)) * up).to(out_desc.dtype))
+        _store_swiglu(out_desc, off_m, off_n, acc_g, acc_u)
 
 
 def swiglu_variant(x, w, config, persistent: bool, ws: bool, flatten: bool):
