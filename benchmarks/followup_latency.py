@@ -7,7 +7,8 @@ Stop thinking: a reply in its reasoning, the request made between two tokens; la
 the first answer text (the close tag forced into the decode steps already queued, then the answer's first
 token; model_loader.forced_tokens).
 
-    python benchmarks/followup_latency.py --model /tmp/full [--json FILE]
+    python benchmarks/followup_latency.py --model /tmp/full [--prefixes 512,4096] [--new 1024,2048] [--again 5]
+                                          [--json FILE]
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def main() -> None:
     ap.add_argument("--new", default=",".join(map(str, NEW)))
     ap.add_argument("--device")
     ap.add_argument("--stop-only", action="store_true", help="only the stop-thinking latencies")
+    ap.add_argument("--again", type=int, default=1,
+                    help="rounds of the table after the first (each case is one follow-up a round: with several, "
+                         "'again' prints each case's min / median / max)")
     args = ap.parse_args()
     prefixes = [int(x) for x in args.prefixes.split(",")]
     new = [int(x) for x in args.new.split(",")]
@@ -123,10 +127,19 @@ def main() -> None:
               "quantization": engine.info.quantization, "warmup_s": round(engine.info.warmup_s, 2),
               "first": [] if args.stop_only else followups(engine, pool, prefixes, new),
               "again": [] if args.stop_only else followups(engine, pool, prefixes, new)}
+    rounds = [result["again"]] + [followups(engine, pool, prefixes, new) for _ in range(args.again - 1)
+                                  if not args.stop_only]
+    if len(rounds) > 1:  # one sample per case and round: the spread says how much one number means
+        result["again_rounds"] = rounds
     result["stop_thinking"] = stop_thinking(engine, pool)
     result["stop_thinking_mid_step"] = stop_thinking(engine, pool, runs=10, from_thread=True)
     for key in ("first", "again"):
         print(key + ": " + "; ".join(f"{r['prefix']}+{r['new']}: {r['ttft_ms']} ms" for r in result[key]))
+    if "again_rounds" in result:
+        cases = zip(*(([r["ttft_ms"] for r in rows]) for rows in result["again_rounds"]))
+        print(f"again, {len(rounds)} rounds (min / median / max): " + "; ".join(
+            f"{r['prefix']}+{r['new']}: {min(ms)} / {statistics.median(ms):.2f} / {max(ms)} ms"
+            for r, ms in zip(result["again"], cases)))
     for key, when in (("stop_thinking", "right after a token"), ("stop_thinking_mid_step", "mid-step, another thread")):
         ms = [r["ms"] for r in result[key]]
         print(f"stop thinking ({when}) -> first answer text: {ms} ms (median {statistics.median(ms):.2f}); model "
