@@ -9,7 +9,10 @@ GEMMs are 6.9 ms of the 10.7 ms graph at ~774 TFLOP/s; the O and down projection
 --kernels (fifteenth session) names the kernels each GEMM launches: the follow-up graph's QKV GEMM comes with a
 memset (cuBLAS), and the GPU idles ~3.5 us between that memset and the GEMM.
 
-usage: python benchmarks/prefill_gemm_backends.py [--rows 2048,1024] [--kernels]
+--split-gate-up PARTS (fifteenth session, not yet run on a GPU) times the gate/up GEMM cut into PARTS GEMMs
+writing column slices of one output, to see whether cuBLAS then plans it without that memset.
+
+usage: python benchmarks/prefill_gemm_backends.py [--rows 2048,1024] [--kernels] [--split-gate-up 2]
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def main() -> None:
     ap.add_argument("--rows", default="2048,1024")
     ap.add_argument("--kernels", action="store_true",
                     help="also list the kernels (and memsets) each GEMM launches under each back-end")
+    ap.add_argument("--split-gate-up", type=int, default=0, metavar="PARTS",
+                    help="also the gate/up GEMM cut into PARTS GEMMs along its outputs, each writing its columns "
+                         "of one output buffer, + SiLU·mul, against the whole GEMM + SiLU·mul (cuBLAS)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -58,7 +64,39 @@ def main() -> None:
                         f"{k} {v['us']:.1f} us x{v['launches']}" for k, v in launched.items()), flush=True)
                 line.append(f"{name} {us:.1f} us ({2 * rows * n * k / us / 1e6:.0f} TFLOP/s)")
             print(f"M={rows} {backend}: " + ", ".join(line) + f"; per layer {total:.1f} us", flush=True)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        if args.split_gate_up:
+            split_gate_up(weights["gate_up"], xs["gate_up"], args.split_gate_up, args.kernels)
     torch.backends.cuda.preferred_blas_library("cublas")
+
+
+def gate_up_in_parts(x: torch.Tensor, w: torch.Tensor, parts: int, out: torch.Tensor) -> torch.Tensor:
+    """x @ w.T written part by part: rows [i * n / parts, (i + 1) * n / parts) of the weight into the same
+    columns of `out` (a column slice of a row-major matrix is a matrix with a leading dimension to cuBLAS: no
+    copy). With the rows in (gate, up) pairs and n / parts even, every part holds whole pairs."""
+    n = w.shape[0]
+    step = n // parts
+    for i in range(parts):
+        torch.mm(x, w[i * step:(i + 1) * step].t(), out=out[:, i * step:(i + 1) * step])
+    return out
+
+
+def split_gate_up(ws: list, x: torch.Tensor, parts: int, list_kernels: bool) -> None:
+    """Why (fifteenth session): cuBLAS launches a memset before the whole gate/up GEMM (N = 17,920) and the GPU
+    idles ~3.5 us after it in the follow-up graph (~0.13 ms of a 2,048-token follow-up); smaller GEMMs may be
+    planned without it."""
+    rows = x.shape[0]
+    out = torch.empty((rows, ws[0].shape[0]), device=x.device, dtype=x.dtype)
+    assert ws[0].shape[0] % (2 * parts) == 0, "every part must hold whole (gate, up) pairs"
+    whole = T.time_configs(ws, [None], lambda w, c: T.silu_mul(F.linear(x, w), paired=True))[None]
+    cut = T.time_configs(ws, [None], lambda w, c: T.silu_mul(gate_up_in_parts(x, w, parts, out), paired=True))[None]
+    diff = (gate_up_in_parts(x, ws[0], parts, out).float() - F.linear(x, ws[0]).float()).abs().max().item()
+    print(f"M={rows} gate/up + SiLU·mul: whole {whole:.1f} us, in {parts} parts {cut:.1f} us "
+          f"(max |diff| of the GEMM {diff:.2e})", flush=True)
+    if list_kernels:
+        launched = kernel_totals(lambda: gate_up_in_parts(x, ws[0], parts, out), 5)
+        print(f"  in {parts} parts: " + "; ".join(f"{k} {v['us']:.1f} us x{v['launches']}"
+                                                  for k, v in launched.items()), flush=True)
 
 
 if __name__ == "__main__":
