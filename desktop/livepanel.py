@@ -412,6 +412,8 @@ class LivePanel(QScrollArea):
             quant = f" · 4-bit {i['quantization']}" if i.get("quantization") else ""  # which AWQ path runs
             ctx = i.get("context_length")
             context = f" · context {'Auto: ' if i.get('context_auto') else ''}{ctx:,}" if ctx else ""
+            if i.get("kv_cache") == "8-bit":
+                context += " (8-bit KV cache)"
             self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
                                       f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}"
                                       f"{context}")

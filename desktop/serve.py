@@ -74,7 +74,7 @@ def run(args) -> int:
             print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}",
                   file=sys.stderr)
             return 1
-        service.load(args.model, args.device, args.context, args.dtype)
+        service.load(args.model, args.device, args.context, args.dtype, args.kv_cache)
         loop.run_until_complete(done.wait())
         loop.run_until_complete(server.stop())
     if not service.shutdown(3000):

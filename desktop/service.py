@@ -117,14 +117,15 @@ class EngineService(QObject):
     def model_name(self) -> str | None:
         return (self.info or {}).get("model_name")
 
-    def load(self, spec: str, device: str, context_length: int, dtype: str | None) -> None:
+    def load(self, spec: str, device: str, context_length: int, dtype: str | None,
+             kv_cache: str = "16-bit") -> None:
         """Load (or reload) a model. A request already running finishes first (the worker is serial);
         requests still waiting fail with "unloaded": they were asked of the model being replaced."""
         self.state = "loading"
         self.info = None
         for req in list(self.waiting):
             self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
-        self.host.load(spec, device, context_length, dtype)
+        self.host.load(spec, device, context_length, dtype, kv_cache)
 
     def quantize(self, src: str, out: str, **options) -> None:
         self.host.quantize(src, out, **options)

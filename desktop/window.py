@@ -322,7 +322,7 @@ class MainWindow(QMainWindow):
         self.engine_state = "loading"
         self._set_status("Starting…", busy=True)
         self.service.load(self.settings.model_path, self.settings.device, self.settings.context_length,
-                          self.settings.dtype())
+                          self.settings.dtype(), self.settings.kv_cache)
 
     def _ensure_service(self) -> None:
         if self.service is None:

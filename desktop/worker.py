@@ -139,7 +139,8 @@ class EngineWorker(QObject):
     # ------------------------------------------------------------------ load
     @Slot(object)
     def load(self, request: dict) -> None:
-        """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto)."""
+        """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto), kv_cache ("16-bit" |
+        "8-bit"; model_loader.kv_cache)."""
         self._abort_load.clear()
         self.stage.emit("importing")
         try:
@@ -177,7 +178,7 @@ class EngineWorker(QObject):
                 engine = Engine.load(request["spec"], device=device,
                                      context_length="auto" if ctx in (0, None, "auto") else int(ctx),
                                      dtype=request.get("dtype") or None, progress=on_progress,
-                                     on_compiling=on_compiling)
+                                     on_compiling=on_compiling, kv_cache=request.get("kv_cache") or "16-bit")
             # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
             self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
 
@@ -362,8 +363,10 @@ class EngineHost(QObject):
         self.thread.start()
         self._next_id = 0
 
-    def load(self, spec: str, device: str, context_length: int, dtype: str | None) -> None:
-        self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype))
+    def load(self, spec: str, device: str, context_length: int, dtype: str | None,
+             kv_cache: str = "16-bit") -> None:
+        self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype,
+                                       kv_cache=kv_cache))
 
     def next_id(self) -> int:
         """A new generation id, for a generate() the caller makes right after (its events carry it)."""

@@ -11,6 +11,7 @@ import torch
 
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
+from model_loader.kv_cache import KV_16BIT
 from model_loader.stats import percentile
 
 FILLER = (
@@ -147,14 +148,14 @@ def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ou
 
 
 def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device, context: int,
-              temperature: float, use_triton, dtype, int4_kernel: str | None = None
+              temperature: float, use_triton, dtype, int4_kernel: str | None = None, kv_cache: str = KV_16BIT
               ) -> tuple[Engine, dict, list[int], list[int]]:
     """Load + warm up (timed: time to ready) and the timed runs, for one model folder."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     engine = Engine.load(model, device=device, context_length=context, use_triton=use_triton, dtype=dtype,
-                         int4_kernel=int4_kernel)
+                         int4_kernel=int4_kernel, kv_cache=kv_cache)
     t_load = time.perf_counter() - t0
     engine.warm_up()
     ready = time.perf_counter() - t0
@@ -163,7 +164,7 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
     mem = engine.memory()
     result = {
         "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
-        "quantization": engine.info.quantization, "embed_on_host": engine.info.embed_on_host,
+        "quantization": engine.info.quantization, "kv_cache": engine.info.kv_cache, "embed_on_host": engine.info.embed_on_host,
         "gemv": engine.info.gemv, "decode_attention": engine.info.decode_attention,
         "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
         "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
@@ -182,9 +183,9 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
 def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs: int = 5, device: str | None = None,
               context: int = 4096, compare: str | None = None, temperature: float = 0.0,
               use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None,
-              int4_kernel: str | None = None) -> dict:
+              int4_kernel: str | None = None, kv_cache: str = KV_16BIT) -> dict:
     engine, result, prompt, token_ids = bench_one(model, prompt_tokens, new_tokens, runs, device, context,
-                                                  temperature, use_triton, dtype, int4_kernel)
+                                                  temperature, use_triton, dtype, int4_kernel, kv_cache)
     if compare == "hf":
         hf = compare_hf(engine, prompt, new_tokens, runs, token_ids)
         result["compare_hf"] = hf
@@ -198,7 +199,7 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         engine, q, _, _ = bench_one(awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton,
-                                    None, int4_kernel)
+                                    None, int4_kernel, kv_cache)
         q["decode_speedup_vs_dense"] = q["decode_tok_s_p50"] / result["decode_tok_s_p50"]
         q["weights_ratio_vs_dense"] = q["weights_gib"] / result["weights_gib"]
         result["awq"] = q
@@ -208,7 +209,7 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
 def format_bench(r: dict) -> str:
     lines = [
         f"model {r['model']} on {r['device']} ({r['dtype']}, kernels={r['kernels']}, cuda graphs={r['cuda_graphs']}, "
-        f"torch {r['torch']})",
+        f"torch {r['torch']}, {r.get('kv_cache', KV_16BIT)} KV cache)",
         f"prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['runs']} runs, "
         f"temperature {r['temperature']}",
         f"ready      {r['ready_s']:.2f} s  (load {r['load_s']:.2f} s + warm-up {r['warmup_s']:.2f} s)",

@@ -23,6 +23,7 @@ import torch
 
 from model_loader.forced_tokens import ForcedTokens
 from model_loader.kernels import precompile
+from model_loader.kv_cache import KV_16BIT
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,9 @@ class CompileBesideLoad:
     early calls abandon()."""
 
     def __init__(self, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
-                 int4pack_prefill: bool):
-        self._args = (cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill)
+                 int4pack_prefill: bool, kv_cache: str = KV_16BIT):
+        self._args = (cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill,
+                      kv_cache)
         self.device = device
         self.pool: precompile.CompilePool | None = None
         self.error: str | None = None  # why the walk stopped early
@@ -139,7 +141,7 @@ class CompileBesideLoad:
 
     @classmethod
     def start_if_room(cls, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
-                      int4pack_prefill: bool, load_bytes: int) -> "CompileBesideLoad | None":
+                      int4pack_prefill: bool, load_bytes: int, kv_cache: str = KV_16BIT) -> "CompileBesideLoad | None":
         """Started, or None where Triton can't compile ahead here or the twin would not fit beside the weights
         (then the warm-up compiles ahead on the loaded model, after the load, as before)."""
         if precompile.async_compile_mode() is None:
@@ -150,7 +152,7 @@ class CompileBesideLoad:
             log.info("compiling after the load: the model's shape twin would not fit beside its weights "
                      "(%.2f GiB free, %.2f GiB needed)", free / 2**30, need / 2**30)
             return None
-        ahead = cls(cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill)
+        ahead = cls(cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill, kv_cache)
         ahead._thread.start()
         return ahead
 
@@ -176,7 +178,7 @@ class CompileBesideLoad:
         from model_loader.qwen2 import Qwen2Model
         from model_loader.weights import load_weights, twin_entries
 
-        cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill = self._args
+        cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill, kv_cache = self._args
         t = time.perf_counter()
 
         def mark(label: str) -> None:
@@ -194,7 +196,7 @@ class CompileBesideLoad:
                 small = twin_config(cfg)
                 weights = load_weights(small, shards, device, dtype, awq=awq, int4_layout=int4_layout,
                                        entries=twin_entries(cfg, shards, awq, small), read_values=False)
-                twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True)
+                twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True, kv_cache=kv_cache)
                 if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
                     twin.linear.use_int4pack_prefill(weights, device, dtype)
                 mark("twin built")

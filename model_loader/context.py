@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from model_loader.kv_cache import KV_16BIT, value_bytes
+
 AUTO_TARGET = 32768
 GRANULE = 256  # round down to this many tokens
 MIN_CONTEXT = 1024  # less than this is no use for a reasoning model: say so rather than load it
@@ -19,10 +21,11 @@ HEADROOM_FRACTION = 0.10  # ... or a tenth of the device, whichever is more
 CPU_FALLBACK = 8192  # where the free host memory can't be read
 
 
-def per_token_bytes(cfg, dtype_bytes: int) -> int:
-    """Device bytes one token of context costs: its K and V in every layer, plus its RoPE cos/sin (fp32)."""
-    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
-    return kv + 4 * cfg.head_dim
+def per_token_bytes(cfg, dtype_bytes: int, kv_cache: str = KV_16BIT) -> int:
+    """Device bytes one token of context costs: its K and V in every layer (an 8-bit cache: a byte a value and
+    a scale a row), plus its RoPE cos/sin (fp32)."""
+    values = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
+    return int(values * value_bytes(kv_cache, dtype_bytes, cfg.head_dim)) + 4 * cfg.head_dim
 
 
 def choose_context(free_bytes: int, total_bytes: int, token_bytes: int, max_positions: int,
@@ -45,7 +48,7 @@ class NoRoomForContext(Exception):
         self.tokens = tokens
 
 
-def auto_context(device, cfg, dtype_bytes: int) -> int:
+def auto_context(device, cfg, dtype_bytes: int, kv_cache: str = KV_16BIT) -> int:
     """Measure the free memory of `device` (a torch.device; CUDA after the weights are loaded, or the host's
     RAM on the CPU) and choose. Raises NoRoomForContext below MIN_CONTEXT."""
     import torch
@@ -56,7 +59,7 @@ def auto_context(device, cfg, dtype_bytes: int) -> int:
         free, total = host_memory()
         if free is None:
             return min(CPU_FALLBACK, cfg.max_position_embeddings)
-    ctx = choose_context(free, total, per_token_bytes(cfg, dtype_bytes), cfg.max_position_embeddings)
+    ctx = choose_context(free, total, per_token_bytes(cfg, dtype_bytes, kv_cache), cfg.max_position_embeddings)
     if ctx < min(MIN_CONTEXT, cfg.max_position_embeddings):
         raise NoRoomForContext(ctx, free)
     return ctx

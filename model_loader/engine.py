@@ -25,6 +25,7 @@ from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import walk_warm_up_paths, warm_up_ids
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
+from model_loader.kv_cache import KV_16BIT, check_kv_cache
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.forced_tokens import ClosePush, ForcedTokens
@@ -311,10 +312,11 @@ def quantization_label(cfg, int4: str | None, dtype: torch.dtype, int4pack_prefi
     return INT4_LABELS.get(int4, f"awq (dequantized to {str(dtype).replace('torch.', '')})")
 
 
-def kernel_variant(cfg, dtype: torch.dtype, quantization: str | None) -> str:
-    """What our kernels are compiled for besides the GPU: dtype, head layout, quantization (kernel_cache)."""
+def kernel_variant(cfg, dtype: torch.dtype, quantization: str | None, kv_cache: str = KV_16BIT) -> str:
+    """What our kernels are compiled for besides the GPU: dtype, head layout, quantization, an 8-bit KV cache
+    (kernel_cache)."""
     return (f"{str(dtype).replace('torch.', '')}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x"
-            f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}")
+            f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}" + ("" if kv_cache == KV_16BIT else f"|kv {kv_cache}"))
 
 
 @dataclass
@@ -338,6 +340,7 @@ class EngineInfo:
     warmup_s: float = 0.0
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
+    kv_cache: str = KV_16BIT  # the cache's format (model_loader.kv_cache)
     compile_workers: dict | None = None  # a first start's compiles in worker processes (precompile.CompilePool)
 
 
@@ -359,15 +362,18 @@ class Engine:
     @classmethod
     def load(cls, spec, device: str | None = None, context_length: int | str = 4096, dtype: str | None = None,
              progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
-             embed_on_host: bool | None = None, int4_kernel: str | None = None, on_compiling=None) -> "Engine":
+             embed_on_host: bool | None = None, int4_kernel: str | None = None, on_compiling=None,
+             kv_cache: str = KV_16BIT) -> "Engine":
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
         window that closes mid-load stops it). context_length "auto" (or 0) takes as much context as the device
         has room for after the weights, up to 32,768 tokens (model_loader.context). int4_kernel forces an AWQ path ("triton", "torch" or
         "dequantize"; by default the fastest that runs here). on_compiling() is called from this thread when a
-        first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead). Raises
-        ModelError (one-line message) for anything unusable."""
+        first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead).
+        kv_cache: "16-bit" (the model's dtype) or "8-bit" (fp8 with a scale per row: model_loader.kv_cache).
+        Raises ModelError (one-line message) for anything unusable."""
         t0 = time.perf_counter()
+        check_kv_cache(kv_cache)
         folder = resolve_model(spec)
         reference.keep_off_cudnn()
         dev = pick_device(device)
@@ -417,7 +423,7 @@ class Engine:
             on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
             graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
             if check_thread is not None:  # a first start compiles its kernels while the weights load
-                ahead = cls._compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host)
+                ahead = cls._compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host, kv_cache)
                 if ahead is not None and on_compiling is not None:
                     on_compiling()
             weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
@@ -442,10 +448,10 @@ class Engine:
             breakdown["weights_s"] = time.perf_counter() - t
             if auto:  # measured now, with the weights in place and before the KV cache is allocated
                 try:
-                    ctx = auto_context(dev, cfg, torch_dtype.itemsize)
+                    ctx = auto_context(dev, cfg, torch_dtype.itemsize, kv_cache)
                 except NoRoomForContext as err:
                     raise OutOfMemoryError(f"{folder.name} fits, but {err}; {OOM_ADVICE}") from None
-            model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok)
+            model = Qwen2Model(cfg, weights, dev, torch_dtype, ctx, use_triton=triton_ok, kv_cache=kv_cache)
             if int4 == "torch" and triton_ok:
                 if ahead is not None:  # the check below launches a kernel that may still be compiling
                     ahead.finish()
@@ -483,7 +489,7 @@ class Engine:
                 kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
                 quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
                 embed_on_host=model.embed_on_host, load_s=time.perf_counter() - t0, load_breakdown=breakdown,
-                weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes,
+                weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes, kv_cache=kv_cache,
             )
             engine = cls(folder, model, chat, info)
         except BaseException:
@@ -498,25 +504,25 @@ class Engine:
         return engine
 
     @classmethod
-    def _compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool):
+    def _compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
         """On a first start (no kernels prepared for this GPU and model kind), start compiling every kernel the
         warm-up needs on a shape twin of the model while its weights load (model_loader.compile_ahead). None
         otherwise, or where the twin would not fit beside the weights."""
         try:
-            return cls._start_compile_beside_load(folder, dev, dtype, int4, ctx, graphs, on_host)
+            return cls._start_compile_beside_load(folder, dev, dtype, int4, ctx, graphs, on_host, kv_cache)
         except Exception as err:  # only a faster first start is lost: the warm-up compiles as before
             log.warning("not compiling beside the load: %s: %s", type(err).__name__, err)
             return None
 
     @classmethod
-    def _start_compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool):
+    def _start_compile_beside_load(cls, folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
         from model_loader.compile_ahead import CompileBesideLoad
 
         cfg = folder.config
         # torch's int4 layout prefills through our dequantiser only where its check passes (after the load):
         # prepared under either label counts
         labels = {quantization_label(cfg, int4, dtype, int4pack_prefill=check) for check in (int4 == "torch", False)}
-        if any(kernel_cache.kernels_prepared(dev, kernel_variant(cfg, dtype, label)) for label in labels):
+        if any(kernel_cache.kernels_prepared(dev, kernel_variant(cfg, dtype, label, kv_cache)) for label in labels):
             return None
         # the context is chosen after the load when automatic: compile for the largest it can be (a prefill
         # bucket too many costs a compile, one too few a compile on the warm-up's thread)
@@ -524,11 +530,11 @@ class Engine:
         buckets = PrefillGraphs.buckets_for(context, Qwen2Model.PREFILL_CHUNK) if graphs else ()
         return CompileBesideLoad.start_if_room(cfg, folder.shards, cfg.awq, int4, dev, dtype, context, buckets,
                                                graphs, int4 == "torch",
-                                               load_peak_bytes(cfg, folder.shards, dtype, on_host))
+                                               load_peak_bytes(cfg, folder.shards, dtype, on_host), kv_cache)
 
     @property
     def _kernel_variant(self) -> str:
-        return kernel_variant(self.model.cfg, self.model.dtype, self.info.quantization)
+        return kernel_variant(self.model.cfg, self.model.dtype, self.info.quantization, self.info.kv_cache)
 
     @property
     def first_start(self) -> bool:
@@ -645,7 +651,7 @@ class Engine:
             self.prefill_graphs.outputs.clear()
         self.prefill_graphs = None
         self.model.w = {"layers": []}
-        self.model.k_cache = self.model.v_cache = None
+        self.model.k_cache = self.model.v_cache = self.model.k_scale = self.model.v_scale = None
         # Everything else the model and the decode step hold on the device: the 4-bit prefill's dequantise
         # scratch (as large as the biggest weight), RoPE tables, the attentions' split buffers, the step's
         # token/position and the sampler's parameters.

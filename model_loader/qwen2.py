@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from model_loader.awq import Int4Weight, RowPackedInt4
 from model_loader.config import Qwen2Config
 from model_loader.kernels import reference
+from model_loader.kv_cache import KV_8BIT, KV_16BIT
 from model_loader.linears import Linears
 
 
@@ -28,14 +29,22 @@ def rope_tables(cfg: Qwen2Config, max_ctx: int, device) -> tuple[torch.Tensor, t
 class Qwen2Model:
     PREFILL_CHUNK = 2048  # bounds activation memory for long prompts
 
-    def __init__(self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool):
+    def __init__(self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool,
+                 kv_cache: str = KV_16BIT):
         self.cfg, self.w, self.device, self.dtype, self.max_ctx = cfg, weights, torch.device(device), dtype, max_ctx
         self.scale = cfg.head_dim ** -0.5
         self.cos, self.sin = rope_tables(cfg, max_ctx, device)
         cache_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
-        # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane.
-        self.k_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
-        self.v_cache = torch.zeros(cache_shape, device=device, dtype=dtype)
+        # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane. An 8-bit cache holds
+        # fp8 (e4m3) K and V rows with one fp32 scale per (layer, KV head, token) row (kv_cache.py).
+        self.kv_cache = kv_cache
+        cache_dtype = torch.float8_e4m3fn if kv_cache == KV_8BIT else dtype
+        self.k_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
+        self.v_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
+        self.k_scale = self.v_scale = None
+        if kv_cache == KV_8BIT:
+            self.k_scale = torch.zeros(cache_shape[:-1], device=device, dtype=torch.float32)
+            self.v_scale = torch.zeros(cache_shape[:-1], device=device, dtype=torch.float32)
         self.use_triton = use_triton
         # The last layer works on the last token's row only (_layers). A compile walk over a one-layer shape twin
         # turns it off: that layer must stand for all the others, whose prefill attention it would otherwise skip
@@ -85,7 +94,13 @@ class Qwen2Model:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+        scales = 0 if self.k_scale is None else 2 * self.k_scale.numel() * self.k_scale.element_size()
+        return 2 * self.k_cache.numel() * self.k_cache.element_size() + scales
+
+    def cache_scales(self, layer: int):
+        """(k_scale, v_scale) [Hkv, max_ctx] of a layer's 8-bit cache, or None (16-bit): what the attention
+        and cache-writing kernels take as `scales`."""
+        return None if self.k_scale is None else (self.k_scale[layer], self.v_scale[layer])
 
     def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend,
                 rows: torch.Tensor | None = None, attend_rows=None) -> torch.Tensor:
@@ -104,7 +119,8 @@ class Qwen2Model:
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
             qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
             q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
-                                    pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads)
+                                    pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                    scales=self.cache_scales(i))
             if i == last and attend_rows is not None and self.last_layer_rows_only:
                 assert rows is not None and rows.shape[0] == 1, "the row path attends for one row"
                 q, residual = q.index_select(0, rows), residual.index_select(0, rows)
@@ -128,10 +144,11 @@ class Qwen2Model:
             if self.use_triton:
                 config = self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv)[-1]
                 out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, length,
-                                            self.scale, config=config)
+                                            self.scale, config=config, scales=self.cache_scales(layer))
             else:  # the reference path is never captured in a graph: reading the position here costs nothing
                 n = length if length is not None else int(pos_t.item()) + 1
-                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, n, self.scale)
+                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, n, self.scale,
+                                            scales=self.cache_scales(layer))
             return out.reshape(1, -1)
 
         return attend_rows
@@ -143,18 +160,23 @@ class Qwen2Model:
         the cache with no mask and no repeated K/V (the reference path: an explicit mask)."""
         if start is None or (start and self.use_triton):
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-                return self.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale)
+                return self.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale,
+                                              scales=self.cache_scales(layer))
 
             return attend
         length = start + t
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            scales = self.cache_scales(layer)
             if start:
-                return reference.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start, self.scale)
+                return reference.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start, self.scale,
+                                                   scales=scales)
             q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]: 4-D so SDPA can pick its flash kernel
-            k = self.k_cache[layer, :, :length][None]  # [1, Hkv, L, D]
-            v = self.v_cache[layer, :, :length][None]
-            out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+            # [Hkv, L, D] each (dequantized from an 8-bit cache: the prompt's own tokens attend to what later ones
+            # will read)
+            k, v = reference.cached_kv(self.k_cache[layer], self.v_cache[layer], length, q.dtype, scales)
+            out = F.scaled_dot_product_attention(q4, k[None], v[None], is_causal=True, scale=self.scale,
+                                                 enable_gqa=True)
             return out[0].transpose(0, 1).reshape(t, -1)
 
         return attend
@@ -204,7 +226,8 @@ class Qwen2Model:
         h = F.embedding(token_t, self.w["embed"])
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, pos + 1, self.scale)
+            out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, pos + 1, self.scale,
+                                        scales=self.cache_scales(layer))
             return out.reshape(1, -1)
 
         x = self._layers(h, pos_t, pos, attend)

@@ -42,20 +42,26 @@ STALE_V_ROWS = tl.constexpr(128)  # at least the prefill attention's key tile he
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            n_tokens, max_ctx, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                            BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+                            n_tokens, max_ctx, k_scale_ptr, v_scale_ptr, NUM_HEADS: tl.constexpr,
+                            NUM_KV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+                            KV_FP8: tl.constexpr = False):
     # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
     # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
     # A prefill also zeroes the STALE_V_ROWS value rows after its tokens (within the head's max_ctx rows): the
     # prefill attention's last key tile reads them whole through TMA (_prefill_kv_tile), and a stale NaN there
     # would survive its zero weight. Nothing valid lives there: the sequence ends at the last new token.
+    # KV_FP8: the cache holds K and V in fp8 (e4m3) with one fp32 scale per (KV head, token) row (kv_cache.py).
     _pdl_start(PDL)
     if BLOCK_T > 1:
         if (tl.program_id(1) >= NUM_HEADS + NUM_KV) & (tl.program_id(0) == tl.num_programs(0) - 1):
             stale = tl.load(pos_ptr) + n_tokens + tl.arange(0, STALE_V_ROWS)
-            dst = v_cache_ptr + ((tl.program_id(1) - NUM_HEADS - NUM_KV) * max_ctx + stale[:, None]) * D
+            vh = tl.program_id(1) - NUM_HEADS - NUM_KV
+            dst = v_cache_ptr + (vh * max_ctx + stale[:, None]) * D
             tl.store(dst + tl.arange(0, D)[None, :], tl.zeros([STALE_V_ROWS, D], v_cache_ptr.dtype.element_ty),
                      mask=(stale < max_ctx)[:, None])
+            if KV_FP8:  # a NaN scale would make the zeroed rows NaN again
+                tl.store(v_scale_ptr + vh * max_ctx + stale, tl.zeros([STALE_V_ROWS], tl.float32),
+                         mask=stale < max_ctx)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)  # 0..Hq-1: q heads, then Hkv k heads, then Hkv v heads
     live = (tok < n_tokens)[:, None]
@@ -69,16 +75,61 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
         s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
-        if head < NUM_HEADS:
-            dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
-        else:
-            dst = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D
     else:
         y1 = x1
         y2 = x2
-        dst = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D
-    tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
-    tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
+    if not KV_FP8:
+        if head < NUM_HEADS:
+            dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
+        elif head < NUM_HEADS + NUM_KV:
+            dst = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D
+        else:
+            dst = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D
+        tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
+        tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
+    elif head < NUM_HEADS:
+        dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
+        tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
+        tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
+    elif head < NUM_HEADS + NUM_KV:
+        _store_fp8_rows(k_cache_ptr, k_scale_ptr, (head - NUM_HEADS) * max_ctx + pos, half, y1, y2, live, D)
+    else:
+        _store_fp8_rows(v_cache_ptr, v_scale_ptr, (head - NUM_HEADS - NUM_KV) * max_ctx + pos, half, y1, y2, live,
+                        D)
+
+
+FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
+
+
+@triton.jit
+def _store_fp8_rows(cache_ptr, scale_ptr, row, half, y1, y2, live, D: tl.constexpr):
+    """Rows [T, D] (as halves y1, y2, fp32) into an fp8 cache at row indices `row` [T, 1], each scaled so that
+    its largest magnitude lands on FP8_MAX, the scale kept beside it (an all-zero row gets a tiny scale)."""
+    amax = tl.maximum(tl.max(tl.abs(y1), axis=1), tl.max(tl.abs(y2), axis=1))
+    scale = tl.maximum(amax, 1e-30) / FP8_MAX
+    inv = (1.0 / scale)[:, None]
+    tl.store(cache_ptr + row * D + half, _round_to_e4m3(y1 * inv).to(cache_ptr.dtype.element_ty), mask=live)
+    tl.store(cache_ptr + row * D + D // 2 + half, _round_to_e4m3(y2 * inv).to(cache_ptr.dtype.element_ty),
+             mask=live)
+    tl.store(scale_ptr + row, scale[:, None], mask=live)
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """fp32 x (|x| <= ~448) rounded to the nearest e4m3 value, ties to even, still in fp32, so that the conversion
+    after it is exact. The GPU's conversion rounds the same way by itself; Triton's interpreter (the CPU tests)
+    does not carry a mantissa that rounds up into the exponent (31.9 became 16) and rounds ties away from zero.
+    The step is read from x's exponent bits (no log2 approximation): 2^(e - 3), e4m3's 3 mantissa bits, and
+    2^-9 below the smallest normal exponent (-6), where e4m3 is subnormal."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    q = tl.abs(x) / step  # exact: a power of two
+    fl = tl.floor(q)
+    frac = q - fl
+    odd = fl - 2.0 * tl.floor(fl * 0.5)
+    r = fl + tl.where((frac > 0.5) | ((frac == 0.5) & (odd == 1.0)), 1.0, 0.0)
+    return tl.where(x < 0, -r * step, r * step)
 
 
 @triton.jit
@@ -155,19 +206,33 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, offs, rows):
-    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0)."""
+def _kv_tile(k_ptr, v_ptr, offs, rows, k_scale_ptr, v_scale_ptr, scale_rows, out_ptr, FP8: tl.constexpr):
+    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0). FP8: the cache is
+    8-bit with a scale per row (scale_rows: their indices); the tile comes back in out_ptr's 16-bit type."""
     k = tl.load(k_ptr + offs, mask=rows[:, None], other=0.0)
     v = tl.load(v_ptr + offs, mask=rows[:, None], other=0.0)
+    if FP8:
+        k, v = _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, scale_rows, rows, out_ptr)
+    return k, v
+
+
+@triton.jit
+def _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, scale_rows, rows, out_ptr):
+    """fp8 K and V tiles times their rows' scales, in out_ptr's element type (masked rows: 0)."""
+    ks = tl.load(k_scale_ptr + scale_rows, mask=rows, other=0.0)
+    vs = tl.load(v_scale_ptr + scale_rows, mask=rows, other=0.0)
+    k = (k.to(tl.float32) * ks[:, None]).to(out_ptr.dtype.element_ty)
+    v = (v.to(tl.float32) * vs[:, None]).to(out_ptr.dtype.element_ty)
     return k, v
 
 
 @triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
-                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                              BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                              CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr,
-                              LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr):
+                              k_scale_ptr, v_scale_ptr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                              D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                              MIN_CHUNK: tl.constexpr, CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr,
+                              IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr,
+                              KV_FP8: tl.constexpr = False):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
@@ -200,11 +265,13 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n = start + tl.arange(0, BLOCK_N)
             n_mask = n < end
             offs = base + n[:, None] * D + d[None, :]
-            k, v = _kv_tile(k_ptr, v_ptr, offs, n < tl.minimum(end, length - 1))
+            srows = kvh * max_ctx + n
+            k, v = _kv_tile(k_ptr, v_ptr, offs, n < tl.minimum(end, length - 1), k_scale_ptr, v_scale_ptr, srows,
+                            q_ptr, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask)
+                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask, k_scale_ptr, v_scale_ptr, srows, q_ptr, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         if EARLY_TILE:
@@ -212,7 +279,8 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
-            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask)
+            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask, k_scale_ptr, v_scale_ptr,
+                            kvh * max_ctx + n, q_ptr, KV_FP8)
             m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
         heads = kvh * GROUP + g
         out_base = heads * MAX_SPLITS + split
@@ -255,15 +323,22 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
 
 
 @triton.jit
-def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
+def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
+                     k_scale_ptr=None, v_scale_ptr=None, out_ptr=None, FP8: tl.constexpr = False):
     """The K and V tiles of keys n = n0 + [0, BLOCK_N) of one KV head (base: its first element; with TMA its
     first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
     as zeros), so a masked tile's rows from hi on are whatever the cache holds there: K's scores are masked by the
     caller, and V's rows were zeroed by this prefill's _rope_bias_cache_kernel (STALE_V_ROWS; a NaN left there by
     an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) took V
     through registers and cost the TMA loads their gain (H200: 512 + 2,048 tokens 68 us a layer either way,
-    against 57 without; benchmarks/prefill_attention_tma.py)."""
-    if TMA:
+    against 57 without; benchmarks/prefill_attention_tma.py). FP8 (never with TMA): an 8-bit cache, dequantized
+    into out_ptr's type with its per-row scales; masked rows come back as zeros."""
+    if FP8:
+        rows = n < hi if MASKED else n >= 0
+        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+        k, v = _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, base // D + n, rows, out_ptr)
+    elif TMA:
         row = base // D + n0
         k = k_ptr.load([row, 0])
         v = v_ptr.load([row, 0])
@@ -278,9 +353,10 @@ def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: 
 
 @triton.jit(do_not_specialize=["n_tokens", "splits"])
 def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
-                         splits, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                         PDL: tl.constexpr, TMA: tl.constexpr = False, PACK_GQA: tl.constexpr = False):
+                         splits, k_scale_ptr, v_scale_ptr, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                         IEEE: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr = False,
+                         PACK_GQA: tl.constexpr = False, KV_FP8: tl.constexpr = False):
     # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
     # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
     # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
@@ -330,14 +406,16 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA,
+                                k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, out_ptr=q_ptr, FP8=KV_FP8)
         if IEEE:
             m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
         else:
             m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False)
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA,
+                                k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, out_ptr=q_ptr, FP8=KV_FP8)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
         if IEEE:
             m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)

@@ -38,10 +38,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int):
+def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int,
+                    scales=None):
     """Add the QKV bias, rotate q and k, write k and v into the cache at start..start+T-1.
 
-    qkv: [T, (Hq + 2*Hkv) * D]; cos/sin: [max_ctx, D/2] fp32; k_cache/v_cache: [Hkv, max_ctx, D].
+    qkv: [T, (Hq + 2*Hkv) * D]; cos/sin: [max_ctx, D/2] fp32; k_cache/v_cache: [Hkv, max_ctx, D]; scales:
+    (k_scale, v_scale) [Hkv, max_ctx] fp32 of an 8-bit cache (kv_cache.py), else None.
     Returns q rotated: [T, Hq, D].
     """
     t = qkv.shape[0]
@@ -55,11 +57,36 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, nu
         return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
 
     q = rotate(x[:, :num_heads]).to(qkv.dtype)
-    k = rotate(x[:, num_heads:num_heads + num_kv_heads]).to(qkv.dtype)
-    v = x[:, num_heads + num_kv_heads:].to(qkv.dtype)
-    k_cache[:, start:start + t] = k.transpose(0, 1)
-    v_cache[:, start:start + t] = v.transpose(0, 1)
+    k = rotate(x[:, num_heads:num_heads + num_kv_heads])
+    v = x[:, num_heads + num_kv_heads:]
+    if scales is not None:
+        for rows, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
+            data, row_scale = quantize_fp8_rows(rows.transpose(0, 1))
+            cache[:, start:start + t] = data
+            scale[:, start:start + t] = row_scale
+        return q
+    k_cache[:, start:start + t] = k.to(qkv.dtype).transpose(0, 1)
+    v_cache[:, start:start + t] = v.to(qkv.dtype).transpose(0, 1)
     return q
+
+
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] (fp32) -> (float8_e4m3fn [..., D], fp32 scales [...]): each row scaled so its largest
+    magnitude is FP8_MAX (an all-zero row gets a tiny scale), as the Triton cache writer does."""
+    scale = x.abs().amax(-1).clamp_min(1e-30) / FP8_MAX
+    return (x * (1.0 / scale)[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def cached_kv(k_cache, v_cache, length: int, dtype, scales=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `length` positions of a layer's K and V [Hkv, length, D] in `dtype`, dequantized where the
+    cache is 8-bit (scales: (k_scale, v_scale) [Hkv, max_ctx])."""
+    k, v = k_cache[:, :length], v_cache[:, :length]
+    if scales is None:
+        return k, v
+    return ((k.float() * scales[0][:, :length, None]).to(dtype), (v.float() * scales[1][:, :length, None]).to(dtype))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -68,24 +95,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.float()) * up.float()).to(gate_up.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float):
+def decode_attention(q, k_cache, v_cache, pos_t, length: int, scale: float, scales=None):
     """One query token against the first `length` cached positions. q: [Hq, D] -> [Hq, D]."""
     hq, d = q.shape
     hkv = k_cache.shape[0]
-    k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
-    v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)
+    k, v = cached_kv(k_cache, v_cache, length, q.dtype, scales)
+    k = k.repeat_interleave(hq // hkv, dim=0)
+    v = v.repeat_interleave(hq // hkv, dim=0)
     out = F.scaled_dot_product_attention(q[:, None, :].float(), k.float(), v.float(), scale=scale)
     return out[:, 0].to(q.dtype)
 
 
-def prefill_attention(q, k_cache, v_cache, start: int, scale: float):
+def prefill_attention(q, k_cache, v_cache, start: int, scale: float, scales=None):
     """T new queries at positions start..start+T-1 against cache keys 0..start+T-1, causal (query i sees keys
     <= start+i). q: [T, Hq, D] -> [T, Hq*D]."""
     t, hq, d = q.shape
     hkv = k_cache.shape[0]
     length = start + t
-    k = k_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
-    v = v_cache[:, :length].repeat_interleave(hq // hkv, dim=0)[None]
+    k, v = cached_kv(k_cache, v_cache, length, q.dtype, scales)
+    k = k.repeat_interleave(hq // hkv, dim=0)[None]
+    v = v.repeat_interleave(hq // hkv, dim=0)[None]
     mask = torch.arange(length, device=q.device)[None, :] <= (torch.arange(t, device=q.device)[:, None] + start)
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1).reshape(t, -1)

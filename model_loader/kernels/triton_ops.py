@@ -93,15 +93,18 @@ def rms_norm(x, weight, eps):
     return out
 
 
-def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None):
+def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
+                    scales=None):
+    # scales: (k_scale, v_scale) [Hkv, max_ctx] fp32 of an 8-bit cache (kv_cache.py), else None
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     block_t = 1 if t == 1 else 16
+    k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
     launch(_rope_bias_cache_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
-        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1],
+        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1], k_scale, v_scale,
         NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
-        **pdl_launch_args(qkv.device))
+        KV_FP8=scales is not None, **pdl_launch_args(qkv.device))
     return q
 
 
@@ -241,14 +244,17 @@ class DecodeAttention:
             return config
         return _with_splits(config, self.sm_splits)
 
-    def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None):
-        # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; returns [Hq, D] (a reused buffer)
+    def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None,
+                 scales=None):
+        # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit
+        # cache, else None; returns [Hq, D] (a reused buffer)
         c = self.resolve(config or self.config)
         assert c.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
+        k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
         launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
-            q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale,
-            GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
+            q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
+            KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
             BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, CHUNK_ALIGN=c.align,
             IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch, EARLY_TILE=c.early_tile, num_warps=c.num_warps,
             num_stages=c.num_stages, **pdl)
@@ -342,8 +348,10 @@ class PrefillAttention:
             splits *= 2
         return splits
 
-    def __call__(self, q, k_cache, v_cache, start_t, scale, splits: int | None = None):
-        # q: [T, Hq, D] (contiguous); k_cache/v_cache: [Hkv, max_ctx, D]; start_t: [1] int32 -> [T, Hq*D]
+    def __call__(self, q, k_cache, v_cache, start_t, scale, splits: int | None = None, scales=None):
+        # q: [T, Hq, D] (contiguous); k_cache/v_cache: [Hkv, max_ctx, D]; start_t: [1] int32 -> [T, Hq*D];
+        # scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit cache, else None
+        k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
         t = q.shape[0]
         out = torch.empty((t, self.num_heads * self.head_dim), device=q.device, dtype=q.dtype)
         pdl = pdl_launch_args(q.device)
@@ -361,12 +369,13 @@ class PrefillAttention:
             block_m, block_n, warps, stages = shape
             # Not for key splits (short prefills over a prefix): there each program reads a few tiles and TMA's
             # set-up did not pay (H200: 512 cached + 256 new 2.5-2.6 -> 2.8 ms); one variant each way, as before.
-            tma = self.tma and q.dtype != torch.float32 and n_splits == 1
+            # An 8-bit cache: plain loads, each tile dequantized with its rows' scales on the way in.
+            tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             try:  # a shape too big for this GPU's shared memory fails here, before anything runs
                 launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
                     q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
-                    n_splits, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
+                    n_splits, k_scale, v_scale, KV_FP8=scales is not None, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
                     BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, TMA=tma,
                     PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
             except OutOfResources:

@@ -1,0 +1,252 @@
+"""The 8-bit KV cache (model_loader.kv_cache): fp8 e4m3 rows with a per-row fp32 scale, written by the RoPE/cache
+kernel and read by the decode and prefill attention kernels, against the PyTorch reference; the engine on it; what
+it costs in memory. On a CPU-only machine the kernels run in Triton's interpreter (16-bit inputs there are fp16
+or fp32; bf16 on a GPU)."""
+
+import math
+
+import pytest
+import torch
+
+from model_loader.kernels import reference, triton_ops
+from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache
+
+SHAPES = [(4, 2, 16), (12, 2, 128)]  # (Hq, Hkv, D): the tiny test model's, the 1.5B's
+
+
+def _dtype(device):
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _quantized_cache(hkv, max_ctx, d, seed, device, length=None):
+    """Random K/V rows quantized by the reference; rows from `length` on hold NaN codes and NaN scales (what a
+    reply that overflowed might leave) unless length is None."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(hkv, max_ctx, d, generator=g) * 4 + 2  # an offset and a spread like K's biased channels
+    k[..., 3] *= 20  # an outlier channel
+    v = torch.randn(hkv, max_ctx, d, generator=g) * 0.3
+    (k8, ks), (v8, vs) = reference.quantize_fp8_rows(k), reference.quantize_fp8_rows(v)
+    if length is not None:
+        for codes, scale in ((k8, ks), (v8, vs)):
+            codes.view(torch.uint8)[:, length:] = 0x7F  # e4m3fn's NaN
+            scale[:, length:] = float("nan")
+    return [t.to(device) for t in (k8, v8, ks, vs)]
+
+
+def test_quantized_rows_are_within_e4m3s_precision_of_the_originals():
+    """Each value comes back within half a step of e4m3 at its size (3 mantissa bits: 1/16 of it), or of the
+    subnormal step at the bottom of its row's range; the largest magnitude of each row is kept exactly."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 50, 128, generator=g) * torch.logspace(-3, 3, 50)[None, :, None]
+    x[0, 0] = 0.0  # an all-zero row
+    codes, scale = reference.quantize_fp8_rows(x)
+    assert codes.dtype == torch.float8_e4m3fn and scale.shape == x.shape[:-1]
+    back = codes.float() * scale[..., None]
+    subnormal_step = 2.0 ** -9 * scale[..., None]
+    assert ((back - x).abs() <= torch.maximum(x.abs() / 16, subnormal_step / 2) * 1.0001).all()
+    assert not back[0, 0].any()
+    peak = x.abs().argmax(-1, keepdim=True)
+    torch.testing.assert_close(back.gather(-1, peak), x.gather(-1, peak), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("hq,hkv,d", SHAPES)
+@pytest.mark.parametrize("start,t", [(0, 5), (7, 1), (3, 21)])
+def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv, d, start, t):
+    """The same scales, and the same fp8 codes but for ties (Triton's interpreter rounds a tie away from zero,
+    torch and the GPU to even: one code apart); nothing written outside the new tokens' rows; q unchanged."""
+    g = torch.Generator().manual_seed(1)
+    max_ctx = 64
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).to(device, _dtype(device))
+    bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, _dtype(device))
+    cos, sin = (torch.randn(max_ctx, d // 2, generator=g).to(device) for _ in range(2))
+    out = []
+    for ops in (triton_ops, reference):
+        k8, v8 = (torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn) for _ in range(2))
+        ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
+        pos_t = torch.tensor([start], device=device, dtype=torch.int32)
+        q = ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, pos_t, start, hq, hkv, scales=(ks, vs))
+        out.append((q, k8, v8, ks, vs))
+    (q1, *ours), (q2, *ref) = out
+    torch.testing.assert_close(q1, q2, **(dict(atol=2e-2, rtol=2e-2) if device == "cuda" else {}))
+    for mine, theirs in zip(ours, ref):
+        if mine.dtype == torch.float8_e4m3fn:
+            steps = (mine.view(torch.uint8).int() - theirs.view(torch.uint8).int()).abs()
+            assert steps.max() <= 1 and (steps > 0).float().mean() < 0.05
+            assert not mine.view(torch.uint8)[:, :start].any() and not mine.view(torch.uint8)[:, start + t:].any()
+        else:
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=0)
+            assert (mine[:, start:start + t] > 0).all()
+
+
+@pytest.mark.parametrize("hq,hkv,d", SHAPES)
+@pytest.mark.parametrize("length", [1, 48, 200, 2500])
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS[:2] + (
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),), ids=str)
+def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config):
+    """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales
+    past the depth must not leak in."""
+    k8, v8, ks, vs = _quantized_cache(hkv, 2560, d, seed=2, device=device, length=length)
+    q = torch.randn(hq, d, generator=torch.Generator().manual_seed(3)).to(device, _dtype(device))
+    pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+    scale = 1 / math.sqrt(d)
+    ref = reference.decode_attention(q.float(), k8, v8, pos_t, length, scale, scales=(ks, vs))
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, q.dtype,
+                                      configs=triton_ops.DECODE_ATTN_CONFIGS + (config,))
+    out = attn(q, k8, v8, pos_t, length, scale, config=config, scales=(ks, vs))
+    tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
+@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16),
+                                             (300, 130, 1)])
+@pytest.mark.parametrize("pack_gqa", [False, True])
+def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypatch, start, t, splits, pack_gqa):
+    """Fresh prompts, follow-ups and short injections over an 8-bit cache, whole or in key splits, packed or not
+    (a group of 3: idle rows at the end of a packed block); NaN codes and scales past the new tokens must not
+    leak in (the 16-bit cache's TMA path is never taken: 8-bit tiles are loaded and dequantized)."""
+    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
+    hq, hkv, d = 6, 2, 64
+    k8, v8, ks, vs = _quantized_cache(hkv, 1152, d, seed=4, device=device, length=start + t)
+    dt = torch.float16 if device == "cpu" else torch.bfloat16
+    q = torch.randn(t, hq, d, generator=torch.Generator().manual_seed(5)).to(device, dt)
+    scale = 1 / math.sqrt(d)
+    # the reference in fp32 from the values the kernel computes with: the cache dequantized into q's dtype
+    k, v = reference.cached_kv(k8, v8, start + t, dt, scales=(ks, vs))
+    ref = reference.prefill_attention(q.float(), k.float(), v.float(), start, scale)
+    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
+    out = attn(q, k8, v8, torch.tensor([start], device=device, dtype=torch.int32), scale, splits=splits,
+               scales=(ks, vs))
+    assert out.dtype == dt
+    torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
+
+
+def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache(device):
+    """As in the 16-bit cache (test_triton_kernels), and their scales too: a NaN scale would make a zeroed row
+    NaN again."""
+    from model_loader.kernels.jit_ops import STALE_V_ROWS
+
+    hq, hkv, d, max_ctx, start, t = 4, 2, 16, 512, 37, 16
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, _dtype(device))
+    bias = torch.zeros((hq + 2 * hkv) * d, device=device, dtype=qkv.dtype)
+    cos, sin = torch.ones(max_ctx, d // 2, device=device), torch.zeros(max_ctx, d // 2, device=device)
+    v8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
+    v8.view(torch.uint8).fill_(0x7F)
+    k8 = v8.clone()
+    ks, vs = (torch.full((hkv, max_ctx), float("nan"), device=device) for _ in range(2))
+    triton_ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, torch.tensor([start], device=device, dtype=torch.int32),
+                               start, hq, hkv, scales=(ks, vs))
+    end = start + t
+    rows = STALE_V_ROWS.value
+    assert not v8.view(torch.uint8)[:, end:end + rows].any() and not vs[:, end:end + rows].any()
+    assert v8.float()[:, end + rows:].isnan().all() and vs[:, end + rows:].isnan().all()
+    assert not (v8.float()[:, start:end].isnan().any() or vs[:, start:end].isnan().any())
+
+
+def test_an_8bit_cache_costs_half_the_bytes_and_the_auto_context_doubles():
+    from model_loader.context import choose_context, per_token_bytes
+
+    class Cfg:  # the 1.5B
+        num_hidden_layers, num_key_value_heads, head_dim = 28, 2, 128
+
+    assert per_token_bytes(Cfg(), 2) == 28 * 1024 + 512
+    assert per_token_bytes(Cfg(), 2, KV_8BIT) == 28 * 2 * 2 * (128 + 4) + 512  # a byte a value, a scale a row
+    gib = 1 << 30
+    sixteen = choose_context(2 * gib, 6 * gib, per_token_bytes(Cfg(), 2), 131072, target=1 << 20)
+    eight = choose_context(2 * gib, 6 * gib, per_token_bytes(Cfg(), 2, KV_8BIT), 131072, target=1 << 20)
+    assert 1.85 < eight / sixteen < 1.95
+    assert check_kv_cache(KV_16BIT) == KV_16BIT
+    with pytest.raises(ValueError, match="16-bit or 8-bit"):
+        check_kv_cache("4-bit")
+
+
+def test_the_engine_on_an_8bit_cache(tiny_model):
+    """Load with kv_cache="8-bit": the cache is fp8 with scales (about half the bytes), the info says so, the
+    kernels are prepared under their own name, and a follow-up over the cached prefix gives the same tokens as
+    the same conversation prefilled afresh."""
+    from model_loader.engine import Engine, kernel_variant
+    from model_loader.events import SamplingSettings
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512, kv_cache=KV_8BIT)
+    dense = Engine.load(tiny_model, device="cpu", context_length=512)
+    try:
+        engine.warm_up()
+        m = engine.model
+        assert m.k_cache.dtype == torch.float8_e4m3fn and m.k_scale.dtype == torch.float32
+        assert engine.info.kv_cache == KV_8BIT and dense.info.kv_cache == KV_16BIT
+        cfg = m.cfg
+        assert engine.info.kv_cache_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 512 * (
+            cfg.head_dim + 4)
+        # the CPU's "16-bit" cache is the model's fp32 there: 4 bytes a value against 1 + 4 / head_dim
+        assert dense.info.kv_cache_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 512 * (
+            cfg.head_dim * 4)
+        assert kernel_variant(cfg, m.dtype, None, KV_8BIT) != kernel_variant(cfg, m.dtype, None)
+
+        def reply(messages):
+            events = list(engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=12,
+                                                                     ignore_eos=True)))
+            return events[-1]
+
+        first = reply([{"role": "user", "content": "Tell me a story about a robot."}])
+        follow = [{"role": "user", "content": "Tell me a story about a robot."},
+                  {"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter."}]
+        reused = reply(follow)
+        assert reused.stats.prefix_reused_tokens > 0
+        engine.reset_cache()
+        fresh = reply(follow)
+        assert fresh.stats.prefix_reused_tokens == 0 and fresh.token_ids == reused.token_ids
+    finally:
+        engine.close()
+        dense.close()
+
+
+def test_an_unknown_kv_cache_format_is_refused_before_anything_loads(tiny_model):
+    from model_loader.engine import Engine
+
+    with pytest.raises(ValueError, match="unknown KV cache format"):
+        Engine.load(tiny_model, device="cpu", context_length=512, kv_cache="fp4")
+
+
+def test_the_triton_path_on_an_8bit_cache_gives_the_reference_paths_logits(tiny_model):
+    """The fused kernels (Triton's interpreter on a CPU machine; fp32 so the comparison can be tight) write and read
+    the 8-bit cache as the PyTorch path does: the same logits for a prompt, for the decode steps after it, and for
+    a follow-up prefilled the way the CUDA prefill graphs do it (padded to a bucket, the cached prefix's length
+    read from a device tensor) as for the whole conversation prefilled afresh."""
+    from model_loader.engine import Engine
+
+    on_gpu = torch.cuda.is_available()
+    fused = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32",
+                        context_length=256, kv_cache=KV_8BIT)
+    plain = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=False, dtype="fp32",
+                        context_length=256, kv_cache=KV_8BIT)
+    try:
+        assert fused.info.kernels == "triton" and plain.info.kernels == "pytorch"
+        messages = [{"role": "user", "content": "Why is the sky blue?"}]
+        ids = fused.chat.render(messages).ids
+        dev = fused.model.device
+        logits = []
+        for engine in (fused, plain):
+            model = engine.model
+            steps = [model.prefill(torch.tensor(ids, device=dev), 0)]
+            for i in range(4):
+                token = steps[-1].argmax(-1).reshape(1)
+                pos = len(ids) + i
+                steps.append(model.decode(token, torch.tensor([pos], dtype=torch.int32, device=dev), pos))
+            logits.append(torch.cat(steps))
+        torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+
+        model = fused.model
+        follow = messages + [{"role": "assistant", "content": "Light scatters."}, {"role": "user", "content": "Why?"}]
+        whole = fused.chat.render(follow).ids
+        start = next(i for i, (a, b) in enumerate(zip(ids, whole)) if a != b)
+        new = whole[start:]
+        fresh = model.prefill(torch.tensor(whole, device=dev), 0)
+        model.prefill(torch.tensor(ids, device=dev), 0)
+        padded = torch.tensor(new + [0] * (64 - len(new)), device=dev)
+        with torch.inference_mode():
+            again = model.prefill_static(padded, torch.tensor([len(new) - 1], device=dev),
+                                         torch.tensor([start], dtype=torch.int32, device=dev), fresh=False)
+        torch.testing.assert_close(again, fresh, atol=1e-4, rtol=1e-4)
+    finally:
+        fused.close()
+        plain.close()
