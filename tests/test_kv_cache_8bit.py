@@ -110,9 +110,7 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypa
     dt = torch.float16 if device == "cpu" else torch.bfloat16
     q = torch.randn(t, hq, d, generator=torch.Generator().manual_seed(5)).to(device, dt)
     scale = 1 / math.sqrt(d)
-    # the reference in fp32 from the values the kernel computes with: the cache dequantized into q's dtype
-    k, v = reference.cached_kv(k8, v8, start + t, dt, scales=(ks, vs))
-    ref = reference.prefill_attention(q.float(), k.float(), v.float(), start, scale)
+    ref = reference.prefill_attention(q.float(), k8, v8, start, scale, scales=(ks, vs))  # dequantized in fp32
     attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
     out = attn(q, k8, v8, torch.tensor([start], device=device, dtype=torch.int32), scale, splits=splits,
                scales=(ks, vs))

@@ -151,36 +151,69 @@ def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.con
 
 
 @triton.jit
-def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True):
+def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True,
+                          k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False):
     """One block of keys into flash attention's running state: m_i [M] the running max, l_i [M] the running sum
     of exp, acc [M, D] the running weighted sum of values. visible: which (row, key) pairs count. A row that has
     seen no visible key yet keeps m_i = -inf and l_i = 0. IEEE (fp32 models): tl.dot on fp32 inputs defaults to
     TF32 (10-bit mantissa), which made fp32 greedy decoding drift from transformers' fp32 after a few dozen
-    tokens; bf16/fp16 inputs are exact either way."""
+    tokens; bf16/fp16 inputs are exact either way. KV_SCALED: k and v are an 8-bit cache's fp8 tiles and
+    k_scale / v_scale [N] their rows' scales (_kv_scales)."""
+    if KV_SCALED:
+        k, v = _upcast_kv(k, v, q)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
         s = tl.dot(q, tl.trans(k)) * scale
+    if KV_SCALED:
+        s = s * k_scale[None, :]
     if MASKED:  # else every (row, key) pair of the block counts
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
+    pw = p * v_scale[None, :] if KV_SCALED else p  # each value row's scale goes into its weight
     if IEEE:
-        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        pv = tl.dot(pw.to(v.dtype), v, input_precision="ieee")
     else:
-        pv = tl.dot(p.to(v.dtype), v)
+        pv = tl.dot(pw.to(v.dtype), v)
     return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
 @triton.jit
-def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr = True):
+def _upcast_kv(k, v, q):
+    """An 8-bit cache's fp8 K and V tiles in q's type, exactly (e4m3 values are bf16 and fp16 values), as the
+    dot's operands: their scales are applied to the scores and the weights instead (per key row), so no
+    elementwise pass over the tile stands between its load and the dot (a dequantizing multiply there took the
+    loads out of Triton's pipelining: H200, 2026-12-05, decode 73% of its 512-token speed at 32k, not faster)."""
+    return k.to(q.dtype), v.to(q.dtype)
+
+
+@triton.jit
+def _kv_scales(k_scale_ptr, v_scale_ptr, scale_rows, rows, FP8: tl.constexpr):
+    """The K and V scales of an 8-bit cache's rows (masked rows: 0); 0.0 placeholders for a 16-bit cache."""
+    if FP8:
+        ks = tl.load(k_scale_ptr + scale_rows, mask=rows, other=0.0)
+        vs = tl.load(v_scale_ptr + scale_rows, mask=rows, other=0.0)
+    else:
+        ks = 0.0
+        vs = 0.0
+    return ks, vs
+
+
+@triton.jit
+def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr = True,
+                               k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False):
     """_online_softmax_block for 16-bit inputs, with the running max m_i in log2 units: each score is scaled by
     qk_scale = scale * log2(e) and has the max taken off in one multiply-add, then goes through exp2 (exp of a
     scaled score costs two more float operations a score: the scale and exp's own log2(e)). Inputs that need IEEE
-    fp32 keep _online_softmax_block."""
+    fp32 keep _online_softmax_block. KV_SCALED: as there."""
+    if KV_SCALED:
+        k, v = _upcast_kv(k, v, q)
     s = tl.dot(q, tl.trans(k))
+    if KV_SCALED:
+        s = s * k_scale[None, :]
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
@@ -190,8 +223,9 @@ def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED
         m_off = m_new
     alpha = tl.math.exp2(m_i - m_off)
     p = tl.math.exp2(s * qk_scale - m_off[:, None])
+    pw = p * v_scale[None, :] if KV_SCALED else p  # each value row's scale goes into its weight
     # The rescaled accumulator goes into the dot as its accumulator: no separate [M, D] product and add.
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc = tl.dot(pw.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i * alpha + tl.sum(p, axis=1), acc
 
 
@@ -206,23 +240,10 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, offs, rows, k_scale_ptr, v_scale_ptr, scale_rows, out_ptr, FP8: tl.constexpr):
-    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0). FP8: the cache is
-    8-bit with a scale per row (scale_rows: their indices); the tile comes back in out_ptr's 16-bit type."""
+def _kv_tile(k_ptr, v_ptr, offs, rows):
+    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0)."""
     k = tl.load(k_ptr + offs, mask=rows[:, None], other=0.0)
     v = tl.load(v_ptr + offs, mask=rows[:, None], other=0.0)
-    if FP8:
-        k, v = _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, scale_rows, rows, out_ptr)
-    return k, v
-
-
-@triton.jit
-def _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, scale_rows, rows, out_ptr):
-    """fp8 K and V tiles times their rows' scales, in out_ptr's element type (masked rows: 0)."""
-    ks = tl.load(k_scale_ptr + scale_rows, mask=rows, other=0.0)
-    vs = tl.load(v_scale_ptr + scale_rows, mask=rows, other=0.0)
-    k = (k.to(tl.float32) * ks[:, None]).to(out_ptr.dtype.element_ty)
-    v = (v.to(tl.float32) * vs[:, None]).to(out_ptr.dtype.element_ty)
     return k, v
 
 
@@ -265,23 +286,26 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n = start + tl.arange(0, BLOCK_N)
             n_mask = n < end
             offs = base + n[:, None] * D + d[None, :]
-            srows = kvh * max_ctx + n
-            k, v = _kv_tile(k_ptr, v_ptr, offs, n < tl.minimum(end, length - 1), k_scale_ptr, v_scale_ptr, srows,
-                            q_ptr, KV_FP8)
+            older = n < tl.minimum(end, length - 1)
+            k, v = _kv_tile(k_ptr, v_ptr, offs, older)
+            ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, older, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask, k_scale_ptr, v_scale_ptr, srows, q_ptr, KV_FP8)
+                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask)
+                ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         if EARLY_TILE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
+            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
         for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
-            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask, k_scale_ptr, v_scale_ptr,
-                            kvh * max_ctx + n, q_ptr, KV_FP8)
-            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE)
+            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask)
+            ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
+            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
         heads = kvh * GROUP + g
         out_base = heads * MAX_SPLITS + split
         tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
@@ -323,22 +347,15 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
 
 
 @triton.jit
-def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
-                     k_scale_ptr=None, v_scale_ptr=None, out_ptr=None, FP8: tl.constexpr = False):
+def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
     """The K and V tiles of keys n = n0 + [0, BLOCK_N) of one KV head (base: its first element; with TMA its
     first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
     as zeros), so a masked tile's rows from hi on are whatever the cache holds there: K's scores are masked by the
     caller, and V's rows were zeroed by this prefill's _rope_bias_cache_kernel (STALE_V_ROWS; a NaN left there by
     an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) took V
     through registers and cost the TMA loads their gain (H200: 512 + 2,048 tokens 68 us a layer either way,
-    against 57 without; benchmarks/prefill_attention_tma.py). FP8 (never with TMA): an 8-bit cache, dequantized
-    into out_ptr's type with its per-row scales; masked rows come back as zeros."""
-    if FP8:
-        rows = n < hi if MASKED else n >= 0
-        k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
-        k, v = _dequant_kv(k, v, k_scale_ptr, v_scale_ptr, base // D + n, rows, out_ptr)
-    elif TMA:
+    against 57 without; benchmarks/prefill_attention_tma.py)."""
+    if TMA:
         row = base // D + n0
         k = k_ptr.load([row, 0])
         v = v_ptr.load([row, 0])
@@ -406,21 +423,25 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA,
-                                k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, out_ptr=q_ptr, FP8=KV_FP8)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA)
+        ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n >= 0, KV_FP8)
         if IEEE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False)
+            m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False,
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
         else:
-            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False)
+            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False,
+                                                       k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA,
-                                k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, out_ptr=q_ptr, FP8=KV_FP8)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA)
+        ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n < hi, KV_FP8)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
         if IEEE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE)
+            m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE,
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
         else:
-            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, visible_mask, m_i, l_i, acc, qk_scale)
+            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, visible_mask, m_i, l_i, acc, qk_scale,
+                                                       k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if not SPLIT:
