@@ -127,9 +127,10 @@ class SettingsDialog(QDialog):
                                 "(DeepSeek advises allowing R1 that much)")
         form.addRow("Context length (tokens)", self.context)
         self.kv_cache = self._combo(KV_CACHE_FORMATS, settings.kv_cache, "KV cache")  # unknown: the first
-        self.kv_cache.setToolTip("What the model remembers of the conversation. 8-bit takes half the GPU memory "
-                                 "(Auto then fits twice the context) and keeps long replies faster, at a small "
-                                 "cost in accuracy: replies no longer match 16-bit exactly")
+        self.kv_cache.setToolTip("Where the model keeps the conversation it has read. 8-bit takes about half the "
+                                 "GPU memory (Auto then fits twice the context, for larger models on small GPUs), "
+                                 "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
+                                 "now, slower replies at long context")
         form.addRow("KV cache", self.kv_cache)
         self.temperature = self._spin(QDoubleSpinBox(), 0.0, 2.0, settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)

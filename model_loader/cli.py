@@ -32,8 +32,8 @@ def _add_model_args(p: argparse.ArgumentParser, context_default="auto") -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=KV_16BIT,
                    help="the KV cache's format: 16-bit (the model's dtype, exact; default) or 8-bit (fp8 with a "
-                        "scale per row: half the memory, so twice the context fits, and faster decoding at depth; "
-                        "outputs no longer match 16-bit exactly)")
+                        "scale per row: about half the memory, so 'auto' fits twice the context; outputs no longer "
+                        "match 16-bit exactly, and decoding at long context is slower for now)")
     p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
                    help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper "
                         "(the fastest measured there), torch's int4 kernel on the other GPUs of compute "

@@ -1,16 +1,19 @@
-"""The KV cache's formats: 16-bit (the model's own dtype, exact) or 8-bit (half the memory, faster at depth).
+"""The KV cache's formats: 16-bit (the model's own dtype, exact; the default) or 8-bit (about half the memory).
 
 8-bit stores every cached K and V row (one token of one KV head, head_dim values) as fp8 e4m3 scaled so that its
 largest magnitude is e4m3's largest finite value, 448, with the scale kept beside it in fp32: 1 byte a value plus
 4 bytes a row (128 values: 1.03 bytes a value against 2). The scale is per row and chosen when the row is written,
 so nothing needs calibrating, and a row with an outlier (Qwen2's K has a few large channels from its biases)
-only costs that row precision. The attention kernels dequantize each tile as they read it.
+only costs that row precision. The attention kernels take the fp8 tiles into their dots as fp16 (exact) and
+apply the row scales to the scores and the value weights.
 
-Why offer it: the decode step reads the whole cache once a token, so at depth the cache read is what slows
-decoding (H200, the 1.5B at 32,768 tokens: 0.92 GB a token in 16-bit, next to ~3 GB of weights); and on a 6 GB GPU
-it doubles the context that fits. What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up
-to 1/16 of its size; attention averages over many of them. Like llama.cpp's q8_0 cache, a choice for the user
-(16-bit stays the default): the outputs are no longer bit-equal to transformers'.
+Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
+is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
+its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly), and,
+for now, speed at depth: it reads half the bytes, but our attention kernels on it are slower than on 16-bit
+(H200, 1.5B, 2026-12-04: decode 771 tok/s at 4k tokens and 543 at 32k against 822 and 706; docs/BENCHMARKS.md),
+so the 16-bit cache stays the default and the faster one wherever it fits. Like llama.cpp's q8_0 cache: a
+choice for the user.
 """
 
 from __future__ import annotations
