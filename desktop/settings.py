@@ -174,7 +174,8 @@ class SettingsDialog(QDialog):
             w.setEnabled(settings.api_enabled)
             self.api_enabled.toggled.connect(w.setEnabled)
 
-        note = QLabel("Model folder, device, precision and context length take effect after the model reloads.")
+        note = QLabel("Model folder, device, precision, context length and KV cache take effect after the model "
+                      "reloads.")
         note.setObjectName("Meta")
         note.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)

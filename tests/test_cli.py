@@ -56,6 +56,19 @@ def test_bench_json_on_cpu(tiny_model):
         assert out[key] > 0, key
 
 
+def test_bench_with_the_8bit_kv_cache_says_so_and_holds_less(tiny_model):
+    """--kv-cache 8-bit reaches the engine: the report names the format and its cache is smaller; a format that
+    does not exist is refused by the argument parser with the choices."""
+    args = ("bench", "--model", tiny_model, "--device", "cpu", "--prompt-tokens", "40", "--new-tokens", "4",
+            "--runs", "1", "--context", "256", "--json")
+    eight = json.loads(cli(*args, "--kv-cache", "8-bit").stdout)
+    sixteen = json.loads(cli(*args).stdout)
+    assert (eight["kv_cache"], sixteen["kv_cache"]) == ("8-bit", "16-bit")
+    assert eight["kv_cache_gib"] < sixteen["kv_cache_gib"] / 2
+    bad = cli("chat", "--model", tiny_model, "--kv-cache", "4-bit", "--prompt", "x", check=False)
+    assert bad.returncode == 2 and "16-bit" in bad.stderr and "8-bit" in bad.stderr
+
+
 def test_make_test_model_is_loadable_by_transformers(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
