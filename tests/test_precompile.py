@@ -88,15 +88,17 @@ def _record_compiles(monkeypatch) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("kind,beside_load", [("dense", True), ("dense", False), ("awq", True),
-                                              ("dense", "walk fails")],
-                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load", "twin-walk-fails"])
+                                              ("dense", "walk fails"), ("dense-8bit", True)],
+                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load", "twin-walk-fails",
+                              "8-bit-kv-cache-beside-the-load"])
 def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny_model, device, monkeypatch,
                                                          tmp_path, request):
     """Every Triton compile of a first start (a disk-cache hit still goes through triton's compile()) runs on a
     compile-pool thread: the pass ahead, over the model's shape twin while the weights load (model_loader.
     compile_ahead) or over the loaded model where the twin doesn't fit, submitted each variant the warm-up
     launches; none is compiled on the loading thread. On the H200 (2026-12-03) benchmarks/first_start_profile.py
-    measured the same: 14 of 14 (bf16) and 29 of 29 (4-bit) compiles on the pool."""
+    measured the same: 14 of 14 (bf16) and 29 of 29 (4-bit) compiles on the pool. With the 8-bit KV cache the
+    twin has one too, so its kernels' 8-bit variants are among those compiled ahead."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel_cache marker: a first start
     # Beside the load the compiles run in worker processes (the default, kernels.compile_workers) or on threads.
     in_workers = beside_load is True
@@ -110,8 +112,9 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny
 
         monkeypatch.setattr(compile_ahead, "walk_warm_up_paths", failing_walk)
     compiled_on = _record_compiles(monkeypatch) if on_gpu else []
-    folder = tiny_model if kind == "dense" else request.getfixturevalue("awq_model")
-    engine = Engine.load(folder, device=device, use_triton=True, context_length=1024 if on_gpu else 128)
+    folder = tiny_model if kind.startswith("dense") else request.getfixturevalue("awq_model")
+    engine = Engine.load(folder, device=device, use_triton=True, context_length=1024 if on_gpu else 128,
+                         kv_cache="8-bit" if kind == "dense-8bit" else "16-bit")
     assert engine.first_start == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
     assert ("compile_walk_s" in engine.info.load_breakdown) == (on_gpu and bool(beside_load))
     engine.warm_up()
