@@ -24,7 +24,8 @@ def no_norm(x, residual, weight, eps, out=None, residual_out=None):
     return x, (residual if residual is not None else x)
 
 
-def no_rope(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None):
+def no_rope(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
+            scales=None):
     d = k_cache.shape[-1]
     return qkv[:, :num_heads * d].view(qkv.shape[0], num_heads, d)
 
