@@ -130,7 +130,7 @@ class SettingsDialog(QDialog):
         self.kv_cache.setToolTip("Where the model keeps the conversation it has read. 8-bit takes about half the "
                                  "GPU memory (Auto then fits twice the context, for larger models on small GPUs), "
                                  "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
-                                 "now, slower replies at long context")
+                                 "now, slower replies at long context. Needs an RTX 40-series or newer GPU")
         form.addRow("KV cache", self.kv_cache)
         self.temperature = self._spin(QDoubleSpinBox(), 0.0, 2.0, settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)

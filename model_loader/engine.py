@@ -25,7 +25,7 @@ from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import walk_warm_up_paths, warm_up_ids
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
-from model_loader.kv_cache import KV_16BIT, check_kv_cache
+from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
 from model_loader.forced_tokens import ClosePush, ForcedTokens
@@ -377,6 +377,11 @@ class Engine:
         folder = resolve_model(spec)
         reference.keep_off_cudnn()
         dev = pick_device(device)
+        if dev.type == "cuda":
+            reason = unsupported_reason(kv_cache, "cuda", torch.cuda.get_device_capability(dev),
+                                        torch.cuda.get_device_name(dev))
+            if reason:
+                raise ModelError(reason)
         torch_dtype = pick_dtype(dev, dtype)
         cfg = folder.config
         auto = context_length in ("auto", 0, None)
@@ -622,7 +627,9 @@ class Engine:
                 attention = self.step.tune(triton_ops.decode_attention_candidates(self.model.device,
                                                                                   self.model.linear.int4_gemv),
                                            triton_ops.depth_buckets(self.model.max_ctx))
-                self.info.decode_attention = {f"<={upper}": str(config) for upper, config in attention["plan"]}
+                attn = self.model.decode_attention  # what runs: a shape this GPU has no room for ran a fallback
+                self.info.decode_attention = {f"<={upper}": str(attn.working.get(attn.resolve(config), config))
+                                              for upper, config in attention["plan"]}
                 log.info("decode attention per depth bucket: %s (us per decode step: %s)", self.info.decode_attention,
                          attention["timings_us"])
             for mode in ("greedy", "sample"):

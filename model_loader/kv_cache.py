@@ -33,3 +33,18 @@ def check_kv_cache(kind: str) -> str:
 def value_bytes(kind: str, dtype_bytes: int, head_dim: int) -> float:
     """Device bytes one cached value costs (8-bit: one byte plus its row's fp32 scale spread over the row)."""
     return 1 + 4 / head_dim if kind == KV_8BIT else dtype_bytes
+
+
+# Triton has the e4m3 type our 8-bit kernels load only on compute capability 8.9+ (Ada: RTX 40-series; Hopper
+# and newer); on an RTX 30-series card (8.6) their compile would fail at warm-up.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def unsupported_reason(kind: str, device_type: str, capability: tuple[int, int] | None = None,
+                       device_name: str = "this GPU") -> str | None:
+    """Why this device can't hold a cache of this kind (a one-line message for the user), or None."""
+    if kind != KV_8BIT or device_type != "cuda" or capability is None or tuple(capability) >= FP8_MIN_CAPABILITY:
+        return None
+    return (f"the 8-bit KV cache needs an NVIDIA GPU of compute capability {FP8_MIN_CAPABILITY[0]}."
+            f"{FP8_MIN_CAPABILITY[1]} or newer (RTX 40-series and later); {device_name} is {capability[0]}."
+            f"{capability[1]}: choose the 16-bit KV cache (Settings > KV cache, or --kv-cache 16-bit)")

@@ -248,3 +248,16 @@ def test_the_triton_path_on_an_8bit_cache_gives_the_reference_paths_logits(tiny_
     finally:
         fused.close()
         plain.close()
+
+
+def test_gpus_without_an_e4m3_type_in_triton_are_told_to_use_the_16bit_cache():
+    """Triton loads e4m3 only on compute capability 8.9+ (Ada, Hopper and newer): an RTX 30-series card is
+    refused at load with what to choose instead, rather than failing in a kernel compile at warm-up."""
+    from model_loader.kv_cache import unsupported_reason
+
+    reason = unsupported_reason(KV_8BIT, "cuda", (8, 6), "NVIDIA GeForce RTX 3060 Laptop GPU")
+    assert reason and "8.9 or newer" in reason and "RTX 3060 Laptop GPU is 8.6" in reason and "16-bit" in reason
+    assert unsupported_reason(KV_8BIT, "cuda", (8, 9), "RTX 4060") is None
+    assert unsupported_reason(KV_8BIT, "cuda", (9, 0), "H200") is None
+    assert unsupported_reason(KV_16BIT, "cuda", (7, 5), "T4") is None
+    assert unsupported_reason(KV_8BIT, "cpu") is None

@@ -410,6 +410,79 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
     assert len(refused) == before  # remembered: the refused shape is not tried again
 
 
+def _small_gpu_decode_kernel(monkeypatch, refuse):
+    """Simulates a GPU with less shared memory than the H200: launches of the decode split kernel whose
+    keywords `refuse` says no to raise OutOfResources, as Triton's launcher does (before anything runs)."""
+    from triton.runtime.errors import OutOfResources
+
+    real = triton_ops._decode_attn_split_kernel
+    refused = []
+
+    class SmallGpu:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                if refuse(kw):
+                    refused.append((kw["BLOCK_N"], kw["num_stages"]))
+                    raise OutOfResources(139_520, 101_376, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(triton_ops, "_decode_attn_split_kernel", SmallGpu())
+    return refused
+
+
+@pytest.mark.parametrize("fp32", [False, True])
+def test_decode_attention_falls_back_where_shared_memory_is_short(device, monkeypatch, fp32):
+    """The split-per-SM shape's 3 stages of 128-token tiles need 139,520 bytes of shared memory (Triton 3.6):
+    more than an RTX 30/40-series card's 99 KB, so there Triton refuses the launch, and the decode step and the
+    prefill's last-row attention (which always takes that shape) must run the next smaller shape instead, with
+    the same result, remembered so the refused one is not tried again. 16-bit: 2 stages fit; fp32 models need
+    64-token tiles (simulated: 2 stages of 128 refused too)."""
+    if fp32:
+        refused = _small_gpu_decode_kernel(monkeypatch, lambda kw: kw["num_stages"] > 2 or kw["BLOCK_N"] > 64)
+    else:
+        refused = _small_gpu_decode_kernel(monkeypatch, lambda kw: kw["num_stages"] > 2)
+    hq, hkv, d, length = 12, 2, 128, 700
+    dt = torch.float32 if fp32 else (torch.bfloat16 if device == "cuda" else torch.float16)
+    g = torch.Generator().manual_seed(8)
+    k = torch.randn(hkv, 768, d, generator=g).to(device, dt)
+    v = torch.randn(hkv, 768, d, generator=g).to(device, dt)
+    q = torch.randn(hq, d, generator=g).to(device, dt)
+    pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+    config = triton_ops.DECODE_ATTN_CONFIGS[1]  # a split per SM, 3 stages
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
+    ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
+    out = attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2 if dt != torch.float32 else 1e-5,
+                               rtol=2e-2 if dt != torch.float32 else 1e-5)
+    ran = attn.working[attn.resolve(config)]
+    assert (ran.block_n, ran.num_stages) == ((64, 2) if fp32 else (128, 2))
+    before = len(refused)
+    attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
+    assert len(refused) == before  # remembered
+
+
+def test_a_prefill_on_a_gpu_short_of_shared_memory_runs_its_last_row_through_a_fallback(tiny_model, monkeypatch):
+    """The prefill's last layer attends for its last row through the decode attention's split-per-SM shape
+    (Qwen2Model._row_attention), whatever the GPU: where that shape does not fit, the prefill must still give
+    the logits it gives where it does."""
+    from model_loader.engine import Engine
+
+    on_gpu = torch.cuda.is_available()
+    engine = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32",
+                         context_length=256)
+    try:
+        ids = torch.tensor(engine.chat.render([{"role": "user", "content": "Hello there"}]).ids,
+                           device=engine.model.device)
+        expected = engine.model.prefill(ids, 0)
+        refused = _small_gpu_decode_kernel(monkeypatch, lambda kw: kw["num_stages"] > 2 or kw["BLOCK_N"] > 64)
+        engine.model.decode_attention.working.clear()
+        torch.testing.assert_close(engine.model.prefill(ids, 0), expected, atol=1e-4, rtol=1e-4)
+        assert refused and all(stages > 2 or block > 64 for block, stages in refused)
+    finally:
+        engine.close()
+
+
 def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tiny_model, device):
     """On a GPU the warm-up times one captured decode step per attention configuration at the top of each depth
     bucket and keeps the fastest per bucket (DecodeStep.tune): every bucket gets the configuration with the least

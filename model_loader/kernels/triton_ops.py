@@ -216,6 +216,17 @@ def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     return -(-length // chunk)
 
 
+def decode_attention_fallbacks(config: DecodeAttnConfig) -> list[DecodeAttnConfig]:
+    """What to run where `config` needs more shared memory than the GPU has, in order: fewer pipeline stages,
+    then smaller key tiles. The split-per-SM shape's 3 stages of 128-token K/V tiles take 139,520 bytes (Triton
+    3.6, 16-bit, head dim 128, sm_80-90: the same on each), over the 99 KB of an RTX 30/40-series card (sm_86/89),
+    where its 2 stages take 73,984; fp32 models (IEEE) need 64-token tiles there (2 stages: 77,888)."""
+    out = [dataclasses.replace(config, num_stages=s) for s in (2, 1) if s < config.num_stages]
+    out += [dataclasses.replace(config, block_n=b, num_stages=min(config.num_stages, 2))
+            for b in (64, 32) if b < config.block_n and config.chunk_align]  # split lengths not tied to the tile
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _with_splits(config: DecodeAttnConfig, splits: int) -> DecodeAttnConfig:
     # cached: an eager decode resolves its config in every layer of every step
@@ -237,6 +248,7 @@ class DecodeAttention:
         self.mid_o = torch.empty((num_heads, self.max_splits, head_dim), device=device, dtype=torch.float32)
         self.mid_lse = torch.empty((num_heads, self.max_splits), device=device, dtype=torch.float32)
         self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
+        self.working: dict[DecodeAttnConfig, DecodeAttnConfig] = {}  # a config -> the fallback that runs here
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
         """The configuration with SM_SPLITS replaced by this GPU's count."""
@@ -248,16 +260,28 @@ class DecodeAttention:
                  scales=None):
         # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit
         # cache, else None; returns [Hq, D] (a reused buffer)
-        c = self.resolve(config or self.config)
-        assert c.max_splits <= self.max_splits
+        asked = self.resolve(config or self.config)
+        assert asked.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
         k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
-        launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
-            q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
-            KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)), D=self.head_dim,
-            BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk, CHUNK_ALIGN=c.align,
-            IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch, EARLY_TILE=c.early_tile, num_warps=c.num_warps,
-            num_stages=c.num_stages, **pdl)
+        from triton.runtime.errors import OutOfResources
+
+        tries = [self.working[asked]] if asked in self.working else [asked, *decode_attention_fallbacks(asked)]
+        for c in tries:
+            try:  # more shared memory than this GPU has fails here, before anything runs
+                launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
+                    q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
+                    KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)),
+                    D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
+                    CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
+                    EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+            except OutOfResources:
+                if c == tries[-1]:
+                    raise
+                continue
+            if not precompile.active():  # a compile-only pass proves nothing about shared memory
+                self.working[asked] = c
+            break
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
