@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="records launches through Triton's interpreter (a GPU compiles for real)")
 
 _POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
-                  torch.int64: "*i64", torch.uint8: "*u8"}
+                  torch.int64: "*i64", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
 _LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
 
@@ -29,21 +29,27 @@ def _spec(fn, args, kwargs) -> dict:
     params = inspect.signature(fn).parameters
     bound = dict(zip(params, args))
     bound.update({k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS})
-    signature, constexprs = {}, {}
-    for name, p in params.items():
+    signature, constexprs, aligned = {}, {}, []
+    for i, (name, p) in enumerate(params.items()):
         value = bound[name] if name in bound else p.default  # a constexpr left at its default
         if "constexpr" in str(p.annotation):
             signature[name], constexprs[name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[name] = _POINTER_TYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                aligned.append(i)
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
             signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                aligned.append(i)
         else:
             signature[name] = "fp32"
+    # "aligned": the arguments a GPU launch specializes as divisible by 16 (pointers, and ints), as Triton does at
+    # run time: it lets loads become 16-byte async copies, which changes the shared memory a kernel asks for.
     return {"module": fn.__module__, "file": inspect.getsourcefile(fn), "name": fn.__name__,
-            "signature": signature, "constexprs": constexprs,
+            "signature": signature, "constexprs": constexprs, "aligned": aligned,
             "options": {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS}}
 
 
@@ -66,12 +72,13 @@ for spec in json.load(sys.stdin):
     kernel = getattr(module, spec["name"])
     kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(getattr(kernel, "fn", kernel))
     try:
-        compiled = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"]),
+        attrs = {(i,): [["tt.divisibility", 16]] for i in spec.get("aligned", [])}
+        compiled = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"], attrs),
                                   target=GPUTarget("cuda", spec.get("arch", 86), 32), options=spec["options"])
         assert compiled.asm["cubin"]
     except Exception as err:
         sys.exit(spec["name"] + ": " + str(err))
-    print(spec["name"])
+    print(spec["name"], compiled.metadata.shared)  # and the shared memory a program asks for
 """
 
 
@@ -106,7 +113,7 @@ def _compile_all(launches) -> set[str]:
     done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(list(launches.values())),
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
-    return set(done.stdout.split())
+    return {line.split()[0] for line in done.stdout.splitlines()}
 
 
 def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
@@ -207,3 +214,87 @@ def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeyp
     assert torch.equal(x, torch.full((16,), 2.0))  # the interpreter ran it
     with pytest.raises(AssertionError, match="global variable SCALE"):
         _compile_all(launches)
+
+
+# The most shared memory a program may have on an RTX 30- or 40-series card (sm_86 / sm_89: 99 KB), the smallest
+# of the GPUs r1desk runs its attention on (the H200 has 227 KB).
+SMALL_GPU_SHARED = 101_376
+
+
+def _compiled_shared(specs: list[dict]) -> list[int]:
+    """Bytes of shared memory each launch spec asks for, compiled for its "arch" (fresh interpreter, as above)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(specs), capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    return [int(line.split()[1]) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "8-bit"])
+def test_on_a_99kb_gpu_every_decode_attention_shape_falls_back_to_one_that_fits(launches, kind):
+    """At the 1.5B's shapes (12 query heads, 2 KV heads, head dim 128), every decode attention shape the warm-up
+    may pick on a GPU without programmatic dependent launch (an RTX 30/40-series card), followed by its
+    fallbacks (triton_ops.decode_attention_fallbacks, what DecodeAttention runs when Triton refuses a launch for
+    shared memory), compiled for that GPU: some shape of each chain fits its 99 KB. Without the fallbacks the
+    split-per-SM shape (139,520 bytes with Triton 3.6) could not run there, and the prefill's last row always
+    takes it. 8-bit: the cache's e4m3 needs sm_89 (RTX 40-series)."""
+    import dataclasses
+
+    from model_loader.kernels import reference, triton_ops
+
+    hq, hkv, d, length = 12, 2, 128, 40
+    dt = torch.float32 if kind == "fp32" else torch.bfloat16
+    g = torch.Generator().manual_seed(9)
+    k = torch.randn(hkv, 64, d, generator=g)
+    v = torch.randn(hkv, 64, d, generator=g)
+    scales = None
+    if kind == "8-bit":
+        (k, ks), (v, vs) = reference.quantize_fp8_rows(k), reference.quantize_fp8_rows(v)
+        scales = (ks, vs)
+    else:
+        k, v = k.to(dt), v.to(dt)
+    q = torch.randn(hq, d, generator=g).to(dt)
+    pos = torch.tensor([length - 1], dtype=torch.int32)
+    chains = []
+    for config in dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False)
+                                for c in triton_ops.DECODE_ATTN_CONFIGS):
+        attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
+        chain = [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
+        for c in chain:  # records each shape's launch
+            attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
+        chains.append([(c.block_n, c.max_splits, c.num_stages) for c in chain])
+    specs = [dict(spec, arch=89 if kind == "8-bit" else 86) for spec in launches.values()
+             if spec["name"] == "_decode_attn_split_kernel"]
+    shared = {(s["constexprs"]["BLOCK_N"], s["constexprs"]["MAX_SPLITS"], s["options"]["num_stages"]): b
+              for s, b in zip(specs, _compiled_shared(specs))}
+    for chain in chains:
+        fits = [shape for shape in chain if shared[shape] <= SMALL_GPU_SHARED]
+        assert fits, f"no shape of {chain} fits {SMALL_GPU_SHARED} bytes: {[shared[s] for s in chain]}"
+
+
+def test_on_a_99kb_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(launches):
+    """The same for the prefill attention at the 1.5B's shapes, bf16: its tuned tile shape and then its FALLBACKS
+    (what PrefillAttention runs when Triton refuses a launch for shared memory), compiled for an RTX 30-series
+    card: some shape fits its 99 KB, in one pass and in key splits."""
+    dtype = torch.bfloat16
+    from model_loader.kernels import triton_ops
+
+    hq, hkv, d, t, start = 12, 2, 128, 16, 8
+    g = torch.Generator().manual_seed(10)
+    k, v = (torch.randn(hkv, 64, d, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(t, hq, d, generator=g).to(dtype)
+    attn = triton_ops.PrefillAttention(hq, hkv, d, "cpu", max_tokens=64)
+    chain = [attn._tuned(t), *triton_ops.PrefillAttention.FALLBACKS]
+    for shape in chain:
+        attn._tuned = lambda n, shape=shape: shape
+        for splits in (1, 2):
+            attn(q, k, v, torch.tensor([start], dtype=torch.int32), d ** -0.5, splits=splits)
+    specs = [dict(spec, arch=86) for spec in launches.values() if spec["name"] == "_prefill_attn_kernel"]
+    shared = {}
+    for spec, b in zip(specs, _compiled_shared(specs)):
+        c = spec["constexprs"]
+        shape = (c["BLOCK_M"], c["BLOCK_N"], spec["options"]["num_warps"], spec["options"]["num_stages"])
+        shared[shape, c["SPLIT"]] = b
+    for split in (False, True):
+        assert any(shared[shape, split] <= SMALL_GPU_SHARED for shape in chain), (split, shared)
