@@ -216,6 +216,20 @@ def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     return -(-length // chunk)
 
 
+def launch_first_that_fits(shapes: list, launch_one):
+    """launch_one(shape) for each of `shapes` in turn until one launches: Triton refuses a kernel that needs more
+    shared memory than this GPU has (OutOfResources) at launch, before anything runs. Returns (the shape that
+    ran, what launch_one returned); the last shape's refusal is raised."""
+    from triton.runtime.errors import OutOfResources
+
+    for shape in shapes:
+        try:
+            return shape, launch_one(shape)
+        except OutOfResources:
+            if shape == shapes[-1]:
+                raise
+
+
 def decode_attention_fallbacks(config: DecodeAttnConfig) -> list[DecodeAttnConfig]:
     """What to run where `config` needs more shared memory than the GPU has, in order: fewer pipeline stages,
     then smaller key tiles. The split-per-SM shape's 3 stages of 128-token K/V tiles take 139,520 bytes (Triton
@@ -264,24 +278,19 @@ class DecodeAttention:
         assert asked.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
         k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
-        from triton.runtime.errors import OutOfResources
+
+        def split_kernel(c: DecodeAttnConfig) -> None:
+            launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
+                q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
+                KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)),
+                D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
+                CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
+                EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
 
         tries = [self.working[asked]] if asked in self.working else [asked, *decode_attention_fallbacks(asked)]
-        for c in tries:
-            try:  # more shared memory than this GPU has fails here, before anything runs
-                launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
-                    q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
-                    KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)),
-                    D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
-                    CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
-                    EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
-            except OutOfResources:
-                if c == tries[-1]:
-                    raise
-                continue
-            if not precompile.active():  # a compile-only pass proves nothing about shared memory
-                self.working[asked] = c
-            break
+        c, _ = launch_first_that_fits(tries, split_kernel)
+        if not precompile.active():  # a compile-only pass proves nothing about shared memory
+            self.working[asked] = c
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
@@ -384,32 +393,27 @@ class PrefillAttention:
             candidates = [self.working[tuned]]
         else:
             candidates = [tuned] + [f for f in self.FALLBACKS if f[0] <= tuned[0] and f != tuned]
-        from triton.runtime.errors import OutOfResources
 
-        for shape in candidates:
+        def attention_kernel(shape: tuple) -> int:
             n_splits = splits or self.splits_for(t, shape)
             if n_splits * t * self.num_heads > self.mid_lse.numel():
                 raise ValueError(f"a {t}-token prefill in {n_splits} splits needs more scratch than was allocated")
             block_m, block_n, warps, stages = shape
             # Not for key splits (short prefills over a prefix): there each program reads a few tiles and TMA's
             # set-up did not pay (H200: 512 cached + 256 new 2.5-2.6 -> 2.8 ms); one variant each way, as before.
-            # An 8-bit cache: plain loads, each tile dequantized with its rows' scales on the way in.
+            # An 8-bit cache: plain loads (its tiles go into the dots upcast, with their rows' scales).
             tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
-            try:  # a shape too big for this GPU's shared memory fails here, before anything runs
-                launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
-                    q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale,
-                    n_splits, k_scale, v_scale, KV_FP8=scales is not None, NUM_HEADS=self.num_heads, GROUP=self.group, D=self.head_dim, BLOCK_M=block_m,
-                    BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32, TMA=tma,
-                    PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
-            except OutOfResources:
-                if shape == candidates[-1]:
-                    raise
-                continue
-            if not precompile.active():  # a compile-only pass proves nothing about shared memory
-                self.working[tuned] = shape
-            splits = n_splits
-            break
+            launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
+                q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, n_splits,
+                k_scale, v_scale, KV_FP8=scales is not None, NUM_HEADS=self.num_heads, GROUP=self.group,
+                D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32,
+                TMA=tma, PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
+            return n_splits
+
+        shape, splits = launch_first_that_fits(candidates, attention_kernel)
+        if not precompile.active():  # a compile-only pass proves nothing about shared memory
+            self.working[tuned] = shape
         if splits > 1:
             rows = t * self.num_heads
             launch(_prefill_attn_reduce_kernel, (triton.cdiv(rows, self.REDUCE_ROWS),))(
