@@ -37,7 +37,6 @@ class Qwen2Model:
         cache_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
         # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane. An 8-bit cache holds
         # fp8 (e4m3) K and V rows with one fp32 scale per (layer, KV head, token) row (kv_cache.py).
-        self.kv_cache = kv_cache
         cache_dtype = torch.float8_e4m3fn if kv_cache == KV_8BIT else dtype
         self.k_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
         self.v_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
