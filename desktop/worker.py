@@ -145,7 +145,7 @@ class EngineWorker(QObject):
         self.stage.emit("importing")
         try:
             from model_loader.engine import Engine  # torch import happens here, off the GUI thread
-            from model_loader.errors import ModelError, OutOfMemoryError
+            from model_loader.errors import GpuUnsupportedError, ModelError, OutOfMemoryError
         except Exception as err:  # a broken torch install must not take the window down
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
@@ -193,6 +193,9 @@ class EngineWorker(QObject):
         except OutOfMemoryError as err:
             self._free_device_memory()
             self.failed.emit(0, "oom", str(err))
+            return
+        except GpuUnsupportedError as err:  # this torch can't use the GPU: offer the CPU, as with no GPU at all
+            self.failed.emit(0, "no_gpu", str(err))
             return
         except ModelError as err:
             self.failed.emit(0, "model", str(err))

@@ -303,12 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    from model_loader.errors import ModelError
+    from model_loader.errors import GpuUnsupportedError, ModelError
 
     try:
         return args.func(args)
     except ModelError as err:
-        print(f"error: {err}", file=sys.stderr)
+        hint = " (or --device cpu: much slower)" if isinstance(err, GpuUnsupportedError) else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

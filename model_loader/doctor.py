@@ -20,7 +20,13 @@ def _gpu_facts() -> dict:
         "compute_capability": f"{props.major}.{props.minor}",
         "vram_gib": round(props.total_memory / 2**30, 2),
         "bf16": torch.cuda.is_bf16_supported(),
+        "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
     })
+    from model_loader.gpu_support import check_cuda_device
+
+    problem = check_cuda_device(0)
+    if problem:
+        facts["gpu_problem"] = problem
     try:
         import pynvml
 

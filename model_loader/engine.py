@@ -25,9 +25,10 @@ from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import walk_warm_up_paths, warm_up_ids
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
+from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.tokenizer import load_tokenizer
-from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+from model_loader.errors import ContextFullError, GpuUnsupportedError, ModelError, OutOfMemoryError
 from model_loader.forced_tokens import ClosePush, ForcedTokens
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
@@ -55,12 +56,20 @@ OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
 
 def pick_device(requested: str | None) -> torch.device:
+    """The device to run on ("auto": the GPU where torch sees one). ModelError for a GPU that can't be used:
+    GpuUnsupportedError where this torch build has no code for it (auto included: the CPU would be a silent
+    slowdown of many times, so the user chooses it)."""
     if requested in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(requested)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
-        raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(requested)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
+            raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
+    if dev.type == "cuda":
+        unsupported_gpu = check_cuda_device(dev)  # before any kernel: it would fail with "no kernel image"
+        if unsupported_gpu:
+            raise GpuUnsupportedError(unsupported_gpu)
     return dev
 
 

@@ -18,3 +18,7 @@ class ContextFullError(ModelError):
 
 class OutOfMemoryError(ModelError):
     """The GPU ran out of memory while loading or generating."""
+
+
+class GpuUnsupportedError(ModelError):
+    """The installed torch has no GPU code for this GPU (model_loader.gpu_support): the CPU still works."""

@@ -5,7 +5,7 @@
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
 open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
 the local API server at work (real requests from the openai client; a chat reply waiting behind one) with its
-settings, and the first start preparing GPU kernels.
+settings, the first start preparing GPU kernels, and a GPU the installed torch has no code for.
 """
 
 from __future__ import annotations
@@ -107,6 +107,24 @@ def main(out: str) -> None:
     win.close()
     first_start_shot(out_dir, tmp)
     api_shots(out_dir, tmp)
+    unsupported_gpu_shot(out_dir, tmp)
+
+
+def unsupported_gpu_shot(out_dir: Path, tmp: Path) -> None:
+    """A GTX 1060 under a torch built for CUDA 13: the loader's message (model_loader.gpu_support, the text a
+    real load gives) and the CPU offered instead."""
+    from model_loader.errors import GpuUnsupportedError
+    from model_loader.gpu_support import unsupported_gpu_reason
+
+    reason = unsupported_gpu_reason((6, 1), ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],
+                                    "NVIDIA GeForce GTX 1060 6GB", "2.13.0+cu130")
+    win = make_window("light", tmp / "gpu", FakeEngine(), live=False)
+    (tmp / "gpu").mkdir(exist_ok=True)
+    win.engine_factory = factory(FakeEngine(), fail_load=GpuUnsupportedError(reason))
+    win.start_engine()
+    wait_until(lambda: win.engine_state == "failed")
+    shoot(win, out_dir / "screenshot-gpu-unsupported.png")
+    win.close()
 
 
 def first_start_shot(out_dir: Path, tmp: Path) -> None:

@@ -26,6 +26,27 @@ def test_no_gpu_offers_cpu_mode(qtbot, make_window, tiny_model, monkeypatch):
     assert "much slower" in win.banner.label.text()  # the speed warning stays visible in CPU mode
 
 
+def test_a_gpu_this_torch_cannot_use_offers_cpu_mode(qtbot, make_window, tiny_model, monkeypatch):
+    """A GTX 1060 under a torch built for CUDA 13 (no code for it): the loader's message with what to install,
+    the CPU offered as with no GPU at all, and the CPU then works."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 1))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce GTX 1060 6GB")
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    win = make_window(model=tiny_model, device="cuda", wait_ready=False)
+    with qtbot.waitSignal(win.engine_failed, timeout=60000) as blocker:
+        pass
+    kind, message = blocker.args
+    assert kind == "no_gpu" and "GTX 1060 6GB" in message and "whl/cu126" in message
+    assert win.banner.kind == "no_gpu" and message in win.banner.label.text()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the rest of this machine is what it is
+    with qtbot.waitSignal(win.engine_ready, timeout=60000) as blocker:
+        qtbot.mouseClick(_button(win, "Use CPU (slow)"), Qt.LeftButton)
+    assert blocker.args[0]["device"] == "cpu"
+
+
 def test_bad_model_folder_shows_the_loaders_message(qtbot, make_window, tiny_model, tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
