@@ -4,6 +4,10 @@ first kernel with "CUDA error: no kernel image is available for execution on the
 users both ways: PyPI's current Linux builds (CUDA 13) dropped GPUs older than the RTX 20-series (GTX 10-series
 6-8 GB cards among them), and builds for CUDA 12.6 and older predate the RTX 50-series. Checked before a load, it
 becomes one clear message with what to install, and the window offers the CPU instead.
+
+What to install (PyTorch's support matrix, late 2026): CUDA 13 builds cover compute capability 7.5-12.0 (Turing
+to Blackwell); CUDA 12.6 builds, published up to PyTorch 2.14, cover 5.0-9.0 (Maxwell, Pascal and Volta too).
+Both URLs serve Linux and Windows wheels.
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ def unsupported_gpu_reason(capability: tuple[int, int], arch_list: list[str], de
     elif cc < codes[0]:
         advice = "Current PyTorch builds start at compute capability 5.0."
     elif cc > codes[-1]:
-        advice = ("A newer PyTorch build supports it (for the RTX 50-series, one made for CUDA 12.8 or newer: "
-                  "pip install --upgrade torch --index-url https://download.pytorch.org/whl/cu128).")
+        advice = ("A newer PyTorch build supports it: the CUDA 13 ones include every GPU from the RTX 20-series "
+                  "to the RTX 50-series (pip install --upgrade torch --index-url "
+                  "https://download.pytorch.org/whl/cu130).")
     else:
         advice = "Install a PyTorch build made for it (pytorch.org lists which CUDA versions cover which GPUs)."
     return (f"Your {device_name} (compute capability {_capability_text(cc)}) is not supported by this PyTorch "

@@ -51,7 +51,7 @@ def test_a_gpu_older_than_any_build_is_not_sent_to_one():
 def test_a_gpu_newer_than_the_build_is_told_to_upgrade():
     msg = unsupported_gpu_reason((12, 0), CUDA124, "NVIDIA GeForce RTX 5070 Laptop GPU", "2.5.1+cu124")
     for fragment in ("RTX 5070 Laptop GPU", "compute capability 12.0", "2.5.1+cu124", "newer PyTorch build",
-                     "whl/cu128"):
+                     "whl/cu130"):
         assert fragment in msg, msg
 
 
