@@ -250,7 +250,8 @@ def _compiled_shared(specs: list[dict]) -> list[int]:
 
 
 @pytest.mark.parametrize("kind, arch, limit", [("bf16", 86, SMALL_GPU_SHARED), ("fp32", 86, SMALL_GPU_SHARED),
-                                               ("8-bit", 89, SMALL_GPU_SHARED), ("fp16", 75, TURING_SHARED)])
+                                               ("8-bit", 89, SMALL_GPU_SHARED), ("fp16", 75, TURING_SHARED),
+                                               ("bf16", 120, SMALL_GPU_SHARED), ("8-bit", 120, SMALL_GPU_SHARED)])
 def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits(launches, kind, arch, limit):
     """At the 1.5B's shapes (12 query heads, 2 KV heads, head dim 128), every decode attention shape the warm-up
     may pick on a GPU without programmatic dependent launch (an RTX 30/40-series card), followed by its
@@ -259,7 +260,9 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     split-per-SM shape (139,520 bytes with Triton 3.6) could not run there, and the prefill's last row always
     takes it. 8-bit: the cache's e4m3 needs sm_89 (RTX 40-series). fp16 on a Turing card (64 KB): there the
     128-token tiles take 73,728 bytes whatever the stages (Triton 3.6 and 3.9: no asynchronous copies before
-    sm_80), so only the 64-token fallback runs."""
+    sm_80), so only the 64-token fallback runs. An RTX 50-series card (sm_120) has the same 99 KB and runs
+    programmatic dependent launch (compute capability 9.0+): there the candidates are the Hopper ones, early
+    first tile and late launch included, compiled with PDL on."""
     import dataclasses
 
     from model_loader.kernels import reference, triton_ops
@@ -277,29 +280,47 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         k, v = k.to(dt), v.to(dt)
     q = torch.randn(hq, d, generator=g).to(dt)
     pos = torch.tensor([length - 1], dtype=torch.int32)
+    pdl = arch >= 90  # triton_ops.pdl_supported
+    configs = triton_ops.DECODE_ATTN_CONFIGS if pdl else dict.fromkeys(
+        dataclasses.replace(c, early_tile=False, late_launch=False) for c in triton_ops.DECODE_ATTN_CONFIGS)
     chains = []
-    for config in dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False)
-                                for c in triton_ops.DECODE_ATTN_CONFIGS):
+    for config in configs:
         attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
         chain = [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
         for c in chain:  # records each shape's launch
             attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
-        chains.append([(c.block_n, c.max_splits, c.num_stages) for c in chain])
-    specs = [dict(spec, arch=arch) for spec in launches.values()
+        chains.append([(c.block_n, c.max_splits, c.num_stages, c.early_tile, c.late_launch) for c in chain])
+    specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
              if spec["name"] == "_decode_attn_split_kernel"]
-    shared = {(s["constexprs"]["BLOCK_N"], s["constexprs"]["MAX_SPLITS"], s["options"]["num_stages"]): b
-              for s, b in zip(specs, _compiled_shared(specs))}
+    shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"]): b
+              for s, b in zip(specs, _compiled_shared(specs)) for c in [s["constexprs"]]}
     for chain in chains:
         fits = [shape for shape in chain if shared[shape] <= limit]
         assert fits, f"no shape of {chain} fits {limit} bytes: {[shared[s] for s in chain]}"
 
 
+def _as_hopper_launch(spec: dict) -> dict:
+    """A prefill attention launch as a GPU of compute capability 9.0+ makes it (triton_ops.prefill_tma_supported,
+    pdl_supported): programmatic dependent launch on and, in one pass, K/V read through tensor descriptors (TMA)
+    of [BLOCK_N, D] tiles (PrefillAttention._kv_args) in place of pointers."""
+    c = spec["constexprs"]
+    if c["SPLIT"]:
+        return dict(spec, constexprs={**c, "PDL": True})
+    names = list(spec["signature"])
+    desc = f"tensordesc<{spec['signature']['k_ptr'][1:]}[{c['BLOCK_N']}, {c['D']}]>"
+    return dict(spec, signature={**spec["signature"], "k_ptr": desc, "v_ptr": desc},
+                constexprs={**c, "PDL": True, "TMA": True},
+                aligned=[i for i in spec["aligned"] if names[i] not in ("k_ptr", "v_ptr")])
+
+
 @pytest.mark.parametrize("dtype, arch, limit", [(torch.bfloat16, 86, SMALL_GPU_SHARED),
-                                                (torch.float16, 75, TURING_SHARED)])
+                                                (torch.float16, 75, TURING_SHARED),
+                                                (torch.bfloat16, 120, SMALL_GPU_SHARED)])
 def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(launches, dtype, arch, limit):
     """The same for the prefill attention at the 1.5B's shapes: its tuned tile shape and then its FALLBACKS
     (what PrefillAttention runs when Triton refuses a launch for shared memory), compiled for an RTX 30-series
-    card (bf16) and a Turing card (fp16): some shape fits, in one pass and in key splits."""
+    card (bf16), a Turing card (fp16) and an RTX 50-series card (sm_120: 99 KB, with TMA loads and programmatic
+    dependent launch as on Hopper): some shape fits, in one pass and in key splits."""
     from model_loader.kernels import triton_ops
 
     hq, hkv, d, t, start = 12, 2, 128, 16, 8
@@ -313,6 +334,8 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
         for splits in (1, 2):
             attn(q, k, v, torch.tensor([start], dtype=torch.int32), d ** -0.5, splits=splits)
     specs = [dict(spec, arch=arch) for spec in launches.values() if spec["name"] == "_prefill_attn_kernel"]
+    if arch >= 90:
+        specs = [_as_hopper_launch(spec) for spec in specs]
     shared = {}
     for spec, b in zip(specs, _compiled_shared(specs)):
         c = spec["constexprs"]
