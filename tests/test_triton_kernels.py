@@ -556,3 +556,42 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
         (tuple(ws[0].shape), tuple(configs))) or {None: 1.0})
     linears.tune(weights, torch.float32)
     assert sorted(timed) == sorted((shape, (None,) + configs) for (shape, _), configs in expected.items())
+
+
+def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
+    """Where a shape's pipelined K/V tiles alone exceed the GPU's shared memory (decode_pipeline_bytes), it is
+    neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts at its 2 stages (16-bit),
+    keeps its 3 with an 8-bit cache (half the bytes); an fp32 model starts at 1 stage (and may still be refused
+    there: Triton's own buffers come on top); a GPU with room for it (the H200) or a device that doesn't say keeps
+    the whole chain."""
+    hq, hkv, d = 12, 2, 128
+    attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", torch.bfloat16)
+    config = attn.resolve(triton_ops.DECODE_ATTN_CONFIGS[1])  # a split per SM, 3 stages of 128-token tiles
+    full = [config, *triton_ops.decode_attention_fallbacks(config)]
+    assert attn.shared_limit is None and attn.candidates(config, 2) == full
+    attn.shared_limit = 232_448  # the H200's
+    assert attn.candidates(config, 2) == full
+    attn.shared_limit = 101_376  # an RTX 30/40/50-series card's
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 2), (128, 1), (64, 2), (32, 2)]
+    assert attn.candidates(config, 1) == full  # 8-bit
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
+    attn.shared_limit = 1_000  # a single stage buffers nothing: always tried
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]
+
+
+def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device):
+    """The whole call on such a GPU (its limit as DecodeAttention reads it): the result is the reference's and the
+    shape that ran is the 2-stage one, with nothing refused first."""
+    hq, hkv, d, length = 12, 2, 128, 300
+    g = torch.Generator().manual_seed(11)
+    k, v = (torch.randn(hkv, 320, d, generator=g).to(device, torch.float16) for _ in range(2))
+    q = torch.randn(hq, d, generator=g).to(device, torch.float16)
+    pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, torch.float16)
+    attn.shared_limit = 101_376
+    config = triton_ops.DECODE_ATTN_CONFIGS[1]
+    out = attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
+    ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    ran = attn.working[attn.resolve(config)]
+    assert (ran.block_n, ran.num_stages) == (128, 2)

@@ -241,6 +241,24 @@ def decode_attention_fallbacks(config: DecodeAttnConfig) -> list[DecodeAttnConfi
     return out
 
 
+def max_shared_memory(device) -> int | None:
+    """The most shared memory one program may have on this GPU (what Triton checks a launch against: the opt-in
+    limit, 101,376 bytes on an RTX 30/40/50-series card, 232,448 on the H200); None off CUDA or where torch
+    doesn't say."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+
+
+def decode_pipeline_bytes(config: DecodeAttnConfig, head_dim: int, kv_bytes: int) -> int:
+    """Shared memory a decode shape needs at the least: the K and V tiles its software pipeline keeps in flight
+    (num_stages - 1 of each). Triton 3.6 asks for that plus its own ~8 KB (139,520 bytes for 3 stages of 128 x 128
+    16-bit tiles, 73,984 for 2; compiled for sm_86/89/90/120), so a shape over a GPU's limit by this bound is
+    refused there for certain."""
+    return max(config.num_stages - 1, 0) * 2 * config.block_n * head_dim * kv_bytes
+
+
 @functools.lru_cache(maxsize=None)
 def _with_splits(config: DecodeAttnConfig, splits: int) -> DecodeAttnConfig:
     # cached: an eager decode resolves its config in every layer of every step
@@ -263,6 +281,19 @@ class DecodeAttention:
         self.mid_lse = torch.empty((num_heads, self.max_splits), device=device, dtype=torch.float32)
         self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
         self.working: dict[DecodeAttnConfig, DecodeAttnConfig] = {}  # a config -> the fallback that runs here
+        self.shared_limit = max_shared_memory(device)
+
+    def candidates(self, config: DecodeAttnConfig, kv_bytes: int) -> list[DecodeAttnConfig]:
+        """config and its fallbacks in the order they are tried, less those this GPU refuses for certain
+        (decode_pipeline_bytes over its limit; the last is always kept): a shape that can't run is then neither
+        compiled ahead on a first start nor compiled just to be refused at the warm-up's launch. On an RTX
+        30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead instead (they
+        fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s)."""
+        chain = [config, *decode_attention_fallbacks(config)]
+        if self.shared_limit is None:
+            return chain
+        plausible = [c for c in chain if decode_pipeline_bytes(c, self.head_dim, kv_bytes) <= self.shared_limit]
+        return plausible or chain[-1:]
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
         """The configuration with SM_SPLITS replaced by this GPU's count."""
@@ -287,7 +318,7 @@ class DecodeAttention:
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
                 EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
 
-        tries = [self.working[asked]] if asked in self.working else [asked, *decode_attention_fallbacks(asked)]
+        tries = [self.working[asked]] if asked in self.working else self.candidates(asked, k_cache.element_size())
         c, _ = launch_first_that_fits(tries, split_kernel)
         if not precompile.active():  # a compile-only pass proves nothing about shared memory
             self.working[asked] = c
