@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 
 from model_loader.awq import int4pack_supported
-from model_loader.compile_ahead import walk_warm_up_paths, warm_up_ids
+from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
@@ -78,7 +78,11 @@ def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtyp
         return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[requested]
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # bf16 where the GPU's matrix multiplies take it: natively from compute capability 8.0, emulated by cuBLAS on
+        # Turing (7.5; PyTorch tests it on the T4). Older GPUs (Pascal, Volta: reachable with PyTorch's CUDA 12.6
+        # builds) fail bf16 GEMMs with CUBLAS_STATUS_NOT_SUPPORTED, while torch.cuda.is_bf16_supported() says yes
+        # there (it only checks that a bf16 tensor can be made): fp16 instead, which the warm-up checks for overflow.
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (7, 5) else torch.float16
     return torch.float32
 
 
@@ -557,7 +561,24 @@ class Engine:
                                                                                    self._kernel_variant)
 
     def _warm_up_ids(self) -> torch.Tensor:
-        return warm_up_ids(self.model.device)
+        """The warm-up's eager prompt: the start of a real chat (the sequence's first token, where Qwen2 models put
+        their largest activations), as long as compile_ahead.warm_up_ids, whose kernels it must reuse."""
+        ids = self.chat.render([{"role": "user", "content": "Hello! How are you doing today?"}]).ids
+        ids = (ids * WARM_UP_TOKENS)[:WARM_UP_TOKENS]
+        return torch.tensor(ids, dtype=torch.int64, device=self.model.device)
+
+    def _check_finite(self, logits: torch.Tensor) -> None:
+        """A prefill of a real prompt must give finite logits, or every reply would be random tokens: fp16 overflows
+        on some Qwen2 models (activations past 65,504), and a damaged weights file can hold NaN or infinity."""
+        if bool(torch.isfinite(logits).all()):
+            return
+        name = self.info.model_name
+        if self.model.dtype == torch.float16:
+            raise ModelError(f"{name} overflows in fp16 precision (its activations exceed fp16's range, so it computes "
+                             f"infinities): choose bf16 (GPUs of compute capability 7.5 and newer) or fp32 "
+                             f"precision in Settings (--dtype on the command line), or run on the CPU")
+        raise ModelError(f"{name} computed NaN or infinite values on a test prompt: its weights are probably "
+                         f"damaged; download the model again")
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
@@ -623,7 +644,7 @@ class Engine:
             step("running the prefill kernels")
             with torch.inference_mode():
                 ids = self._warm_up_ids()
-                self.model.prefill(ids, 0)
+                self._check_finite(self.model.prefill(ids, 0))
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse path too
             if graphs:  # before any capture: the graphs record whichever kernels win
                 step("timing the matrix-vector kernels")

@@ -1,0 +1,69 @@
+"""A model whose numbers break (fp16 overflow on an older GPU, NaN in a damaged weights file) is refused at load
+with what to do, instead of answering in random tokens; and the precision picked by default is one the GPU's
+matrix multiplies take."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from model_loader.engine import Engine, pick_dtype
+from model_loader.errors import ModelError
+
+
+def _edited_copy(tiny_model, tmp_path, edit):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture
+def loud_model(tiny_model, tmp_path):
+    """The first layer's MLP writes values of ~1e6 into the residual stream: past fp16's 65,504, well inside bf16's
+    and fp32's range (what Qwen2 models do at their first token, more mildly)."""
+    def scale(tensors):
+        tensors["model.layers.0.mlp.down_proj.weight"] *= 1e5
+    return _edited_copy(tiny_model, tmp_path, scale)
+
+
+def _load_and_warm(folder, dtype):
+    engine = Engine.load(folder, device="cpu", dtype=dtype, context_length=256)
+    try:
+        engine.warm_up()
+    finally:
+        engine.close()
+
+
+def test_fp16_overflow_is_refused_at_load_with_what_to_choose(loud_model):
+    with pytest.raises(ModelError) as info:
+        _load_and_warm(loud_model, "fp16")
+    msg = str(info.value)
+    assert "\n" not in msg and "overflows in fp16" in msg and "bf16" in msg and "fp32" in msg
+
+
+def test_the_same_model_in_a_wider_precision_loads(loud_model):
+    _load_and_warm(loud_model, "fp32")  # no false alarm: large values are not an error
+
+
+def test_nan_weights_are_refused_as_damaged(tiny_model, tmp_path):
+    def poison(tensors):
+        tensors["model.layers.1.self_attn.o_proj.weight"][3, 5] = float("nan")
+    folder = _edited_copy(tiny_model, tmp_path, poison)
+    with pytest.raises(ModelError, match="NaN or infinite values.*download the model again"):
+        _load_and_warm(folder, "fp32")
+
+
+@pytest.mark.parametrize("capability, expected", [((9, 0), torch.bfloat16), ((8, 6), torch.bfloat16),
+                                                  ((7, 5), torch.bfloat16), ((7, 0), torch.float16),
+                                                  ((6, 1), torch.float16)])
+def test_the_default_precision_is_one_the_gpu_multiplies(monkeypatch, capability, expected):
+    """bf16 from Turing on (emulated there by cuBLAS); fp16 on Pascal and Volta, whose cuBLAS refuses bf16 GEMMs
+    although torch.cuda.is_bf16_supported() says yes (it only makes a tensor)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert pick_dtype(torch.device("cuda"), None) is expected
+    assert pick_dtype(torch.device("cuda"), "bf16") is torch.bfloat16  # an explicit choice is kept
