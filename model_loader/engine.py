@@ -576,7 +576,7 @@ class Engine:
         if self.model.dtype == torch.float16:
             raise ModelError(f"{name} overflows in fp16 precision (its activations exceed fp16's range, so it computes "
                              f"infinities): choose bf16 (GPUs of compute capability 7.5 and newer) or fp32 "
-                             f"precision in Settings (--dtype on the command line), or run on the CPU")
+                             f"(Settings > Precision; --dtype for r1desk-cli), or run on the CPU")
         raise ModelError(f"{name} computed NaN or infinite values on a test prompt: its weights are probably "
                          f"damaged; download the model again")
 
