@@ -11,6 +11,7 @@ polled from NVML here (pynvml, no torch) about once a second.
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from collections import deque
@@ -26,6 +27,24 @@ from model_loader.stats import percentile  # pure Python: importing it does not 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+def kernel_choices_text(info: dict) -> str:
+    """What the warm-up measured and chose on this GPU, for the device line's tooltip: the decode attention per
+    context depth (engine.DecodeStep.tune: the whole step timed with each shape; a shape the GPU had no room for
+    shows as the fallback that runs) and, per weight shape, cuBLAS or our single-token kernel."""
+    if info.get("kernels") != "triton":
+        return "Plain PyTorch operations (no usable Triton here): nothing is tuned."
+    lines = []
+    attention = info.get("decode_attention") or {}
+    if attention:
+        lines.append("Decode attention by context depth (the fastest whole decode step at warm-up):")
+        lines += [f"  up to {int(upper.lstrip('<=')):,} tokens: {shape}" for upper, shape in attention.items()]
+    products = info.get("gemv") or {}
+    if products:
+        lines.append("One-token matrix products by weight shape (the fastest measured):")
+        lines += [f"  {shape}: {choice}" for shape, choice in products.items()]
+    return "\n".join(lines) or "Fused Triton kernels (tuned only where CUDA graphs run)."
 
 
 class LiveReply:
@@ -417,6 +436,8 @@ class LivePanel(QScrollArea):
             self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
                                       f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}"
                                       f"{context}")
+            # unwrapped lines: Qt wraps a plain-text tooltip at its own width, mid-entry
+            self.device_label.setToolTip(f"<p style='white-space:pre'>{html.escape(kernel_choices_text(i))}</p>")
         if not m:
             return
         weights, kv = m.get("weights_bytes", 0), m.get("kv_cache_bytes", 0)

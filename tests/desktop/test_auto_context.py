@@ -47,3 +47,24 @@ def test_an_explicit_context_is_used(qtbot, make_window, tiny_model):
     win = make_window(model=tiny_model, context_length=1024, version=2)
     assert (win.engine_info["context_length"], win.engine_info["context_auto"]) == (1024, False)
     assert win.sampling()["max_new_tokens"] == 1024
+
+
+def test_the_device_line_tells_which_kernels_the_warm_up_chose(qtbot, make_window, tiny_model):
+    """Its tooltip: the decode attention per depth bucket and each weight shape's matrix product, as measured on
+    the GPU (EngineInfo.decode_attention / gemv); on this CPU, that nothing was tuned."""
+    import html
+
+    from desktop.livepanel import kernel_choices_text
+
+    win = make_window(model=tiny_model)
+    win.set_live_visible(True)
+    assert html.escape(kernel_choices_text(win.engine_info)) in win.live.device_label.toolTip()
+    assert "nothing is tuned" in win.live.device_label.toolTip()  # the CPU: PyTorch operations
+    measured = dict(win.engine_info, kernels="triton", decode_attention={
+        "<=1024": "32 splits x >=32 tokens, block 32, 4 warps, 2 stages",
+        "<=32768": "66 splits x >=128 tokens, block 128, 4 warps, 2 stages, chunks aligned to 1"},
+        gemv={"2048x1536": "triton (4, 512, 4)", "1536x8960": "cuBLAS"})
+    win.live.set_engine(measured)
+    tip = win.live.device_label.toolTip()
+    assert "up to 1,024 tokens: 32 splits" in tip and "up to 32,768 tokens: 66 splits" in tip
+    assert "2048x1536: triton (4, 512, 4)" in tip and "1536x8960: cuBLAS" in tip
