@@ -170,6 +170,7 @@ class EngineWorker(QObject):
         def on_compiling() -> None:
             self.stage.emit("compiling")
 
+        engine = None
         try:
             if self.engine_factory is not None:
                 engine = self.engine_factory(request, on_progress, on_compiling)
@@ -188,21 +189,23 @@ class EngineWorker(QObject):
                 self.warmup_progress.emit(done, total, what)
 
             engine.warm_up(progress=on_warmup)
-        except LoadAborted:
-            return
-        except OutOfMemoryError as err:
+        except BaseException as err:
+            if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: its VRAM back now
+                engine.close()
             self._free_device_memory()
-            self.failed.emit(0, "oom", str(err))
-            return
-        except GpuUnsupportedError as err:  # this torch can't use the GPU: offer the CPU, as with no GPU at all
-            self.failed.emit(0, "no_gpu", str(err))
-            return
-        except ModelError as err:
-            self.failed.emit(0, "model", str(err))
-            return
-        except Exception as err:  # anything else is a bug; say so plainly rather than hang on "Loading"
-            traceback.print_exc()
-            self.failed.emit(0, "model", f"could not load the model: {type(err).__name__}: {err}")
+            if isinstance(err, LoadAborted):
+                return
+            if isinstance(err, OutOfMemoryError):
+                self.failed.emit(0, "oom", str(err))
+            elif isinstance(err, GpuUnsupportedError):  # this torch can't use the GPU: offer the CPU, as with none
+                self.failed.emit(0, "no_gpu", str(err))
+            elif isinstance(err, ModelError):
+                self.failed.emit(0, "model", str(err))
+            elif isinstance(err, Exception):  # anything else is a bug; say so plainly rather than hang on "Loading"
+                traceback.print_exc()
+                self.failed.emit(0, "model", f"could not load the model: {type(err).__name__}: {err}")
+            else:
+                raise  # KeyboardInterrupt, SystemExit
             return
         self.engine = engine
         info = _asdict(engine.info)

@@ -66,6 +66,9 @@ def pick_device(requested: str | None) -> torch.device:
         if dev.type == "cuda" and not torch.cuda.is_available():
             build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
             raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelError(f"{requested} was requested but this machine has {torch.cuda.device_count()} NVIDIA "
+                             f"GPU(s), numbered from cuda:0")
     if dev.type == "cuda":
         unsupported_gpu = check_cuda_device(dev)  # before any kernel: it would fail with "no kernel image"
         if unsupported_gpu:

@@ -7,7 +7,8 @@ becomes one clear message with what to install, and the window offers the CPU in
 
 What to install (PyTorch's support matrix, late 2026): CUDA 13 builds cover compute capability 7.5-12.0 (Turing
 to Blackwell); CUDA 12.6 builds, published up to PyTorch 2.14, cover 5.0-9.0 (Maxwell, Pascal and Volta too).
-Both URLs serve Linux and Windows wheels.
+Both URLs serve Linux and Windows wheels. --force-reinstall: the same torch version built for another CUDA can
+rank as already installed (2.13.0+cu130 sorts above 2.13.0+cu126), and pip would then change nothing.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ _ENTRY = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 def code_runs_on(entry: str, capability: int) -> bool | None:
     """Whether an arch-list entry's code runs on a GPU of `capability` (major * 10 + minor; 8.6 -> 86); None for
     an entry we can't read. A cubin ("sm_80") runs on later GPUs of its major (8.6, 8.9), not on another major;
-    "sm_90a" (architecture-specific features) only on 9.0; "sm_100f" on its family (10.x from 10.0); PTX
-    ("compute_90") is compiled by the driver for any GPU from 9.0 on."""
+    "sm_90a" (architecture-specific features) only on 9.0; "sm_100f" on its family (10.x from 10.0); plain PTX
+    ("compute_90") is compiled by the driver for any GPU from 9.0 on ("compute_90a" / "compute_100f": as their
+    cubins)."""
     match = _ENTRY.match(entry)
     if match is None:
         return None
     kind, code, suffix = match.group(1), int(match.group(2)), match.group(3)
-    if kind == "compute":
-        return capability >= code
-    if suffix == "a":
+    if suffix == "a":  # architecture-specific features, as cubin or PTX: that GPU only
         return capability == code
-    return capability // 10 == code // 10 and capability % 10 >= code % 10
+    if suffix == "f" or kind == "sm":  # a family's code, or a cubin: later GPUs of the same major
+        return capability // 10 == code // 10 and capability % 10 >= code % 10
+    return capability >= code  # plain PTX: the driver compiles it for any later GPU
 
 
 def _capability_text(code: int) -> str:
@@ -49,13 +51,13 @@ def unsupported_gpu_reason(capability: tuple[int, int], arch_list: list[str], de
     codes = sorted({int(_ENTRY.match(e).group(2)) for e in readable})
     built_for = ", ".join(_capability_text(c) for c in codes)
     if cc < codes[0] and cc >= 50:
-        advice = ("PyTorch's CUDA 12.6 builds support it (pip install torch --index-url "
+        advice = ("PyTorch's CUDA 12.6 builds support it (pip install --force-reinstall torch --index-url "
                   "https://download.pytorch.org/whl/cu126).")
     elif cc < codes[0]:
         advice = "Current PyTorch builds start at compute capability 5.0."
     elif cc > codes[-1]:
         advice = ("A newer PyTorch build supports it: the CUDA 13 ones include every GPU from the RTX 20-series "
-                  "to the RTX 50-series (pip install --upgrade torch --index-url "
+                  "to the RTX 50-series (pip install --force-reinstall torch --index-url "
                   "https://download.pytorch.org/whl/cu130).")
     else:
         advice = "Install a PyTorch build made for it (pytorch.org lists which CUDA versions cover which GPUs)."

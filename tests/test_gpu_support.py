@@ -4,7 +4,7 @@ still works. (This machine has no GPU: torch's device queries are set to what a 
 import pytest
 import torch
 
-from model_loader.errors import GpuUnsupportedError
+from model_loader.errors import GpuUnsupportedError, ModelError
 from model_loader.gpu_support import code_runs_on, unsupported_gpu_reason
 
 # torch.cuda.get_arch_list() of real builds: PyPI's current Linux wheel (CUDA 13) and an older CUDA 12.4 one
@@ -18,9 +18,19 @@ CUDA124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
     ("sm_90a", 90, True), ("sm_90a", 100, False),  # architecture-specific code: that GPU only
     ("sm_100f", 103, True), ("sm_100f", 120, False),  # a family: its major
     ("compute_90", 120, True), ("compute_90", 89, False),  # PTX: the driver compiles it for any later GPU
+    ("compute_90a", 90, True), ("compute_90a", 100, False), ("compute_100f", 103, True),  # not past its kind
+    ("compute_100f", 120, False),
 ])
 def test_which_code_runs_on_which_gpu(entry, capability, runs):
     assert code_runs_on(entry, capability) is runs
+
+
+def test_rocm_builds_are_not_judged_by_cudas_list(monkeypatch):
+    from model_loader.gpu_support import check_cuda_device
+
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["gfx1100"])
+    assert check_cuda_device(0) is None
 
 
 def test_an_unreadable_entry_is_no_verdict():
@@ -63,6 +73,26 @@ def gtx_1060_with_cuda13_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce GTX 1060 6GB")
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CUDA13)
     monkeypatch.setattr(torch.version, "hip", None)
+
+
+def test_the_gpu_asked_for_is_the_one_checked(tiny_model, monkeypatch):
+    """Two GPUs: an RTX 4070 (cuda:0) and a GTX 1060 (cuda:1) under the CUDA 13 build. Loading on cuda:1 names
+    the GTX 1060; a GPU number the machine doesn't have is a clear error too."""
+    from model_loader.engine import pick_device
+
+    gpus = {0: ((8, 9), "NVIDIA GeForce RTX 4070"), 1: ((6, 1), "NVIDIA GeForce GTX 1060 6GB")}
+    index = lambda device: torch.device(device).index or 0 if device is not None else 0  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index(device)][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpus[index(device)][1])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CUDA13)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert pick_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(GpuUnsupportedError, match="GTX 1060"):
+        pick_device("cuda:1")
+    with pytest.raises(ModelError, match="cuda:2 was requested but this machine has 2 NVIDIA GPU"):
+        pick_device("cuda:2")
 
 
 @pytest.mark.parametrize("device", ["cuda", None])  # asked for, and the default (auto)

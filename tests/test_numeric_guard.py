@@ -67,3 +67,18 @@ def test_the_default_precision_is_one_the_gpu_multiplies(monkeypatch, capability
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert pick_dtype(torch.device("cuda"), None) is expected
     assert pick_dtype(torch.device("cuda"), "bf16") is torch.bfloat16  # an explicit choice is kept
+
+
+def test_the_warm_up_checks_a_real_chat_start(tiny_model):
+    """The checked prefill starts as every chat does (the template's first token is where Qwen2 models put their
+    largest activations), at the length the compile-ahead walk compiled for."""
+    from model_loader.compile_ahead import WARM_UP_TOKENS
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=256)
+    try:
+        ids = engine._warm_up_ids().tolist()
+        chat_start = engine.chat.render([{"role": "user", "content": "Hello! How are you doing today?"}]).ids
+        assert len(ids) == WARM_UP_TOKENS and ids == chat_start[:WARM_UP_TOKENS]
+        assert ids[0] == engine.tokenizer.bos_token_id
+    finally:
+        engine.close()

@@ -293,7 +293,7 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         for c in chain:  # records each shape's launch
             attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
         chains.append([key(c) for c in chain])
-        attn.shared_limit = limit  # what DecodeAttention reads from such a GPU
+        attn.shared_limit, attn.pipelined = limit, arch >= 80  # what DecodeAttention reads from such a GPU
         firsts.append(key(attn.candidates(attn.resolve(config), k.element_size())[0]))
     specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
              if spec["name"] == "_decode_attn_split_kernel"]

@@ -577,11 +577,16 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
     attn.shared_limit = 1_000  # a single stage buffers nothing: always tried
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]
+    attn.shared_limit, attn.pipelined = 65_536, False  # a Turing card: no asynchronous copies, stages hold nothing
+    assert attn.candidates(config, 2) == full  # one 128 x 128 K and V tile: 65,536 bytes at the least, any stages
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(64, 2), (32, 2)]  # fp32
 
 
-def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device):
-    """The whole call on such a GPU (its limit as DecodeAttention reads it): the result is the reference's and the
-    shape that ran is the 2-stage one, with nothing refused first."""
+def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device, monkeypatch):
+    """The whole call on such a GPU (its limit as DecodeAttention reads it, Triton refusing what needs more than
+    73,984 bytes as there): the result is the reference's, the shape that ran is the 2-stage one, and nothing was
+    launched to be refused first."""
+    refused = _small_gpu_decode_kernel(monkeypatch, lambda kw: kw["num_stages"] > 2)
     hq, hkv, d, length = 12, 2, 128, 300
     g = torch.Generator().manual_seed(11)
     k, v = (torch.randn(hkv, 320, d, generator=g).to(device, torch.float16) for _ in range(2))
@@ -594,4 +599,4 @@ def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device):
     ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     ran = attn.working[attn.resolve(config)]
-    assert (ran.block_n, ran.num_stages) == (128, 2)
+    assert (ran.block_n, ran.num_stages) == (128, 2) and refused == []

@@ -248,15 +248,19 @@ def max_shared_memory(device) -> int | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+    limit = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", None)
+    return limit if limit and limit > 0 else None
 
 
-def decode_pipeline_bytes(config: DecodeAttnConfig, head_dim: int, kv_bytes: int) -> int:
+def decode_pipeline_bytes(config: DecodeAttnConfig, head_dim: int, kv_bytes: int, pipelined: bool = True) -> int:
     """Shared memory a decode shape needs at the least: the K and V tiles its software pipeline keeps in flight
     (num_stages - 1 of each). Triton 3.6 asks for that plus its own ~8 KB (139,520 bytes for 3 stages of 128 x 128
     16-bit tiles, 73,984 for 2; compiled for sm_86/89/90/120), so a shape over a GPU's limit by this bound is
-    refused there for certain."""
-    return max(config.num_stages - 1, 0) * 2 * config.block_n * head_dim * kv_bytes
+    refused there for certain. pipelined=False: a GPU before compute capability 8.0, where Triton makes no
+    asynchronous copies and any number of stages holds one K and one V tile (73,728 bytes at 128 x 128 fp16 on
+    sm_75)."""
+    stages = max(config.num_stages - 1, 0) if pipelined else 1
+    return stages * 2 * config.block_n * head_dim * kv_bytes
 
 
 @functools.lru_cache(maxsize=None)
@@ -282,6 +286,7 @@ class DecodeAttention:
         self.out = torch.empty((num_heads, head_dim), device=device, dtype=dtype)
         self.working: dict[DecodeAttnConfig, DecodeAttnConfig] = {}  # a config -> the fallback that runs here
         self.shared_limit = max_shared_memory(device)
+        self.pipelined = torch.device(device).type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
     def candidates(self, config: DecodeAttnConfig, kv_bytes: int) -> list[DecodeAttnConfig]:
         """config and its fallbacks in the order they are tried, less those this GPU refuses for certain
@@ -292,7 +297,8 @@ class DecodeAttention:
         chain = [config, *decode_attention_fallbacks(config)]
         if self.shared_limit is None:
             return chain
-        plausible = [c for c in chain if decode_pipeline_bytes(c, self.head_dim, kv_bytes) <= self.shared_limit]
+        plausible = [c for c in chain
+                     if decode_pipeline_bytes(c, self.head_dim, kv_bytes, self.pipelined) <= self.shared_limit]
         return plausible or chain[-1:]
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
