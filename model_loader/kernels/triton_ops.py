@@ -293,8 +293,13 @@ class DecodeAttention:
         (decode_pipeline_bytes over its limit; the last is always kept): a shape that can't run is then neither
         compiled ahead on a first start nor compiled just to be refused at the warm-up's launch. On an RTX
         30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead instead (they
-        fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s)."""
+        fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s).
+        Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all take 73,728
+        bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused."""
         chain = [config, *decode_attention_fallbacks(config)]
+        if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
+            tiles: set[int] = set()
+            chain = [c for c in chain if not (c.block_n in tiles or tiles.add(c.block_n))]
         if self.shared_limit is None:
             return chain
         plausible = [c for c in chain
