@@ -9,6 +9,8 @@ import sys
 def _gpu_facts() -> dict:
     import torch
 
+    from model_loader.engine import pick_dtype
+
     facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
     if not torch.cuda.is_available():
         facts["why_no_cuda"] = ("this torch is a CPU-only build; install the CUDA build (see README)"
@@ -19,7 +21,9 @@ def _gpu_facts() -> dict:
         "gpu": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
         "vram_gib": round(props.total_memory / 2**30, 2),
-        "bf16": torch.cuda.is_bf16_supported(),
+        # what r1desk computes in by default (engine.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
+        # GPU (it only makes a tensor), while cuBLAS has no bf16 before Turing
+        "default_precision": str(pick_dtype(torch.device("cuda", 0))).removeprefix("torch."),
         "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
     })
     from model_loader.gpu_support import check_cuda_device

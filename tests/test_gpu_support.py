@@ -128,9 +128,10 @@ def test_doctor_reports_it(gtx_1060_with_cuda13_torch, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
         name="NVIDIA GeForce GTX 1060 6GB", major=6, minor=1, total_memory=6 * 2**30))
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what torch says on any GPU
     info = doctor.collect()
     assert info["compute_capability"] == "6.1"
+    assert info["default_precision"] == "float16"  # what r1desk computes in there (no bf16 GEMMs before Turing)
     assert info["torch_gpu_code"] == " ".join(CUDA13)
     assert "GTX 1060 6GB" in info["gpu_problem"] and "whl/cu126" in info["gpu_problem"]
     assert "gpu_problem" in doctor.format_report(info)
