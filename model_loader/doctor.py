@@ -10,6 +10,7 @@ def _gpu_facts() -> dict:
     import torch
 
     from model_loader.engine import pick_dtype
+    from model_loader.gpu_support import check_cuda_device
 
     facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
     if not torch.cuda.is_available():
@@ -26,8 +27,6 @@ def _gpu_facts() -> dict:
         "default_precision": str(pick_dtype(torch.device("cuda", 0))).removeprefix("torch."),
         "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
     })
-    from model_loader.gpu_support import check_cuda_device
-
     problem = check_cuda_device(0)
     if problem:
         facts["gpu_problem"] = problem

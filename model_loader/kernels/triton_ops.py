@@ -298,8 +298,7 @@ class DecodeAttention:
         bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused."""
         chain = [config, *decode_attention_fallbacks(config)]
         if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
-            tiles: set[int] = set()
-            chain = [c for c in chain if not (c.block_n in tiles or tiles.add(c.block_n))]
+            chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
         if self.shared_limit is None:
             return chain
         plausible = [c for c in chain
