@@ -560,8 +560,8 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
 
 def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     """Where a shape's pipelined K/V tiles alone exceed the GPU's shared memory (decode_pipeline_bytes), it is
-    neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts at its 2 stages (16-bit),
-    keeps its 3 with an 8-bit cache (half the bytes); an fp32 model starts at 1 stage (and may still be refused
+    neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts at its 2 stages (16-bit, and
+    an 8-bit cache, whose tiles are upcast through shared memory); an fp32 model starts at 1 stage (and may still be refused
     there: Triton's own buffers come on top); a GPU with room for it (the H200) or a device that doesn't say keeps
     the whole chain."""
     hq, hkv, d = 12, 2, 128
@@ -573,7 +573,6 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     assert attn.candidates(config, 2) == full
     attn.shared_limit = 101_376  # an RTX 30/40/50-series card's
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 2), (128, 1), (64, 2), (32, 2)]
-    assert attn.candidates(config, 1) == full  # 8-bit
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
     attn.shared_limit = 1_000  # a single stage buffers nothing: always tried
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]

@@ -165,6 +165,9 @@ def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.const
             v = v.to(tl.float32)
         else:
             q, k, v = _upcast_kv(k, v, q)
+            # V's rows past the end to 0 after the upcast: the select keeps the fp16 tile in registers, so it
+            # reaches the dot through an fp16 shared buffer (ldmatrix.trans) instead of 128 byte loads a thread
+            v = tl.where(tl.trans(visible), v, 0.0)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
@@ -293,17 +296,21 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n_mask = n < end
             offs = base + n[:, None] * D + d[None, :]
             older = n < tl.minimum(end, length - 1)
-            k, v = _kv_tile(k_ptr, v_ptr, offs, older)
+            ek, ev = _kv_tile(k_ptr, v_ptr, offs, older)
+            if KV_FP8:  # upcast at once: the branch below then carries fp16 pairs, not one fp8 byte a register
+                ek, ev = ek.to(tl.float16), ev.to(tl.float16)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, older, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                k, v = _kv_tile(k_ptr, v_ptr, offs, n_mask)
+                ek, ev = _kv_tile(k_ptr, v_ptr, offs, n_mask)
+                if KV_FP8:
+                    ek, ev = ek.to(tl.float16), ev.to(tl.float16)
                 ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         if EARLY_TILE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
+            m_i, l_i, acc = _online_softmax_block(q, ek, ev, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
                                                   k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
         for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
