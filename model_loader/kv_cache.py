@@ -10,9 +10,10 @@ apply the row scales to the scores and the value weights.
 Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
 its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly), and,
-for now, speed at depth: it reads half the bytes, but our attention kernels on it are slower than on 16-bit
-(H200, 1.5B, 2026-12-04: decode 771 tok/s at 4k tokens and 543 at 32k against 822 and 706; docs/BENCHMARKS.md),
-so the 16-bit cache stays the default and the faster one wherever it fits. Like llama.cpp's q8_0 cache: a
+for now, some speed at depth: it reads half the bytes, but our attention kernels on it are still bound by their
+instructions, not the cache read (H200, 1.5B, 2026-12-05: decode 788 tok/s at 4k tokens, 734 at 16k and 647 at
+32k against 823, 768 and 707; docs/BENCHMARKS.md), so the 16-bit cache stays the default and the faster one
+wherever it fits. Like llama.cpp's q8_0 cache: a
 choice for the user.
 """
 
