@@ -562,8 +562,8 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     """Where a shape's pipelined K/V tiles alone exceed the GPU's shared memory (decode_pipeline_bytes), it is
     neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts at its 2 stages (16-bit, and
     an 8-bit cache, whose tiles are upcast through shared memory); an fp32 model starts at 1 stage (and may still be refused
-    there: Triton's own buffers come on top); a GPU with room for it (the H200) or a device that doesn't say keeps
-    the whole chain."""
+    there: Triton's own buffers come on top); a Turing card (64 KB, nothing pipelined) starts at the 64-token tiles;
+    a GPU with room for it (the H200) or a device that doesn't say keeps the whole chain."""
     hq, hkv, d = 12, 2, 128
     attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", torch.bfloat16)
     config = attn.resolve(triton_ops.DECODE_ATTN_CONFIGS[1])  # a split per SM, 3 stages of 128-token tiles
@@ -574,12 +574,14 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     attn.shared_limit = 101_376  # an RTX 30/40/50-series card's
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 2), (128, 1), (64, 2), (32, 2)]
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
-    attn.shared_limit = 1_000  # a single stage buffers nothing: always tried
+    attn.shared_limit = 5_000  # a single stage buffers no K/V tile: only the query tile (4,096 bytes) counts
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]
+    attn.shared_limit = 1_000  # nothing fits for certain: the last fallback is still tried
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(32, 2)]
     attn.shared_limit, attn.pipelined = 65_536, False  # a Turing card: no asynchronous copies, stages hold nothing
-    # one 128 x 128 K and V tile: 65,536 bytes at the least, at any stage count, so one of those is tried
-    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 3), (64, 2), (32, 2)]
-    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(64, 2), (32, 2)]  # fp32
+    # one 128 x 128 K and V tile and the query tile: 69,632 bytes at the least, at any stage count: none is tried
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(64, 2), (32, 2)]
+    assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(32, 2)]  # fp32
 
 
 def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device, monkeypatch):

@@ -252,15 +252,19 @@ def max_shared_memory(device) -> int | None:
     return limit if limit and limit > 0 else None
 
 
+DECODE_MIN_QUERY_ROWS = 16  # the split kernel's query tile: the group of query heads, padded to 16 rows at least
+
+
 def decode_pipeline_bytes(config: DecodeAttnConfig, head_dim: int, kv_bytes: int, pipelined: bool = True) -> int:
     """Shared memory a decode shape needs at the least: the K and V tiles its software pipeline keeps in flight
-    (num_stages - 1 of each). Triton 3.6 asks for that plus its own ~8 KB (139,520 bytes for 3 stages of 128 x 128
-    16-bit tiles, 73,984 for 2; compiled for sm_86/89/90/120), so a shape over a GPU's limit by this bound is
-    refused there for certain. pipelined=False: a GPU before compute capability 8.0, where Triton makes no
-    asynchronous copies and any number of stages holds one K and one V tile (73,728 bytes at 128 x 128 fp16 on
-    sm_75)."""
+    (num_stages - 1 of each) and the query tile. Triton 3.6 asks for that plus a little (139,520 bytes for 3 stages
+    of 128 x 128 16-bit tiles against 135,168 here, 73,984 for 2 against 69,632; compiled for sm_86/89/90/120;
+    each shape of the chains, 16-bit and fp32, checked in tests/test_triton_compile.py), so a shape over a GPU's
+    limit by this bound is refused there for certain. pipelined=False: a GPU before compute capability 8.0, where
+    Triton makes no asynchronous copies and any number of stages holds one K and one V tile (73,728 bytes at 128 x
+    128 fp16 on sm_75 against 69,632 here: over a Turing card's 64 KB, so that shape is not even compiled)."""
     stages = max(config.num_stages - 1, 0) if pipelined else 1
-    return stages * 2 * config.block_n * head_dim * kv_bytes
+    return (stages * 2 * config.block_n + DECODE_MIN_QUERY_ROWS) * head_dim * kv_bytes
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,7 +299,8 @@ class DecodeAttention:
         30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead instead (they
         fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s).
         Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all take 73,728
-        bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused."""
+        bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now none of them
+        is (the bound counts the query tile too), and the 64-token shape is the first tried."""
         chain = [config, *decode_attention_fallbacks(config)]
         if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
             chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
