@@ -13,8 +13,7 @@ its size (attention averages over many of them; outputs no longer match 16-bit o
 for now, some speed at depth: it reads half the bytes, but our attention kernels on it are still bound by their
 instructions, not the cache read (H200, 1.5B, 2026-12-05: decode 788 tok/s at 4k tokens, 734 at 16k and 647 at
 32k against 823, 768 and 707; docs/BENCHMARKS.md), so the 16-bit cache stays the default and the faster one
-wherever it fits. Like llama.cpp's q8_0 cache: a
-choice for the user.
+wherever it fits. Like llama.cpp's q8_0 cache: a choice for the user.
 """
 
 from __future__ import annotations

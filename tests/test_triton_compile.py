@@ -305,7 +305,7 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         assert fits, f"no shape of {chain} fits {limit} bytes: {[shared[s] for s in chain]}"
     if kind in ("bf16", "8-bit", "fp16"):  # the shape tried first there (and compiled ahead on a first start) fits
         assert all(shared[first] <= limit for first in firsts), [(first, shared[first]) for first in firsts]
-    if kind != "8-bit":  # the bound that rules shapes out is a lower bound of what Triton asks (8-bit: counted as 16-bit)
+    if kind != "8-bit":  # the bound that rules shapes out is at most what Triton asks (8-bit: counted as 16-bit)
         bound = {key(c): triton_ops.decode_pipeline_bytes(c, d, dt.itemsize, arch >= 80)
                  for config in configs for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(
                      attn.resolve(config))]}

@@ -559,11 +559,12 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
 
 
 def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
-    """Where a shape's pipelined K/V tiles alone exceed the GPU's shared memory (decode_pipeline_bytes), it is
-    neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts at its 2 stages (16-bit, and
-    an 8-bit cache, whose tiles are upcast through shared memory); an fp32 model starts at 1 stage (and may still be refused
-    there: Triton's own buffers come on top); a Turing card (64 KB, nothing pipelined) starts at the 64-token tiles;
-    a GPU with room for it (the H200) or a device that doesn't say keeps the whole chain."""
+    """Where a shape's pipelined K/V tiles and its query tile alone exceed the GPU's shared memory
+    (decode_pipeline_bytes), it is neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts
+    at its 2 stages (16-bit, and an 8-bit cache, whose tiles are upcast through shared memory); an fp32 model
+    starts at 1 stage (and may still be refused there: Triton's own buffers come on top); a Turing card (64 KB,
+    nothing pipelined) starts at the 64-token tiles; a GPU with room for it (the H200) or a device that doesn't
+    say keeps the whole chain."""
     hq, hkv, d = 12, 2, 128
     attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", torch.bfloat16)
     config = attn.resolve(triton_ops.DECODE_ATTN_CONFIGS[1])  # a split per SM, 3 stages of 128-token tiles
