@@ -295,7 +295,7 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
             attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
         chains.append([key(c) for c in chain])
         attn.shared_limit, attn.pipelined = limit, arch >= 80  # what DecodeAttention reads from such a GPU
-        firsts.append(key(attn.candidates(attn.resolve(config), max(2, k.element_size()))[0]))
+        firsts.append(key(attn.candidates(attn.resolve(config), k.element_size())[0]))
     specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
              if spec["name"] == "_decode_attn_split_kernel"]
     shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"]): b

@@ -574,6 +574,7 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     assert attn.candidates(config, 2) == full
     attn.shared_limit = 101_376  # an RTX 30/40/50-series card's
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 2), (128, 1), (64, 2), (32, 2)]
+    assert attn.candidates(config, 1) == attn.candidates(config, 2)  # 8-bit tiles pass through shared memory as fp16
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
     attn.shared_limit = 5_000  # a single stage buffers no K/V tile: only the query tile (4,096 bytes) counts
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]

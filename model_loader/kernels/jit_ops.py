@@ -249,10 +249,14 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, offs, rows):
-    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0)."""
+def _kv_tile(k_ptr, v_ptr, offs, rows, F16: tl.constexpr = False):
+    """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0). F16: upcast at once
+    (an 8-bit cache's early tile: the branch that may re-read it then carries fp16 pairs, not one fp8 byte a
+    register, which spilled)."""
     k = tl.load(k_ptr + offs, mask=rows[:, None], other=0.0)
     v = tl.load(v_ptr + offs, mask=rows[:, None], other=0.0)
+    if F16:
+        k, v = k.to(tl.float16), v.to(tl.float16)
     return k, v
 
 
@@ -296,16 +300,12 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n_mask = n < end
             offs = base + n[:, None] * D + d[None, :]
             older = n < tl.minimum(end, length - 1)
-            ek, ev = _kv_tile(k_ptr, v_ptr, offs, older)
-            if KV_FP8:  # upcast at once: the branch below then carries fp16 pairs, not one fp8 byte a register
-                ek, ev = ek.to(tl.float16), ev.to(tl.float16)
+            ek, ev = _kv_tile(k_ptr, v_ptr, offs, older, F16=KV_FP8)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, older, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                ek, ev = _kv_tile(k_ptr, v_ptr, offs, n_mask)
-                if KV_FP8:
-                    ek, ev = ek.to(tl.float16), ev.to(tl.float16)
+                ek, ev = _kv_tile(k_ptr, v_ptr, offs, n_mask, F16=KV_FP8)
                 ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)

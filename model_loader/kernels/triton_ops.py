@@ -292,15 +292,18 @@ class DecodeAttention:
         self.shared_limit = max_shared_memory(device)
         self.pipelined = torch.device(device).type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
-    def candidates(self, config: DecodeAttnConfig, kv_bytes: int) -> list[DecodeAttnConfig]:
+    def candidates(self, config: DecodeAttnConfig, cache_bytes: int) -> list[DecodeAttnConfig]:
         """config and its fallbacks in the order they are tried, less those this GPU refuses for certain
-        (decode_pipeline_bytes over its limit; the last is always kept): a shape that can't run is then neither
+        (decode_pipeline_bytes over its limit; the last is always kept), for a cache of cache_bytes a value: a shape that can't run is then neither
         compiled ahead on a first start nor compiled just to be refused at the warm-up's launch. On an RTX
         30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead instead (they
         fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s).
         Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all take 73,728
         bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now none of them
         is (the bound counts the query tile too), and the 64-token shape is the first tried."""
+        # an 8-bit cache's tiles are upcast to fp16 on their way into the dots, through shared memory: they count
+        # as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an RTX 40's 99 KB)
+        kv_bytes = max(2, cache_bytes)
         chain = [config, *decode_attention_fallbacks(config)]
         if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
             chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
@@ -333,10 +336,7 @@ class DecodeAttention:
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
                 EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
 
-        # an 8-bit cache's tiles are upcast to fp16 on their way into the dots, through shared memory: they count
-        # as 16-bit there (with the fix, sm_89: 108,800 bytes for 3 stages, over an RTX 40's 99 KB)
-        kv_bytes = max(2, k_cache.element_size())
-        tries = [self.working[asked]] if asked in self.working else self.candidates(asked, kv_bytes)
+        tries = [self.working[asked]] if asked in self.working else self.candidates(asked, k_cache.element_size())
         c, _ = launch_first_that_fits(tries, split_kernel)
         if not precompile.active():  # a compile-only pass proves nothing about shared memory
             self.working[asked] = c
