@@ -172,21 +172,30 @@ class MemoryBar(QWidget):
 
 
 class GpuMonitor:
-    """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds)."""
+    """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds), of the GPU
+    the model runs on: named by its UUID (EngineInfo.gpu_uuid), since NVML's numbering is not CUDA's."""
 
     def __init__(self):
+        self.uuid: str | None = None
         self.handle = None
         self.tried = False
 
+    def select(self, uuid: str | None) -> None:
+        """The GPU to watch from now on (None: none; the panel then shows torch's figures from the engine)."""
+        if uuid != self.uuid:
+            self.uuid, self.handle, self.tried = uuid, None, False
+
     def poll(self) -> tuple[int | None, int | None, int | None]:
-        """(utilization %, free bytes, total bytes), or Nones without an NVIDIA driver."""
+        """(utilization %, free bytes, total bytes), or Nones without an NVIDIA driver or a GPU to watch."""
         if not self.tried:
             self.tried = True
             try:
                 import pynvml
 
+                from model_loader.stats import nvml_handle
+
                 pynvml.nvmlInit()
-                self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+                self.handle = nvml_handle(pynvml, self.uuid)
             except Exception:
                 self.handle = None
         if self.handle is None:
@@ -343,6 +352,8 @@ class LivePanel(QScrollArea):
     def set_engine(self, info: dict) -> None:
         self.info = info
         self.memory = info.get("memory")
+        self.gpu.select(info.get("gpu_uuid"))
+        self._gpu_live = (None, None, None)  # a previous GPU's figures are not this one's
         self.refresh()
 
     def start_reply(self) -> LiveReply:

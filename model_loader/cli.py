@@ -23,9 +23,21 @@ def _context(value: str):
     return n
 
 
+def _device(value: str) -> str:
+    """auto, cpu, cuda (the first GPU this torch supports) or cuda:N (that one)."""
+    import re
+
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N (a GPU's number), got {value!r}")
+
+
+DEVICE_HELP = "auto (default), cpu, cuda (the first GPU this torch supports) or cuda:N"
+
+
 def _add_model_args(p: argparse.ArgumentParser, context_default="auto") -> None:
     p.add_argument("--model", required=True, help="model folder, or a Hugging Face repo id in the local cache")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", type=_device, default="auto", help=DEVICE_HELP)
     p.add_argument("--context", type=_context, default=context_default,
                    help="context length (KV cache size) in tokens, or 'auto': as much as the free memory holds "
                         f"after the weights, up to 32,768 (default: {context_default})")
@@ -283,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(default: the passages shipped in assets/calibration)")
     quant.add_argument("--samples", type=int, default=64, help="calibration blocks")
     quant.add_argument("--seq-len", type=int, default=512, help="tokens per calibration block")
-    quant.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    quant.add_argument("--device", type=_device, default="auto", help=DEVICE_HELP)
     quant.add_argument("--no-clip", action="store_true", help="skip the clipping search (faster)")
     quant.add_argument("--json", action="store_true")
     quant.set_defaults(func=cmd_quantize)

@@ -17,19 +17,31 @@ def _gpu_facts() -> dict:
         facts["why_no_cuda"] = ("this torch is a CPU-only build; install the CUDA build (see README)"
                                 if torch.version.cuda is None else "no NVIDIA GPU or driver visible to torch")
         return facts
-    props = torch.cuda.get_device_properties(0)
+    from model_loader.engine import pick_device
+    from model_loader.errors import GpuUnsupportedError
+
+    try:
+        index = pick_device("auto").index  # the GPU a load would take: the first one this torch supports
+    except GpuUnsupportedError:
+        index = 0
+    props = torch.cuda.get_device_properties(index)
     facts.update({
         "gpu": props.name,
+        "cuda_device": f"cuda:{index}",
         "compute_capability": f"{props.major}.{props.minor}",
         "vram_gib": round(props.total_memory / 2**30, 2),
         # what r1desk computes in by default (engine.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
         # GPU (it only makes a tensor), while cuBLAS has no bf16 before Turing
-        "default_precision": str(pick_dtype(torch.device("cuda", 0))).removeprefix("torch."),
+        "default_precision": str(pick_dtype(torch.device("cuda", index))).removeprefix("torch."),
         "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
     })
-    problem = check_cuda_device(0)
+    problem = check_cuda_device(index)
     if problem:
         facts["gpu_problem"] = problem
+    others = [i for i in range(torch.cuda.device_count()) if i != index]
+    if others:
+        facts["other_gpus"] = [f"cuda:{i} {torch.cuda.get_device_name(i)}" + (
+            " (not supported by this torch)" if check_cuda_device(i) else "") for i in others]
     try:
         import pynvml
 
@@ -39,6 +51,7 @@ def _gpu_facts() -> dict:
     except Exception as err:  # nvidia-ml-py missing or NVML not loadable
         facts["driver"] = f"unknown (NVML: {err.__class__.__name__})"
     try:
+        torch.cuda.set_device(index)  # the graph check below runs where a load would
         x = torch.zeros(8, device="cuda")
         graph = torch.cuda.CUDAGraph()
         from model_loader.kernels.side_stream import side_stream
@@ -80,7 +93,7 @@ def collect() -> dict:
     from model_loader.awq import int4pack_supported
     from model_loader.engine import choose_int4_layout
 
-    gpu = torch.device("cuda") if torch.cuda.is_available() else None
+    gpu = torch.device(info["cuda_device"]) if "cuda_device" in info else None
     path = choose_int4_layout(gpu or torch.device("cpu"), torch.bfloat16, info["kernels"] == "triton", None)
     if path == "torch":
         info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)" + (

@@ -38,7 +38,7 @@ from model_loader.kernels.side_stream import side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
-from model_loader.stats import memory_stats
+from model_loader.stats import gpu_uuid, memory_stats
 from model_loader.weights import load_peak_bytes, load_weights
 
 log = logging.getLogger(__name__)
@@ -56,24 +56,45 @@ OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
 
 
 def pick_device(requested: str | None) -> torch.device:
-    """The device to run on ("auto": the GPU where torch sees one). ModelError for a GPU that can't be used:
-    GpuUnsupportedError where this torch build has no code for it (auto included: the CPU would be a silent
-    slowdown of many times, so the user chooses it)."""
-    if requested in (None, "auto"):
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        dev = torch.device(requested)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
-            raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
-        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelError(f"{requested} was requested but this machine has {torch.cuda.device_count()} NVIDIA "
-                             f"GPU(s), numbered from cuda:0")
-    if dev.type == "cuda":
-        unsupported_gpu = check_cuda_device(dev)  # before any kernel: it would fail with "no kernel image"
-        if unsupported_gpu:
-            raise GpuUnsupportedError(unsupported_gpu)
-    return dev
+    """The device to run on, always with its index ("cuda" -> "cuda:1"). "auto" and a bare "cuda" take the first
+    GPU, in CUDA's order (fastest first unless CUDA_DEVICE_ORDER says otherwise; CUDA_VISIBLE_DEVICES narrows it),
+    that this torch build has code for: a desktop whose first GPU is too old for it (a GTX 1060 beside an RTX 4070
+    under a CUDA 13 build) runs on the other one instead of offering the CPU. "cuda:N" is that GPU or an error.
+    ModelError for a GPU that can't be used: GpuUnsupportedError where this torch build has no code for any GPU
+    asked for (auto included: the CPU would be a silent slowdown of many times, so the user chooses it)."""
+    if requested in (None, "auto") and not torch.cuda.is_available():
+        return torch.device("cpu")
+    dev = torch.device("cuda" if requested in (None, "auto") else requested)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
+        raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ModelError(f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from cuda:0")
+    candidates = [dev.index] if dev.index is not None else list(range(max(count, 1)))
+    problems = []
+    for index in candidates:  # before any kernel: an unsupported GPU would fail with "no kernel image"
+        problem = check_cuda_device(index)
+        if problem is None:
+            if problems:
+                log.warning("running on cuda:%d; the GPU(s) before it can't be used: %s", index, " ".join(problems))
+            return torch.device("cuda", index)
+        problems.append(problem)
+    others = len(problems) - 1
+    also = {0: "", 1: " The machine's other GPU is not supported either."}.get(
+        others, f" Nor are the machine's {others} other GPUs.")
+    raise GpuUnsupportedError(problems[0] + also)
+
+
+def use_device(dev: torch.device) -> None:
+    """Make `dev` this thread's current CUDA device. Torch's own ops follow their tensors' device, but Triton
+    launches on the thread's current device and stream, CUDA graphs capture there, and torch.cuda calls without a
+    device (current_stream, synchronize, manual_seed, Event) mean it: on cuda:1 they would all go to cuda:0. The
+    current device is per thread, so every Engine entry point that runs GPU work calls this first."""
+    if dev.type == "cuda" and torch.cuda.current_device() != dev.index:
+        torch.cuda.set_device(dev)
 
 
 def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
@@ -358,6 +379,7 @@ class EngineInfo:
     kv_cache_bytes: int = 0
     kv_cache: str = KV_16BIT  # the cache's format (model_loader.kv_cache)
     compile_workers: dict | None = None  # a first start's compiles in worker processes (precompile.CompilePool)
+    gpu_uuid: str | None = None  # NVML's name for the GPU (stats.gpu_uuid): its numbering is not CUDA's
 
 
 class Engine:
@@ -393,6 +415,7 @@ class Engine:
         folder = resolve_model(spec)
         reference.keep_off_cudnn()
         dev = pick_device(device)
+        use_device(dev)
         if dev.type == "cuda":
             reason = unsupported_reason(kv_cache, "cuda", torch.cuda.get_device_capability(dev),
                                         torch.cuda.get_device_name(dev))
@@ -506,6 +529,7 @@ class Engine:
             info = EngineInfo(
                 model_path=str(folder.path), model_name=folder.name, device=str(dev),
                 device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
+                gpu_uuid=gpu_uuid(dev.index) if dev.type == "cuda" else None,
                 dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
                 kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
                 quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
@@ -588,6 +612,7 @@ class Engine:
         nothing compiles or captures after this and the first reply starts at full speed. Must run on the thread
         that will generate. progress(done, total, what) is called between the steps."""
         t0 = time.perf_counter()
+        use_device(self.model.device)
         graphs = self.info.cuda_graphs
         buckets = sorted(self.prefill_graphs.buckets, reverse=True) if self.prefill_graphs is not None else []
         total = 2 + (2 if graphs else 0) + 2 + len(buckets)
@@ -753,6 +778,7 @@ class Engine:
 
     def _generate(self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool):
         t0 = time.perf_counter()
+        use_device(self.model.device)  # held while this generator runs: its consumer's thread does the GPU work
         ctx = self.model.max_ctx
         n_prompt = len(prompt_ids)
         if n_prompt == 0:

@@ -172,7 +172,7 @@ def _search_clip(w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int =
 def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None, samples: int = 128,
              seq_len: int = 512, device: str | None = None, clip: bool = True,
              progress: Callable[[int, int, str], None] | None = None) -> QuantizeReport:
-    from model_loader.engine import pick_device
+    from model_loader.engine import pick_device, use_device
     from model_loader.locate import resolve_model
     from model_loader.qwen2 import rope_tables
     from model_loader.tokenizer import load_tokenizer
@@ -193,6 +193,7 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
         raise ModelError(f"{out}: output folder exists and is not empty")
     keep_off_cudnn()
     dev = pick_device(device)
+    use_device(dev)
     tok = load_tokenizer(folder.path)
     eos = cfg.eos_token_id[0] if cfg.eos_token_id else tok.eos_token_id
     tokens = calibration_tokens(lambda t: tok.encode(t, add_special_tokens=False), eos, calib, samples, seq_len)

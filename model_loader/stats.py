@@ -17,14 +17,38 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def gpu_uuid(index: int) -> str | None:
+    """NVML's name for CUDA device `index` ("GPU-" and its UUID), None where torch can't tell. NVML numbers the
+    GPUs by PCI bus, CUDA fastest first and only those in CUDA_VISIBLE_DEVICES: on a machine with two GPUs,
+    NVML's index 0 may well be the other one."""
+    import torch
+
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # a torch without the field, or not a CUDA device
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def nvml_handle(pynvml, uuid: str | None):
+    """The NVML handle of the GPU named by gpu_uuid(), after nvmlInit(); None when it has no name or NVML doesn't
+    know it (never another GPU's handle: its memory and load would be shown as the model's)."""
+    if not uuid:
+        return None
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:
+        return None
+
+
 def _nvml_utilization(index: int) -> int | None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            handle = nvml_handle(pynvml, gpu_uuid(index))
+            return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) if handle is not None else None
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no NVIDIA driver, no pynvml, or a GPU NVML can't see

@@ -65,34 +65,68 @@ def test_a_gpu_newer_than_the_build_is_told_to_upgrade():
         assert fragment in msg, msg
 
 
-@pytest.fixture
-def gtx_1060_with_cuda13_torch(monkeypatch):
-    """torch's view of a machine with a GTX 1060 and PyPI's CUDA 13 build."""
+def machine(monkeypatch, gpus: list[tuple[tuple[int, int], str]]):
+    """torch's view of a machine with these GPUs (capability, name), in CUDA's order, and PyPI's CUDA 13 build."""
+    def index(device) -> int:
+        if device is None:
+            return 0
+        return device if isinstance(device, int) else (torch.device(device).index or 0)
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 1))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce GTX 1060 6GB")
-    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CUDA13)
-    monkeypatch.setattr(torch.version, "hip", None)
-
-
-def test_the_gpu_asked_for_is_the_one_checked(tiny_model, monkeypatch):
-    """Two GPUs: an RTX 4070 (cuda:0) and a GTX 1060 (cuda:1) under the CUDA 13 build. Loading on cuda:1 names
-    the GTX 1060; a GPU number the machine doesn't have is a clear error too."""
-    from model_loader.engine import pick_device
-
-    gpus = {0: ((8, 9), "NVIDIA GeForce RTX 4070"), 1: ((6, 1), "NVIDIA GeForce GTX 1060 6GB")}
-    index = lambda device: torch.device(device).index or 0 if device is not None else 0  # noqa: E731
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index(device)][0])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpus[index(device)][1])
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CUDA13)
     monkeypatch.setattr(torch.version, "hip", None)
+
+
+GTX_1060 = ((6, 1), "NVIDIA GeForce GTX 1060 6GB")
+RTX_4070 = ((8, 9), "NVIDIA GeForce RTX 4070")
+
+
+@pytest.fixture
+def gtx_1060_with_cuda13_torch(monkeypatch):
+    """torch's view of a machine with a GTX 1060 and PyPI's CUDA 13 build."""
+    machine(monkeypatch, [GTX_1060])
+
+
+def test_the_gpu_asked_for_is_the_one_checked(monkeypatch):
+    """Two GPUs: an RTX 4070 (cuda:0) and a GTX 1060 (cuda:1) under the CUDA 13 build. Loading on cuda:1 names
+    the GTX 1060; a GPU number the machine doesn't have is a clear error too."""
+    from model_loader.engine import pick_device
+
+    machine(monkeypatch, [RTX_4070, GTX_1060])
     assert pick_device("cuda:0") == torch.device("cuda:0")
     with pytest.raises(GpuUnsupportedError, match="GTX 1060"):
         pick_device("cuda:1")
     with pytest.raises(ModelError, match="cuda:2 was requested but this machine has 2 NVIDIA GPU"):
         pick_device("cuda:2")
+
+
+@pytest.mark.parametrize("device", ["auto", None, "cuda"])
+def test_an_unsupported_first_gpu_is_passed_over_for_one_that_works(monkeypatch, device):
+    """A desktop that kept its GTX 1060 (cuda:0) beside a new RTX 4070 (cuda:1): the default and a bare "cuda"
+    run on the RTX 4070 instead of stopping at the first GPU and offering the CPU; the device comes back with
+    its number, which the engine makes its threads' current device (Triton and CUDA graphs run there)."""
+    from model_loader.engine import pick_device
+
+    machine(monkeypatch, [GTX_1060, RTX_4070])
+    assert pick_device(device) == torch.device("cuda", 1)
+
+
+def test_a_bare_cuda_is_numbered(monkeypatch):
+    from model_loader.engine import pick_device
+
+    machine(monkeypatch, [RTX_4070, RTX_4070])
+    assert pick_device("cuda") == torch.device("cuda", 0)  # CUDA's order: the first that works
+
+
+def test_no_supported_gpu_names_the_first_and_counts_the_rest(monkeypatch):
+    from model_loader.engine import pick_device
+
+    machine(monkeypatch, [GTX_1060, ((6, 1), "NVIDIA GeForce GTX 1070")])
+    with pytest.raises(GpuUnsupportedError, match="GTX 1060 6GB.*whl/cu126.* other GPU is not supported either"):
+        pick_device("auto")
 
 
 @pytest.mark.parametrize("device", ["cuda", None])  # asked for, and the default (auto)
@@ -135,3 +169,30 @@ def test_doctor_reports_it(gtx_1060_with_cuda13_torch, monkeypatch):
     assert info["torch_gpu_code"] == " ".join(CUDA13)
     assert "GTX 1060 6GB" in info["gpu_problem"] and "whl/cu126" in info["gpu_problem"]
     assert "gpu_problem" in doctor.format_report(info)
+
+
+def test_doctor_reports_the_gpu_a_load_would_take_and_the_others(monkeypatch):
+    from types import SimpleNamespace
+
+    from model_loader import doctor
+
+    gpus = [GTX_1060, RTX_4070]
+    machine(monkeypatch, gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(
+        name=gpus[index][1], major=gpus[index][0][0], minor=gpus[index][0][1], total_memory=12 * 2**30))
+    info = doctor.collect()
+    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == ("NVIDIA GeForce RTX 4070", "cuda:1", "8.9")
+    assert info["default_precision"] == "bfloat16" and "gpu_problem" not in info
+    assert info["other_gpus"] == ["cuda:0 NVIDIA GeForce GTX 1060 6GB (not supported by this torch)"]
+    assert "cuda:0 NVIDIA GeForce GTX 1060" in doctor.format_report(info)
+
+
+def test_the_cli_takes_a_gpu_number(tiny_model, monkeypatch, capsys):
+    from model_loader.cli import main
+
+    machine(monkeypatch, [GTX_1060, RTX_4070])
+    assert main(["chat", "--model", str(tiny_model), "--prompt", "Hi", "--device", "cuda:0"]) == 2
+    assert capsys.readouterr().err.startswith("error: Your NVIDIA GeForce GTX 1060 6GB")
+    with pytest.raises(SystemExit):
+        main(["chat", "--model", str(tiny_model), "--prompt", "Hi", "--device", "gpu1"])
+    assert "expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err

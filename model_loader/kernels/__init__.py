@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,10 @@ def triton_works(device) -> bool:
         # variant with one a first start is compiling ahead at the same time (model_loader.compile_ahead).
         x = torch.randn(2, 40, device=device, dtype=torch.float32)
         w = torch.rand(40, device=device, dtype=torch.float32)
-        ok = torch.allclose(triton_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4)
+        # on the thread's current device Triton would launch (and compile) for cuda:0 whatever the tensors' GPU
+        with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+            got = triton_ops.rms_norm(x, w, 1e-6)
+        ok = torch.allclose(got, reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4)
         if not ok:
             log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")
         return bool(ok)
