@@ -86,6 +86,7 @@ def run_chat(engine: Engine, user_tokens: int, reply_tokens: int, temperature: f
         s = final.stats
         rows.append({"turn": turn + 1, "prompt_tokens": s.prompt_tokens, "prefix_reused_tokens": s.prefix_reused_tokens,
                      "new_prompt_tokens": s.prompt_tokens - s.prefix_reused_tokens, "ttft_ms": s.ttft_ms,
+                     "prompt_ms": s.prompt_ms,
                      "completion_tokens": s.completion_tokens, "decode_tok_s": s.decode_tok_s, "wall_s": wall})
         # What the window sends back for this reply: the answer when the model reasoned, else the whole text.
         messages.append({"role": "assistant", "content": final.answer if final.reasoning else final.text})
@@ -106,7 +107,8 @@ def format_chat(r: dict) -> str:
     lines = [f"4-turn chat: user turns of ~{r['user_tokens']} tokens, replies of {r['reply_tokens']} sampled tokens "
              f"(temperature {r['temperature']}), context {r['context_length']:,}"]
     for t in r["turns"]:
-        lines.append(f"  turn {t['turn']}: TTFT {t['ttft_ms']:7.1f} ms; prompt {t['prompt_tokens']:,} tokens, "
+        lines.append(f"  turn {t['turn']}: TTFT {t['ttft_ms']:7.1f} ms (template and tokenizer "
+                     f"{t['prompt_ms']:.1f}); prompt {t['prompt_tokens']:,} tokens, "
                      f"{t['prefix_reused_tokens']:,} reused, {t['new_prompt_tokens']:,} prefilled; "
                      f"decode {t['decode_tok_s']:.1f} tok/s")
     return "\n".join(lines)

@@ -46,18 +46,33 @@ class ChatFormat:
             if name in vocab:
                 stops.add(vocab[name])
         self.stop_ids = frozenset(stops)
+        # Each turn's prompt holds the last one's text: tokenize only what is new (tokenizers that can; see
+        # model_loader.prompt_encoding), not the whole history again before the follow-up's first token.
+        make_encoder = getattr(tokenizer, "prompt_encoder", None)
+        self.prompt_encoder = make_encoder() if make_encoder is not None else None
 
-    def render(self, messages: list[dict]) -> RenderedPrompt:
+    def _template_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
         clean = [
             {"role": m["role"], "content": answer_only(m["content"]) if m["role"] == "assistant" else m["content"]}
             for m in messages
             if m.get("content") is not None
         ]
         try:
-            text = self.tokenizer.apply_chat_template(clean, chat_template=self.template, add_generation_prompt=True,
-                                                      tokenize=False)
+            return self.tokenizer.apply_chat_template(clean, chat_template=self.template,
+                                                      add_generation_prompt=add_generation_prompt, tokenize=False)
         except Exception as err:
             raise ModelError(f"chat template failed: {err}") from err
+
+    def prepare(self, messages: list[dict]) -> None:
+        """Tokenize a conversation's history ahead of its next prompt (after a reply, while the user reads and
+        types), so that the next render tokenizes only the new message, not the reply too. Nothing to do for a
+        tokenizer without the incremental encoder; a template that renders the history differently once a user
+        message follows only makes the next render reuse less."""
+        if self.prompt_encoder is not None:
+            self.prompt_encoder.encode(self._template_text(messages, add_generation_prompt=False))
+
+    def render(self, messages: list[dict]) -> RenderedPrompt:
+        text = self._template_text(messages, add_generation_prompt=True)
         in_reasoning = False
         if self.reasons:
             stripped = text.rstrip()
@@ -67,7 +82,10 @@ class ChatFormat:
                 # Older R1 templates stop at <｜Assistant｜>; DeepSeek advises forcing the reasoning open.
                 text += THINK_OPEN + "\n"
                 in_reasoning = True
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.prompt_encoder is not None:
+            ids = self.prompt_encoder.encode(text)
+        else:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
 
     def encode_plain(self, text: str) -> list[int]:

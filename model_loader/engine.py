@@ -743,17 +743,28 @@ class Engine:
     # ---------------------------------------------------------------- generation
     def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
                  control: GenerationControl | None = None) -> Iterator[Started | Delta | Finished]:
+        t0 = time.perf_counter()  # the first token waits for the prompt's rendering too: TTFT counts it
         prompt = self.chat.render(messages)
-        yield from self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning)
+        final = None
+        for event in self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning,
+                                       started_at=t0):
+            final = event
+            yield event
+        # Asked for the next event after the reply's last (a consumer that reads to the end): tokenize the history
+        # with this reply now, while the user reads it, rather than before the next reply's first token.
+        if isinstance(final, Finished):
+            self.chat.prepare([*messages, {"role": "assistant", "content": final.text}])
 
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
-                     control: GenerationControl | None = None, in_reasoning: bool = False
-                     ) -> Iterator[Started | Delta | Finished]:
+                     control: GenerationControl | None = None, in_reasoning: bool = False,
+                     started_at: float | None = None) -> Iterator[Started | Delta | Finished]:
+        """started_at: when the request began (time.perf_counter()), if before this call (generate() renders the
+        prompt first); TTFT and the total count from there."""
         if self.closed:
             raise ModelError("this model was unloaded (Engine.close); load it again to generate")
         try:
             yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
-                                      in_reasoning)
+                                      in_reasoning, started_at)
         except torch.cuda.OutOfMemoryError as err:
             self._cache_tokens = []
             torch.cuda.empty_cache()
@@ -776,8 +787,10 @@ class Engine:
         self._cache_tokens = list(seq)
         return logits, reuse
 
-    def _generate(self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool):
-        t0 = time.perf_counter()
+    def _generate(self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool,
+                  started_at: float | None):
+        t_prompt = time.perf_counter()
+        t0 = t_prompt if started_at is None else started_at
         use_device(self.model.device)  # held while this generator runs: its consumer's thread does the GPU work
         ctx = self.model.max_ctx
         n_prompt = len(prompt_ids)
@@ -928,7 +941,7 @@ class Engine:
         stats = GenerationStats(
             finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
             reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused, context_length=ctx,
-            ttft_ms=ttft * 1000.0,
+            ttft_ms=ttft * 1000.0, prompt_ms=(t_prompt - t0) * 1000.0,
             first_answer_ms=(first_answer_t - t0) * 1000.0 if first_answer_t is not None else None,
             decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=t_end - t0,

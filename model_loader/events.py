@@ -103,7 +103,7 @@ class GenerationStats:
     reasoning_tokens: int
     prefix_reused_tokens: int
     context_length: int
-    ttft_ms: float
+    ttft_ms: float  # from the request (the prompt's rendering included) to the first token
     first_answer_ms: float | None  # time to the first answer token; None if the answer never started
     decode_tok_s: float
     total_s: float
@@ -111,6 +111,7 @@ class GenerationStats:
     memory: MemoryStats | None = None
     stopped_thinking: bool = False
     seed: int | None = None  # the sampling seed used (None for greedy): replay a reply with SamplingSettings(seed=)
+    prompt_ms: float = 0.0  # of ttft_ms: rendering the chat template and tokenizing (0 for a prompt given as ids)
 
 
 @dataclass

@@ -78,6 +78,12 @@ class FolderTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def prompt_encoder(self):
+        """An encoder for chat prompts that reuses the last prompt's ids (model_loader.prompt_encoding)."""
+        from model_loader.prompt_encoding import IncrementalEncoder
+
+        return IncrementalEncoder(self._tok)
+
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -87,6 +87,7 @@ def test_deltas_add_up_to_the_reply_and_stats_are_filled(cpu_engine):
     assert st.finish_reason == "max_new_tokens" and st.completion_tokens == 40 == len(final.token_ids)
     assert st.prompt_tokens == len(cpu_engine.chat.render(MESSAGES).ids)
     assert st.ttft_ms > 0 and st.decode_tok_s > 0 and len(st.token_latencies_ms) == 39
+    assert 0 < st.prompt_ms < st.ttft_ms  # the first token waited for the prompt's rendering, and TTFT says so
     assert st.memory.weights_bytes > 0 and st.memory.kv_cache_bytes > 0
 
 

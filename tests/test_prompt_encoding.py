@@ -1,0 +1,119 @@
+"""The incremental prompt tokenization gives exactly the ids of a full tokenization, turn after turn, on chats
+full of what breaks tokenizers (whitespace runs, CJK, emoji, combining marks, special-token text typed by the
+user), and reuses the earlier ids where it can (model_loader.prompt_encoding)."""
+
+import random
+
+import pytest
+
+from model_loader.chat import ChatFormat
+from model_loader.prompt_encoding import IncrementalEncoder, common_prefix_length
+from model_loader.tokenizer import load_tokenizer
+
+PIECES = ["the", " model", "  ", "\n", "\n\n", "\t", " ", "def f(x):", "    return x*x", "你好", "世界", "🎉", "👩‍💻",
+          "e\u0301", "\u0301", "123", "4567", "<｜User｜>", "<｜Assistant｜>", "</think>", "<think>", "<｜Us", "｜>",
+          "<|im_end|>", "<", ">", "'s", " don't", "ＡＢ", "ﬁ", "…", "$x^2$", "```python\n", "```"]
+
+
+def text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, n)))
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model):
+    tok = load_tokenizer(tiny_model)
+    return ChatFormat(tok, [])
+
+
+def test_common_prefix_length():
+    assert common_prefix_length("", "abc") == 0
+    assert common_prefix_length("abc", "abc") == 3
+    assert common_prefix_length("abcd", "abxd") == 2
+    assert common_prefix_length("ab", "abc") == 2
+    assert common_prefix_length("你好世界", "你好世") == 3
+
+
+def test_same_ids_as_a_full_tokenization_over_random_chats(chat):
+    """Conversations as the window makes them: follow-ups (with the reply's reasoning dropped), regenerations,
+    an edited last message, a changed system prompt, a switch to another chat."""
+    tok = chat.tokenizer
+    encoder = chat.prompt_encoder
+    assert encoder is not None
+    rng = random.Random(0)
+    reused = checked = 0
+    for conversation in range(40):
+        messages = [{"role": "system", "content": text(rng, 12)}] if rng.random() < 0.3 else []
+        messages.append({"role": "user", "content": text(rng, 30)})
+        for turn in range(6):
+            prompt = chat.render(messages)
+            assert prompt.ids == tok.encode(prompt.text, add_special_tokens=False), (conversation, turn)
+            reused += encoder.reused_ids
+            checked += 1
+            action = rng.random()
+            if action < 0.6:  # the reply, then a follow-up
+                messages.append({"role": "assistant", "content": f"<think>\n{text(rng, 40)}\n</think>\n\n"
+                                                                  + text(rng, 30)})
+                messages.append({"role": "user", "content": text(rng, 20)})
+            elif action < 0.75:  # regenerate: the same prompt again
+                pass
+            elif action < 0.9:  # edit the last user message
+                messages[-1] = {"role": "user", "content": messages[-1]["content"] + text(rng, 5)}
+            elif messages[0]["role"] == "system":  # change the system prompt: little is shared
+                messages[0] = {"role": "system", "content": text(rng, 12)}
+    assert checked == 240 and reused > 0
+
+
+def test_follow_ups_tokenize_only_what_is_new(chat):
+    encoder = chat.prompt_encoder
+    long_history = "word " * 3000
+    first = chat.render([{"role": "user", "content": long_history}])
+    second = chat.render([{"role": "user", "content": long_history},
+                          {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nAn answer."},
+                          {"role": "user", "content": "And then?"}])
+    assert second.ids[:len(first.ids) - 3] == first.ids[:len(first.ids) - 3]
+    # all of the long first message is reused: the cut is at the <｜Assistant｜> after it
+    assert encoder.reused_ids >= len(first.ids) - 3 >= 3000
+    assert second.ids == chat.tokenizer.encode(second.text, add_special_tokens=False)
+
+
+def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
+    """An added token that eats the whitespace beside it (lstrip/rstrip) or only matches whole words depends on
+    the text around it: never a cut. Added tokens that overlap ("<P>" inside "b<P>", "<P>x" and "a<P>b") make a
+    token that the new text completes take a cut token's place ("a<P>" then "b"): the ids still equal a full tokenization."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(set("abc xyz\n ")))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens([AddedToken("<L>", lstrip=True), AddedToken("<R>", rstrip=True),
+                            AddedToken("<W>", single_word=True), AddedToken("<P>"), AddedToken("b<P>"),
+                            AddedToken("<P>x"), AddedToken("a<P>b")])
+    encoder = IncrementalEncoder(tok)
+    assert {tok.id_to_token(i) for i in encoder._cut_lengths} == {"<P>", "b<P>", "<P>x", "a<P>b"}
+    for text in ["a<P>y", "a<P>b"]:  # the second completes "a<P>b" over the first's cut at "<P>"
+        assert encoder.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
+    rng = random.Random(1)
+    pieces = ["a", "b", "x", " ", "  ", "\n", "<L>", "<R>", "<W>", "<P>", "<P>", "x<W>", "<W>y", "<", ">", "P"]
+    base = ""
+    reused = 0
+    for _ in range(3000):
+        base = base[:rng.randint(0, len(base))] + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        assert encoder.encode(base) == tok.encode(base, add_special_tokens=False).ids, repr(base)
+        reused += encoder.reused_ids
+    assert reused > 0
+
+
+def test_a_finished_reply_is_tokenized_before_the_follow_up_asks(cpu_engine):
+    """After a reply the engine tokenizes the history with it (while the user reads), so the follow-up's render
+    reuses the reply's ids too, not only the previous prompt's; the ids are still a full tokenization's."""
+    from model_loader.events import Finished, SamplingSettings
+
+    chat = cpu_engine.chat
+    messages = [{"role": "user", "content": "Say something long."}]
+    first = chat.render(messages)
+    settings = SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True)
+    final = [ev for ev in cpu_engine.generate(messages, settings) if isinstance(ev, Finished)][0]
+    follow_up = [*messages, {"role": "assistant", "content": final.text}, {"role": "user", "content": "And?"}]
+    prompt = chat.render(follow_up)
+    assert prompt.ids == chat.tokenizer.encode(prompt.text, add_special_tokens=False)
+    assert chat.prompt_encoder.reused_ids > len(first.ids)  # without it: up to the first prompt's <｜Assistant｜>
