@@ -171,6 +171,15 @@ class MemoryBar(QWidget):
             x += w
 
 
+def ttft_breakdown(stats: dict) -> str:
+    """Where a reply's time to first token went: the prompt's rendering, then the prefill and first sample."""
+    prompt_ms = stats.get("prompt_ms") or 0.0
+    new = stats["prompt_tokens"] - stats["prefix_reused_tokens"]
+    return (f"Chat template and tokenizer: {prompt_ms:.1f} ms\n"
+            f"Prefill of {new:,} new tokens ({stats['prefix_reused_tokens']:,} cached) and the first token: "
+            f"{stats['ttft_ms'] - prompt_ms:.1f} ms")
+
+
 class GpuMonitor:
     """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds), of the GPU
     the model runs on: named by its UUID (EngineInfo.gpu_uuid), since NVML's numbering is not CUDA's."""
@@ -398,6 +407,7 @@ class LivePanel(QScrollArea):
             s = r.done_stats
             if s:
                 v["ttft"].setText(f"{s['ttft_ms']:.0f} ms")
+                v["ttft"].setToolTip(ttft_breakdown(s))
                 v["tfat"].setText(f"{s['first_answer_ms']:.0f} ms" if s.get("first_answer_ms") is not None else "—")
                 think = ((s["first_answer_ms"] - s["ttft_ms"]) / 1000 if s.get("first_answer_ms") is not None
                          else s["total_s"] - s["ttft_ms"] / 1000)

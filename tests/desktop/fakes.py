@@ -142,7 +142,7 @@ class FakeEngine:
             first_answer_ms=(first_answer - t0) * 1000 if first_answer else None,
             decode_tok_s=(n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0,
             total_s=total, token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped)
+            memory=self.memory(), stopped_thinking=stopped, prompt_ms=0.5)  # as if the template took that long
         text = reasoning + ("</think>\n\n" + answer if answer else "")
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 

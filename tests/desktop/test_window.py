@@ -181,6 +181,8 @@ def test_live_panel_numbers(qtbot, make_window):
     s = blocker.args[0]["stats"]
     win.live.refresh()
     assert v["ttft"].text() == f"{s['ttft_ms']:.0f} ms"
+    assert v["ttft"].toolTip() == (f"Chat template and tokenizer: 0.5 ms\nPrefill of {prompt - reused} new tokens "
+                                   f"({reused} cached) and the first token: {s['ttft_ms'] - 0.5:.1f} ms")
     assert v["tokens"].text() == f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}"
     assert v["ctx"].text().endswith("/ 4,096 (" + f"{100 * (s['prompt_tokens'] + s['completion_tokens']) / 4096:.0f}%)")
     assert win.live.reply.count == s["completion_tokens"] == 4 * len(deltas) and s["prompt_tokens"] == prompt
