@@ -12,7 +12,7 @@
 #               multidict propcache yarl attrs openai httpx httpcore h11 anyio sniffio distro jiter pydantic
 #               pydantic-core annotated-types typing-inspection)
 #   models      the full-size random 1.5B (/tmp/full, bf16) and its AWQ copy (/tmp/full-awq)
-#   tests       the test suite without the window's tests (no Qt here) and the bundle's
+#   tests       the tests whose kernels run on the GPU here (Triton's interpreter on a CPU)
 #   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
 #   chat        the 4-turn chat scenario, bf16 and AWQ
 #   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py)
@@ -47,8 +47,9 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       models)
         [ -d $M ] || run make-model $CLI make-test-model $M --preset full
         [ -d $A ] || run quantize $CLI quantize --model $M --out $A --samples 16 --no-clip ;;
-      tests) run tests python3 -m pytest -q -p no:cacheprovider tests --ignore=tests/desktop \
-               --ignore=tests/test_packaging.py ;;
+      tests) run tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py \
+               tests/test_kv_cache_8bit.py tests/test_generation.py tests/test_model_vs_transformers.py \
+               tests/test_prompt_encoding.py ;;
       depths)
         for m in $M $A; do
           run "depths-$(basename $m)" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 --runs 3
