@@ -24,6 +24,7 @@ import torch
 from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
 from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
+from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
@@ -292,23 +293,6 @@ class PrefillGraphs:
         self.start.fill_(start)
         self.graphs[key].replay()
         return self.outputs[key]
-
-
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading ids a and b share, up to limit. List slices compare in C: a follow-up (the whole
-    cached conversation again, then new tokens) is one comparison instead of a Python loop over thousands of ids
-    (0.2 ms at 4,096), and a conversation that changed is a binary search over slice comparisons."""
-    limit = max(0, min(limit, len(a), len(b)))
-    if a[:limit] == b[:limit]:
-        return limit
-    lo, hi = 0, limit  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}

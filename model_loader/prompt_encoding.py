@@ -22,21 +22,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-
-def common_prefix_length(a: str, b: str) -> int:
-    """Characters a and b share at their start (binary search over slice comparisons: C-speed, no Python loop
-    over the characters)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+from model_loader.common_prefix import common_prefix
 
 
 class IncrementalEncoder:
@@ -67,7 +53,7 @@ class IncrementalEncoder:
 
     def _cut_for(self, text: str) -> int:
         """How many of the last prompt's cuts stay valid for `text`; the last of them is where to cut."""
-        shared = common_prefix_length(self._text, text)
+        shared = common_prefix(self._text, text)
         n = bisect.bisect_right(self._cut_chars, shared)
         while n and (self._cut_ends[n - 1] > shared or self._reaches_past(text, self._cut_chars[n - 1], shared)):
             n -= 1

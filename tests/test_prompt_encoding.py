@@ -7,7 +7,8 @@ import random
 import pytest
 
 from model_loader.chat import ChatFormat
-from model_loader.prompt_encoding import IncrementalEncoder, common_prefix_length
+from model_loader.common_prefix import common_prefix
+from model_loader.prompt_encoding import IncrementalEncoder
 from model_loader.tokenizer import load_tokenizer
 
 PIECES = ["the", " model", "  ", "\n", "\n\n", "\t", " ", "def f(x):", "    return x*x", "你好", "世界", "🎉", "👩‍💻",
@@ -25,12 +26,12 @@ def chat(tiny_model):
     return ChatFormat(tok, [])
 
 
-def test_common_prefix_length():
-    assert common_prefix_length("", "abc") == 0
-    assert common_prefix_length("abc", "abc") == 3
-    assert common_prefix_length("abcd", "abxd") == 2
-    assert common_prefix_length("ab", "abc") == 2
-    assert common_prefix_length("你好世界", "你好世") == 3
+def test_common_prefix_of_strings():
+    assert common_prefix("", "abc") == 0
+    assert common_prefix("abc", "abc") == 3
+    assert common_prefix("abcd", "abxd") == 2
+    assert common_prefix("ab", "abc") == 2
+    assert common_prefix("你好世界", "你好世") == 3
 
 
 def test_same_ids_as_a_full_tokenization_over_random_chats(chat):
