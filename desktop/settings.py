@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 @dataclass
 class AppSettings:
     model_path: str = ""
-    device: str = "cuda"  # "cuda" | "cpu" (CPU mode is offered when no GPU is usable)
+    device: str = "cuda"  # "cuda" (the first GPU that works) | "cuda:N" | "cpu" (offered when no GPU is usable)
     precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32" | "awq" (the model folder is the 4-bit one)
     context_length: int = 0  # 0 = auto: from the free VRAM at load, up to 32,768 (model_loader.context)
     kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
@@ -85,11 +85,26 @@ AWQ_PRECISION = ("4-bit (AWQ)", "awq")
 KV_CACHE_FORMATS = [("16-bit (exact)", "16-bit"), ("8-bit (half the memory)", "8-bit")]
 
 
+def device_choices(gpus: list[dict] | None, current: str) -> list[tuple[str, str]]:
+    """The Device list: the GPU chosen automatically, each GPU by name where the machine has several (gpus: the
+    worker's list, {"device": "cuda:N", "name", "supported"}), the CPU. A saved GPU that is not listed (none known
+    before a model has loaded, or a card since removed) stays in the list, so opening the dialog changes nothing."""
+    several = gpus is not None and len(gpus) > 1
+    items = [("GPU (NVIDIA), the first that works" if several else "GPU (NVIDIA)", "cuda")]
+    for gpu in (gpus if several else []):
+        note = "" if gpu["supported"] else " (not supported by this PyTorch)"
+        items.append((f"GPU {gpu['device'].removeprefix('cuda:')}: {gpu['name']}{note}", gpu["device"]))
+    if current.startswith("cuda:") and current not in [value for _, value in items]:
+        items.append((f"GPU {current.removeprefix('cuda:')}", current))
+    return items + [("CPU (slow)", "cpu")]
+
+
 class SettingsDialog(QDialog):
     def __init__(self, settings: AppSettings, parent=None, variants: dict | None = None, quantized: bool = False,
-                 auto_context: int | None = None):
+                 auto_context: int | None = None, gpus: list[dict] | None = None):
         """variants: {"dense": folder | None, "awq": folder | None} for the loaded model (None: unknown);
-        quantized: the loaded model is the 4-bit one; auto_context: the context "auto" chose at this load."""
+        quantized: the loaded model is the 4-bit one; auto_context: the context "auto" chose at this load;
+        gpus: the machine's NVIDIA GPUs (device_choices), None when not known yet."""
         super().__init__(parent)
         self._variants = variants or {}
         self._quantized = quantized
@@ -113,7 +128,7 @@ class SettingsDialog(QDialog):
         row.setContentsMargins(0, 0, 0, 0)
         form.addRow("Model folder", holder)
 
-        self.device = self._combo([("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")], settings.device, "Device")
+        self.device = self._combo(device_choices(gpus, settings.device), settings.device, "Device")
         form.addRow("Device", self.device)
         self.precision = self._combo(self._precisions(variants, quantized, settings.precision),
                                      "awq" if quantized else settings.precision, "Precision")

@@ -710,7 +710,8 @@ class MainWindow(QMainWindow):
         info = self.engine_info or {}
         dlg = SettingsDialog(self.settings, self, variants=info.get("variants"),
                              quantized=bool(info.get("quantization")),
-                             auto_context=info.get("context_length") if info.get("context_auto") else None)
+                             auto_context=info.get("context_length") if info.get("context_auto") else None,
+                             gpus=info.get("gpus"))
         if dlg.exec() != SettingsDialog.Accepted:
             return
         self.apply_settings(dlg.result_settings())

@@ -211,7 +211,24 @@ class EngineWorker(QObject):
         info = _asdict(engine.info)
         info["memory"] = _asdict(engine.memory())
         info["variants"] = self._variants(info.get("model_path"))
+        info["gpus"] = self._gpus()
         self.ready.emit(info)
+
+    @staticmethod
+    def _gpus() -> list[dict]:
+        """This machine's NVIDIA GPUs, for the settings' Device list (torch is imported on this thread; the
+        GUI thread never imports it)."""
+        try:
+            import torch
+
+            from model_loader.gpu_support import check_cuda_device
+
+            if not torch.cuda.is_available():
+                return []
+            return [{"device": f"cuda:{i}", "name": torch.cuda.get_device_name(i),
+                     "supported": check_cuda_device(i) is None} for i in range(torch.cuda.device_count())]
+        except Exception:  # a driver that fails to answer: the list offers the automatic choice
+            return []
 
     @staticmethod
     def _variants(model_path) -> dict | None:

@@ -5,7 +5,8 @@
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
 open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
 the local API server at work (real requests from the openai client; a chat reply waiting behind one) with its
-settings, the first start preparing GPU kernels, and a GPU the installed torch has no code for.
+settings, the first start preparing GPU kernels, a GPU the installed torch has no code for, and the Device list
+of a machine with two GPUs.
 """
 
 from __future__ import annotations
@@ -108,6 +109,43 @@ def main(out: str) -> None:
     first_start_shot(out_dir, tmp)
     api_shots(out_dir, tmp)
     unsupported_gpu_shot(out_dir, tmp)
+    gpu_choice_shot(out_dir, tmp)
+
+
+def gpu_choice_shot(out_dir: Path, tmp: Path) -> None:
+    """Settings > Device on a machine with two GPUs (an old GTX 1060 beside an RTX 4070), its list open. The
+    list is a separate window that an offscreen grab of the dialog leaves out: drawn in below its box."""
+    from dataclasses import replace
+
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QImage, QPainter
+
+    from desktop.settings import SettingsDialog
+
+    (tmp / "gpus").mkdir(exist_ok=True)
+    win = make_window("light", tmp / "gpus", FakeEngine(), live=False)
+    gpus = [{"device": "cuda:0", "name": "NVIDIA GeForce GTX 1060 6GB", "supported": False},
+            {"device": "cuda:1", "name": "NVIDIA GeForce RTX 4070", "supported": True}]
+    dlg = SettingsDialog(replace(win.settings, device="cuda:1"), win, gpus=gpus)
+    dlg.show()
+    dlg.device.showPopup()
+    for _ in range(5):
+        QApplication.processEvents()
+    popup = dlg.device.view().window()
+    shot = dlg.grab()
+    at = dlg.device.mapTo(dlg, QPoint(0, dlg.device.height()))
+    height = dlg.kv_cache.mapTo(dlg, QPoint(0, dlg.kv_cache.height())).y() + 12  # the rows around the list
+    img = QImage(max(shot.width(), at.x() + popup.width() + 12), height, QImage.Format_ARGB32)
+    img.fill(dlg.palette().window().color())
+    painter = QPainter(img)
+    painter.drawPixmap(0, 0, shot)
+    painter.drawPixmap(at, popup.grab())
+    painter.end()
+    img.save(str(out_dir / "screenshot-settings-gpus.png"))
+    print("saved", out_dir / "screenshot-settings-gpus.png")
+    dlg.device.hidePopup()
+    dlg.close()
+    win.close()
 
 
 def unsupported_gpu_shot(out_dir: Path, tmp: Path) -> None:
