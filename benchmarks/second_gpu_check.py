@@ -1,7 +1,9 @@
 """The engine on a GPU that is not the thread's current one (a check for machines with two or more GPUs).
 
 Triton launches and CUDA graphs go to the thread's current device, which is cuda:0 unless the engine makes its
-own GPU current (engine.use_device). This loads the model on the last GPU and on cuda:0 from the same thread,
+own GPU current (engine.use_device), and torch captures graphs on a stream of the GPU of its first capture unless
+given one (kernels.side_stream.graph_capture). This loads the model on the last GPU, then on cuda:0, from one
+thread whose current device is set back to cuda:0 before every call,
 warms both up (Triton kernels, tuned decode graphs, prefill graphs), and checks: the prompt's logits agree
 between the two; a seeded sampled reply repeats itself on the last GPU (its generator is the one seeded); the
 engine on the last GPU left no tensors on cuda:0; and it all ran (a kernel launched on the wrong GPU fails with
@@ -47,18 +49,26 @@ def main() -> int:
     ids: dict = {}
     logits: dict = {}
     for device in (last, "cuda:0"):
-        torch.cuda.set_device(0)  # the thread's current device stays cuda:0 between the engines' calls
+        # Before each of the engine's calls the thread's current device is set back to cuda:0 (Engine.load leaves
+        # it on the model's GPU): each call must make its own GPU current.
+        torch.cuda.set_device(0)
         before = torch.cuda.memory_allocated(0)
         engine = Engine.load(args.model, device=device, context_length=4096)
+        torch.cuda.set_device(0)
         engine.warm_up()
         with torch.inference_mode():
             prompt = torch.tensor(engine.chat.render(first).ids, device=engine.model.device)
             logits[device] = engine.model.prefill(prompt, 0).float().cpu()
         engine.reset_cache()
+        torch.cuda.set_device(0)
         a = reply(engine, first, greedy)
         follow = [*first, {"role": "assistant", "content": a.text}, {"role": "user", "content": "Shorter, please."}]
+        torch.cuda.set_device(0)
         b = reply(engine, follow, greedy)
-        s1, s2 = reply(engine, first, sampled), reply(engine, first, sampled)
+        torch.cuda.set_device(0)
+        s1 = reply(engine, first, sampled)
+        torch.cuda.set_device(0)
+        s2 = reply(engine, first, sampled)
         ids[device] = (a.token_ids, b.token_ids)
         result[device] = {"device": engine.info.device, "kernels": engine.info.kernels,
                           "cuda_graphs": engine.info.cuda_graphs, "follow_up_reused": b.stats.prefix_reused_tokens,

@@ -346,7 +346,7 @@ class MainWindow(QMainWindow):
         self._ensure_service()
         out = user_models_dir() / f"{Path(src).name}-AWQ"  # the -AWQ name is how find_variants pairs them
         self.welcome.quantize_started()
-        self.service.quantize(src, str(out), **self.quantize_options)
+        self.service.quantize(src, str(out), device=self.settings.device, **self.quantize_options)
 
     def cancel_quantize(self) -> None:
         if self.service is not None:
@@ -413,7 +413,7 @@ class MainWindow(QMainWindow):
         dev = "CPU" if info.get("device") == "cpu" else info.get("device_name", "GPU")
         self._set_status(f"Ready · {self.chat.assistant_name} · {dev}", busy=False)
         self.live.set_engine(info)
-        if self.banner.kind in ("load", "no_gpu", "oom_load"):
+        if self.banner.kind in ("load", "no_gpu", "gpu_missing", "oom_load"):
             self.banner.hide()
         if info.get("device") == "cpu" and self.settings.device == "cpu":
             self.banner.show_message("cpu", "Running on the CPU: replies will be much slower than on an NVIDIA GPU.")
@@ -648,6 +648,9 @@ class MainWindow(QMainWindow):
             text = f"{message} r1desk can run on the CPU instead, but replies will be many times slower."
             self.banner.show_message("no_gpu", text, [("Use CPU (slow)", self.use_cpu),
                                                       ("Settings…", self.open_settings)])
+        elif kind == "gpu_missing":
+            self.banner.show_message("gpu_missing", message, [("Use the first GPU that works", self.use_any_gpu),
+                                                              ("Settings…", self.open_settings)])
         elif kind == "oom":
             self.banner.show_message("oom_load", f"{message}.", [("Settings…", self.open_settings)])
         else:
@@ -655,6 +658,12 @@ class MainWindow(QMainWindow):
                                      [("Choose another model…", self.show_welcome), ("Settings…", self.open_settings)])
             self.welcome.show_error(f"Could not load the model: {message}")
         self.engine_failed.emit(kind, message)
+
+    def use_any_gpu(self) -> None:
+        self.settings.device = "cuda"
+        self.settings.save(self.qs)
+        self.banner.hide()
+        self.start_engine()
 
     def use_cpu(self) -> None:
         self.settings.device = "cpu"

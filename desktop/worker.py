@@ -152,9 +152,14 @@ class EngineWorker(QObject):
         self.engine = None  # drop the old model (and its VRAM) before loading the next
         self._free_device_memory()
         device = request.get("device") or "cuda"
-        if self.engine_factory is None and device == "cuda" and not self._cuda_available():
-            self.failed.emit(0, "no_gpu", self._no_gpu_message())
-            return
+        if self.engine_factory is None and device.startswith("cuda"):
+            if not self._cuda_available():
+                self.failed.emit(0, "no_gpu", self._no_gpu_message())
+                return
+            missing = self._missing_gpu(device)
+            if missing:
+                self.failed.emit(0, "gpu_missing", missing)
+                return
         last = [0.0]
 
         def on_progress(done: int, total: int) -> None:
@@ -266,7 +271,8 @@ class EngineWorker(QObject):
             from model_loader.errors import ModelError
             from model_loader.quantize import quantize
 
-            device = "cuda" if self._cuda_available() else "cpu"
+            chosen = request.get("device") or ""  # the GPU chosen in Settings, if one is
+            device = (chosen if chosen.startswith("cuda:") else "cuda") if self._cuda_available() else "cpu"
         except Exception as err:
             self.quantize_failed.emit("error", f"could not import the model engine: {err}")
             return
@@ -276,7 +282,7 @@ class EngineWorker(QObject):
                 raise QuantizeCancelled()
             self.quantize_progress.emit(int(index), int(layers), str(what))
 
-        options = {k: request[k] for k in ("group_size", "samples", "seq_len") if request.get(k)}
+        options = {k: request[k] for k in ("group_size", "samples", "seq_len") if request.get(k)}  # not device
         try:
             quantize(request["src"], str(out), device=device, progress=on_progress, **options)
         except QuantizeCancelled:
@@ -345,6 +351,19 @@ class EngineWorker(QObject):
         import torch
 
         return torch.cuda.is_available()
+
+    @staticmethod
+    def _missing_gpu(device: str) -> str | None:
+        """The message for a GPU chosen in Settings ("cuda:N") that this machine doesn't have now (a card taken
+        out, an eGPU unplugged, CUDA_VISIBLE_DEVICES set); None when it is there."""
+        import torch
+
+        index = torch.device(device).index
+        count = torch.cuda.device_count()
+        if index is None or index < count:
+            return None
+        return (f"GPU {index}, chosen in Settings, is not on this computer now: it has {count} NVIDIA "
+                f"GPU{'s' if count != 1 else ''} (numbered from 0).")
 
     @staticmethod
     def _no_gpu_message() -> str:

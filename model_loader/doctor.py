@@ -54,14 +54,14 @@ def _gpu_facts() -> dict:
         torch.cuda.set_device(index)  # the graph check below runs where a load would
         x = torch.zeros(8, device="cuda")
         graph = torch.cuda.CUDAGraph()
-        from model_loader.kernels.side_stream import side_stream
+        from model_loader.kernels.side_stream import graph_capture, side_stream
 
         stream = side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             x.add_(1)
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
+        with graph_capture(graph):
             x.add_(1)
         graph.replay()
         torch.cuda.synchronize()

@@ -35,7 +35,7 @@ from model_loader.events import Delta, Finished, GenerationControl, GenerationSt
 from model_loader import kernel_cache
 from model_loader.kernels import precompile, reference
 from model_loader.kernels import triton_available, triton_works
-from model_loader.kernels.side_stream import side_stream
+from model_loader.kernels.side_stream import graph_capture, side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
@@ -156,7 +156,7 @@ class DecodeStep:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             self.pos.zero_()
-            with torch.cuda.graph(graph), torch.inference_mode():
+            with graph_capture(graph, self.model.device), torch.inference_mode():
                 self._step(mode, 0, config)
             self.graphs[(mode, config)] = graph
 
@@ -268,7 +268,7 @@ class PrefillGraphs:
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            with graph_capture(graph, self.model.device, self.pool), torch.inference_mode():
                 self.outputs[key] = self.model.prefill_static(tokens, self.last, self.start, fresh)
             self.graphs[key] = graph
 
@@ -737,7 +737,10 @@ class Engine:
         # Asked for the next event after the reply's last (a consumer that reads to the end): tokenize the history
         # with this reply now, while the user reads it, rather than before the next reply's first token.
         if isinstance(final, Finished):
-            self.chat.prepare([*messages, {"role": "assistant", "content": final.text}])
+            try:
+                self.chat.prepare([*messages, {"role": "assistant", "content": final.text}])
+            except Exception as err:  # only a head start for the next prompt: never a finished reply's failure
+                log.debug("tokenizing the history ahead failed: %s", err)
 
     def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
                      control: GenerationControl | None = None, in_reasoning: bool = False,

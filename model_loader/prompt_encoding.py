@@ -31,11 +31,30 @@ class IncrementalEncoder:
 
     def __init__(self, tokenizer):
         self._tok = tokenizer
-        added = tokenizer.get_added_tokens_decoder()  # id -> AddedToken
-        self._cut_lengths = {i: len(t.content) for i, t in added.items()
-                             if not (t.normalized or t.lstrip or t.rstrip or t.single_word)}
-        self._contents = sorted({t.content for t in added.values() if t.content}, key=len)
         self._lock = threading.Lock()
+        self._learn_added_tokens()
+        self._forget()
+
+    @staticmethod
+    def usable(tokenizer) -> bool:
+        """False for a tokenizer.json that truncates or pads (the rest of a text would be cut or padded on its
+        own) or encodes special tokens as text: then every prompt is tokenized whole."""
+        return (tokenizer.truncation is None and tokenizer.padding is None
+                and not getattr(tokenizer, "encode_special_tokens", False))
+
+    def _learn_added_tokens(self) -> None:
+        added = self._tok.get_added_tokens_decoder()  # id -> AddedToken
+        base_vocab = self._tok.get_vocab(with_added_tokens=False)
+        # Cut only at added tokens that nothing else can produce (an id of the base vocabulary can come out of
+        # the model, e.g. text that a normalizer maps onto the token's content) and whose match depends on
+        # nothing around them.
+        self._cut_tokens = {i: t.content for i, t in added.items()
+                            if t.content and t.content not in base_vocab
+                            and not (t.normalized or t.lstrip or t.rstrip or t.single_word)}
+        self._contents = sorted({t.content for t in added.values() if t.content}, key=len)
+        self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _forget(self) -> None:
         self._text = ""
         self._ids: list[int] = []
         self._cut_chars: list[int] = []  # where each cut token starts in _text, ascending ...
@@ -61,6 +80,9 @@ class IncrementalEncoder:
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
+            if self._tok.get_vocab_size(with_added_tokens=True) != self._vocab_size:  # tokens added since
+                self._learn_added_tokens()
+                self._forget()
             n = self._cut_for(text)
             if n:  # the cut token itself is tokenized again, as the first id of the rest
                 start, keep, kept_cuts = self._cut_chars[n - 1], self._cut_index[n - 1], n - 1
@@ -68,10 +90,16 @@ class IncrementalEncoder:
                 start = keep = kept_cuts = 0
             enc = self._tok.encode(text[start:], add_special_tokens=False)
             new_ids = enc.ids
-            cuts = [i for i, t in enumerate(new_ids) if t in self._cut_lengths]
-            chars = [start + enc.token_to_chars(i)[0] for i in cuts]
+            cuts, chars = [], []
+            for i, t in enumerate(new_ids):
+                if t in self._cut_tokens:
+                    c = start + enc.token_to_chars(i)[0]
+                    # offsets a post-processor trimmed (ByteLevel's trim_offsets) may not point at the token
+                    if text.startswith(self._cut_tokens[t], c):
+                        cuts.append(i)
+                        chars.append(c)
             self._cut_chars = self._cut_chars[:kept_cuts] + chars
-            self._cut_ends = self._cut_ends[:kept_cuts] + [c + self._cut_lengths[new_ids[i]]
+            self._cut_ends = self._cut_ends[:kept_cuts] + [c + len(self._cut_tokens[new_ids[i]])
                                                            for c, i in zip(chars, cuts)]
             self._cut_index = self._cut_index[:kept_cuts] + [keep + i for i in cuts]
             self._ids = self._ids[:keep] + new_ids

@@ -79,10 +79,11 @@ class FolderTokenizer:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def prompt_encoder(self):
-        """An encoder for chat prompts that reuses the last prompt's ids (model_loader.prompt_encoding)."""
+        """An encoder for chat prompts that reuses the last prompt's ids (model_loader.prompt_encoding), or None
+        where this tokenizer.json's settings rule it out."""
         from model_loader.prompt_encoding import IncrementalEncoder
 
-        return IncrementalEncoder(self._tok)
+        return IncrementalEncoder(self._tok) if IncrementalEncoder.usable(self._tok) else None
 
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

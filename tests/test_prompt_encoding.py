@@ -90,7 +90,7 @@ def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
                             AddedToken("<W>", single_word=True), AddedToken("<P>"), AddedToken("b<P>"),
                             AddedToken("<P>x"), AddedToken("a<P>b")])
     encoder = IncrementalEncoder(tok)
-    assert {tok.id_to_token(i) for i in encoder._cut_lengths} == {"<P>", "b<P>", "<P>x", "a<P>b"}
+    assert {tok.id_to_token(i) for i in encoder._cut_tokens} == {"<P>", "b<P>", "<P>x", "a<P>b"}
     for text in ["a<P>y", "a<P>b"]:  # the second completes "a<P>b" over the first's cut at "<P>"
         assert encoder.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
     rng = random.Random(1)
@@ -118,3 +118,90 @@ def test_a_finished_reply_is_tokenized_before_the_follow_up_asks(cpu_engine):
     prompt = chat.render(follow_up)
     assert prompt.ids == chat.tokenizer.encode(prompt.text, add_special_tokens=False)
     assert chat.prompt_encoder.reused_ids > len(first.ids)  # without it: up to the first prompt's <｜Assistant｜>
+
+
+def _char_tokenizer(chars: str):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return tok
+
+
+def _same_ids_turn_after_turn(tok, texts):
+    encoder = IncrementalEncoder(tok)
+    for text in texts:
+        assert encoder.encode(text) == tok.encode(text, add_special_tokens=False).ids, text
+
+
+def test_offsets_a_post_processor_trims_are_not_taken_for_a_cut():
+    """ByteLevel's trim_offsets moves a token's offsets past its leading space: the cut is checked against the
+    text, not taken from the offsets."""
+    from tokenizers import AddedToken, processors
+
+    tok = _char_tokenizer("abcd <>T")
+    tok.add_special_tokens([AddedToken(" <T>", normalized=False)])
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    _same_ids_turn_after_turn(tok, ["ab <T>c", "ab <T>cd"])
+
+
+def test_an_added_tokens_id_that_the_model_can_also_produce_is_no_cut():
+    """A BPE vocabulary that holds "<P>" itself, and NFKC mapping "＜P＞" onto it: that id can come out of the model
+    anywhere, so it marks no place where the tokenizer cut the text."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers
+
+    vocab = {"x": 0, "<": 1, "P": 2, ">": 3, "y": 4, "<P": 5, ">y": 6, "<P>": 7, "x<P": 8}
+    merges = [("<", "P"), (">", "y"), ("<P", ">"), ("x", "<P")]
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.normalizer = normalizers.NFKC()
+    tok.add_tokens([AddedToken("<P>", normalized=False)])
+    _same_ids_turn_after_turn(tok, ["x＜P＞", "x＜P＞y"])
+
+
+def test_tokens_added_after_the_encoder_was_made_are_seen():
+    from tokenizers import AddedToken
+
+    tok = _char_tokenizer("abcd <>T")
+    tok.add_special_tokens([AddedToken("<T>", normalized=False)])
+    encoder = IncrementalEncoder(tok)
+    encoder.encode("a<T>")
+    tok.add_special_tokens([AddedToken("a<T>b", normalized=False)])
+    assert encoder.encode("a<T>b") == tok.encode("a<T>b", add_special_tokens=False).ids
+
+
+def test_a_tokenizer_that_truncates_or_pads_tokenizes_every_prompt_whole(tmp_path):
+    """Truncation or padding in tokenizer.json would apply to the rest of a text on its own, and special tokens
+    encoded as text mark no cut: no incremental encoder then."""
+    from tokenizers import AddedToken
+
+    from model_loader.tokenizer import FolderTokenizer
+
+    tok = _char_tokenizer("abcd <>T")
+    tok.add_special_tokens([AddedToken("<T>", normalized=False)])
+    assert IncrementalEncoder.usable(tok)
+    tok.encode_special_tokens = True  # added tokens tokenized as text: none is a cut
+    assert not IncrementalEncoder.usable(tok)
+    tok.encode_special_tokens = False
+    tok.enable_padding(length=8)
+    assert not IncrementalEncoder.usable(tok)
+    tok.no_padding()
+    tok.enable_truncation(4)
+    assert not IncrementalEncoder.usable(tok)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    folder = FolderTokenizer(tmp_path)
+    assert folder.prompt_encoder() is None
+    chat = ChatFormat(folder, [])
+    assert chat.prompt_encoder is None
+
+
+def test_a_failure_to_tokenize_ahead_does_not_fail_the_finished_reply(cpu_engine, monkeypatch):
+    from model_loader.errors import ModelError
+    from model_loader.events import Finished, SamplingSettings
+
+    def broken(messages):
+        raise ModelError("chat template failed: a template that only renders with a user message last")
+
+    monkeypatch.setattr(cpu_engine.chat, "prepare", broken)
+    settings = SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True)
+    events = list(cpu_engine.generate([{"role": "user", "content": "Hi"}], settings))  # read to the end: no raise
+    assert isinstance(events[-1], Finished) and events[-1].stats.completion_tokens == 4

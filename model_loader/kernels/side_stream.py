@@ -1,4 +1,5 @@
-"""One side stream per GPU, for the warm-up runs before a CUDA-graph capture and for timing kernels.
+"""One side stream per GPU, for the warm-up runs before a CUDA-graph capture, the capture itself, and timing
+kernels.
 
 torch gives a stream its own cuBLAS workspace the first time cuBLAS runs on it and keeps it until the process
 ends (a map from (handle, stream) to a block of the caching allocator). A new torch.cuda.Stream() per capture
@@ -22,3 +23,10 @@ def side_stream(device=None) -> torch.cuda.Stream:
     if stream is None:
         stream = _STREAMS[index] = torch.cuda.Stream(device=index)
     return stream
+
+
+def graph_capture(graph: torch.cuda.CUDAGraph, device=None, pool=None):
+    """torch.cuda.graph(graph) on `device`'s side stream (a context manager). Without a stream torch captures
+    on one it makes at the process's first capture, on whichever GPU was current then, and entering it makes
+    that GPU current: a model loaded later on another GPU would have its Triton kernels captured on the first."""
+    return torch.cuda.graph(graph, pool=pool, stream=side_stream(device))

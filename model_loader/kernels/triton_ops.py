@@ -29,7 +29,7 @@ from model_loader.kernels.jit_ops import (_add_rms_norm_kernel, _commit_token_ke
                                           _decode_attn_split_kernel, _gemv_kernel, _prefill_attn_kernel,
                                           _prefill_attn_reduce_kernel, _rope_bias_cache_kernel, _silu_mul_kernel)
 from model_loader.kernels.precompile import launch
-from model_loader.kernels.side_stream import side_stream
+from model_loader.kernels.side_stream import graph_capture, side_stream
 
 _PDL_OK: dict = {}
 
@@ -547,7 +547,7 @@ def _graph_time_us(fn, calls: int) -> float:
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         fn()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

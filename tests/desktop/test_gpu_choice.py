@@ -12,7 +12,7 @@ GTX_1060 = {"device": "cuda:0", "name": "NVIDIA GeForce GTX 1060 6GB", "supporte
 RTX_4070 = {"device": "cuda:1", "name": "NVIDIA GeForce RTX 4070", "supported": True}
 
 
-def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_model):
+def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_model, monkeypatch):
     win = make_window(model=tiny_model)
     assert win.engine_info["gpus"] == []  # this machine has none: the list stays GPU / CPU
     dlg = SettingsDialog(win.settings, win, gpus=[GTX_1060, RTX_4070])
@@ -25,9 +25,20 @@ def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_mo
     dlg.device.setCurrentIndex(dlg.device.findData("cuda:1"))
     chosen = dlg.result_settings()
     assert chosen.device == "cuda:1"
-    win.apply_settings(chosen)  # a model setting: the window reloads, on the GPU asked for
-    qtbot.waitUntil(lambda: win.engine_state == "failed", timeout=60000)
-    assert "CUDA was requested" in win.banner.label.text()  # this CPU-only torch: the choice reached the loader
+    # From here torch sees an RTX 4070 as cuda:0 and a GTX 1060 as cuda:1: the reload names the GTX 1060, so the
+    # choice reached the loader (the automatic one would have taken the RTX 4070)
+    machine = [((8, 9), "NVIDIA GeForce RTX 4070"), ((6, 1), "NVIDIA GeForce GTX 1060 6GB")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    index = lambda d: d if isinstance(d, int) else torch.device(d).index  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: machine[index(d)][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: machine[index(d)][1])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_120"])
+    monkeypatch.setattr(torch.version, "hip", None)
+    with qtbot.waitSignal(win.engine_failed, timeout=60000) as blocker:
+        win.apply_settings(chosen)  # a model setting: the window reloads, on the GPU asked for
+    kind, message = blocker.args
+    assert kind == "no_gpu" and message.startswith("Your NVIDIA GeForce GTX 1060 6GB")
     assert AppSettings.load(win.qs).device == "cuda:1"
 
 
@@ -47,3 +58,26 @@ def test_the_worker_lists_the_machines_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_120"])
     monkeypatch.setattr(torch.version, "hip", None)
     assert EngineWorker._gpus() == [GTX_1060, RTX_4070]
+
+
+def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot, make_window, tiny_model,
+                                                                            monkeypatch):
+    """GPU 1 chosen in Settings, then the machine has one GPU (a card taken out, an eGPU unplugged): a message
+    that says which, and a button that goes back to the automatic choice and loads."""
+    from PySide6.QtCore import Qt
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    win = make_window(model=tiny_model, device="cuda:1", wait_ready=False)
+    with qtbot.waitSignal(win.engine_failed, timeout=60000) as blocker:
+        pass
+    kind, message = blocker.args
+    assert kind == "gpu_missing" and message == ("GPU 1, chosen in Settings, is not on this computer now: it has 1 "
+                                                 "NVIDIA GPU (numbered from 0).")
+    assert win.banner.kind == "gpu_missing" and message in win.banner.label.text()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the rest of this machine is what it is
+    button = next(b for b in win.banner.action_buttons() if b.text() == "Use the first GPU that works")
+    with qtbot.waitSignal(win.engine_failed, timeout=60000) as blocker:
+        qtbot.mouseClick(button, Qt.LeftButton)
+    assert blocker.args[0] == "no_gpu"  # the automatic choice was loaded (and found no GPU on this CPU machine)
+    assert win.settings.device == "cuda" and AppSettings.load(win.qs).device == "cuda"
