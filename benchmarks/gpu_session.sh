@@ -49,7 +49,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         [ -d $A ] || run quantize $CLI quantize --model $M --out $A --samples 16 --no-clip ;;
       tests) run tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py \
                tests/test_kv_cache_8bit.py tests/test_generation.py tests/test_model_vs_transformers.py \
-               tests/test_prompt_encoding.py ;;
+               tests/test_prompt_encoding.py tests/test_awq.py ;;
       depths)
         for m in $M $A; do
           run "depths-$(basename $m)" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 --runs 3

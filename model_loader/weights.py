@@ -201,8 +201,8 @@ def _copy_tensors(entries: dict[str, TensorEntry], names: list[str], destination
     return done
 
 
-def host_mapped_alias(pinned):
-    """A CUDA tensor that reads `pinned` (page-locked host memory) in place, over the bus.
+def host_mapped_alias(pinned, device="cuda"):
+    """A tensor on CUDA `device` that reads `pinned` (page-locked host memory) in place, over the bus.
 
     Under unified addressing, page-locked host memory is mapped into the GPU's address space, so kernels can
     read it directly; torch.as_tensor wraps such a pointer through the CUDA array interface. Used for the
@@ -219,9 +219,11 @@ def host_mapped_alias(pinned):
     try:
         if pinned.element_size() != 2 or not pinned.is_pinned():
             return None
-        alias = torch.as_tensor(_Interface(pinned.view(torch.int16)), device="cuda").view(pinned.dtype)
+        alias = torch.as_tensor(_Interface(pinned.view(torch.int16)), device=device).view(pinned.dtype)
+        if alias.data_ptr() != pinned.data_ptr():  # a copy into VRAM after all (another GPU's context, say)
+            return None
         rows = torch.tensor([0, pinned.shape[0] // 2, pinned.shape[0] - 1])
-        if not torch.equal(alias[rows.cuda()].cpu(), pinned[rows]):
+        if not torch.equal(alias[rows.to(alias.device)].cpu(), pinned[rows]):
             return None
         return alias
     except Exception:  # no unified addressing, or a torch without this path: keep the table in VRAM
@@ -332,7 +334,7 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
         for name in needed:
             destination(name)  # allocates the AWQ tensors that are fused below
     if embed_on_host:
-        alias = host_mapped_alias(out["embed"])
+        alias = host_mapped_alias(out["embed"], device)
         out["embed_host"] = out["embed"]  # keeps the host memory alive as long as the alias
         out["embed"] = alias if alias is not None else out["embed"].to(device)
         if alias is None:

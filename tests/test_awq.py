@@ -204,3 +204,16 @@ def test_awq_shapes_that_do_not_match_the_config(awq_model, tmp_path):
     folder = _broken(awq_model, tmp_path, group_size=64)  # scales were written for 32
     with pytest.raises(ModelError, match=r"self_attn.q_proj.qzeros has shape \[2, 8\], config.json implies \[1, 8\]"):
         Engine.load(folder, device="cpu")
+
+
+def test_the_4bit_models_embedding_table_stays_in_host_memory_on_a_gpu(awq_model, device):
+    """4-bit users are saving VRAM: on a GPU the embedding table is read in place from page-locked host memory
+    (weights.host_mapped_alias), not copied into VRAM; on the CPU there is nothing to save."""
+    engine = Engine.load(awq_model, device=device, context_length=256)
+    if device == "cuda":
+        assert engine.model.embed_on_host
+        assert engine.model.w["embed"].is_cuda and engine.model.w["embed"].data_ptr() == engine.model.w[
+            "embed_host"].data_ptr()
+    else:
+        assert not engine.model.embed_on_host and engine.model.w["embed"].device.type == "cpu"
+    engine.close()
