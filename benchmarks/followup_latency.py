@@ -8,7 +8,7 @@ the first answer text (the close tag forced into the decode steps already queued
 token; model_loader.forced_tokens).
 
     python benchmarks/followup_latency.py --model /tmp/full [--prefixes 512,4096] [--new 1024,2048] [--again 5]
-                                          [--json FILE]
+                                          [--pause 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -38,15 +38,36 @@ def one_token(engine: Engine, ids: list[int]):
     return [e for e in engine.generate_ids(ids, s) if isinstance(e, Finished)][0].stats
 
 
-def followups(engine: Engine, pool: list[int], prefixes, new) -> list[dict]:
+def sm_clock_reader(engine: Engine):
+    """A function returning the GPU's SM clock in MHz now (NVML), or None where NVML can't tell."""
+    try:
+        import pynvml
+
+        from model_loader.stats import nvml_handle
+
+        pynvml.nvmlInit()
+        handle = nvml_handle(pynvml, engine.info.gpu_uuid)
+        if handle is None:
+            return lambda: None
+        return lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:
+        return lambda: None
+
+
+def followups(engine: Engine, pool: list[int], prefixes, new, pause_s: float = 0.0, sm_clock=None) -> list[dict]:
+    """Each case: a prefix prefilled, then (after pause_s idle seconds: a user reading the reply) the follow-up.
+    sm_clock: sm_clock_reader(engine), read just before each follow-up."""
     rows = []
     for p in prefixes:
         for n in new:
             engine.reset_cache()
             one_token(engine, pool[:p])
+            if pause_s:
+                time.sleep(pause_s)  # the GPU idles as it does while a user reads: its clocks may change
+            mhz = sm_clock() if sm_clock is not None else None
             st = one_token(engine, pool[:p + n])
             assert st.prefix_reused_tokens == p, (p, n, st.prefix_reused_tokens)
-            rows.append({"prefix": p, "new": n, "ttft_ms": round(st.ttft_ms, 2)})
+            rows.append({"prefix": p, "new": n, "ttft_ms": round(st.ttft_ms, 2), "sm_mhz_before": mhz})
     return rows
 
 
@@ -114,6 +135,9 @@ def main() -> None:
     ap.add_argument("--new", default=",".join(map(str, NEW)))
     ap.add_argument("--device")
     ap.add_argument("--stop-only", action="store_true", help="only the stop-thinking latencies")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds the GPU idles between a case's prefix and its follow-up (a user reading the "
+                         "reply; default 0: back to back); the SM clock before each follow-up is recorded")
     ap.add_argument("--again", type=int, default=1,
                     help="rounds of the table after the first (each case is one follow-up a round: with several, "
                          "'again' prints each case's min / median / max)")
@@ -125,16 +149,22 @@ def main() -> None:
     pool = bench_prompt(engine, max(prefixes) + max(new))
     result = {"model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
               "quantization": engine.info.quantization, "warmup_s": round(engine.info.warmup_s, 2),
-              "first": [] if args.stop_only else followups(engine, pool, prefixes, new),
-              "again": [] if args.stop_only else followups(engine, pool, prefixes, new)}
-    rounds = [result["again"]] + [followups(engine, pool, prefixes, new) for _ in range(args.again - 1)
-                                  if not args.stop_only]
+              "pause_s": args.pause}
+    sm_clock = sm_clock_reader(engine)
+
+    def table():
+        return followups(engine, pool, prefixes, new, args.pause, sm_clock)
+    result["first"] = [] if args.stop_only else table()
+    result["again"] = [] if args.stop_only else table()
+    rounds = [result["again"]] + [table() for _ in range(args.again - 1) if not args.stop_only]
     if len(rounds) > 1:  # one sample per case and round: the spread says how much one number means
         result["again_rounds"] = rounds
     result["stop_thinking"] = stop_thinking(engine, pool)
     result["stop_thinking_mid_step"] = stop_thinking(engine, pool, runs=10, from_thread=True)
     for key in ("first", "again"):
-        print(key + ": " + "; ".join(f"{r['prefix']}+{r['new']}: {r['ttft_ms']} ms" for r in result[key]))
+        print(key + ": " + "; ".join(f"{r['prefix']}+{r['new']}: {r['ttft_ms']} ms"
+                                     + (f" (SM {r['sm_mhz_before']} MHz before)" if r["sm_mhz_before"] else "")
+                                     for r in result[key]))
     if "again_rounds" in result:
         cases = zip(*(([r["ttft_ms"] for r in rows]) for rows in result["again_rounds"]))
         print(f"again, {len(rounds)} rounds (min / median / max): " + "; ".join(

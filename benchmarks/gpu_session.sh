@@ -15,7 +15,7 @@
 #   tests       the tests whose kernels run on the GPU here (Triton's interpreter on a CPU)
 #   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
 #   chat        the 4-turn chat scenario, bf16 and AWQ
-#   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py)
+#   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py), back to back and after 2 s idle
 #   firststart  time to ready with an empty kernel cache, then warm (benchmarks/first_start_profile.py)
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
@@ -58,8 +58,12 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           --kv-cache 8-bit ;;
       chat)
         for m in $M $A; do run "chat-$(basename $m)" $CLI bench --model $m --scenario chat; done ;;
-      followup) run followup python3 benchmarks/followup_latency.py --model $M --prefixes 512,4096 \
-                  --new 256,1024,2048 --again 3 --json "$OUT/followup.json" ;;
+      followup)
+        run followup python3 benchmarks/followup_latency.py --model $M --prefixes 512,4096 --new 256,1024,2048 \
+          --again 3 --json "$OUT/followup.json"
+        # the same follow-up after 2 s of idle GPU, as after a user read the reply (and the SM clock then)
+        run followup-idle python3 benchmarks/followup_latency.py --model $M --prefixes 512 --new 2048 --again 5 \
+          --pause 2 ;;
       firststart)
         for m in $M $A; do
           XDG_CACHE_HOME=$(mktemp -d) run "firststart-$(basename $m)" python3 benchmarks/first_start_profile.py \
