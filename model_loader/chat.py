@@ -16,6 +16,13 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
+def history_content(text: str, reasoning: str, answer: str) -> str:
+    """What of a finished reply goes back into the conversation for the next turn: its answer when it reasoned
+    (DeepSeek advises leaving earlier reasoning out), else all of its text. The window, the chat benchmark and
+    the engine's tokenizing ahead all use this, so the next prompt's text is the one tokenized ahead."""
+    return answer if reasoning else text
+
+
 def answer_only(content: str) -> str:
     """What of an assistant message goes back into the prompt: the text after its reasoning."""
     if THINK_CLOSE in content:

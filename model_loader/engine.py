@@ -23,7 +23,8 @@ import torch
 
 from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
-from model_loader.chat import AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer
+from model_loader.chat import (AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer,
+                               history_content)
 from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
@@ -738,7 +739,8 @@ class Engine:
         # with this reply now, while the user reads it, rather than before the next reply's first token.
         if isinstance(final, Finished):
             try:
-                self.chat.prepare([*messages, {"role": "assistant", "content": final.text}])
+                content = history_content(final.text, final.reasoning, final.answer)
+                self.chat.prepare([*messages, {"role": "assistant", "content": content}])
             except Exception as err:  # only a head start for the next prompt: never a finished reply's failure
                 log.debug("tokenizing the history ahead failed: %s", err)
 

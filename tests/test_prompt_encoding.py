@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from model_loader.chat import ChatFormat
+from model_loader.chat import ChatFormat, history_content
 from model_loader.common_prefix import common_prefix
 from model_loader.prompt_encoding import IncrementalEncoder
 from model_loader.tokenizer import load_tokenizer
@@ -105,19 +105,24 @@ def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
 
 
 def test_a_finished_reply_is_tokenized_before_the_follow_up_asks(cpu_engine):
-    """After a reply the engine tokenizes the history with it (while the user reads), so the follow-up's render
-    reuses the reply's ids too, not only the previous prompt's; the ids are still a full tokenization's."""
-    from model_loader.events import Finished, SamplingSettings
+    """After a reply the engine tokenizes the history with it as the window sends it back (while the user
+    reads), so the follow-up's render reuses all of that but its last token (the cut), not only the previous
+    prompt's ids; the ids are still a full tokenization's."""
+    from model_loader.events import Finished, GenerationControl, SamplingSettings
 
     chat = cpu_engine.chat
     messages = [{"role": "user", "content": "Say something long."}]
-    first = chat.render(messages)
-    settings = SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True)
-    final = [ev for ev in cpu_engine.generate(messages, settings) if isinstance(ev, Finished)][0]
-    follow_up = [*messages, {"role": "assistant", "content": final.text}, {"role": "user", "content": "And?"}]
-    prompt = chat.render(follow_up)
+    settings = SamplingSettings(temperature=0, max_new_tokens=24, ignore_eos=True)
+    control = GenerationControl()
+    control.stop_thinking()  # the random model never closes its reasoning: close it, so an answer follows
+    final = [ev for ev in cpu_engine.generate(messages, settings, control) if isinstance(ev, Finished)][0]
+    assert final.reasoning and final.answer
+    history = [*messages, {"role": "assistant", "content": history_content(final.text, final.reasoning,
+                                                                           final.answer)}]
+    ahead = chat.tokenizer.encode(chat._template_text(history, add_generation_prompt=False))
+    prompt = chat.render([*history, {"role": "user", "content": "And?"}])
     assert prompt.ids == chat.tokenizer.encode(prompt.text, add_special_tokens=False)
-    assert chat.prompt_encoder.reused_ids > len(first.ids)  # without it: up to the first prompt's <｜Assistant｜>
+    assert chat.prompt_encoder.reused_ids == len(ahead) - 1  # all of it, up to its closing end-of-sentence
 
 
 def _char_tokenizer(chars: str):
