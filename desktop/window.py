@@ -39,6 +39,16 @@ from desktop.service import EngineService
 MIN_WIDTH, MIN_HEIGHT = 760, 520  # the smallest window; wider while the live panel is open (_fit_minimum_size)
 
 
+def device_title(info: dict) -> str:
+    """The device a model runs on, for the status line: the GPU's name, and its number where the machine has
+    several (two of the same card would read alike)."""
+    device = info.get("device") or ""
+    if device == "cpu":
+        return "CPU"
+    name = info.get("device_name", "GPU")
+    return f"{name} (GPU {device.removeprefix('cuda:')})" if len(info.get("gpus") or []) > 1 else name
+
+
 class MainWindow(QMainWindow):
     # for the self-test and tests: what happened, in GUI terms
     engine_ready = Signal(object)
@@ -411,8 +421,7 @@ class MainWindow(QMainWindow):
             self.settings.precision = "awq" if quantized else "auto"
             self.settings.save(self.qs)
         self.chat.assistant_name = _model_title(info.get("model_name", "Assistant"))
-        dev = "CPU" if info.get("device") == "cpu" else info.get("device_name", "GPU")
-        self._set_status(f"Ready · {self.chat.assistant_name} · {dev}", busy=False)
+        self._set_status(f"Ready · {self.chat.assistant_name} · {device_title(info)}", busy=False)
         self.live.set_engine(info)
         if self.banner.kind in ("load", "no_gpu", "gpu_missing", "oom_load"):
             self.banner.hide()

@@ -81,3 +81,14 @@ def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot
         qtbot.mouseClick(button, Qt.LeftButton)
     assert blocker.args[0] == "no_gpu"  # the automatic choice was loaded (and found no GPU on this CPU machine)
     assert win.settings.device == "cuda" and AppSettings.load(win.qs).device == "cuda"
+
+
+def test_the_status_line_numbers_the_gpu_only_where_there_are_several():
+    from desktop.window import device_title
+
+    two = [GTX_1060, RTX_4070]
+    assert device_title({"device": "cuda:1", "device_name": "NVIDIA GeForce RTX 4070", "gpus": two}) == \
+        "NVIDIA GeForce RTX 4070 (GPU 1)"
+    assert device_title({"device": "cuda:0", "device_name": "NVIDIA GeForce RTX 4070",
+                         "gpus": [RTX_4070 | {"device": "cuda:0"}]}) == "NVIDIA GeForce RTX 4070"
+    assert device_title({"device": "cpu", "device_name": "CPU", "gpus": two}) == "CPU"
