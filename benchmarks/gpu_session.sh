@@ -19,7 +19,8 @@
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
-# stdout. LIMIT (seconds, default 900) bounds each run.
+# stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
+# 10 minutes), give each call the parts that fit; the models are made again on a fresh machine.
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT_DIR [PART ...]}
 shift
@@ -33,7 +34,7 @@ CLI="python3 -m model_loader.cli"
 run() {  # run NAME COMMAND...: output to $OUT/NAME.txt, a summary line here
   local name=$1 start=$SECONDS rc
   shift
-  timeout "${LIMIT:-900}" "$@" >"$OUT/$name.txt" 2>&1
+  timeout "${LIMIT:-500}" "$@" >"$OUT/$name.txt" 2>&1
   rc=$?
   printf '%-22s rc=%-3s %5d s  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$OUT/$name.txt" | cut -c1-150)"
 }
