@@ -145,21 +145,16 @@ class EngineWorker(QObject):
         self.stage.emit("importing")
         try:
             from model_loader.engine import Engine  # torch import happens here, off the GUI thread
-            from model_loader.errors import GpuUnsupportedError, ModelError, OutOfMemoryError
+            from model_loader.errors import GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
         except Exception as err:  # a broken torch install must not take the window down
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
         self.engine = None  # drop the old model (and its VRAM) before loading the next
         self._free_device_memory()
         device = request.get("device") or "cuda"
-        if self.engine_factory is None and device.startswith("cuda"):
-            if not self._cuda_available():
-                self.failed.emit(0, "no_gpu", self._no_gpu_message())
-                return
-            missing = self._missing_gpu(device)
-            if missing:
-                self.failed.emit(0, "gpu_missing", missing)
-                return
+        if self.engine_factory is None and device.startswith("cuda") and not self._cuda_available():
+            self.failed.emit(0, "no_gpu", self._no_gpu_message())
+            return
         last = [0.0]
 
         def on_progress(done: int, total: int) -> None:
@@ -202,6 +197,9 @@ class EngineWorker(QObject):
                 return
             if isinstance(err, OutOfMemoryError):
                 self.failed.emit(0, "oom", str(err))
+            elif isinstance(err, GpuMissingError):  # chosen in Settings, gone since (a card out, an eGPU off)
+                self.failed.emit(0, "gpu_missing", f"GPU {err.index}, chosen in Settings, is not on this computer "
+                                 f"now: it has {err.count} NVIDIA GPU{'s' if err.count != 1 else ''} (numbered from 0).")
             elif isinstance(err, GpuUnsupportedError):  # this torch can't use the GPU: offer the CPU, as with none
                 self.failed.emit(0, "no_gpu", str(err))
             elif isinstance(err, ModelError):
@@ -224,14 +222,9 @@ class EngineWorker(QObject):
         """This machine's NVIDIA GPUs, for the settings' Device list (torch is imported on this thread; the
         GUI thread never imports it)."""
         try:
-            import torch
+            from model_loader.gpu_support import list_gpus
 
-            from model_loader.gpu_support import check_cuda_device
-
-            if not torch.cuda.is_available():
-                return []
-            return [{"device": f"cuda:{i}", "name": torch.cuda.get_device_name(i),
-                     "supported": check_cuda_device(i) is None} for i in range(torch.cuda.device_count())]
+            return list_gpus()
         except Exception:  # a driver that fails to answer: the list offers the automatic choice
             return []
 
@@ -351,19 +344,6 @@ class EngineWorker(QObject):
         import torch
 
         return torch.cuda.is_available()
-
-    @staticmethod
-    def _missing_gpu(device: str) -> str | None:
-        """The message for a GPU chosen in Settings ("cuda:N") that this machine doesn't have now (a card taken
-        out, an eGPU unplugged, CUDA_VISIBLE_DEVICES set); None when it is there."""
-        import torch
-
-        index = torch.device(device).index
-        count = torch.cuda.device_count()
-        if index is None or index < count:
-            return None
-        return (f"GPU {index}, chosen in Settings, is not on this computer now: it has {count} NVIDIA "
-                f"GPU{'s' if count != 1 else ''} (numbered from 0).")
 
     @staticmethod
     def _no_gpu_message() -> str:

@@ -10,7 +10,7 @@ def _gpu_facts() -> dict:
     import torch
 
     from model_loader.engine import pick_dtype
-    from model_loader.gpu_support import check_cuda_device
+    from model_loader.gpu_support import check_cuda_device, list_gpus
 
     facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
     if not torch.cuda.is_available():
@@ -38,10 +38,10 @@ def _gpu_facts() -> dict:
     problem = check_cuda_device(index)
     if problem:
         facts["gpu_problem"] = problem
-    others = [i for i in range(torch.cuda.device_count()) if i != index]
+    others = [gpu for gpu in list_gpus() if gpu["device"] != f"cuda:{index}"]
     if others:
-        facts["other_gpus"] = [f"cuda:{i} {torch.cuda.get_device_name(i)}" + (
-            " (not supported by this torch)" if check_cuda_device(i) else "") for i in others]
+        facts["other_gpus"] = [f"{gpu['device']} {gpu['name']}" + (
+            "" if gpu["supported"] else " (not supported by this torch)") for gpu in others]
     try:
         import pynvml
 

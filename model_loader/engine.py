@@ -30,7 +30,7 @@ from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.tokenizer import load_tokenizer
-from model_loader.errors import ContextFullError, GpuUnsupportedError, ModelError, OutOfMemoryError
+from model_loader.errors import ContextFullError, GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
 from model_loader.forced_tokens import ClosePush, ForcedTokens
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
@@ -74,8 +74,9 @@ def pick_device(requested: str | None) -> torch.device:
         raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
-        raise ModelError(f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from cuda:0")
-    candidates = [dev.index] if dev.index is not None else list(range(max(count, 1)))
+        raise GpuMissingError(f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from "
+                              f"cuda:0", dev.index, count)
+    candidates = [dev.index] if dev.index is not None else list(range(count))
     problems = []
     for index in candidates:  # before any kernel: an unsupported GPU would fail with "no kernel image"
         problem = check_cuda_device(index)

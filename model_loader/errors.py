@@ -20,5 +20,13 @@ class OutOfMemoryError(ModelError):
     """The GPU ran out of memory while loading or generating."""
 
 
+class GpuMissingError(ModelError):
+    """A GPU asked for by number ("cuda:N") that this machine doesn't have now."""
+
+    def __init__(self, message: str, index: int, count: int):
+        super().__init__(message)
+        self.index, self.count = index, count
+
+
 class GpuUnsupportedError(ModelError):
     """The installed torch has no GPU code for this GPU (model_loader.gpu_support): the CPU still works."""

@@ -65,6 +65,17 @@ def unsupported_gpu_reason(capability: tuple[int, int], arch_list: list[str], de
             f"({torch_version}, built for compute capability {built_for}). {advice}")
 
 
+def list_gpus() -> list[dict]:
+    """This machine's NVIDIA GPUs in CUDA's order, {"device": "cuda:N", "name", "supported"} (supported: the
+    installed torch has code for it); [] without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [{"device": f"cuda:{i}", "name": torch.cuda.get_device_name(i), "supported": check_cuda_device(i) is None}
+            for i in range(torch.cuda.device_count())]
+
+
 def check_cuda_device(device) -> str | None:
     """unsupported_gpu_reason for a CUDA device with the installed torch (None on ROCm builds: their list is not
     CUDA's)."""

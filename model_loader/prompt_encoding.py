@@ -58,8 +58,7 @@ class IncrementalEncoder:
         self._text = ""
         self._ids: list[int] = []
         self._cut_chars: list[int] = []  # where each cut token starts in _text, ascending ...
-        self._cut_index: list[int] = []  # ... its index in _ids ...
-        self._cut_ends: list[int] = []  # ... and where it ends in _text
+        self._cut_index: list[int] = []  # ... and its index in _ids
         self.reused_ids = 0  # of the last encode (for tests and logs)
 
     def _reaches_past(self, text: str, cut: int, shared: int) -> bool:
@@ -74,9 +73,13 @@ class IncrementalEncoder:
         """How many of the last prompt's cuts stay valid for `text`; the last of them is where to cut."""
         shared = common_prefix(self._text, text)
         n = bisect.bisect_right(self._cut_chars, shared)
-        while n and (self._cut_ends[n - 1] > shared or self._reaches_past(text, self._cut_chars[n - 1], shared)):
+        while n and (self._cut_end(n - 1) > shared or self._reaches_past(text, self._cut_chars[n - 1], shared)):
             n -= 1
         return n
+
+    def _cut_end(self, k: int) -> int:
+        """Where the k-th cut token ends in the last prompt's text."""
+        return self._cut_chars[k] + len(self._cut_tokens[self._ids[self._cut_index[k]]])
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
@@ -99,8 +102,6 @@ class IncrementalEncoder:
                         cuts.append(i)
                         chars.append(c)
             self._cut_chars = self._cut_chars[:kept_cuts] + chars
-            self._cut_ends = self._cut_ends[:kept_cuts] + [c + len(self._cut_tokens[new_ids[i]])
-                                                           for c, i in zip(chars, cuts)]
             self._cut_index = self._cut_index[:kept_cuts] + [keep + i for i in cuts]
             self._ids = self._ids[:keep] + new_ids
             self._text = text
