@@ -31,7 +31,7 @@ from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.tokenizer import load_tokenizer
 from model_loader.errors import ContextFullError, GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
-from model_loader.forced_tokens import ClosePush, ForcedTokens
+from model_loader.forced_tokens import RING, ClosePush, ForcedTokens
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
 from model_loader.kernels import precompile, reference
@@ -860,17 +860,22 @@ class Engine:
         launched = 0
         pending: collections.deque = collections.deque()
         ring_size = QUEUED_STEPS + 2  # a slot is rewritten only after the host has read it
-        ring = torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+        forced = self.step.forced
+        # Each step's token comes back through the commit kernel's host ring where it writes one; else a copy
+        # after each step into this ring.
+        ring = None if forced.writes_ring else torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+        assert ring_size <= RING, "the commit's ring must outlast the steps queued"
         events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
 
         def launch():
             nonlocal launched
             slot = launched % ring_size
             self.step.run(mode, n_prompt + launched)
-            ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
+            if ring is not None:
+                ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
             if on_cuda:
                 events[slot].record()
-            pending.append(slot)
+            pending.append((slot, n_prompt + launched))
             launched += 1
 
         # Stop-thinking: the close tag goes to the decode steps already queued (model_loader.forced_tokens): the
@@ -896,10 +901,10 @@ class Engine:
                 if not pending:
                     finish = "context_full" if n_prompt + len(tokens) >= ctx - 1 else "max_new_tokens"
                     break
-                slot = pending.popleft()
+                slot, pos = pending.popleft()
                 if on_cuda:
                     events[slot].synchronize()
-                tok = int(ring[slot].item())
+                tok = forced.committed(pos) if ring is None else int(ring[slot].item())
                 yield from emit(tok)
                 finish = done(tok)
         finally:  # also when the consumer stops early: no push may land in the next reply

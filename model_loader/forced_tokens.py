@@ -9,8 +9,9 @@ one, in place of its own sample. The host queues the close tag in pinned memory 
 the bus, at once and from any thread; the step that is running then commits the tag's first token, the next
 steps the rest, and the answer follows right behind: no step is wasted and nothing waits.
 
-The tokens a reply holds are still exactly the steps' inputs: the host reads every committed token back
-(engine's ring), forced ones included, and sees the close tag arrive as if the model had written it. Steps
+The tokens a reply holds are still exactly the steps' inputs: the host reads every committed token back,
+forced ones included (with Triton the commit kernel writes each into a ring in pinned host memory as well, so
+no copy runs between the steps' graphs: a copy cost ~9 us a token on the H200; without Triton the engine copies), and sees the close tag arrive as if the model had written it. Steps
 that committed before the copy landed keep their sampled tokens (reasoning the model had already written).
 Should the model write the close tag itself before a forced token is taken, the forcing is off for the reply.
 """
@@ -29,6 +30,9 @@ CAPACITY = 16  # forced tokens per reply: the close tag is 3 with R1's tokenizer
 # the H200's host, most of it waiting for the GIL between torch calls, and then missed the running step). The
 # read costs the commit ~1-2 us per step. The device's state, int32: [taken, closed by the model, </think> id or -1].
 TAKEN, CLOSED, CLOSE_ID = range(3)
+# Committed tokens the commit kernel writes to pinned host memory, at their position modulo RING: a slot is
+# rewritten RING steps later, and the host reads each within the few steps it keeps queued (engine.QUEUED_STEPS).
+RING = 64
 
 
 def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor,
@@ -56,6 +60,8 @@ class ForcedTokens:
         on_cuda = self.device.type == "cuda"
         self.queue = torch.zeros(1 + CAPACITY, dtype=torch.int64, pin_memory=on_cuda)
         self._queue_np = self.queue.numpy()  # written directly: no torch call, no GIL hand-off
+        self.ring = torch.zeros(RING, dtype=torch.int64, pin_memory=on_cuda)
+        self._ring_np = self.ring.numpy()
         self.state = torch.zeros(3, dtype=torch.int32, device=self.device)
         self.close_id = -1 if close_id is None else close_id
         # A GPU without Triton: each step copies the queue to the device as it runs (a copy from pinned memory,
@@ -83,12 +89,22 @@ class ForcedTokens:
         """Forced tokens the steps have committed in this reply (a device read: after the steps are done)."""
         return int(self.state[TAKEN])
 
+    @property
+    def writes_ring(self) -> bool:
+        """Whether each commit also writes its token to the host ring (committed()): the Triton kernel does."""
+        return self.use_triton
+
+    def committed(self, pos: int) -> int:
+        """The token committed by the step at position `pos`, once that step has completed (its event), and
+        before the step at pos + RING has run. Only where writes_ring."""
+        return int(self._ring_np[pos % RING])
+
     def commit(self, nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:
         """The decode step's end: token <- the next forced token or nxt; pos += 1."""
         if self.use_triton:
             from model_loader.kernels import triton_ops
 
-            triton_ops.commit_token(nxt, token, pos, self.state, self.queue)
+            triton_ops.commit_token(nxt, token, pos, self.state, self.queue, self.ring)
             return
         queue = self.queue
         if self._device_queue is not None:

@@ -6,7 +6,7 @@ import torch
 
 from model_loader.engine import QUEUED_STEPS, STOP_THINKING_TEXT, Engine
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
-from model_loader.forced_tokens import CAPACITY, ClosePush, ForcedTokens, commit_reference
+from model_loader.forced_tokens import CAPACITY, RING, ClosePush, ForcedTokens, commit_reference
 from model_loader.kernels import triton_ops  # noqa: F401  (triton is a test dependency)
 
 CLOSE = 151649
@@ -31,15 +31,23 @@ def _run(impl, device, state, sampled):
     st = torch.tensor([taken, closed, close_id], dtype=torch.int32, device=device)
     queue = torch.zeros(1 + CAPACITY, dtype=torch.int64)
     queue[0], queue[1:4] = queued, torch.tensor(FORCED)
-    if impl == "triton":  # the host's queue, read by the kernel across the bus on a GPU
+    ring = torch.full((RING,), -1, dtype=torch.int64)
+    if impl == "triton":  # the host's queue, read by the kernel across the bus on a GPU; the ring written so
         queue = queue.pin_memory() if device == "cuda" else queue
-        commit = triton_ops.commit_token
+        ring = ring.pin_memory() if device == "cuda" else ring
+
+        def commit(*args):
+            triton_ops.commit_token(*args, ring)
     else:
         queue, commit = queue.to(device), commit_reference
     token = torch.zeros(1, dtype=torch.int64, device=device)
-    pos = torch.tensor([41], dtype=torch.int32, device=device)
+    pos = torch.tensor([RING + 41], dtype=torch.int32, device=device)
     commit(torch.tensor([sampled], device=device), token, pos, st, queue)
-    assert int(pos) == 42
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert int(pos) == RING + 42
+    if impl == "triton":  # the committed token at its position modulo the ring's size, nothing else written
+        assert ring[41] == token.cpu()[0] and (ring == -1).sum() == RING - 1
     assert int(queue[0]) == queued and int(st[2]) == close_id  # the host's queue and the close id are only read
     return int(token), int(st[0]), int(st[1])
 
@@ -63,6 +71,10 @@ def test_a_push_lands_for_the_next_commits_and_reset_clears_it(device, use_trito
             queue.push(FORCED)
         queue.commit(sampled, token, pos)
         committed.append(int(token))
+        if queue.writes_ring:  # what the engine reads back instead of copying the token
+            if device == "cuda":
+                torch.cuda.synchronize()
+            assert queue.committed(step) == committed[-1]
     assert committed == [9, *FORCED, 9, 9] and int(pos) == 6 and queue.taken() == 3
     queue.reset()
     queue.commit(sampled, token, pos)

@@ -581,11 +581,12 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, spli
 
 
 @triton.jit
-def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, state_ptr, queue_ptr):
+def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, state_ptr, queue_ptr, ring_ptr, RING: tl.constexpr):
     # The decode step's last kernel: the next step's input token and position (model_loader.forced_tokens).
     # queue = [forced tokens queued, the tokens]: host memory the host writes while steps run ("stop thinking"),
     # read across the bus, volatile. state = [forced tokens taken, reasoning closed by the model, </think> id or
-    # -1]: written only by this kernel, in stream order.
+    # -1]: written only by this kernel, in stream order. ring: host memory the committed token is also written to,
+    # at its position modulo RING, for the host to read once the step's event has completed.
     queued = tl.load(queue_ptr, volatile=True)
     taken = tl.load(state_ptr)
     closed = tl.load(state_ptr + 1)
@@ -596,7 +597,10 @@ def _commit_token_kernel(next_ptr, token_ptr, pos_ptr, state_ptr, queue_ptr):
     closed = closed | ((nxt == close_id) & (taken == 0)).to(tl.int32)
     take = (taken < queued) & (closed == 0)
     forced = tl.load(queue_ptr + 1 + taken, mask=take, other=0, volatile=True)
-    tl.store(token_ptr, tl.where(take, forced, nxt))
+    chosen = tl.where(take, forced, nxt)
+    pos = tl.load(pos_ptr)
+    tl.store(token_ptr, chosen)
+    tl.store(ring_ptr + pos % RING, chosen)
     tl.store(state_ptr, taken + take.to(tl.int32))
     tl.store(state_ptr + 1, closed)
-    tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+    tl.store(pos_ptr, pos + 1)

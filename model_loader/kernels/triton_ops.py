@@ -108,10 +108,12 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     return q
 
 
-def commit_token(nxt, token, pos, state, queue) -> None:
-    """The decode step's next input token and position in one kernel: see forced_tokens.commit_reference.
-    `queue` may be pinned host memory (a CPU tensor): the kernel reads it across the bus."""
-    launch(_commit_token_kernel, (1,))(nxt, token, pos, state, queue, num_warps=1)
+def commit_token(nxt, token, pos, state, queue, ring) -> None:
+    """The decode step's next input token and position in one kernel: see forced_tokens.commit_reference. The
+    committed token also goes to ring[pos % len(ring)] (pos before the step). `queue` and `ring` may be pinned
+    host memory (CPU tensors): the kernel reads and writes them across the bus."""
+    assert ring.numel() & (ring.numel() - 1) == 0, "the ring's size is a power of two (a cheap modulo)"
+    launch(_commit_token_kernel, (1,))(nxt, token, pos, state, queue, ring, RING=ring.numel(), num_warps=1)
 
 
 def silu_mul(gate_up, out=None, paired: bool = False):
