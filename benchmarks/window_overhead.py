@@ -8,7 +8,11 @@ released (as torch's event wait does), then detokenizes it with the real tokeniz
 answer trimmer and yields the delta. The same engine runs once on its own (what `r1desk-cli chat` measures) and
 once inside the real window through the worker thread (what the self-test measures); the ratio is what the GUI
 thread's share of the GIL costs. The text is a long R1-shaped reply: reasoning, then a markdown answer with a
-long code block and a table, so the renderer does its real work.
+long code block and a table, so the renderer does its real work. --text random gives the text a random model
+writes instead (`make-test-model`'s, as the GPU self-test runs): token ids drawn at random from the vocabulary,
+seeded, so every script and symbol the tokenizer knows comes up (font fallback, stray markdown and math);
+--text r1-unlabeled the R1-shaped reply with its code block's language left out (pygments guesses it). Each
+run also reports its gaps between tokens over 5 ms (host stalls), as the self-test does.
 """
 
 from __future__ import annotations
@@ -42,13 +46,20 @@ REPLY = (
 class SimulatedGpuEngine:
     """A Started, then one Delta per token at the pace of a GPU with `step_s` per decode step, then Finished."""
 
-    def __init__(self, model_folder: str, step_s: float, tokens: int):
+    def __init__(self, model_folder: str, step_s: float, tokens: int, text: str = "r1", seed: int = 0):
+        import random
+
         from model_loader.tokenizer import load_tokenizer
         from fakes import FakeInfo
 
         self.tokenizer = load_tokenizer(Path(model_folder))
-        ids = self.tokenizer.encode(REPLY)
-        self.ids = (ids * (tokens // len(ids) + 1))[:tokens]
+        if text == "random":  # the base vocabulary only: a random model's special tokens would end the reply
+            words = [i for t, i in self.tokenizer.get_vocab().items() if not t.startswith("<")]
+            rng = random.Random(seed)
+            self.ids = [rng.choice(words) for _ in range(tokens)]
+        else:
+            ids = self.tokenizer.encode(REPLY.replace("```python", "```") if text == "r1-unlabeled" else REPLY)
+            self.ids = (ids * (tokens // len(ids) + 1))[:tokens]
         self.step_s = step_s
         self.info = FakeInfo()
         self.last_tok_s = 0.0
@@ -91,6 +102,7 @@ class SimulatedGpuEngine:
                     yield Delta(text, kind, received)
         n = len(times)
         self.last_tok_s = (n - 1) / (times[-1] - times[0])
+        self.last_stalls = [(b - a) * 1000 for a, b in zip(times, times[1:]) if b - a > 0.005]
         reasoning, answer = "".join(parts["reasoning"]), "".join(parts["answer"])
         stats = GenerationStats(finish_reason="max_new_tokens", prompt_tokens=20, completion_tokens=n,
                                 reasoning_tokens=0, prefix_reused_tokens=0, context_length=32768, ttft_ms=1.0,
@@ -139,15 +151,23 @@ def main() -> int:
     p.add_argument("--step-ms", type=float, default=1.4, help="simulated GPU time per decode step")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--text", choices=["r1", "r1-unlabeled", "random"], default="r1",
+                   help="an R1-shaped reply, or a random model's tokens (as the GPU self-test's model writes)")
+    p.add_argument("--seed", type=int, default=0, help="--text random: which random tokens")
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    engine = SimulatedGpuEngine(args.model, args.step_ms / 1000, args.tokens)
+    engine = SimulatedGpuEngine(args.model, args.step_ms / 1000, args.tokens, args.text, args.seed)
     ceiling = 1000 / args.step_ms
-    base = [alone(engine) for _ in range(args.runs)]
-    win = [in_window(engine) for _ in range(args.runs)]
+    base, win, stalls = [], [], []
+    for _ in range(args.runs):
+        base.append(alone(engine))
+    for _ in range(args.runs):
+        win.append(in_window(engine))
+        stalls.append(engine.last_stalls)
     b, w = max(base), max(win)
     print(f"simulated GPU {ceiling:.0f} tok/s; alone {', '.join(f'{x:.1f}' for x in base)} tok/s; "
-          f"in the window {', '.join(f'{x:.1f}' for x in win)} tok/s; window/alone = {w / b:.3f}")
+          f"in the window {', '.join(f'{x:.1f}' for x in win)} tok/s; window/alone = {w / b:.3f}; gaps over 5 ms "
+          f"in the window: {', '.join(f'{len(g)} ({sum(g):.0f} ms, max {max(g, default=0):.1f})' for g in stalls)}")
     return 0
 
 

@@ -9,7 +9,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication, QTextDocument
 
 from desktop.chatview import RichText
-from desktop.markdown import MarkdownRenderer, split_math
+from desktop.markdown import GUESS_CHARS, MarkdownRenderer, code_lexer, split_math
 from desktop.theme import DARK, LIGHT
 
 
@@ -39,6 +39,20 @@ def test_markdown_code_table_list_link_and_math(renderer):
     imgs = re.findall(r'<img src="(math:[0-9a-f]+)"', html)
     assert len(imgs) == 3 and all(out.images[u].width() > 0 for u in imgs)
     assert "\\frac" not in html and "x^2" not in html  # rendered, not shown as source
+
+
+def test_a_code_block_without_a_language_is_guessed_from_its_beginning_once(renderer):
+    python = "import os\n\n" + "".join(f"def step_{i}(line):\n    return line.rsplit(' ', {i})\n\n" for i in range(40))
+    assert len(python) > 3 * GUESS_CHARS
+    streamed = [python[:n] for n in range(GUESS_CHARS, len(python), 37)]  # frames of a block still streaming
+    lexers = [code_lexer(code, "") for code in streamed]
+    assert all(lexer is lexers[0] for lexer in lexers)  # one guess served every frame
+    assert code_lexer(python, "").name == "Python"
+    # what comes after the guessed beginning doesn't change it (nor cost a guess), and the block is highlighted
+    out = renderer.render("```\n" + python + "<html><body>" * 50 + "\n```")
+    assert re.search(r'<span style="[^"]*color[^"]*">def</span>', out.html)
+    assert code_lexer("x = 1", "") is None  # too short to guess: plain
+    assert code_lexer(python, "no-such-language") is None
 
 
 def test_raw_html_from_the_model_is_not_interpreted(renderer):
