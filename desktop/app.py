@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -25,14 +27,26 @@ from PySide6.QtWidgets import QApplication
 SELF_TEST_TIMEOUT_S = 600
 
 
+SELF_TEST_SEED = 0
+
+
+def _device_arg(value: str) -> str:
+    if value in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: use cuda, cuda:N (N from 0) or cpu")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="r1desk", description="Chat with DeepSeek-R1 distills on your own GPU.")
     p.add_argument("--model", help="model folder or Hugging Face repo id (from the local cache)")
-    p.add_argument("--device", choices=["cuda", "cpu"], help="override the device setting for this run")
+    p.add_argument("--device", type=_device_arg, help="override the device setting for this run: cuda (the first GPU "
+                   "that works), cuda:N (that one) or cpu")
     p.add_argument("--self-test", action="store_true", help="load, answer --prompt, print a summary and exit")
     p.add_argument("--prompt", default="What is 17 * 23? Reason step by step.", help="self-test prompt")
     p.add_argument("--screenshot", help="self-test: save a PNG of the window when the reply is done")
     p.add_argument("--max-new-tokens", type=int, help="cap reply length for this run (self-test default 256)")
+    p.add_argument("--seed", type=int, help="sampling seed for every reply of this run (self-test default "
+                   f"{SELF_TEST_SEED}: two runs write the same reply, so their speeds compare)")
     p.add_argument("--theme", choices=["system", "light", "dark"], help="override the theme for this run")
     return p.parse_args(argv)
 
@@ -67,7 +81,8 @@ def build_window(args: argparse.Namespace, crash_log=None):
     if args.theme:
         qs.setValue("settings/theme", args.theme)
     max_new = args.max_new_tokens or (256 if args.self_test else None)
-    win = MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new)
+    seed = args.seed if args.seed is not None else (SELF_TEST_SEED if args.self_test else None)
+    win = MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new, seed=seed)
     win.crash_log = crash_log
     if moved_aside is not None:
         win.show_database_moved(moved_aside)
@@ -92,6 +107,7 @@ class SelfTest:
     def __init__(self, win, args):
         self.win, self.args = win, args
         self.code: int | None = None
+        self.reply_digest = ""  # the reply's text, hashed: two runs with one seed write the same
         self.t0 = time.monotonic()
         win.engine_ready.connect(self._ready)
         win.reply_finished.connect(self._finished)
@@ -105,6 +121,7 @@ class SelfTest:
 
     def _finished(self, msg: dict) -> None:
         s = msg.get("stats") or {}
+        self.reply_digest = hashlib.sha1((msg.get("content") or "").encode()).hexdigest()[:12]
         if self.args.screenshot:
             QTimer.singleShot(100, lambda: self._shoot_and_exit(s))  # let the last frame paint
         else:
@@ -120,7 +137,8 @@ class SelfTest:
         info = self.win.engine_info or {}
         print(f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
               f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
-              f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} "
+              f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} seed={s.get('seed')} "
+              f"reply={self.reply_digest} "
               f"wall_s={time.monotonic() - self.t0:.1f}{_gap_summary(s.get('token_latencies_ms') or [])}", flush=True)
         self._quit(0)
 

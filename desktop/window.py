@@ -57,7 +57,7 @@ class MainWindow(QMainWindow):
     reply_failed = Signal(str, str)
 
     def __init__(self, qsettings: QSettings, store: Store, model: str | None = None, device: str | None = None,
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, seed: int | None = None):
         super().__init__()
         self.qs = qsettings
         self.settings = AppSettings.load(qsettings)
@@ -66,6 +66,7 @@ class MainWindow(QMainWindow):
         if device:
             self.settings.device = device
         self.max_new_override = max_new_tokens
+        self.seed_override = seed  # every reply of this run samples from this seed (the self-test's runs compare)
         self.store = store
         self.theme = themes.resolve(self.settings.theme)
         themes.apply(QApplication.instance(), self.theme, self.settings.font_size)  # before widgets exist
@@ -604,6 +605,8 @@ class MainWindow(QMainWindow):
             s["max_new_tokens"] = self.max_new_override
         elif not s["max_new_tokens"]:  # auto: the whole context (the engine stops when it is full)
             s["max_new_tokens"] = (self.engine_info or {}).get("context_length") or 4096
+        if self.seed_override is not None:
+            s["seed"] = self.seed_override
         return s
 
     def _start_reply(self) -> None:

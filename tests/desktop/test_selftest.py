@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from PySide6.QtGui import QImage
+
+from desktop.app import SELF_TEST_SEED, parse_args
 
 
 def _run(args, tmp_path):
@@ -29,6 +32,29 @@ def test_self_test_loads_answers_screenshots_and_exits_0(tmp_path, tiny_model):
     assert int(fields["stalls_over_5ms"]) >= 0 and "stall_ms" in fields
     img = QImage(str(shot))
     assert not img.isNull() and img.width() >= 760
+
+
+def test_self_test_samples_from_one_seed_so_two_runs_write_the_same_reply(tmp_path, tiny_model):
+    def summary(*extra):
+        home = tmp_path / str(len(list(tmp_path.iterdir())))  # a fresh profile each: no earlier chat to continue
+        home.mkdir()
+        out = _run(["--model", tiny_model, "--device", "cpu", "--self-test", "--prompt", "Hi there",
+                    "--max-new-tokens", "24", *extra], home)
+        assert out.returncode == 0, out.stderr
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("r1desk self-test ok:"))
+        return dict(f.split("=", 1) for f in line.split()[3:] if "=" in f)
+
+    first, again, other = summary(), summary(), summary("--seed", "7")
+    assert first["seed"] == again["seed"] == str(SELF_TEST_SEED) and other["seed"] == "7"
+    assert first["reply"] == again["reply"] and len(first["reply"]) == 12
+    assert other["reply"] != first["reply"]  # the seed is what decides it (24 tokens from a random model)
+
+
+def test_device_argument_takes_a_gpu_number():
+    assert parse_args(["--device", "cuda:1"]).device == "cuda:1"
+    assert parse_args(["--device", "cpu"]).device == "cpu"
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "gpu1"])
 
 
 def test_self_test_fails_with_the_reason(tmp_path):
