@@ -15,12 +15,14 @@ import html
 import math
 import time
 from collections import deque
+from typing import NamedTuple
 
 from PySide6.QtCore import QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout,
                                QWidget)
 
+from model_loader.gpu_clocks import GpuClocks, read_clocks  # pure Python, like the next
 from model_loader.stats import percentile  # pure Python: importing it does not import torch
 
 
@@ -180,6 +182,16 @@ def ttft_breakdown(stats: dict) -> str:
             f"{stats['ttft_ms'] - prompt_ms:.1f} ms")
 
 
+_UNSET = object()
+
+
+class GpuLive(NamedTuple):
+    util: int | None  # %
+    free: int | None  # bytes
+    total: int | None
+    clocks: GpuClocks | None
+
+
 class GpuMonitor:
     """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds), of the GPU
     the model runs on: named by its UUID (EngineInfo.gpu_uuid), since NVML's numbering is not CUDA's."""
@@ -194,8 +206,9 @@ class GpuMonitor:
         if uuid != self.uuid:
             self.uuid, self.handle, self.tried = uuid, None, False
 
-    def poll(self) -> tuple[int | None, int | None, int | None]:
-        """(utilization %, free bytes, total bytes), or Nones without an NVIDIA driver or a GPU to watch."""
+    def poll(self) -> GpuLive:
+        """Utilization %, free and total bytes and the SM clock, or Nones without an NVIDIA driver or a GPU to
+        watch (the clock alone None where NVML can't read it)."""
         if not self.tried:
             self.tried = True
             try:
@@ -208,15 +221,15 @@ class GpuMonitor:
             except Exception:
                 self.handle = None
         if self.handle is None:
-            return None, None, None
+            return GpuLive(None, None, None, None)
         try:
             import pynvml
 
             util = pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
             mem = pynvml.nvmlDeviceGetMemoryInfo(self.handle)
-            return int(util), int(mem.free), int(mem.total)
+            return GpuLive(int(util), int(mem.free), int(mem.total), read_clocks(pynvml, self.handle))
         except Exception:
-            return None, None, None
+            return GpuLive(None, None, None, None)
 
 
 class LivePanel(QScrollArea):
@@ -228,8 +241,9 @@ class LivePanel(QScrollArea):
         ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
                                 ("replies", "Replies")]),
         ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
-        ("memory", "GPU memory", [("weights", "Weights"), ("kv", "KV cache"),
-                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU busy")]),
+        ("memory", "GPU", [("weights", "Weights"), ("kv", "KV cache"),
+                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU busy"),
+                                  ("clock", "SM clock"), ("slowed", "Slowed by")]),
     ]
 
     def __init__(self, theme, parent=None):
@@ -253,6 +267,7 @@ class LivePanel(QScrollArea):
         title.setObjectName("Role")
         lay.addWidget(title)
         self.values: dict[str, QLabel] = {}
+        self.keys: dict[str, QLabel] = {}
         for key, section, rows in self.ROWS:
             head = QLabel(section)
             head.setProperty("role", "section")
@@ -272,6 +287,7 @@ class LivePanel(QScrollArea):
                 grid.addWidget(k, i, 0)
                 grid.addWidget(v, i, 1)
                 self.values[name] = v
+                self.keys[name] = k
             lay.addLayout(grid)
             if key == "memory":
                 self.device_label = QLabel("No model loaded")
@@ -286,6 +302,8 @@ class LivePanel(QScrollArea):
                 self.legend.setTextFormat(Qt.RichText)
                 self.legend.setWordWrap(True)
                 lay.insertWidget(lay.count() - 1, self.legend)
+        for label in (self.keys["slowed"], self.values["slowed"]):  # shown while something slows the GPU down
+            label.hide()
         self.log_head = QLabel("API requests")
         self.log_head.setProperty("role", "section")
         self.log = QListWidget()
@@ -316,7 +334,8 @@ class LivePanel(QScrollArea):
         self.info: dict | None = None
         self.memory: dict | None = None
         self.gpu = GpuMonitor()
-        self._gpu_live: tuple = (None, None, None)
+        self._gpu_live = GpuLive(None, None, None, None)
+        self._clocks_shown: object = _UNSET  # the GpuClocks (or None) the clock row shows
         self._ticks = 0
         self.timer = QTimer(self)
         self.timer.setInterval(250)  # 4 Hz: live enough to read, far cheaper than per token
@@ -326,10 +345,31 @@ class LivePanel(QScrollArea):
 
     def set_theme(self, theme) -> None:
         self.theme = theme
+        self._clocks_shown = _UNSET  # its colour is the theme's
         for plot, color in ((self.rate_plot, theme.plot_a), (self.latency_plot, theme.plot_b)):
             plot.color, plot.text_color, plot.grid_color = QColor(color), QColor(theme.muted), QColor(theme.border)
             plot.update()
         self.refresh()
+
+    def _show_clocks(self, clocks: GpuClocks | None) -> None:
+        """The SM clock row, and under it what holds the clock down (a power cap, heat) in the danger colour
+        while something does, with the reason in the tooltips. Restyled only when the reading changes (a style
+        sheet is not free)."""
+        if clocks == self._clocks_shown:
+            return
+        self._clocks_shown = clocks
+        row, why = self.values["clock"], self.values["slowed"]
+        slowed = clocks is not None and bool(clocks.slowdowns)
+        row.setText(clocks.text() if clocks is not None else "—")
+        tip = clocks.explanation() if clocks is not None else ""
+        for label in (row, why, self.keys["clock"], self.keys["slowed"]):
+            label.setToolTip(tip)
+        why.setText(clocks.reason() if slowed else "")
+        style = f"color: {self.theme.danger};" if slowed else ""
+        row.setStyleSheet(style)
+        why.setStyleSheet(style)
+        why.setVisible(slowed)
+        self.keys["slowed"].setVisible(slowed)
 
     # ---- inputs
     def attach(self, service) -> None:
@@ -362,7 +402,7 @@ class LivePanel(QScrollArea):
         self.info = info
         self.memory = info.get("memory")
         self.gpu.select(info.get("gpu_uuid"))
-        self._gpu_live = (None, None, None)  # a previous GPU's figures are not this one's
+        self._gpu_live = GpuLive(None, None, None, None)  # a previous GPU's figures are not this one's
         self.refresh()
 
     def start_reply(self) -> LiveReply:
@@ -469,11 +509,12 @@ class LivePanel(QScrollArea):
         on_gpu = str(m.get("device", "")).startswith("cuda")
         if on_gpu and self._ticks % 4 == 1:
             self._gpu_live = self.gpu.poll()
-        util, free, total = self._gpu_live
+        util, free, total, clocks = self._gpu_live
         free = free if free is not None else m.get("device_free_bytes", 0)
         total = total if total is not None else m.get("device_total_bytes", 0)
         util = util if util is not None else m.get("gpu_utilization_pct")
         v["util"].setText(f"{util} %" if util is not None else "—")
+        self._show_clocks(clocks)
         if on_gpu and total:
             v["free"].setText(f"{free / 2**30:.2f} / {total / 2**30:.1f} GiB")
             outside = max(0, total - free - weights - kv - other)  # other processes, CUDA context

@@ -65,6 +65,7 @@ class FakeInfo:
     warmup_s: float = 0.4
     weights_bytes: int = 3_554_176_512
     kv_cache_bytes: int = 117_440_512
+    gpu_uuid: str | None = None  # NVML's name for the GPU; None: the live panel reads no NVML
 
 
 @dataclass

@@ -5,8 +5,9 @@
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
 open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
 the local API server at work (real requests from the openai client; a chat reply waiting behind one) with its
-settings, the first start preparing GPU kernels, a GPU the installed torch has no code for, and the Device list
-of a machine with two GPUs.
+settings, the first start preparing GPU kernels, a GPU the installed torch has no code for, the Device list
+of a machine with two GPUs, and the live panel of a laptop GPU held at its power cap (`--only live-clock`
+makes that one alone).
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ def shoot(win, path: Path) -> None:
     print("saved", path)
 
 
-def main(out: str) -> None:
+def main(out: str, only: str | None = None) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841
     tmp = Path(tempfile.mkdtemp())
+    if only is not None:
+        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot}[only](out_dir, tmp)
+        return
     for theme in ("light", "dark"):
         engine = FakeEngine(token_s=0.002)
         win = make_window(theme, tmp, engine)
@@ -110,6 +114,46 @@ def main(out: str) -> None:
     api_shots(out_dir, tmp)
     unsupported_gpu_shot(out_dir, tmp)
     gpu_choice_shot(out_dir, tmp)
+    live_clock_shot(out_dir, tmp)
+
+
+def live_clock_shot(out_dir: Path, tmp: Path) -> None:
+    """The live panel after a reply on a laptop RTX 4070 that its power cap holds at 1,605 of 2,175 MHz: NVML
+    set to report what such a driver does (the SM clock row in the danger colour, the reason in its tooltip)."""
+    import types
+    from types import SimpleNamespace
+
+    from fakes import FakeInfo
+
+    nvml = types.ModuleType("pynvml")
+    nvml.NVML_CLOCK_SM = 1
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: "h"
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=98)
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(free=int(3.4 * 2**30), total=8 * 2**30)
+    nvml.nvmlDeviceGetClockInfo = lambda h, kind: 1605
+    nvml.nvmlDeviceGetMaxClockInfo = lambda h, kind: 2175
+    nvml.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4  # the software power cap
+    real = sys.modules.get("pynvml")
+    sys.modules["pynvml"] = nvml
+    try:
+        (tmp / "clock").mkdir(exist_ok=True)
+        win = make_window("light", tmp / "clock", FakeEngine(token_s=0.002, info=FakeInfo(gpu_uuid="GPU-laptop")))
+        win.start_engine()
+        wait_until(lambda: win.engine_state == "ready")
+        win.send("What is 1 + 2?")
+        wait_until(lambda: win.stream is None)
+        wait_until(lambda: win.live.values["slowed"].text() == "power cap", 5000)
+        for _ in range(3):
+            QApplication.processEvents()
+        win.live.grab().save(str(out_dir / "screenshot-live-power-cap.png"))
+        print("saved", out_dir / "screenshot-live-power-cap.png")
+        win.close()
+    finally:
+        if real is not None:
+            sys.modules["pynvml"] = real
+        else:
+            sys.modules.pop("pynvml", None)
 
 
 def gpu_choice_shot(out_dir: Path, tmp: Path) -> None:
@@ -242,4 +286,10 @@ def api_shots(out_dir: Path, tmp: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs")
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
+    parser.add_argument("out", nargs="?", default="docs")
+    parser.add_argument("--only", choices=["live-clock", "gpus"], help="make this one shot alone")
+    cli = parser.parse_args()
+    main(cli.out, cli.only)

@@ -1,0 +1,72 @@
+"""The GPU's clock and why it is below its maximum, from NVML: the live panel's "SM clock" row.
+
+Decode speed follows the SM clock, and a GPU lowers it on its own: a laptop at its power limit or on battery, a
+hot card, a desktop card at its board power. On an H200 (2026-12-05, BENCHMARKS) a 16k-token prefill tripped the
+software power cap and the next decode steps ran at 1,815-1,875 MHz instead of 1,980, 1-2% slower; a laptop GPU's
+power limit is far lower and reached sooner. Without this, a user sees a tok/s below the documented numbers and
+no reason for it.
+
+No torch and no Qt: the GUI thread calls read_clocks() with pynvml (a thin C binding) about once a second.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# NVML's clock event ("throttle") reason bits (nvml.h, nvmlClocksEventReason*): stable values of its ABI, spelled
+# here because nvidia-ml-py renamed its constants (ClocksThrottleReason -> ClocksEventReason) between versions.
+# Only the ones that hold the clock down against the user's interest are named; idle (0x1), application clocks
+# (0x2), sync boost (0x10) and display clocks (0x100) are the GPU working as set up.
+SLOWDOWN_REASONS = (
+    (0x4, "power cap", "the software power cap: the card is drawing its power limit (a laptop's is set by the "
+                       "maker and is often lower on battery)"),
+    (0x8, "hardware slowdown", "a hardware slowdown: the card's own protection (temperature or power supply)"),
+    (0x20, "thermal", "the driver's thermal limit: the GPU is too hot (airflow, fan, a laptop on a soft surface)"),
+    (0x40, "hardware thermal", "the hardware thermal limit: the GPU is far too hot"),
+    (0x80, "power brake", "an external power brake (the system's power supply asked the card to draw less)"),
+)
+IDLE = 0x1
+
+
+class GpuClocks(NamedTuple):
+    sm_mhz: int
+    max_sm_mhz: int
+    idle: bool  # nothing running: a low clock then is the GPU saving power, not a slowdown
+    slowdowns: tuple[str, ...]  # short names from SLOWDOWN_REASONS, in its order
+
+    def text(self) -> str:
+        """"1,845 MHz (93%)": the clock and its share of the maximum (the panel's narrow value column)."""
+        return f"{self.sm_mhz:,} MHz ({100 * self.sm_mhz / self.max_sm_mhz:.0f}%)"
+
+    def reason(self) -> str:
+        """What holds the clock down ("power cap"; "" where nothing does, "idle" where the GPU rests)."""
+        return ", ".join(self.slowdowns) if self.slowdowns else ("idle" if self.idle else "")
+
+    def explanation(self) -> str:
+        """Why, in a sentence or two (the panel's tooltip)."""
+        top = f"Its maximum boost clock is {self.max_sm_mhz:,} MHz."
+        if not self.slowdowns:
+            return (f"The GPU's SM clock now. {top} It is below the maximum when the GPU is idle or lightly "
+                    "loaded; nothing is holding it down.")
+        why = [long for bit, short, long in SLOWDOWN_REASONS if short in self.slowdowns]
+        return (f"The GPU is running below its maximum clock because of {'; and '.join(why)}. {top} Decode "
+                "speed falls with the clock, so replies are slower than on the same card at full clock.")
+
+
+def slowdowns_of(reasons: int) -> tuple[str, ...]:
+    return tuple(short for bit, short, _ in SLOWDOWN_REASONS if reasons & bit)
+
+
+def read_clocks(pynvml, handle) -> GpuClocks | None:
+    """The GPU's clocks now, after nvmlInit(); None where NVML can't tell (an old driver, a GPU that hides them)."""
+    try:
+        sm = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        top = int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        reasons_of = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+        reasons = int(reasons_of(handle))
+    except Exception:
+        return None
+    if top <= 0:
+        return None
+    return GpuClocks(sm, top, bool(reasons & IDLE), slowdowns_of(reasons))
