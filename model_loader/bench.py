@@ -11,6 +11,7 @@ import torch
 
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
+from model_loader.gpu_clocks import ClockWatch, format_clock_summary
 from model_loader.kv_cache import KV_16BIT
 from model_loader.stats import percentile
 
@@ -40,13 +41,17 @@ def _sync(device):
 
 def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temperature: float) -> dict:
     results = []
+    clocks = ClockWatch(engine.info.gpu_uuid)  # the GPU's clock during the timed runs: a capped GPU says so
     for i in range(runs + 1):  # the first run is a warm-up and is not counted
         engine.reset_cache()  # every run prefills the whole prompt: no prefix reuse
         settings = SamplingSettings(temperature=temperature, top_p=0.95, max_new_tokens=new_tokens,
                                     ignore_eos=True, seed=i)
-        final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
         if i:
+            with clocks:
+                final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
             results.append(final)
+        else:
+            final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
     ttft = [r.stats.ttft_ms for r in results]
     tps = [r.stats.decode_tok_s for r in results]
     lat = [x for r in results for x in r.stats.token_latencies_ms]
@@ -56,6 +61,7 @@ def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temp
         "token_latency_ms_p50": percentile(lat, 50), "token_latency_ms_p95": percentile(lat, 95),
         "completion_tokens": results[0].stats.completion_tokens,
         "token_ids": results[0].token_ids,
+        "sm_clock": clocks.summary(),
     }
 
 
@@ -216,6 +222,7 @@ def format_bench(r: dict) -> str:
         f"TTFT       P50 {r['ttft_ms_p50']:.1f} ms   P95 {r['ttft_ms_p95']:.1f} ms",
         f"decode     P50 {r['decode_tok_s_p50']:.1f} tok/s   (worst 5% {r['decode_tok_s_p95_low']:.1f})",
         f"per token  P50 {r['token_latency_ms_p50']:.3f} ms   P95 {r['token_latency_ms_p95']:.3f} ms",
+        *([f"GPU        {format_clock_summary(r['sm_clock'])}"] if r.get("sm_clock") else []),
         f"memory     weights {r['weights_gib']:.2f} GiB, KV cache {r['kv_cache_gib']:.2f} GiB, "
         f"peak allocated {r['peak_vram_gib']:.2f} GiB",
     ]

@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from model_loader.bench import FILLER, bench_prompt
 from model_loader.chat import history_content
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
+from model_loader.gpu_clocks import ClockWatch, format_clock_summary
 from model_loader.stats import percentile
 
 DEFAULT_DEPTHS = (512, 4096, 16384, 32768)
@@ -46,16 +48,18 @@ def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
                              "-token context")
         prompt = bench_prompt(engine, depth)
         rates, ttfts = [], []
+        clocks = ClockWatch(engine.info.gpu_uuid)  # a long prefill can trip the GPU's power cap (BENCHMARKS)
+        settings = SamplingSettings(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
         for i in range(runs + 1):
             engine.reset_cache()
-            final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=new_tokens,
-                                                                                ignore_eos=True))
-                     if isinstance(ev, Finished)][0]
+            with clocks if i else contextlib.nullcontext():
+                final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
             if i:
                 rates.append(final.stats.decode_tok_s)
                 ttfts.append(final.stats.ttft_ms)
         rows.append({"depth": depth, "new_tokens": new_tokens, "decode_tok_s_p50": percentile(rates, 50),
-                     "decode_tok_s_min": min(rates), "prefill_ttft_ms_p50": percentile(ttfts, 50)})
+                     "decode_tok_s_min": min(rates), "prefill_ttft_ms_p50": percentile(ttfts, 50),
+                     "sm_clock": clocks.summary()})
     base = rows[0]["decode_tok_s_p50"]
     for row in rows:
         row["vs_first_depth"] = row["decode_tok_s_p50"] / base if base else 0.0
@@ -98,9 +102,11 @@ def run_chat(engine: Engine, user_tokens: int, reply_tokens: int, temperature: f
 def format_depths(r: dict) -> str:
     lines = [f"decode speed by context depth (context {r['context_length']:,}, P50 of {r['runs']} runs)"]
     for row in r["depths"]:
+        clock = row.get("sm_clock")
         lines.append(f"  depth {row['depth']:>6,}: {row['decode_tok_s_p50']:7.1f} tok/s "
                      f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}); "
-                     f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms")
+                     f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms"
+                     + (f"; {format_clock_summary(clock)}" if clock else ""))
     return "\n".join(lines)
 
 

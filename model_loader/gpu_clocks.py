@@ -70,3 +70,75 @@ def read_clocks(pynvml, handle) -> GpuClocks | None:
     if top <= 0:
         return None
     return GpuClocks(sm, top, bool(reasons & IDLE), slowdowns_of(reasons))
+
+
+class ClockWatch:
+    """NVML's SM clock and slowdown reasons sampled on a thread while `with watch:` runs (a benchmark's timed
+    replies), so that a number taken on a power-capped or hot GPU says so. Does nothing where NVML can't be read
+    (no NVIDIA driver, the CPU, a GPU NVML doesn't know): summary() is then None. The thread holds the GIL for
+    tens of microseconds per sample; the decode loop keeps several steps queued, so the GPU doesn't notice."""
+
+    def __init__(self, gpu_uuid: str | None, interval_s: float = 0.005):
+        import threading
+
+        self.interval_s = interval_s
+        self.samples: list[GpuClocks] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._read = None
+        if not gpu_uuid:
+            return
+        try:
+            import pynvml
+
+            from model_loader.stats import nvml_handle
+
+            pynvml.nvmlInit()
+            handle = nvml_handle(pynvml, gpu_uuid)
+        except Exception:
+            return
+        if handle is not None and read_clocks(pynvml, handle) is not None:
+            self._read = lambda: read_clocks(pynvml, handle)
+
+    def __enter__(self) -> ClockWatch:
+        if self._read is not None:
+            import threading
+
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._poll, name="r1desk-clock-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while True:  # a reading first: every span has one, however short
+            reading = self._read()
+            if reading is not None:
+                self.samples.append(reading)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def summary(self) -> dict | None:
+        """{"sm_mhz_mean", "sm_mhz_min", "max_sm_mhz", "slowdowns" (each reason seen), "samples"}, over the busy
+        samples (an idle GPU's low clock is not a slowdown); None without any."""
+        busy = [s for s in self.samples if not s.idle] or self.samples
+        if not busy:
+            return None
+        seen = {name for s in busy for name in s.slowdowns}
+        return {"sm_mhz_mean": sum(s.sm_mhz for s in busy) / len(busy), "sm_mhz_min": min(s.sm_mhz for s in busy),
+                "max_sm_mhz": busy[0].max_sm_mhz, "samples": len(busy),
+                "slowdowns": [short for _, short, _ in SLOWDOWN_REASONS if short in seen]}
+
+
+def format_clock_summary(summary: dict | None) -> str:
+    """ "SM clock mean 1,946 MHz (min 1,845) of 1,980; slowed by power cap" ("" without a summary)."""
+    if not summary:
+        return ""
+    text = (f"SM clock mean {summary['sm_mhz_mean']:,.0f} MHz (min {summary['sm_mhz_min']:,}) of "
+            f"{summary['max_sm_mhz']:,}")
+    return text + (f"; slowed by {', '.join(summary['slowdowns'])}" if summary["slowdowns"] else "")

@@ -41,3 +41,20 @@ def test_cli_json(tiny_model, capsys):
                  "--reply-tokens", "4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["scenario"] == "chat" and len(r["turns"]) == 4 and r["turns"][3]["prefix_reused_tokens"] > 0
+
+
+def test_depths_say_when_the_gpu_was_held_below_its_clock(cpu_engine, monkeypatch):
+    """Each depth's timed replies carry NVML's SM clock; a power cap (what a long prefill tripped on the H200) is
+    named in the row. NVML is set to what such a driver reports; the replies run on the CPU."""
+    import sys
+
+    from test_gpu_clocks import POWER_CAP, _nvml_module
+
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml_module([(1980, 0), (1845, POWER_CAP)]))
+    monkeypatch.setattr(cpu_engine.info, "gpu_uuid", "GPU-x")
+    r = sc.run_depths(cpu_engine, [32], new_tokens=4, runs=1)
+    clock = r["depths"][0]["sm_clock"]
+    assert clock["sm_mhz_min"] == 1845 and clock["slowdowns"] == ["power cap"]
+    assert "SM clock mean 1,845 MHz (min 1,845) of 1,980; slowed by power cap" in sc.format_depths(r)
+    monkeypatch.setattr(cpu_engine.info, "gpu_uuid", None)  # the CPU itself: nothing to say
+    assert sc.run_depths(cpu_engine, [32], new_tokens=4, runs=1)["depths"][0]["sm_clock"] is None

@@ -54,3 +54,47 @@ def test_a_driver_that_cannot_tell_gives_nothing():
     assert read_clocks(fake_nvml(fail=True), "h") is None
     assert read_clocks(fake_nvml(top=0, reasons=0), "h") is None
     assert read_clocks(SimpleNamespace(), "h") is None  # no clock queries at all
+
+
+def _nvml_module(readings):
+    """A pynvml module whose GPU reports `readings` [(sm MHz, reasons)] in turn, then the last one again."""
+    import types
+
+    state = {"i": 0}
+    nvml = types.ModuleType("pynvml")
+    nvml.NVML_CLOCK_SM = 1
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: {"GPU-x": "h"}[uuid]
+    nvml.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980
+
+    def sm(h, kind):
+        return readings[min(state["i"], len(readings) - 1)][0]
+
+    def reasons(h):
+        value = readings[min(state["i"], len(readings) - 1)][1]
+        state["i"] += 1  # read last of the three (read_clocks' order)
+        return value
+
+    nvml.nvmlDeviceGetClockInfo = sm
+    nvml.nvmlDeviceGetCurrentClocksEventReasons = reasons
+    return nvml
+
+
+def test_clock_watch_summarises_the_busy_readings(monkeypatch):
+    import sys
+
+    from model_loader.gpu_clocks import ClockWatch, format_clock_summary
+
+    # the first reading is ClockWatch's own check that the clocks can be read
+    readings = [(1980, 0), (345, IDLE), (1845, POWER_CAP), (1905, POWER_CAP), (1980, 0)]
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml_module(readings))
+    watch = ClockWatch("GPU-x", interval_s=0.0)
+    for _ in range(3):
+        with watch:  # spans of no length: each still reads once
+            pass
+    summary = watch.summary()
+    assert summary["samples"] >= 3 and summary["max_sm_mhz"] == 1980 and summary["sm_mhz_min"] == 1845
+    assert summary["slowdowns"] == ["power cap"]  # the idle reading's low clock counts for nothing
+    assert format_clock_summary(summary).endswith("of 1,980; slowed by power cap")
+    assert ClockWatch(None).summary() is None  # the CPU: no GPU to watch
+    assert ClockWatch("GPU-unknown").summary() is None
