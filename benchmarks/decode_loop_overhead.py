@@ -12,7 +12,9 @@ reply pays once.
 H200, 2026-12-05 (BENCHMARKS, eighteenth session): at 512 the copy is the whole difference (~9 us); at 16k the
 reply is ~30 us a token slower than all of these.
 usage: python benchmarks/decode_loop_overhead.py MODEL_DIR [--depths 512,16384] [--queued 4,16] [--rounds 2]
-       [--clocks] [--long 768]
+       [--clocks] [--long 768] [--ring-ab]
+--ring-ab: replies with the committed tokens read from the commit kernel's host ring (the engine's default with
+Triton) and with a copy after every step (forced_tokens.HOST_RING off), alternating, per depth.
 """
 
 import argparse
@@ -22,6 +24,7 @@ import threading
 import torch
 
 from model_loader import engine as engine_module
+from model_loader import forced_tokens
 from model_loader.bench import bench_prompt
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
@@ -134,10 +137,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clocks", action="store_true", help="NVML clocks, power and throttle reasons per measurement")
     ap.add_argument("--long", type=int, default=0, help="also a reply of this many tokens (marginal cost)")
+    ap.add_argument("--ring-ab", action="store_true", help="only: replies with the host ring against a copy per step")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
     engine.warm_up()
+    if args.ring_ab:
+        for depth in depths:
+            prompt = bench_prompt(engine, depth)
+            for rnd in range(args.rounds):
+                row = {}
+                for ring in (True, False, True, False):
+                    forced_tokens.HOST_RING = ring
+                    row.setdefault("ring" if ring else "copy", []).append(reply_us_per_token(engine, prompt))
+                print(depth, rnd, " ".join(f"{k} {' '.join(f'{v:.1f}' for v in vs)} us/token" for k, vs in row.items()),
+                      flush=True)
+        forced_tokens.HOST_RING = True
+        return
     clocks = ClockSampler(engine, args.clocks)
     for depth in depths:
         prompt = bench_prompt(engine, depth)

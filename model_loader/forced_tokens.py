@@ -33,6 +33,9 @@ TAKEN, CLOSED, CLOSE_ID = range(3)
 # Committed tokens the commit kernel writes to pinned host memory, at their position modulo RING: a slot is
 # rewritten RING steps later, and the host reads each within the few steps it keeps queued (engine.QUEUED_STEPS).
 RING = 64
+# Whether the engine reads each step's token from that ring (else it copies the token after each step, as it
+# must without Triton): a module setting so that benchmarks can compare the two (decode_loop_overhead.py --ring-ab).
+HOST_RING = True
 
 
 def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor,
@@ -92,7 +95,7 @@ class ForcedTokens:
     @property
     def writes_ring(self) -> bool:
         """Whether each commit also writes its token to the host ring (committed()): the Triton kernel does."""
-        return self.use_triton
+        return self.use_triton and HOST_RING
 
     def committed(self, pos: int) -> int:
         """The token committed by the step at position `pos`, once that step has completed (its event), and

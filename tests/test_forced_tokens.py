@@ -213,3 +213,28 @@ def test_a_reply_closed_early_leaves_no_action_behind(device_engine):
     final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=12,
                                                                        ignore_eos=True), in_reasoning=True)][-1]
     assert not final.stats.stopped_thinking and "</think>" not in final.text
+
+
+def test_the_replies_tokens_come_back_through_the_commit_kernels_ring(tiny_model, device, monkeypatch):
+    """With Triton (its interpreter on a CPU machine) the host reads each step's token from the ring the commit
+    kernel writes, not from a copy after each step: the same tokens either way, stop-thinking's forced ones
+    included, and the reply's cache reused after it."""
+    from model_loader import forced_tokens
+
+    engine = Engine.load(tiny_model, device=device, use_triton=True, dtype="fp32", context_length=256)
+    assert engine.step.forced.writes_ring
+    prompt = engine.chat.render([{"role": "user", "content": "Think it through."}]).ids
+    greedy = SamplingSettings(temperature=0, max_new_tokens=3 * QUEUED_STEPS, ignore_eos=True)
+
+    def reply(ring: bool) -> list[int]:
+        monkeypatch.setattr(forced_tokens, "HOST_RING", ring)
+        engine.reset_cache()
+        return [ev for ev in engine.generate_ids(prompt, greedy) if isinstance(ev, Finished)][0].token_ids
+
+    through_ring = reply(True)
+    assert through_ring == reply(False) and len(through_ring) == 3 * QUEUED_STEPS
+    monkeypatch.setattr(forced_tokens, "HOST_RING", True)
+    final, asked = _stopped_reply(engine, prompt, after=2, max_new=2 * QUEUED_STEPS + 4)
+    tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
+    assert any(final.token_ids[i:i + len(tag)] == tag for i in range(len(final.token_ids)))
+    engine.close()
