@@ -18,6 +18,8 @@
 #   firststart  time to ready with an empty kernel cache, then warm (benchmarks/first_start_profile.py)
 #   window      the window's self-test, a 4,096-token reply (seeded: runs compare); needs .qt/ and .gl/ from
 #               ../shared/tools/gpu-window-kit.sh carried with the tree (and the wheels part)
+#   ring        replies reading tokens from the commit kernel's host ring against a copy per step (bf16, 512 and
+#               16k; benchmarks/decode_loop_overhead.py --ring-ab), then the loop's costs with NVML clocks
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
@@ -75,6 +77,9 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         done ;;
       window) run window bash -c ". .qt/env.sh >/dev/null && python3 -m desktop.app --model $M --self-test \
                 --max-new-tokens 4096 2>&1 | grep -v propagateSizeHints" ;;
+      ring)
+        run ring-ab python3 benchmarks/decode_loop_overhead.py $M --depths 512,16384 --rounds 2 --ring-ab
+        run loop-clocks python3 benchmarks/decode_loop_overhead.py $M --depths 512,16384 --rounds 2 --clocks ;;
       fp32) run fp32 python3 benchmarks/fp32_vs_transformers.py --model $M ;;
       twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
       *) echo "unknown part: $p" >&2 ;;
