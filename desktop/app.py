@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default="What is 17 * 23? Reason step by step.", help="self-test prompt")
     p.add_argument("--screenshot", help="self-test: save a PNG of the window when the reply is done")
     p.add_argument("--max-new-tokens", type=int, help="cap reply length for this run (self-test default 256)")
-    p.add_argument("--seed", type=int, help="sampling seed for every reply of this run (self-test default "
+    p.add_argument("--seed", type=int, help="sampling seed for every chat reply of this run (self-test default "
                    f"{SELF_TEST_SEED}: two runs write the same reply, so their speeds compare)")
     p.add_argument("--theme", choices=["system", "light", "dark"], help="override the theme for this run")
     return p.parse_args(argv)

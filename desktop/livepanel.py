@@ -22,7 +22,7 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout,
                                QWidget)
 
-from model_loader.gpu_clocks import GpuClocks, read_clocks  # pure Python, like the next
+from model_loader.gpu_clocks import GpuClocks, read_clocks, steady  # pure Python, like the next
 from model_loader.stats import percentile  # pure Python: importing it does not import torch
 
 
@@ -241,9 +241,8 @@ class LivePanel(QScrollArea):
         ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
                                 ("replies", "Replies")]),
         ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
-        ("memory", "GPU", [("weights", "Weights"), ("kv", "KV cache"),
-                                  ("other", "Other torch"), ("free", "Free"), ("util", "GPU busy"),
-                                  ("clock", "SM clock"), ("slowed", "Slowed by")]),
+        ("memory", "GPU", [("weights", "Weights"), ("kv", "KV cache"), ("other", "Other torch"), ("free", "Free"),
+                           ("util", "GPU busy"), ("clock", "SM clock"), ("slowed", "Slowed by")]),
     ]
 
     def __init__(self, theme, parent=None):
@@ -335,6 +334,7 @@ class LivePanel(QScrollArea):
         self.memory: dict | None = None
         self.gpu = GpuMonitor()
         self._gpu_live = GpuLive(None, None, None, None)
+        self._raw_clocks: GpuClocks | None = None  # the last poll's, before steady()
         self._clocks_shown: object = _UNSET  # the GpuClocks (or None) the clock row shows
         self._ticks = 0
         self.timer = QTimer(self)
@@ -403,6 +403,7 @@ class LivePanel(QScrollArea):
         self.memory = info.get("memory")
         self.gpu.select(info.get("gpu_uuid"))
         self._gpu_live = GpuLive(None, None, None, None)  # a previous GPU's figures are not this one's
+        self._raw_clocks = None
         self.refresh()
 
     def start_reply(self) -> LiveReply:
@@ -508,7 +509,10 @@ class LivePanel(QScrollArea):
         v["other"].setText(_gib(other))
         on_gpu = str(m.get("device", "")).startswith("cuda")
         if on_gpu and self._ticks % 4 == 1:
-            self._gpu_live = self.gpu.poll()
+            live = self.gpu.poll()
+            # a slowdown shows once two polls in a row report it (NVML flags some for a moment)
+            self._gpu_live = live._replace(clocks=steady(live.clocks, self._raw_clocks))
+            self._raw_clocks = live.clocks
         util, free, total, clocks = self._gpu_live
         free = free if free is not None else m.get("device_free_bytes", 0)
         total = total if total is not None else m.get("device_total_bytes", 0)

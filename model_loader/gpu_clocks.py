@@ -53,15 +53,30 @@ class GpuClocks(NamedTuple):
                 "speed falls with the clock, so replies are slower than on the same card at full clock.")
 
 
+HW_SLOWDOWN, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x40, 0x80
+
+
 def slowdowns_of(reasons: int) -> tuple[str, ...]:
+    if reasons & (HW_THERMAL | HW_POWER_BRAKE):  # NVML sets the general hardware bit with either: name one cause
+        reasons &= ~HW_SLOWDOWN
     return tuple(short for bit, short, _ in SLOWDOWN_REASONS if reasons & bit)
 
 
-def read_clocks(pynvml, handle) -> GpuClocks | None:
-    """The GPU's clocks now, after nvmlInit(); None where NVML can't tell (an old driver, a GPU that hides them)."""
+def steady(current: GpuClocks | None, previous: GpuClocks | None) -> GpuClocks | None:
+    """`current` with only the slowdowns that `previous` had too: NVML can flag a slowdown for a moment (the
+    hardware bit during a clock change), and the panel should not flash red for one poll."""
+    if current is None or not current.slowdowns:
+        return current
+    kept = previous.slowdowns if previous is not None else ()
+    return current._replace(slowdowns=tuple(name for name in current.slowdowns if name in kept))
+
+
+def read_clocks(pynvml, handle, max_sm_mhz: int | None = None) -> GpuClocks | None:
+    """The GPU's clocks now, after nvmlInit(); None where NVML can't tell (an old driver, a GPU that hides them).
+    max_sm_mhz: the maximum, if already known (it doesn't change; one NVML call less)."""
     try:
         sm = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        top = int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        top = max_sm_mhz or int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
         reasons_of = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
                       or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         reasons = int(reasons_of(handle))
@@ -75,10 +90,11 @@ def read_clocks(pynvml, handle) -> GpuClocks | None:
 class ClockWatch:
     """NVML's SM clock and slowdown reasons sampled on a thread while `with watch:` runs (a benchmark's timed
     replies), so that a number taken on a power-capped or hot GPU says so. Does nothing where NVML can't be read
-    (no NVIDIA driver, the CPU, a GPU NVML doesn't know): summary() is then None. The thread holds the GIL for
-    tens of microseconds per sample; the decode loop keeps several steps queued, so the GPU doesn't notice."""
+    (no NVIDIA driver, the CPU, a GPU NVML doesn't know): summary() is then None. Every 20 ms by default:
+    the thread holds the GIL for tens of microseconds a sample and the decode loop keeps several steps queued, so
+    the GPU shouldn't notice (not yet checked on a GPU against a bench without it)."""
 
-    def __init__(self, gpu_uuid: str | None, interval_s: float = 0.005):
+    def __init__(self, gpu_uuid: str | None, interval_s: float = 0.02):
         import threading
 
         self.interval_s = interval_s
@@ -97,8 +113,9 @@ class ClockWatch:
             handle = nvml_handle(pynvml, gpu_uuid)
         except Exception:
             return
-        if handle is not None and read_clocks(pynvml, handle) is not None:
-            self._read = lambda: read_clocks(pynvml, handle)
+        first = read_clocks(pynvml, handle) if handle is not None else None
+        if first is not None:
+            self._read = lambda: read_clocks(pynvml, handle, first.max_sm_mhz)
 
     def __enter__(self) -> ClockWatch:
         if self._read is not None:

@@ -98,3 +98,15 @@ def test_clock_watch_summarises_the_busy_readings(monkeypatch):
     assert format_clock_summary(summary).endswith("of 1,980; slowed by power cap")
     assert ClockWatch(None).summary() is None  # the CPU: no GPU to watch
     assert ClockWatch("GPU-unknown").summary() is None
+
+
+def test_a_slowdown_counts_once_two_readings_in_a_row_have_it():
+    from model_loader.gpu_clocks import steady
+
+    capped = GpuClocks(1845, 1980, False, ("power cap",))
+    flash = GpuClocks(1700, 1980, False, ("hardware slowdown",))  # NVML's hardware bit during a clock change
+    assert steady(capped, None).slowdowns == () and steady(capped, capped) == capped
+    assert steady(flash, capped).slowdowns == ()
+    assert steady(None, capped) is None
+    # a hot card: NVML sets the general hardware bit beside the thermal one; only the cause is named
+    assert slowdowns_of(HW_SLOWDOWN | 0x40) == ("hardware thermal",)

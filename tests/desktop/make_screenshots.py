@@ -143,7 +143,7 @@ def live_clock_shot(out_dir: Path, tmp: Path) -> None:
         wait_until(lambda: win.engine_state == "ready")
         win.send("What is 1 + 2?")
         wait_until(lambda: win.stream is None)
-        wait_until(lambda: win.live.values["slowed"].text() == "power cap", 5000)
+        wait_until(lambda: win.live.values["slowed"].text() == "power cap", 10000)
         for _ in range(3):
             QApplication.processEvents()
         win.live.grab().save(str(out_dir / "screenshot-live-power-cap.png"))

@@ -29,12 +29,12 @@ def test_the_clock_row_shows_a_power_cap_and_its_end(qtbot, make_window, monkeyp
     win = make_window(engine=FakeEngine(token_s=0.0, info=FakeInfo(gpu_uuid=UUID)))
     win.set_live_visible(True)
     row, why = win.live.values["clock"], win.live.values["slowed"]
-    qtbot.waitUntil(lambda: why.text() == "power cap")
+    qtbot.waitUntil(lambda: why.text() == "power cap", timeout=10000)  # two polls a second apart report it
     assert row.text() == "1,845 MHz (93%)" and why.isVisible() and win.live.keys["slowed"].isVisible()
     assert "power limit" in row.toolTip() and "1,980 MHz" in why.toolTip()
     assert win.theme.danger in row.styleSheet() and win.theme.danger in why.styleSheet()
     assert win.live.values["util"].text() == "97 %"
 
     gpu.update(sm=1980, reasons=0)  # the cap lifts: the clock at its maximum, the reason row gone
-    qtbot.waitUntil(lambda: row.text() == "1,980 MHz (100%)")
+    qtbot.waitUntil(lambda: row.text() == "1,980 MHz (100%)", timeout=10000)
     assert row.styleSheet() == "" and why.isHidden() and "nothing is holding it down" in row.toolTip()
