@@ -94,7 +94,8 @@ class ForcedTokens:
 
     @property
     def writes_ring(self) -> bool:
-        """Whether each commit also writes its token to the host ring (committed()): the Triton kernel does."""
+        """Whether the engine reads each step's token from the host ring (committed()): the Triton commit kernel
+        writes it there every step, and HOST_RING (on unless a benchmark turns it off) says to read it."""
         return self.use_triton and HOST_RING
 
     def committed(self, pos: int) -> int:
