@@ -192,6 +192,9 @@ class GpuLive(NamedTuple):
     clocks: GpuClocks | None
 
 
+NO_GPU_LIVE = GpuLive(None, None, None, None)  # no driver, no GPU to watch, or not polled yet
+
+
 class GpuMonitor:
     """NVML polling from the GUI thread (pynvml is a thin C binding; each query takes microseconds), of the GPU
     the model runs on: named by its UUID (EngineInfo.gpu_uuid), since NVML's numbering is not CUDA's."""
@@ -221,7 +224,7 @@ class GpuMonitor:
             except Exception:
                 self.handle = None
         if self.handle is None:
-            return GpuLive(None, None, None, None)
+            return NO_GPU_LIVE
         try:
             import pynvml
 
@@ -229,7 +232,7 @@ class GpuMonitor:
             mem = pynvml.nvmlDeviceGetMemoryInfo(self.handle)
             return GpuLive(int(util), int(mem.free), int(mem.total), read_clocks(pynvml, self.handle))
         except Exception:
-            return GpuLive(None, None, None, None)
+            return NO_GPU_LIVE
 
 
 class LivePanel(QScrollArea):
@@ -333,7 +336,7 @@ class LivePanel(QScrollArea):
         self.info: dict | None = None
         self.memory: dict | None = None
         self.gpu = GpuMonitor()
-        self._gpu_live = GpuLive(None, None, None, None)
+        self._gpu_live = NO_GPU_LIVE
         self._raw_clocks: GpuClocks | None = None  # the last poll's, before steady()
         self._clocks_shown: object = _UNSET  # the GpuClocks (or None) the clock row shows
         self._ticks = 0
@@ -402,7 +405,7 @@ class LivePanel(QScrollArea):
         self.info = info
         self.memory = info.get("memory")
         self.gpu.select(info.get("gpu_uuid"))
-        self._gpu_live = GpuLive(None, None, None, None)  # a previous GPU's figures are not this one's
+        self._gpu_live = NO_GPU_LIVE  # a previous GPU's figures are not this one's
         self._raw_clocks = None
         self.refresh()
 

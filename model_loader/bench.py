@@ -4,6 +4,7 @@ with a logits check against transformers on the same weights."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -46,12 +47,10 @@ def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temp
         engine.reset_cache()  # every run prefills the whole prompt: no prefix reuse
         settings = SamplingSettings(temperature=temperature, top_p=0.95, max_new_tokens=new_tokens,
                                     ignore_eos=True, seed=i)
-        if i:
-            with clocks:
-                final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
-            results.append(final)
-        else:
+        with clocks if i else contextlib.nullcontext():
             final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
+        if i:
+            results.append(final)
     ttft = [r.stats.ttft_ms for r in results]
     tps = [r.stats.decode_tok_s for r in results]
     lat = [x for r in results for x in r.stats.token_latencies_ms]

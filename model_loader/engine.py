@@ -863,7 +863,7 @@ class Engine:
         forced = self.step.forced
         # Each step's token comes back through the commit kernel's host ring where it writes one; else a copy
         # after each step into this ring.
-        ring = None if forced.writes_ring else torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
+        ring = None if forced.reads_ring else torch.empty(ring_size, dtype=torch.int64, pin_memory=on_cuda)
         assert ring_size <= RING, "the commit's ring must outlast the steps queued"
         events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
 

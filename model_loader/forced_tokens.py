@@ -10,8 +10,9 @@ the bus, at once and from any thread; the step that is running then commits the 
 steps the rest, and the answer follows right behind: no step is wasted and nothing waits.
 
 The tokens a reply holds are still exactly the steps' inputs: the host reads every committed token back,
-forced ones included (with Triton the commit kernel writes each into a ring in pinned host memory as well, so
-no copy runs between the steps' graphs: a copy cost ~9 us a token on the H200; without Triton the engine copies), and sees the close tag arrive as if the model had written it. Steps
+forced ones included, and sees the close tag arrive as if the model had written it (with Triton the commit
+kernel also writes each token into a ring in pinned host memory, so no copy runs between the steps' graphs: a
+copy cost ~9 us a token on the H200; without Triton the engine copies). Steps
 that committed before the copy landed keep their sampled tokens (reasoning the model had already written).
 Should the model write the close tag itself before a forced token is taken, the forcing is off for the reply.
 """
@@ -93,14 +94,14 @@ class ForcedTokens:
         return int(self.state[TAKEN])
 
     @property
-    def writes_ring(self) -> bool:
+    def reads_ring(self) -> bool:
         """Whether the engine reads each step's token from the host ring (committed()): the Triton commit kernel
         writes it there every step, and HOST_RING (on unless a benchmark turns it off) says to read it."""
         return self.use_triton and HOST_RING
 
     def committed(self, pos: int) -> int:
         """The token committed by the step at position `pos`, once that step has completed (its event), and
-        before the step at pos + RING has run. Only where writes_ring."""
+        before the step at pos + RING has run. Only where reads_ring."""
         return int(self._ring_np[pos % RING])
 
     def commit(self, nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ No torch and no Qt: the GUI thread calls read_clocks() with pynvml (a thin C bin
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 # NVML's clock event ("throttle") reason bits (nvml.h, nvmlClocksEventReason*): stable values of its ABI, spelled
@@ -95,8 +96,6 @@ class ClockWatch:
     the GPU shouldn't notice (not yet checked on a GPU against a bench without it)."""
 
     def __init__(self, gpu_uuid: str | None, interval_s: float = 0.02):
-        import threading
-
         self.interval_s = interval_s
         self.samples: list[GpuClocks] = []
         self._stop = threading.Event()
@@ -119,8 +118,6 @@ class ClockWatch:
 
     def __enter__(self) -> ClockWatch:
         if self._read is not None:
-            import threading
-
             self._stop.clear()
             self._thread = threading.Thread(target=self._poll, name="r1desk-clock-watch", daemon=True)
             self._thread.start()

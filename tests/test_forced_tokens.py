@@ -71,7 +71,7 @@ def test_a_push_lands_for_the_next_commits_and_reset_clears_it(device, use_trito
             queue.push(FORCED)
         queue.commit(sampled, token, pos)
         committed.append(int(token))
-        if queue.writes_ring:  # what the engine reads back instead of copying the token
+        if queue.reads_ring:  # what the engine reads back instead of copying the token
             if device == "cuda":
                 torch.cuda.synchronize()
             assert queue.committed(step) == committed[-1]
@@ -222,7 +222,7 @@ def test_the_replies_tokens_come_back_through_the_commit_kernels_ring(tiny_model
     from model_loader import forced_tokens
 
     engine = Engine.load(tiny_model, device=device, use_triton=True, dtype="fp32", context_length=256)
-    assert engine.step.forced.writes_ring
+    assert engine.step.forced.reads_ring
     prompt = engine.chat.render([{"role": "user", "content": "Think it through."}]).ids
     greedy = SamplingSettings(temperature=0, max_new_tokens=3 * QUEUED_STEPS, ignore_eos=True)
 
