@@ -14,7 +14,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from model_loader.engine import Engine
-from model_loader.kernels import jit_int4, jit_ops, jit_sampler, triton_ops
+from model_loader.kernels import jit_int4, jit_ops, jit_sampler
 from profile_decode import time_graph  # benchmarks/ is on the path when run as a script
 
 CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
@@ -61,7 +61,7 @@ def main() -> None:
     engine = Engine.load(sys.argv[1], device="cuda", context_length=max(DEPTHS) + 512)
     engine.warm_up()
     step = engine.step
-    configs = list(triton_ops.decode_attention_candidates(engine.model.device, engine.model.linear.int4_gemv))
+    configs = list(engine.model.decode_attention_candidates())
     for label, value in (("default", -1), ("max_shared", 100), ("default", -1), ("max_shared", 100)):
         current["value"] = value
         print(label, "kernels set, refused:", set_carveout(cuda, value), flush=True)

@@ -129,7 +129,8 @@ def in_window(engine: SimulatedGpuEngine) -> float:
 
     app = QApplication.instance() or QApplication([])
     sys.setswitchinterval(0.0005)  # as desktop.app.main sets it
-    tmp = Path(tempfile.mkdtemp(prefix="r1desk-overhead-"))
+    tmp_dir = tempfile.TemporaryDirectory(prefix="r1desk-overhead-")  # the window's settings and chat store
+    tmp = Path(tmp_dir.name)
     win = MainWindow(QSettings(str(tmp / "r1desk.ini"), QSettings.IniFormat), Store(tmp / "c.sqlite3"),
                      model="/simulated", device="cuda", max_new_tokens=len(engine.ids))
     win.engine_factory = lambda request, progress, on_compiling: engine
@@ -142,6 +143,7 @@ def in_window(engine: SimulatedGpuEngine) -> float:
     app.exec()
     win.close()
     win.store.close()
+    tmp_dir.cleanup()
     return result["tok_s"]
 
 

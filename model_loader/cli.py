@@ -174,12 +174,22 @@ def _bench_scenario(args) -> int:
         text = sc.format_depths(result)
     info = engine.info
     result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
-                  kv_cache=info.kv_cache, ready_s=ready, decode_attention=info.decode_attention)
+                  kv_cache=info.kv_cache, ready_s=ready, decode_attention=info.decode_attention,
+                  # what the warm-up timed per depth bucket and configuration (us per decode step)
+                  decode_attention_us=engine.step.tuned_us)
     print(json.dumps(result, indent=2) if args.json else
           f"model {info.model_name} on {info.device_name} ({info.dtype}"
           f"{', ' + info.quantization if info.quantization else ''}, {info.kv_cache} KV cache), ready in {ready:.1f} s"
-          f"\n{text}")
+          f"\n{text}" + "".join(f"\ndecode attention for depth {bucket}: {config}"
+                                f" (the warm-up's us per step: {_tuned(engine.step.tuned_us, bucket)})"
+                                for bucket, config in info.decode_attention.items()))
     return 0
+
+
+def _tuned(tuned_us: dict, bucket: str) -> str:
+    """The warm-up's timings of one depth bucket ("<=N") as "config us; ...", fastest first."""
+    row = tuned_us.get(int(bucket.lstrip("<=")), {})
+    return "; ".join(f"{config} {us:,.1f}" for config, us in sorted(row.items(), key=lambda kv: kv[1]))
 
 
 def _depths(value: str) -> list[int]:

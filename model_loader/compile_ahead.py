@@ -63,8 +63,6 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
 
 
 def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
-    from model_loader.kernels import triton_ops
-
     dev = model.device
     # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
     # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).
@@ -82,7 +80,7 @@ def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
             mark("prefill graphs")
             token = torch.zeros(1, dtype=torch.int64, device=dev)
             pos = torch.zeros(1, dtype=torch.int32, device=dev)
-            for config in triton_ops.decode_attention_candidates(dev, model.linear.int4_gemv):
+            for config in model.decode_attention_candidates():
                 model.set_decode_attention_config(config)
                 model.decode(token, pos, 0)
             model.set_decode_attention_config(None)

@@ -668,8 +668,7 @@ class Engine:
                 step("timing the attention kernels")
                 from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
 
-                attention = self.step.tune(triton_ops.decode_attention_candidates(self.model.device,
-                                                                                  self.model.linear.int4_gemv),
+                attention = self.step.tune(self.model.decode_attention_candidates(),
                                            triton_ops.depth_buckets(self.model.max_ctx))
                 attn = self.model.decode_attention  # what runs: a shape this GPU has no room for ran a fallback
                 self.info.decode_attention = {f"<={upper}": str(attn.working.get(attn.resolve(config), config))

@@ -73,6 +73,11 @@ class Qwen2Model:
         if self.use_triton:
             self.decode_attention.config = config or self.ops.DECODE_ATTN_CONFIGS[0]
 
+    def decode_attention_candidates(self) -> tuple:
+        """The decode attention configurations the warm-up times for this model: its GPU, its GEMVs (4-bit or
+        not) and its cache's format (triton_ops.decode_attention_candidates; Triton path only)."""
+        return self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv, kv8=self.k_scale is not None)
+
     @property
     def embed_on_host(self) -> bool:
         return "embed_host" in self.w
@@ -141,7 +146,7 @@ class Qwen2Model:
         length)."""
         def attend_rows(q: torch.Tensor, layer: int) -> torch.Tensor:
             if self.use_triton:
-                config = self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv)[-1]
+                config = self.decode_attention_candidates()[-1]
                 out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, length,
                                             self.scale, config=config, scales=self.cache_scales(layer))
             else:  # the reference path is never captured in a graph: reading the position here costs nothing

@@ -58,3 +58,26 @@ def test_depths_say_when_the_gpu_was_held_below_its_clock(cpu_engine, monkeypatc
     assert "SM clock mean 1,845 MHz (min 1,845) of 1,980; slowed by power cap" in sc.format_depths(r)
     monkeypatch.setattr(cpu_engine.info, "gpu_uuid", None)  # the CPU itself: nothing to say
     assert sc.run_depths(cpu_engine, [32], new_tokens=4, runs=1)["depths"][0]["sm_clock"] is None
+
+
+def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_others_took(tiny_model, capsys,
+                                                                                         monkeypatch):
+    """On a GPU the warm-up times each decode attention shape per depth bucket (DecodeStep.tune); the bench's
+    text names the one each bucket runs and every shape's time, fastest first, and its JSON carries the
+    timings. The CPU tunes nothing, so the warm-up's record of a tuning is set here as a GPU's would be."""
+    from model_loader.engine import Engine
+
+    real_warm_up = Engine.warm_up
+
+    def warm_up(self, *args, **kwargs):
+        real_warm_up(self, *args, **kwargs)
+        self.step.tuned_us = {1024: {"shape A": 1200.0, "shape B": 1150.5}}
+        self.info.decode_attention = {"<=1024": "shape B"}
+
+    monkeypatch.setattr(Engine, "warm_up", warm_up)
+    args = ["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16", "--new-tokens", "2", "--runs", "1"]
+    assert main(args) == 0
+    assert ("decode attention for depth <=1024: shape B (the warm-up's us per step: shape B 1,150.5; "
+            "shape A 1,200.0)") in capsys.readouterr().out
+    assert main(args + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {"1024": {"shape A": 1200.0, "shape B": 1150.5}}

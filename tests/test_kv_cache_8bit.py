@@ -80,7 +80,7 @@ def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv
 
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
 @pytest.mark.parametrize("length", [1, 48, 200, 2500])
-@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS[:2] + (
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
     triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),), ids=str)
 def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config):
     """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales

@@ -265,7 +265,8 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     first tile and late launch included, compiled with PDL on. On the 99 KB cards, 16-bit and 8-bit, and on Turing,
     the shape DecodeAttention tries first (DecodeAttention.candidates: those refused for certain left out) already
     fits: it is the one a first start compiles ahead, and no launch is refused. The bound candidates() rules shapes
-    out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit and fp32."""
+    out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit and fp32. 8-bit: its
+    own candidates (triton_ops.KV8_CONFIGS: 8 warps) too."""
     import dataclasses
 
     from model_loader.kernels import reference, triton_ops
@@ -284,10 +285,10 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     q = torch.randn(hq, d, generator=g).to(dt)
     pos = torch.tensor([length - 1], dtype=torch.int32)
     pdl = arch >= 90  # triton_ops.pdl_supported
-    configs = triton_ops.DECODE_ATTN_CONFIGS if pdl else dict.fromkeys(
-        dataclasses.replace(c, early_tile=False, late_launch=False) for c in triton_ops.DECODE_ATTN_CONFIGS)
+    ours = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if kind == "8-bit" else ())
+    configs = ours if pdl else dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in ours)
     chains, firsts = [], []
-    key = lambda c: (c.block_n, c.max_splits, c.num_stages, c.early_tile, c.late_launch)  # noqa: E731
+    key = lambda c: (c.block_n, c.max_splits, c.num_stages, c.early_tile, c.late_launch, c.num_warps)  # noqa: E731
     for config in configs:
         attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
         chain = [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
@@ -298,8 +299,8 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         firsts.append(key(attn.candidates(attn.resolve(config), k.element_size())[0]))
     specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
              if spec["name"] == "_decode_attn_split_kernel"]
-    shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"]): b
-              for s, b in zip(specs, _compiled_shared(specs)) for c in [s["constexprs"]]}
+    shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"],
+               s["options"]["num_warps"]): b for s, b in zip(specs, _compiled_shared(specs)) for c in [s["constexprs"]]}
     for chain in chains:
         fits = [shape for shape in chain if shared[shape] <= limit]
         assert fits, f"no shape of {chain} fits {limit} bytes: {[shared[s] for s in chain]}"

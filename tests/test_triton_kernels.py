@@ -185,6 +185,28 @@ def test_a_4bit_model_is_not_tuned_on_the_shape_that_never_wins_for_it(monkeypat
     assert int4 == tuple(c for c in dense if c not in triton_ops.NOT_FOR_INT4) and len(int4) == len(dense) - 1
 
 
+@pytest.mark.parametrize("pdl", [False, True])
+def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, pdl):
+    """The 8-bit cache's extra candidates (more warps for its conversion-heavy tile) are timed at its warm-up and
+    compiled ahead with the others, 4-bit models too; a 16-bit cache never sees them. The last candidate, the
+    split-per-SM shape that the prefill's last row runs, is the same either way."""
+    from model_loader.engine import Engine
+
+    monkeypatch.setattr(triton_ops, "pdl_supported", lambda device: pdl)
+    cpu = torch.device("cpu")
+    for int4 in (False, True):
+        plain = triton_ops.decode_attention_candidates(cpu, int4)
+        kv8 = triton_ops.decode_attention_candidates(cpu, int4, kv8=True)
+        extra = [c for c in kv8 if c not in plain]
+        assert len(extra) == len(triton_ops.KV8_CONFIGS) and all(c.num_warps == 8 for c in extra)
+        assert [c for c in kv8 if c in plain] == list(plain) and kv8[-1] == plain[-1]
+        assert len(set(kv8)) == len(kv8)
+    for kv_cache, wanted in (("16-bit", False), ("8-bit", True)):
+        engine = Engine.load(tiny_model, device="cpu", use_triton=True, kv_cache=kv_cache)
+        assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(cpu, kv8=wanted)
+        engine.close()
+
+
 @pytest.mark.parametrize("early", [0, 3])
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
 @pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS)

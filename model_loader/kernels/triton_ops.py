@@ -185,6 +185,15 @@ DECODE_ATTN_CONFIGS = (
 # compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
 # (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
+# Candidates for an 8-bit cache only. Its split kernel converts every fp8 pair to fp16 and passes V through an
+# fp16 shared buffer on its way into the dot, so a 128-token tile takes 1,134 instructions a warp in the loop at 4
+# warps against the 16-bit kernel's 618 (sm_90, Triton 3.9, compiled on the CPU: benchmarks/decode_kernel_sass.py).
+# With one 4-warp program per SM each scheduler has one warp, which waits out every dependent instruction: the
+# kernel is bound by that, not by the cache read (8-bit slower than 16-bit at 16k on the H200, 734 against 768
+# tok/s). At 8 warps a warp's share of the tile is 667 instructions and each scheduler has two warps to switch
+# between. Not timed on a GPU yet: the warm-up times it against the others per depth bucket and keeps it only
+# where it wins (engine.DecodeStep.tune); it costs an 8-bit cache's first start one more compile.
+KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),)
 
 
 def sm_splits(device, num_kv_heads: int) -> int:
@@ -198,15 +207,24 @@ def sm_splits(device, num_kv_heads: int) -> int:
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // num_kv_heads)
 
 
-def decode_attention_candidates(device, int4: bool = False) -> tuple:
+def decode_attention_candidates(device, int4: bool = False, kv8: bool = False) -> tuple:
     """The DECODE_ATTN_CONFIGS that differ on this device. Without programmatic dependent launch late_launch
     changes nothing (it would only be one more compile and a coin toss in the tuning), and early_tile only
     re-reads a tile: there the plain kernel, which also compiles faster (Triton 3.6, sm_90, a 2-core machine: ~0.9
     s per variant, ~2.2 s with the early tile's second copy of the softmax step). int4: a model with 4-bit GEMVs,
-    which leaves out NOT_FOR_INT4 (a late-launch question: only where programmatic dependent launch runs)."""
-    if pdl_supported(device):
-        return tuple(c for c in DECODE_ATTN_CONFIGS if not (int4 and c in NOT_FOR_INT4))
-    return tuple(dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in DECODE_ATTN_CONFIGS))
+    which leaves out NOT_FOR_INT4 (a late-launch question: only where programmatic dependent launch runs). kv8:
+    an 8-bit cache, which adds KV8_CONFIGS ahead of the last candidate (the last stays the split-per-SM shape the
+    prefill's last row runs: Qwen2Model._row_attention)."""
+    pdl = pdl_supported(device)
+
+    def here(c: DecodeAttnConfig) -> DecodeAttnConfig:
+        return c if pdl else dataclasses.replace(c, early_tile=False, late_launch=False)
+
+    configs = [here(c) for c in DECODE_ATTN_CONFIGS if not (pdl and int4 and c in NOT_FOR_INT4)]
+    if kv8:
+        configs[-1:-1] = map(here, KV8_CONFIGS)
+    # one of each, the last occurrence kept: the plain split-per-SM kernel stays last without PDL
+    return tuple(reversed(dict.fromkeys(reversed(configs))))
 
 
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
