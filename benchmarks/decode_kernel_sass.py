@@ -11,7 +11,10 @@ largest backward branch: one K/V tile) by opcode. Nothing runs; nothing is timed
     python benchmarks/decode_kernel_sass.py [--arch 90] [--block-n 128] [--warps 4,8] [--stages 3] [--dump DIR]
                                             [--source FILE]
 
---source compiles the kernel from another copy of jit_ops.py (a variant of its source under study).
+--source compiles the kernel from another copy of jit_ops.py (a variant of its source under study). The
+installed Triton compiles; the kernels module imports nothing but Triton, so another Triton in a bare virtual
+environment works too (`pip install triton==3.6.0`, the H200's: its 16-bit shape asks for the 139,520 bytes of
+shared memory measured there).
 
 The 1.5B's shapes (6 query heads per KV head padded to 16 rows, head dim 128), programmatic dependent launch
 and the early first tile on (the Hopper candidates, triton_ops.DECODE_ATTN_CONFIGS), a bf16 model.

@@ -199,6 +199,8 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
         kv8 = triton_ops.decode_attention_candidates(cpu, int4, kv8=True)
         extra = [c for c in kv8 if c not in plain]
         assert len(extra) == len(triton_ops.KV8_CONFIGS) and all(c.num_warps == 8 for c in extra)
+        # 4-bit models' GEMVs request their weights early: their split-per-SM shapes launch late (NOT_FOR_INT4)
+        assert all(c.late_launch == (pdl and int4) for c in extra)
         assert [c for c in kv8 if c in plain] == list(plain) and kv8[-1] == plain[-1]
         assert len(set(kv8)) == len(kv8)
     for kv_cache, wanted in (("16-bit", False), ("8-bit", True)):

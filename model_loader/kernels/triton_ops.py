@@ -214,15 +214,15 @@ def decode_attention_candidates(device, int4: bool = False, kv8: bool = False) -
     s per variant, ~2.2 s with the early tile's second copy of the softmax step). int4: a model with 4-bit GEMVs,
     which leaves out NOT_FOR_INT4 (a late-launch question: only where programmatic dependent launch runs). kv8:
     an 8-bit cache, which adds KV8_CONFIGS ahead of the last candidate (the last stays the split-per-SM shape the
-    prefill's last row runs: Qwen2Model._row_attention)."""
+    prefill's last row runs: Qwen2Model._row_attention), with late launch for 4-bit GEMVs."""
     pdl = pdl_supported(device)
 
     def here(c: DecodeAttnConfig) -> DecodeAttnConfig:
         return c if pdl else dataclasses.replace(c, early_tile=False, late_launch=False)
 
     configs = [here(c) for c in DECODE_ATTN_CONFIGS if not (pdl and int4 and c in NOT_FOR_INT4)]
-    if kv8:
-        configs[-1:-1] = map(here, KV8_CONFIGS)
+    if kv8:  # with late launch where the model's GEMVs are 4-bit, as their split-per-SM shape (NOT_FOR_INT4)
+        configs[-1:-1] = (here(dataclasses.replace(c, late_launch=c.late_launch or int4)) for c in KV8_CONFIGS)
     # one of each, the last occurrence kept: the plain split-per-SM kernel stays last without PDL
     return tuple(reversed(dict.fromkeys(reversed(configs))))
 
