@@ -46,9 +46,14 @@ class ApiControl(QObject):
     def _sync(self) -> None:
         if self.service is None:
             return  # started with the engine (attach)
+        if self.server is None and self.wanted is None:
+            return  # off and staying off: nothing to import (aiohttp) or compare
+        from desktop.api.server import normalize_origins
+
+        # the origins as the server holds them: "http://a.example/" or one listed twice is no change
         current = None if self.server is None else (self.server.requested_port, self.server.api_key or "",
-                                                     tuple(sorted(self.server.allowed_origins)))
-        wanted = None if self.wanted is None else (self.wanted[0], self.wanted[1], tuple(sorted(self.wanted[2])))
+                                                     self.server.allowed_origins)
+        wanted = None if self.wanted is None else (self.wanted[0], self.wanted[1], normalize_origins(self.wanted[2]))
         if current == wanted:
             return
         try:

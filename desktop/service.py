@@ -71,6 +71,13 @@ class GenerationRequest(QObject):
 _ids = itertools.count(1)
 
 
+def _release(req: GenerationRequest) -> None:
+    """An ended request no longer belongs to the service: as its Qt child it (its messages, up to 4 MiB from
+    the API, and whatever its signals' slots hold) would live as long as the service, one more per request. Its
+    clients' own references still keep it while they need it."""
+    req.setParent(None)
+
+
 class EngineService(QObject):
     """Owner of the engine worker; see the module docstring."""
 
@@ -218,6 +225,7 @@ class EngineService(QObject):
         req.state = "done"
         self.queue_changed.emit()
         req.failed.emit(kind, message)
+        _release(req)
 
     def _end_running(self) -> GenerationRequest:
         req = self.running
@@ -264,6 +272,7 @@ class EngineService(QObject):
         self.request_ended.emit(req, req.stats)
         self.queue_changed.emit()
         req.finished.emit(result)
+        _release(req)
         self._pump()
 
     def _on_failed(self, gen_id: int, kind: str, message: str) -> None:
@@ -281,4 +290,5 @@ class EngineService(QObject):
         self.request_ended.emit(req, None)
         self.queue_changed.emit()
         req.failed.emit(kind, message)
+        _release(req)
         self._pump()

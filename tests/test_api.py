@@ -20,6 +20,7 @@ import openai
 import pytest
 
 KEY = "test-key-123"
+ORIGIN = "http://app.example"  # a web app's origin the r1 server lets in (given with a trailing slash)
 
 
 def _serve(model, *extra):
@@ -46,7 +47,7 @@ def _stop(proc):
 
 @pytest.fixture(scope="module")
 def r1(tiny_model):
-    proc, model_id, url = _serve(tiny_model, "--api-key", KEY, "--max-waiting", "2")
+    proc, model_id, url = _serve(tiny_model, "--api-key", KEY, "--max-waiting", "2", "--allow-origin", ORIGIN + "/")
     yield model_id, url
     _stop(proc)
 
@@ -207,6 +208,47 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
     with pytest.raises(openai.NotFoundError) as nf:
         _client(url).chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
     assert nf.value.body["code"] == "model_not_found" and nf.value.body["param"] == "model"
+
+
+def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(r1):
+    """JSON's \\ud800 escapes decode to lone surrogates, which nothing downstream can encode (the model name
+    echoed in an error, the tokenizer); a body nested 100,000 deep overflows the parser. Both were 500s with a
+    traceback; an Authorization header that isn't UTF-8 was a 500 too."""
+    model_id, url = r1
+    for body, param in [(b'{"model": "\\ud800", "messages": []}', "model"),
+                        (json.dumps({"model": model_id, "messages": [{"role": "user", "content": "a\udc00"}]},
+                                    ensure_ascii=True).encode(), "messages[0].content")]:
+        err = _error(_raw(url, "POST", "/v1/chat/completions", content=body), 400)
+        assert err["param"] == param and "Unicode" in err["message"], err
+    assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"[" * 100_000), 400)["message"]
+    assert _error(_raw(url, "GET", "/v1/models", key=None, headers={"Authorization": "Bearer k\xff"}), 401)[
+        "code"] == "invalid_api_key"
+    assert _ask(r1, "hi", max_tokens=2).choices[0].finish_reason  # and the server still answers
+
+
+def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflights(r1):
+    """A browser shows a page only "a CORS error" for a response without Access-Control-Allow-Origin, so errors
+    carry it too; a preflight that asks for the OpenAI JavaScript SDK's own x-stainless-* headers gets them
+    allowed (else the browser never sends the request). Other origins get none."""
+    model_id, url = r1
+    ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    origin = {"Origin": ORIGIN}
+    cases = [(_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers=origin), 200),
+             (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9}, headers=origin), 400),
+             (_raw(url, "GET", "/v1/models", key=None, headers=origin), 401),
+             (_raw(url, "GET", "/v1/nothing", headers=origin), 404),
+             (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "stream": True}, headers=origin), 200)]
+    for reply, status in cases:
+        assert reply.status_code == status and reply.headers.get("access-control-allow-origin") == ORIGIN, reply
+    asked = "authorization,content-type,x-stainless-os,x-stainless-retry-count"
+    pre = _raw(url, "OPTIONS", "/v1/chat/completions", key=None,
+               headers={**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == ORIGIN
+    assert pre.headers["access-control-allow-headers"] == asked
+    assert "Access-Control-Request-Headers" in pre.headers["vary"]
+    other = _raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9},
+                 headers={"Origin": "http://evil.example"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
 
 
 def test_a_prompt_longer_than_the_context_is_refused(r1):

@@ -91,6 +91,28 @@ def _content(value, where: str, allow_none: bool) -> str:
     raise _bad(where, f"'{where}' must be a string or a list of text parts")
 
 
+def _check_unicode(body: dict) -> None:
+    """400 for a string that is not Unicode text: JSON's \\ud800 escapes decode to lone surrogates, which no
+    tokenizer, log or response can encode (they failed deep inside as a 500). Walks the whole body, keys too,
+    without recursion."""
+    todo = [("", body)]
+    while todo:
+        where, value = todo.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            path = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+            for text in (key, item):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError as err:
+                        name = path.encode("utf-8", "backslashreplace").decode()
+                        raise _bad(name, f"'{name}' is not valid Unicode text: an unpaired surrogate "
+                                         f"({text[err.start]!r}) at character {err.start}") from None
+            if isinstance(item, (dict, list)):
+                todo.append((path, item))
+
+
 def parse_messages(value) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
@@ -118,10 +140,11 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
     defaults = defaults or {}
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # ValueError: bad JSON or bytes; RecursionError: nested too deep
         raise ApiError(400, f"the request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    _check_unicode(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required: the id of the loaded model (GET /v1/models lists it)")

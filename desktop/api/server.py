@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import logging
 from pathlib import Path
 
 from aiohttp import web
@@ -25,6 +26,11 @@ from desktop.service import NotReady, QueueFull
 MAX_BODY_BYTES = 4 * 2 ** 20
 LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost", "ip6-loopback"}
 RETRY_AFTER_S = 5
+# A preflight that names no headers gets these; one that names its own (the OpenAI JavaScript SDK sends
+# x-stainless-* headers with every request) gets them back: the origin is listed, so its headers are welcome.
+PREFLIGHT_HEADERS = "Authorization, Content-Type"
+
+log = logging.getLogger(__name__)
 
 
 def is_loopback(host: str) -> bool:
@@ -35,6 +41,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def normalize_origins(origins) -> frozenset:
+    """The origins a server lets in, as it compares them with a request's Origin header (no trailing slash, no
+    blanks, each once): what the window's settings hold is compared in this form too, so that an origin
+    written with a slash doesn't look like a change."""
+    return frozenset(o.strip().rstrip("/") for o in origins if o and o.strip())
 
 
 def _host_name(header: str) -> str:
@@ -58,14 +71,16 @@ class ApiServer:
         self.requested_port = port  # 0: any free port
         self.port = port  # the port in use once started
         self.api_key = api_key or None
-        self.allowed_origins = {o.rstrip("/") for o in allowed_origins if o}
+        self.allowed_origins = normalize_origins(allowed_origins)
         self.defaults = defaults if defaults is not None else {}  # the app's temperature/top_p, shared, live
         self.runner: web.AppRunner | None = None
         self.started_at = schema.now()
 
     # ------------------------------------------------------------------ life
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._errors, self._guard])
+        # outermost first: CORS headers go on every response a listed origin gets, errors included (a browser
+        # shows a page only "a CORS error" for a response without them, never the message)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._cors, self._errors, self._guard])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model)
@@ -76,7 +91,9 @@ class ApiServer:
         # handler_cancellation: a client that hangs up cancels its handler, which cancels its generation.
         self.runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
+        # reuse_address left to asyncio: on POSIX it is on (a restart rebinds a port still in TIME_WAIT); on
+        # Windows SO_REUSEADDR would let another program bind the same port beside us
+        site = web.TCPSite(self.runner, self.host, self.port)
         await site.start()
         self.port = self.runner.addresses[0][1]
         return self.port
@@ -101,8 +118,17 @@ class ApiServer:
 
     # ------------------------------------------------------------------ middlewares
     @web.middleware
+    async def _cors(self, request: web.Request, handler):
+        response = await handler(request)
+        origin = self._listed_origin(request)
+        if origin and not response.prepared:  # a stream sets them itself before it starts (_stream)
+            for name, value in self._cors_headers(origin).items():
+                response.headers.setdefault(name, value)  # a preflight's own stay
+        return response
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler):
-        """Every error in OpenAI's shape, aiohttp's own (404, 405, 413) included."""
+        """Every error in OpenAI's shape, aiohttp's own (404, 405, 413) and our own bugs included."""
         try:
             return await handler(request)
         except ApiError as err:
@@ -122,6 +148,10 @@ class ApiServer:
             else:
                 err = ApiError(status, exc.reason or str(exc))
             return _error_response(err)
+        except Exception as exc:  # not a client's fault: said as OpenAI says it, and logged with its traceback
+            log.exception("API request %s %s failed", request.method, request.path)
+            return _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                            type_="server_error", code="internal_error"))
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
@@ -130,17 +160,18 @@ class ApiServer:
             raise ApiError(403, f"the Host header {host!r} is not a loopback name or address (requests through "
                                 "another name are refused: DNS-rebinding protection)", type_="permission_error",
                            code="forbidden_host")
-        origin = request.headers.get("Origin", "").rstrip("/")
-        cors = origin in self.allowed_origins
-        if request.method == "OPTIONS" and cors:  # a browser's preflight for a listed origin
-            return web.Response(status=204, headers=self._cors_headers(origin, preflight=True))
+        origin = self._listed_origin(request)
+        if request.method == "OPTIONS" and origin:  # a browser's preflight for a listed origin
+            asked = request.headers.get("Access-Control-Request-Headers", "").strip()
+            return web.Response(status=204, headers=self._cors_headers(origin, preflight=asked or PREFLIGHT_HEADERS))
         if request.path.startswith("/v1/") and self.api_key and not self._key_ok(request):
             raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
-        response = await handler(request)
-        if cors and not response.prepared:
-            response.headers.update(self._cors_headers(origin))
-        return response
+        return await handler(request)
+
+    def _listed_origin(self, request: web.Request) -> str | None:
+        origin = request.headers.get("Origin", "").rstrip("/")
+        return origin if origin in self.allowed_origins else None
 
     def _host_allowed(self, host: str) -> bool:
         if is_loopback(host):
@@ -154,14 +185,17 @@ class ApiServer:
     def _key_ok(self, request: web.Request) -> bool:
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        # surrogateescape: a header's bytes that aren't UTF-8 (aiohttp keeps them as surrogates) compare unequal
+        # instead of raising
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"),
+                                                                  self.api_key.encode())
 
-    def _cors_headers(self, origin: str, preflight: bool = False) -> dict:
+    def _cors_headers(self, origin: str, preflight: str = "") -> dict:
+        """preflight: the headers the preflight's answer allows (a preflight only)."""
         h = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if preflight:
-            h.update({"Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                      "Access-Control-Allow-Headers": "Authorization, Content-Type",
-                      "Access-Control-Max-Age": "600"})
+            h.update({"Access-Control-Allow-Methods": "GET, POST, OPTIONS", "Access-Control-Allow-Headers": preflight,
+                      "Access-Control-Max-Age": "600", "Vary": "Origin, Access-Control-Request-Headers"})
         return h
 
     # ------------------------------------------------------------------ routes
@@ -250,8 +284,8 @@ class ApiServer:
         sse_delta = schema.SseChunks(cid, created, model_id)
         resp = _SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                      "X-Accel-Buffering": "no"})
-        origin = request.headers.get("Origin", "").rstrip("/")
-        if origin in self.allowed_origins:
+        origin = self._listed_origin(request)
+        if origin:
             resp.headers.update(self._cors_headers(origin))
         await resp.prepare(request)
         # What is ready goes out in one write: the headers, the role chunk and the first token (the real engine's

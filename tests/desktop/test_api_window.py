@@ -83,6 +83,15 @@ def test_settings_switch_starts_and_stops_the_server_and_requests_show_in_the_lo
     probe = InThread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{free}/v1/models", timeout=30))
     qtbot.waitUntil(lambda: probe.done, timeout=30000)
     assert isinstance(probe.error, urllib.error.HTTPError) and probe.error.code == 401  # the key applies
+    # origins as a user may type them (a trailing slash, one twice): one restart to take them, and none for a
+    # later change to something else (a restart cancels the API requests in flight)
+    win.apply_settings(dataclasses.replace(win.settings, api_origins="http://a.example/, http://a.example"))
+    qtbot.waitUntil(lambda: win.api.server is not None and win.api.server.allowed_origins == {"http://a.example"},
+                    timeout=10000)
+    server = win.api.server
+    win.apply_settings(dataclasses.replace(win.settings, temperature=0.3))
+    qtbot.waitUntil(lambda: win.api._task is None or win.api._task.done(), timeout=10000)
+    assert win.api.server is server
 
 
 def test_a_chat_reply_waits_behind_an_api_request(qtbot, make_window, tiny_model, running_loop):

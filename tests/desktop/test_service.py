@@ -94,3 +94,29 @@ def test_a_reload_drops_waiting_requests_and_lets_the_running_one_finish(qtbot, 
     assert rec_wait.events == [("failed", "unloaded")]
     assert rec_run.events[-1][0] == "finished" and rec_run.events[-1][1]["stats"]["finish_reason"] == "eos"
     assert svc.state == "ready"
+
+
+def test_ended_requests_are_not_kept_by_the_service(qtbot, service):
+    """A request that finished, failed or was dropped before it started (cancelled here; a reload's drop takes
+    the same path) belongs to its client alone: the service kept each as a Qt child (the API's prompts of up to
+    4 MiB and its event queues with it), one more per request for as long as the app ran."""
+    import gc
+    import weakref
+
+    from desktop.service import GenerationRequest
+
+    svc, engine = service
+    _ready(qtbot, svc)
+    reqs = [svc.submit([{"role": "user", "content": "x" * 100_000}], {"max_new_tokens": 5}) for _ in range(3)]
+    recs = [Recorder(r) for r in reqs]
+    reqs[2].cancel()  # still waiting: dropped at once
+    qtbot.waitUntil(lambda: all(r.done for r in recs), timeout=20000)
+    assert [r.events[-1][0] for r in recs] == ["finished", "finished", "failed"]
+    assert svc.findChildren(GenerationRequest) == []
+    gone = [weakref.ref(r) for r in reqs]
+    del reqs, recs
+    gc.collect()
+    assert all(ref() is None for ref in gone)  # nothing else held them
+    rec = Recorder(svc.submit([{"role": "user", "content": "still works"}], {"max_new_tokens": 3}))
+    qtbot.waitUntil(lambda: rec.done, timeout=20000)
+    assert rec.events[-1][0] == "finished"
