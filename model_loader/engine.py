@@ -713,9 +713,8 @@ class Engine:
         self.params = None
         self.closed = True
         self._cache_tokens = []
-        import gc
-
-        gc.collect()
+        # No gc.collect(): the tensors are freed as their last references go (none is in a cycle), and the window
+        # collects garbage on its GUI thread only, while this may run on the engine thread (a failed warm-up).
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

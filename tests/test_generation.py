@@ -183,6 +183,41 @@ def test_close_frees_the_model(tiny_model):
     assert not engine.ready and engine.model.k_cache is None and engine.model.w["layers"] == []
 
 
+def test_close_frees_the_tensors_at_once_and_collects_no_garbage_on_its_thread(tiny_model):
+    """The window turns automatic garbage collection off and collects on the GUI thread only
+    (desktop/gcguard.py). The engine thread closes an engine whose warm-up failed (out of memory, the window
+    closed): a collection there would finalize the GUI's garbage on that thread. close() frees the tensors by
+    dropping its references (none sits in a cycle: their weak references die at once) and collects nothing."""
+    import gc
+    import weakref
+
+    from model_loader.engine import Engine
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=64)
+    run(engine, temperature=0, max_new_tokens=2)
+    held = [weakref.ref(t) for t in (engine.model.k_cache, engine.model.v_cache, *engine.model.w["layers"][0].values())]
+    finalized = []
+
+    class Garbage:
+        def __init__(self):
+            self.me = self  # a cycle: only a collection frees it
+
+        def __del__(self):
+            finalized.append(threading.current_thread().name)
+
+    gc.disable()
+    try:
+        Garbage()
+        closer = threading.Thread(target=engine.close, name="engine-thread")
+        closer.start()
+        closer.join()
+        assert finalized == [] and all(ref() is None for ref in held)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert finalized == [threading.current_thread().name]
+
+
 def test_out_of_gpu_memory_while_generating_is_reported_and_the_engine_stays_usable(cpu_engine, monkeypatch):
     import torch
 
