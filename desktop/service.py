@@ -104,6 +104,9 @@ class EngineService(QObject):
         self.running: GenerationRequest | None = None
         self.last: dict | None = None  # the last request's end: client, finish_reason, tokens (GET /health)
         self._running_gen_id = 0
+        # Loads asked for and not yet ended (ready or failed): the worker runs them in order, so only the last
+        # one's end counts; the ones before it ended superseded (settings changed while a model loaded).
+        self._loads_pending = 0
         self.host = EngineHost(self)
         self.host.worker.engine_factory = engine_factory
         w, q = self.host.worker, Qt.QueuedConnection  # explicit: these slots run on this (the service's) thread
@@ -132,6 +135,7 @@ class EngineService(QObject):
         self.info = None
         for req in list(self.waiting):
             self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
+        self._loads_pending += 1  # one under way stops at its next step (EngineHost.load)
         self.host.load(spec, device, context_length, dtype, kv_cache)
 
     def quantize(self, src: str, out: str, **options) -> None:
@@ -242,7 +246,14 @@ class EngineService(QObject):
         self.state = "loading"
         self.stage.emit(stage)
 
+    def _load_ended(self) -> bool:
+        """A load's last event arrived: True if it was the latest load's (else a newer load is on its way)."""
+        self._loads_pending = max(0, self._loads_pending - 1)
+        return self._loads_pending == 0
+
     def _on_ready(self, info: dict) -> None:
+        if not self._load_ended():  # superseded: its engine is dropped as the next load starts
+            return
         self.state = "ready"
         self.info = info
         self.ready.emit(info)
@@ -277,6 +288,8 @@ class EngineService(QObject):
 
     def _on_failed(self, gen_id: int, kind: str, message: str) -> None:
         if gen_id == 0:
+            if not self._load_ended() or kind == "aborted":  # superseded, or the app is closing
+                return
             self.state = "failed"
             self.load_failed.emit(kind, message)
             for req in list(self.waiting):

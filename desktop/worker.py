@@ -134,14 +134,22 @@ class EngineWorker(QObject):
         self.engine_factory = None  # tests/screenshots: callable(request, progress, on_compiling) -> engine-like
         self.delta_interval_s = DELTA_INTERVAL_S  # 0: one signal per engine delta (the stress test's setting)
         self._abort_load = threading.Event()
+        # The newest load asked for (EngineHost.load sets it on the GUI thread as it queues one): a load that
+        # is not the newest stops at its next step, since the settings it was asked for have changed.
+        self.latest_load = 0
         self._abort_quantize = threading.Event()
 
     # ------------------------------------------------------------------ load
     @Slot(object)
     def load(self, request: dict) -> None:
         """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto), kv_cache ("16-bit" |
-        "8-bit"; model_loader.kv_cache)."""
+        "8-bit"; model_loader.kv_cache), seq (EngineHost.load's number: a newer one stops this load)."""
         self._abort_load.clear()
+        seq = request.get("seq", 0)
+
+        def stop_here() -> bool:  # the app is closing, or a newer load was asked for
+            return self._abort_load.is_set() or (seq and seq != self.latest_load)
+
         self.stage.emit("importing")
         try:
             from model_loader.engine import Engine  # torch import happens here, off the GUI thread
@@ -158,7 +166,7 @@ class EngineWorker(QObject):
         last = [0.0]
 
         def on_progress(done: int, total: int) -> None:
-            if self._abort_load.is_set():
+            if stop_here():
                 raise LoadAborted()
             now = time.monotonic()
             if now - last[0] > 0.05 or done >= total:  # ~20 updates/s is plenty for a progress bar
@@ -170,7 +178,7 @@ class EngineWorker(QObject):
         def on_compiling() -> None:
             self.stage.emit("compiling")
 
-        engine = None
+        engine, failure = None, None
         try:
             if self.engine_factory is not None:
                 engine = self.engine_factory(request, on_progress, on_compiling)
@@ -184,7 +192,7 @@ class EngineWorker(QObject):
             self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
 
             def on_warmup(done: int, total: int, what: str) -> None:
-                if self._abort_load.is_set():
+                if stop_here():
                     raise LoadAborted()
                 self.warmup_progress.emit(done, total, what)
 
@@ -192,23 +200,29 @@ class EngineWorker(QObject):
         except BaseException as err:
             if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: its VRAM back now
                 engine.close()
-            self._free_device_memory()
-            if isinstance(err, LoadAborted):
-                return
-            if isinstance(err, OutOfMemoryError):
-                self.failed.emit(0, "oom", str(err))
+            engine = None
+            if isinstance(err, LoadAborted):  # a newer load replaced it, or the app is closing: this load ended
+                failure = ("aborted", "the model load was stopped")
+            elif isinstance(err, OutOfMemoryError):
+                failure = ("oom", str(err))
             elif isinstance(err, GpuMissingError):  # chosen in Settings, gone since (a card out, an eGPU off)
-                self.failed.emit(0, "gpu_missing", f"GPU {err.index}, chosen in Settings, is not on this computer "
-                                 f"now: it has {err.count} NVIDIA GPU{'s' if err.count != 1 else ''} (numbered from 0).")
+                failure = ("gpu_missing", f"GPU {err.index}, chosen in Settings, is not on this computer now: it has "
+                           f"{err.count} NVIDIA GPU{'s' if err.count != 1 else ''} (numbered from 0).")
             elif isinstance(err, GpuUnsupportedError):  # this torch can't use the GPU: offer the CPU, as with none
-                self.failed.emit(0, "no_gpu", str(err))
+                failure = ("no_gpu", str(err))
             elif isinstance(err, ModelError):
-                self.failed.emit(0, "model", str(err))
+                failure = ("model", str(err))
             elif isinstance(err, Exception):  # anything else is a bug; say so plainly rather than hang on "Loading"
                 traceback.print_exc()
-                self.failed.emit(0, "model", f"could not load the model: {type(err).__name__}: {err}")
+                failure = ("model", f"could not load the model: {type(err).__name__}: {err}")
             else:
                 raise  # KeyboardInterrupt, SystemExit
+        if failure is not None:
+            # Out of the except block: the error is gone, and with its traceback the failed load's frames and the
+            # half-loaded weights they held, so their memory goes back to the driver here (inside the block it
+            # only went to torch's cache, where other programs can't have it).
+            self._free_device_memory()
+            self.failed.emit(0, *failure)
             return
         self.engine = engine
         info = _asdict(engine.info)
@@ -384,11 +398,15 @@ class EngineHost(QObject):
         self._quantize_requested.connect(self.worker.quantize, Qt.QueuedConnection)
         self.thread.start()
         self._next_id = 0
+        self._load_seq = 0
 
     def load(self, spec: str, device: str, context_length: int, dtype: str | None,
              kv_cache: str = "16-bit") -> None:
+        """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load)."""
+        self._load_seq += 1
+        self.worker.latest_load = self._load_seq  # before the request is queued: it must see itself as newest
         self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype,
-                                       kv_cache=kv_cache))
+                                       kv_cache=kv_cache, seq=self._load_seq))
 
     def next_id(self) -> int:
         """A new generation id, for a generate() the caller makes right after (its events carry it)."""

@@ -120,3 +120,53 @@ def test_ended_requests_are_not_kept_by_the_service(qtbot, service):
     rec = Recorder(svc.submit([{"role": "user", "content": "still works"}], {"max_new_tokens": 3}))
     qtbot.waitUntil(lambda: rec.done, timeout=20000)
     assert rec.events[-1][0] == "finished"
+
+
+@pytest.mark.parametrize("first_ends", ["aborted at its next step", "ready all the same", "failed all the same"])
+def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(qtbot, first_ends):
+    """Settings changed while a model loads queue a second load behind the first. The first is told to stop;
+    whether it stops, or ends ready or failed anyway (past its last step), the service stays "loading" and says
+    nothing until the second ends: its Ready would let a message be sent that then waits through the second
+    load (or fails when that one does), and the window would take the first model's settings as current."""
+    import threading
+
+    import fakes
+
+    first, second = fakes.FakeEngine(), fakes.FakeEngine()
+    first.info.model_name, second.info.model_name = "first", "second"
+    gates = {"/models/first": threading.Event(), "/models/second": threading.Event()}
+
+    def make(request, progress, on_compiling=None):
+        gates[request["spec"]].wait(30)  # the test lets each load go on
+        if request["spec"] == "/models/first":
+            if first_ends == "aborted at its next step":
+                progress(1, 2)  # where the abort is seen
+            elif first_ends == "failed all the same":
+                raise fakes.OutOfMemoryError("the first model did not fit")
+            return first
+        return second
+
+    svc = EngineService(engine_factory=make)
+    try:
+        readies, failures = [], []
+        svc.ready.connect(lambda info: readies.append(info["model_name"]))
+        svc.load_failed.connect(lambda kind, msg: failures.append(kind))
+        svc.load("/models/first", "cpu", 4096, None)
+        svc.load("/models/second", "cpu", 4096, "bf16")
+        worker = svc.host.worker
+        with qtbot.waitSignals([worker.ready if first_ends == "ready all the same" else worker.failed], timeout=10000):
+            gates["/models/first"].set()
+        # the service's slots ran first (connected first): the first load's end changed nothing
+        assert svc.state == "loading" and readies == [] and failures == []
+        with pytest.raises(NotReady):
+            svc.submit([{"role": "user", "content": "too early"}], {})
+        with qtbot.waitSignal(svc.ready, timeout=10000):
+            gates["/models/second"].set()
+        assert readies == ["second"] and failures == [] and svc.state == "ready" and svc.model_name == "second"
+        rec = Recorder(svc.submit([{"role": "user", "content": "hi"}], {"max_new_tokens": 3}))
+        qtbot.waitUntil(lambda: rec.done, timeout=10000)
+        assert rec.events[-1][0] == "finished" and second.prompts and not first.prompts
+    finally:
+        for gate in gates.values():
+            gate.set()
+        svc.shutdown(3000)

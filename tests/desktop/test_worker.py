@@ -108,6 +108,41 @@ def test_load_errors_are_reported_not_raised(qtbot, host, tmp_path):
     assert str(tmp_path) in message and "config.json" in message
 
 
+def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, host):
+    """A load that runs out of memory raises out of frames that hold what was loaded so far, and the error's
+    traceback keeps those frames. The worker reported the failure (and emptied torch's cache) while it still
+    held the error, so those weights were freed only afterwards, into torch's cache, out of the driver's reach
+    (other programs see the memory as used). They are freed by the time the failure is reported."""
+    import gc
+    import weakref
+
+    from model_loader.errors import OutOfMemoryError
+
+    class Weights:  # stands for the tensors loaded before memory ran out
+        pass
+
+    loaded = []
+
+    def make(request, progress, on_compiling=None):
+        weights = Weights()
+        loaded.append(weakref.ref(weights))
+        try:
+            raise RuntimeError("CUDA out of memory")
+        except RuntimeError as err:
+            raise OutOfMemoryError("the model did not fit") from err
+
+    host.worker.engine_factory = make
+    freed_when_reported = []
+    host.worker.failed.connect(lambda *a: freed_when_reported.append(loaded[0]() is None), Qt.DirectConnection)
+    gc.disable()
+    try:
+        with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
+            host.load("/models/any", "cpu", 512, None)
+        assert blocker.args[1] == "oom" and freed_when_reported == [True]
+    finally:
+        gc.enable()
+
+
 def test_window_is_shown_before_torch_is_imported(tmp_path, tiny_model):
     code = f"""
 import os, sys
