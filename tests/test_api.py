@@ -201,6 +201,8 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
                          ("stream", "yes"), ("top_p", 0), ("seed", 1.5)]:
         err = _error(_raw(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
         assert err["param"] == field and field in err["message"], (field, err)
+    both = {**ok, "max_completion_tokens": 5, "max_tokens": -1}  # an invalid one beside a valid one
+    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=both), 400)["param"] == "max_tokens"
     bad_role = {**ok, "messages": [{"role": "tool", "content": "x"}]}
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"] == "messages[0].role"
     image = {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}

@@ -171,9 +171,10 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise _bad("stream_options.include_usage", "'stream_options.include_usage' must be true or false")
-    limit = _integer(body, "max_completion_tokens", 1)
+    # both checked, whichever is given: an invalid one is an error even beside a valid other
+    limit, legacy = _integer(body, "max_completion_tokens", 1), _integer(body, "max_tokens", 1)
     if limit is None:
-        limit = _integer(body, "max_tokens", 1)
+        limit = legacy
     settings = {"temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
                 "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95))}
     if settings["top_p"] <= 0:
