@@ -70,13 +70,19 @@ def build_window(args: argparse.Namespace, crash_log=None):
     """The main window over the user's conversations. A database that can't be opened or fails its check is
     moved aside (kept, never deleted) and a new one started; the window says where the old one went. With a
     crash log, a run that ended without closing is reported in a banner too."""
-    from desktop.store import open_store
+    import sqlite3
+
+    from desktop.store import Store, open_store
     from desktop.window import MainWindow
 
     previous = crash_log.collect_previous() if crash_log is not None else None
     if crash_log is not None:
         crash_log.start()
-    store, moved_aside = open_store(data_dir() / "conversations.sqlite3")
+    db_path = data_dir() / "conversations.sqlite3"
+    try:
+        store, moved_aside, unavailable = *open_store(db_path), None
+    except (sqlite3.Error, OSError) as err:  # a read-only folder, a full disk, a file another program locks
+        store, moved_aside, unavailable = Store(":memory:"), None, err  # the app still works; the file untouched
     qs = make_qsettings()
     if args.theme:
         qs.setValue("settings/theme", args.theme)
@@ -84,10 +90,7 @@ def build_window(args: argparse.Namespace, crash_log=None):
     seed = args.seed if args.seed is not None else (SELF_TEST_SEED if args.self_test else None)
     win = MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new, seed=seed)
     win.crash_log = crash_log
-    if moved_aside is not None:
-        win.show_database_moved(moved_aside)
-    if previous is not None:
-        win.show_previous_crash(previous)
+    win.show_start_notices(previous, moved_aside, (db_path, unavailable) if unavailable else None)
     return win
 
 

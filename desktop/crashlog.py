@@ -1,11 +1,12 @@
 """The crash log: what the app leaves behind if it ever dies, and the notice on the next start.
 
-At start the app opens `logs/session-<pid>.log` in its data folder, holds a lock file beside it for as long as
+At start the app opens `logs/session-<pid>-<random>.log` in its data folder, holds a lock file beside it for as long as
 it runs, and points faulthandler at the log: a segmentation fault, an abort or a fatal Python error writes every
 thread's Python stack there. Python exceptions that nothing caught (in a slot, on a thread) are appended too.
 A clean exit deletes both files. So on the next start a session log whose lock is no longer held (QLockFile
 knows a dead owner from a live one, on every platform) belongs to a run that ended without closing: it is kept
-as `crash-<time>.log` and the window says so. Two windows at once each have their own session files.
+as `crash-<time>.log` and the window says so. Two windows at once each have their own session files. A
+folder that can't be written (read-only, a full disk) costs the crash log, never the start.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import os
 import sys
 import threading
 import traceback
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QLockFile
 
 KEEP_CRASH_LOGS = 10  # older crash logs are removed
+_LOCKS_HELD: set[str] = set()  # the session locks this process holds (CrashLog.start)
 
 
 @dataclass
@@ -41,23 +44,37 @@ class CrashLog:
         self._old_thread_hook = None
 
     # ------------------------------------------------------------------ this run
-    def start(self) -> None:
-        """Open this run's log, lock it and install faulthandler and the exception hooks."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        stem = f"session-{os.getpid()}"
-        self._lock = QLockFile(str(self.folder / f"{stem}.lock"))
-        self._lock.setStaleLockTime(0)  # a live session's lock never goes stale with age, only with its process
-        self._lock.tryLock(0)
-        self.path = self.folder / f"{stem}.log"
-        self._file = open(self.path, "w", encoding="utf-8", errors="replace", buffering=1)
-        self._file.write(f"r1desk session started {datetime.datetime.now().isoformat(timespec='seconds')} "
-                         f"pid {os.getpid()} Python {sys.version.split()[0]} on {sys.platform}\n")
-        self._file.flush()
+    def start(self) -> bool:
+        """Open this run's log, lock it and install faulthandler and the exception hooks. False (and no log)
+        where the folder can't be written: a read-only data folder or a full disk must not stop the app."""
+        # The PID alone repeats: a process namespace (a sandbox, a container) gives every start the same one,
+        # and so would a run's leftover files to the next run, which took them for its own.
+        stem = f"session-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lock = QLockFile(str(self.folder / f"{stem}.lock"))
+            self._lock.setStaleLockTime(0)  # a live session's lock never goes stale with age, only with its process
+            self._lock.tryLock(0)
+            _LOCKS_HELD.add(self._lock.fileName())
+            self.path = self.folder / f"{stem}.log"
+            self._file = open(self.path, "x", encoding="utf-8", errors="replace", buffering=1)
+            self._file.write(f"r1desk session started {datetime.datetime.now().isoformat(timespec='seconds')} "
+                             f"pid {os.getpid()} Python {sys.version.split()[0]} on {sys.platform}\n")
+            self._file.flush()
+        except OSError as err:
+            print(f"r1desk: no crash log this run ({self.folder} can't be written: {err})", file=sys.stderr)
+            if self._file is not None:
+                self._file.close()
+            self._file, self.path = None, None
+            if self._lock is not None:
+                self._lock.unlock()
+            return False
         faulthandler.enable(self._file, all_threads=True)
         self._old_excepthook = sys.excepthook
         self._old_thread_hook = threading.excepthook
         sys.excepthook = self._excepthook
         threading.excepthook = self._thread_excepthook
+        return True
 
     def note(self, line: str) -> None:
         """Add a line to this run's log (e.g. versions once the engine has loaded)."""
@@ -101,7 +118,7 @@ class CrashLog:
         for log in sorted(self.folder.glob("session-*.log")):
             lock = QLockFile(str(log.with_suffix(".lock")))
             lock.setStaleLockTime(0)
-            if not lock.tryLock(0):
+            if not lock.tryLock(0) and not _ours_left_over(lock):
                 continue  # that run is still going (another window), or the lock can't be read: leave it
             try:
                 when = datetime.datetime.fromtimestamp(log.stat().st_mtime)
@@ -126,12 +143,32 @@ class CrashLog:
         return target
 
     def _prune(self) -> None:
-        logs = sorted(self.folder.glob("crash-*.log"), key=lambda p: p.stat().st_mtime)
+        logs = sorted(self.folder.glob("crash-*.log"), key=_mtime)
         for old in logs[:-KEEP_CRASH_LOGS]:
             try:
                 old.unlink()
             except OSError:
                 pass
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile (another window pruning at the same moment)
+        return 0.0
+
+
+def _ours_left_over(lock: QLockFile) -> bool:
+    """A lock naming this very process that this process did not take: left by an earlier run that had the
+    same PID (PIDs repeat). QLockFile takes such a lock for live; it is stale, so take it over (True)."""
+    pid, _host, _app = lock.getLockInfo()
+    if pid != os.getpid() or lock.fileName() in _LOCKS_HELD:
+        return False
+    try:
+        Path(lock.fileName()).unlink()
+    except OSError:
+        return False
+    return lock.tryLock(0)
 
 
 def _looks_fatal(text: str) -> bool:

@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop.chatview import ReplyStream
 from desktop.service import NotReady, QueueFull
-from desktop.store import Store
+from desktop.store import Store, store_problem
 
 
 def content_of(reasoning: str, answer: str) -> str:
@@ -65,8 +65,8 @@ class ReplyController(QObject):
         try:
             self.msg_id = self.store.add_message(conv_id, "assistant", "", complete=False, settings=settings)
         except sqlite3.Error as err:
-            self.banner.show_message("save_failed", f"Could not start the reply: saving it failed ({err}). Free "
-                                                     "some disk space, then use Regenerate or send again.")
+            self.banner.show_message("save_failed", f"Could not start the reply: saving it failed: {store_problem(err)} "
+                                                     "Then use Regenerate or send again.")
             return False
         try:
             req = self.win.service.submit(history, settings, client="chat")
@@ -221,8 +221,8 @@ class ReplyController(QObject):
                 pending["touch"] = touch
             self.unsaved[msg_id] = pending
             if self.banner.kind != "save_failed" or not self.banner.isVisible():
-                self.banner.show_message("save_failed", f"Could not save the reply ({err}). It stays in this "
-                                                         "window and r1desk keeps trying; free some disk space.")
+                self.banner.show_message("save_failed", f"Could not save the reply: {store_problem(err)} It stays "
+                                                         "in this window and r1desk keeps trying.")
             self.retry_timer.start()
             return False
         if self.unsaved.pop(msg_id, None) is not None and not self.unsaved and self.banner.kind == "save_failed":

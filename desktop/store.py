@@ -41,11 +41,16 @@ MESSAGE_FIELDS = ("content", "reasoning", "answer", "complete", "stats", "settin
 
 class Store:
     FLUSH_S = 0.5  # how often a growing reply is written: the README promises at most half a second lost
+    # How long a write waits for a lock another connection holds: enough for another program's short write, and
+    # a reply's saves are retried anyway (replies.py); a longer wait would stall the GUI thread
+    BUSY_TIMEOUT_S = 0.1
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), isolation_level=None)  # autocommit; explicit txns below
+        # autocommit (explicit transactions below). BUSY_TIMEOUT_S: every write runs on the GUI thread, where
+        # sqlite3's default wait of 5 s for a lock another program holds would freeze the window that long
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=self.BUSY_TIMEOUT_S)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -148,6 +153,22 @@ class Store:
                     out += ["<details><summary>Reasoning</summary>", "", quoted, "", "</details>", ""]
                 out += [m["answer"] if (m["answer"] or m["reasoning"]) else m["content"], ""]
         return "\n".join(out).rstrip() + "\n"
+
+
+def store_problem(err: sqlite3.Error) -> str:
+    """What stopped a write to the chat database, as a sentence for the user (SQLite's own words are terse)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    text = str(err).lower()
+    if code in (5, 6) or "locked" in text or "busy" in text:  # SQLITE_BUSY, SQLITE_LOCKED
+        return ("the chat database is in use by another program (another r1desk window?); close it and try "
+                "again.")
+    if code == 8 or "readonly" in text or "read-only" in text:  # SQLITE_READONLY
+        return "the chat database or its folder is read-only."
+    if code == 13 or "full" in text:  # SQLITE_FULL
+        return "the disk is full; free some space."
+    if code == 10 or "i/o" in text:  # SQLITE_IOERR
+        return f"the disk could not be written ({err}); it may be full or failing."
+    return f"{err}."
 
 
 class CorruptDatabaseError(sqlite3.DatabaseError):

@@ -29,7 +29,7 @@ from desktop.composer import Banner, Composer
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.settings import AppSettings, SettingsDialog
-from desktop.store import Store
+from desktop.store import Store, store_problem
 from desktop.welcome import WelcomePage
 from model_loader.chat import history_content  # plain text rules: no torch
 from desktop.replies import ReplyController
@@ -84,6 +84,7 @@ class MainWindow(QMainWindow):
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
         self.editing_msg_id: int | None = None
+        self.editing_conv_id: int | None = None  # the chat of the message being edited
         self._closing = False
         self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
@@ -465,6 +466,7 @@ class MainWindow(QMainWindow):
         if self.stream is not None:
             return  # one reply at a time; Esc stops it first
         self.conv_id = None
+        self._set_editing(None)  # an edit belongs to its chat (the text stays in the box)
         self.chat.clear()
         self.title_label.setText("New chat")
         self.conv_list.clearSelection()
@@ -480,6 +482,8 @@ class MainWindow(QMainWindow):
         if conv is None:
             return
         pos = self.chat.verticalScrollBar().value()
+        if conv_id != self.conv_id:
+            self._set_editing(None)  # an edit belongs to its chat (the text stays in the box)
         self.conv_id = conv_id
         self.title_label.setText(conv["title"])
         self.chat.clear()
@@ -500,7 +504,8 @@ class MainWindow(QMainWindow):
             return
         title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=conv["title"])
         if ok and title.strip():
-            self.store.rename(conv_id, title)
+            if not self._write("rename the chat", lambda: self.store.rename(conv_id, title)):
+                return
             if conv_id == self.conv_id:
                 self.title_label.setText(title.strip())
             self.refresh_list()
@@ -511,7 +516,8 @@ class MainWindow(QMainWindow):
         if confirm and QMessageBox.question(self, "Delete chat", "Delete this chat? This cannot be undone.") \
                 != QMessageBox.Yes:
             return
-        self.store.delete_conversation(conv_id)
+        if not self._write("delete the chat", lambda: self.store.delete_conversation(conv_id)):
+            return
         if conv_id == self.conv_id:
             self.new_chat()
         self.refresh_list()
@@ -566,9 +572,11 @@ class MainWindow(QMainWindow):
         if self.engine_state != "ready":
             self.banner.show_message("not_ready", "The model is not ready yet; your message is kept in the box.")
             return False
-        if self.editing_msg_id is not None and self.conv_id is not None:
-            self.store.delete_from(self.conv_id, self.editing_msg_id)  # edit & resend replaces the tail
-            self.chat.remove_from(self.editing_msg_id)
+        if self.editing_msg_id is not None and self.conv_id is not None and self.editing_conv_id == self.conv_id:
+            edited = self.editing_msg_id  # edit & resend replaces it and everything after it
+            if not self._write("replace the edited message", lambda: self.store.delete_from(self.conv_id, edited)):
+                return False
+            self.chat.remove_from(edited)
             self._set_editing(None)
         try:
             if self.conv_id is None:
@@ -578,8 +586,9 @@ class MainWindow(QMainWindow):
                 self.qs.setValue("window/last_conversation", self.conv_id)
             msg_id = self.store.add_message(self.conv_id, "user", text)
         except sqlite3.Error as err:  # a full disk, a read-only folder: nothing is lost, nothing is sent
-            self.banner.show_message("save_failed", f"Could not save your message ({err}), so it was not sent. "
-                                                     "It is still in the box; free some disk space and send again.")
+            self.banner.show_message("save_failed", f"Could not save your message, so it was not sent: "
+                                                     f"{store_problem(err)} It is still in the box; send it again "
+                                                     "once that is fixed.")
             return False
         self.chat.add_message(self.store.message(msg_id))
         self.composer.edit.clear()
@@ -627,21 +636,33 @@ class MainWindow(QMainWindow):
             self._set_editing(None)
             self.composer.edit.clear()
 
-    def show_previous_crash(self, crash) -> None:
-        """The last run ended without closing (desktop.crashlog): say so, where the log is, and that the
-        conversations are intact (the store writes a reply as it grows)."""
-        how = "crashed" if crash.fatal else "closed unexpectedly"
-        when = crash.when.strftime("%Y-%m-%d %H:%M")
-        self.banner.show_message(
-            "crash", f"r1desk {how} last time ({when}). Your conversations were kept, including the reply that "
-                     f"was being written. The crash log is at {crash.log_path}.",
-            [("Open log folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(crash.log_path.parent))))])
-
-    def show_database_moved(self, aside: Path) -> None:
-        self.banner.show_message(
-            "database", f"The conversations database was damaged, so r1desk started a new one. The old file is "
-                        f"kept at {aside}.",
-            [("Open folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(aside.parent))))])
+    def show_start_notices(self, crash=None, moved_aside: Path | None = None, unavailable=None) -> None:
+        """What the start found, in one banner (it holds one message): the conversations database that could
+        not be opened at all (unavailable: (its path, the error); the chats of this run are then not kept),
+        the one that was damaged and moved aside, and a last run that ended without closing (desktop.crashlog)."""
+        parts, actions = [], []
+        if unavailable is not None:
+            path, err = unavailable
+            problem = store_problem(err) if isinstance(err, sqlite3.Error) else f"{err}."
+            parts.append(f"Your conversations at {path} could not be opened: {problem} r1desk works, but keeps "
+                         "nothing from this session; the file was not changed.")
+            actions.append(("Open folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(path.parent)))))
+        if moved_aside is not None:
+            parts.append(f"The conversations database was damaged, so r1desk started a new one. The old file is "
+                         f"kept at {moved_aside}.")
+            actions.append(("Open folder",
+                            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(moved_aside.parent)))))
+        if crash is not None:
+            how = "crashed" if crash.fatal else "closed unexpectedly"
+            kept = "" if parts else (" Your conversations were kept, including the reply that was being "
+                                     "written (the store writes a reply as it grows).")
+            parts.append(f"r1desk {how} last time ({crash.when.strftime('%Y-%m-%d %H:%M')}).{kept} The crash "
+                         f"log is at {crash.log_path}.")
+            actions.append(("Open log folder",
+                            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(crash.log_path.parent)))))
+        if parts:
+            kind = "database" if unavailable is not None or moved_aside is not None else "crash"
+            self.banner.show_message(kind, " ".join(parts), actions)
 
     def context_full_banner(self, text: str) -> None:
         self.banner.show_message("context_full", text + " Start a new chat to continue.",
@@ -708,8 +729,11 @@ class MainWindow(QMainWindow):
         if self.stream is not None:
             return  # editing history mid-reply would change the reply's prompt under it
         if action == "delete":
-            self.store.delete_message(msg_id)
+            if not self._write("delete the message", lambda: self.store.delete_message(msg_id)):
+                return
             self.chat.remove(msg_id)
+            if msg_id == self.editing_msg_id:
+                self._set_editing(None)
         elif action == "edit":
             self._set_editing(msg_id)
             self.composer.set_text(msg["content"])
@@ -718,12 +742,24 @@ class MainWindow(QMainWindow):
             if self.engine_state != "ready":
                 self.banner.show_message("not_ready", "The model is not ready yet.")
                 return
-            self.store.delete_from(self.conv_id, msg_id)
+            if not self._write("regenerate the reply", lambda: self.store.delete_from(self.conv_id, msg_id)):
+                return
             self.chat.remove_from(msg_id)
             self._start_reply()
 
+    def _write(self, what: str, write) -> bool:
+        """A change to the chat store from a user's action; where the store refuses it (a read-only folder, a
+        full disk, another program holding the file), a banner says what was not done and why: False."""
+        try:
+            write()
+            return True
+        except sqlite3.Error as err:
+            self.banner.show_message("save_failed", f"Could not {what}: {store_problem(err)}")
+            return False
+
     def _set_editing(self, msg_id: int | None) -> None:
         self.editing_msg_id = msg_id
+        self.editing_conv_id = self.conv_id if msg_id is not None else None
         self.composer.editing_label.setVisible(msg_id is not None)
         self.composer.editing_label.setText("Editing a message: sending replaces it and everything after it "
                                             "(Esc to cancel)")

@@ -98,7 +98,7 @@ def main(out: str, only: str | None = None) -> None:
             from desktop.crashlog import PreviousCrash
 
             log = Path.home() / ".local/share/r1desk/r1desk/logs/crash-20261203-101542.log"
-            win.show_previous_crash(PreviousCrash(log, datetime.datetime(2026, 12, 3, 10, 15), fatal=True))
+            win.show_start_notices(PreviousCrash(log, datetime.datetime(2026, 12, 3, 10, 15), fatal=True))
             win.live_btn.setChecked(False)
             shoot(win, out_dir / "screenshot-crash-notice.png")
         win.close()

@@ -126,6 +126,56 @@ def test_a_database_that_is_not_one_is_moved_aside_and_the_app_starts(qtbot, pro
         win.store.close()
 
 
+def test_a_database_that_cant_be_opened_leaves_the_app_usable_and_the_file_untouched(qtbot, profile):
+    """Not damaged but out of reach (here a folder where the file should be; a read-only folder, a full disk or
+    another program's lock alike): moving it aside would not help, and the app used to stop at start with a
+    traceback. It starts, says what happened, where, and that this session's chats are not kept."""
+    from desktop.app import build_window, parse_args
+
+    db = profile / "data" / "conversations.sqlite3"
+    db.mkdir(parents=True)
+    (db / "something").write_text("the user's")
+    win = build_window(parse_args([]))
+    qtbot.addWidget(win)
+    try:
+        message = win.banner.label.text()
+        assert win.banner.kind == "database" and str(db) in message and "could not be opened" in message
+        assert "keeps nothing from this session" in message
+        assert [b.text() for b in win.banner.action_buttons()] == ["Open folder"]
+        conv = win.store.create_conversation("works")  # usable, in memory
+        assert win.store.conversation(conv)["title"] == "works"
+        assert (db / "something").read_text() == "the user's" and not list(db.parent.glob("*corrupt*"))
+    finally:
+        win.close()
+        win.store.close()
+
+
+def test_a_crash_and_a_damaged_database_are_both_said(qtbot, profile):
+    """The banner holds one message: the crash notice used to replace the damaged database's, saying the
+    conversations were kept when they had just been moved aside."""
+    from desktop.app import build_window, parse_args
+    from desktop.crashlog import CrashLog
+
+    logs = profile / "data" / "logs"
+    assert _child(SEGFAULT_IN_A_FUNCTION.format(folder=str(logs))).returncode != 0
+    db = profile / "data" / "conversations.sqlite3"
+    db.write_bytes(b"this is not a database " * 200)
+    crash_log = CrashLog(logs)
+    win = build_window(parse_args([]), crash_log)
+    qtbot.addWidget(win)
+    try:
+        (aside,) = db.parent.glob("conversations-corrupt-*.sqlite3")
+        (kept,) = logs.glob("crash-*.log")
+        message = win.banner.label.text()
+        assert str(aside) in message and "crashed last time" in message and str(kept) in message
+        assert "were kept" not in message
+        assert [b.text() for b in win.banner.action_buttons()] == ["Open folder", "Open log folder"]
+    finally:
+        win.close()
+        win.store.close()
+        crash_log.stop()
+
+
 def test_a_database_with_damaged_pages_is_moved_aside(tmp_path):
     from desktop.store import Store, open_store
 
@@ -206,3 +256,39 @@ def test_a_full_disk_when_sending_keeps_the_message_in_the_box(qtbot, make_windo
     assert not win.send()
     assert win.composer.text() == text and win.stream is None
     assert win.banner.kind == "save_failed" and "still in the box" in win.banner.label.text()
+
+
+def test_a_crash_log_left_by_a_run_with_this_very_pid_is_still_reported(tmp_path):
+    """PIDs repeat: in a sandbox or container every start can get the same one. An earlier run's session files
+    that name this process's PID used to look like its own live session: not reported, then overwritten, and
+    its lock left behind for good. Here the leftover lock holds what this process's own lock would."""
+    from PySide6.QtCore import QLockFile
+
+    from desktop.crashlog import CrashLog
+
+    probe = QLockFile(str(tmp_path / "probe.lock"))
+    assert probe.tryLock(0)
+    mine = (tmp_path / "probe.lock").read_bytes()  # the lock this process writes: its PID, host and name
+    probe.unlock()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / f"session-{os.getpid()}-0badc0de.lock").write_bytes(mine)
+    (logs / f"session-{os.getpid()}-0badc0de.log").write_text("Fatal Python error: Segmentation fault\n")
+    crash = CrashLog(logs).collect_previous()
+    assert crash is not None and crash.fatal and "Segmentation fault" in crash.log_path.read_text()
+    assert not list(logs.glob("session-*"))
+    live = CrashLog(logs)
+    assert live.start()  # a lock this process holds is not taken for a leftover
+    assert CrashLog(logs).collect_previous() is None and live.path.exists()
+    live.stop()
+
+
+def test_a_data_folder_that_cant_be_written_costs_the_crash_log_not_the_start(tmp_path):
+    from desktop.crashlog import CrashLog
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    log = CrashLog(blocked / "logs")
+    assert log.start() is False and log.path is None
+    log.note("nothing to write to")  # and the rest of its use is harmless
+    log.stop()

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from desktop.store import Store
 from fakes import ANSWER, REASONING, FakeEngine
 
@@ -196,3 +198,26 @@ def test_search_matches_titles_and_message_text(tmp_path):
 def test_store_uses_wal(tmp_path):
     store = Store(tmp_path / "h.sqlite3")
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_database_another_program_holds_is_said_so_without_freezing_the_window(tmp_path):
+    """Every write runs on the GUI thread: with sqlite3's default wait for a lock (5 s) a second r1desk window
+    (or any program) holding the file froze the window that long on every save, twice a second while a reply
+    streamed. The store waits at most Store.BUSY_TIMEOUT_S, and what the user is told names the cause."""
+    from desktop.store import store_problem
+
+    store = Store(tmp_path / "c.sqlite3")
+    conv = store.create_conversation("chat")
+    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == int(Store.BUSY_TIMEOUT_S * 1000) <= 250
+    other = sqlite3.connect(str(tmp_path / "c.sqlite3"), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another program's write transaction
+    with pytest.raises(sqlite3.OperationalError) as err:
+        store.add_message(conv, "user", "hello")
+    assert "another program" in store_problem(err.value)
+    other.execute("ROLLBACK")
+    store.add_message(conv, "user", "hello")  # and once it lets go, the write goes through
+    assert [m["content"] for m in store.messages(conv)] == ["hello"]
+    assert "read-only" in store_problem(sqlite3.OperationalError("attempt to write a readonly database"))
+    assert "disk is full" in store_problem(sqlite3.OperationalError("database or disk is full"))
+    other.close()
+    store.close()

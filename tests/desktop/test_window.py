@@ -108,6 +108,68 @@ def test_message_actions_copy_edit_regenerate_delete(qtbot, make_window):
     assert len(win.chat.widgets) == 3
 
 
+def test_an_edit_stays_with_its_chat(qtbot, make_window):
+    """Edit a message, then go to another chat (or a new one) and send there: the message goes to that chat as
+    a new one, and nothing is replaced anywhere. The edit used to follow the window: its send deleted that
+    chat's messages from the edited message's id on (ids are global and grow, so all of a newer chat's)."""
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    _reply(qtbot, win, "chat A question")
+    chat_a = win.conv_id
+    win.new_chat()
+    _reply(qtbot, win, "chat B question")
+    chat_b = win.conv_id
+    win.open_conversation(chat_a)
+    qtbot.mouseClick(win.chat.widgets[0].buttons["edit"], Qt.LeftButton)
+    assert win.composer.editing_label.isVisible()
+    win.open_conversation(chat_b)
+    assert not win.composer.editing_label.isVisible() and win.composer.text() == "chat A question"  # kept
+    _reply(qtbot, win, "chat B follow-up")
+    assert [m["content"] for m in win.store.messages(chat_b) if m["role"] == "user"] == [
+        "chat B question", "chat B follow-up"]
+    assert [m["content"] for m in win.store.messages(chat_a) if m["role"] == "user"] == ["chat A question"]
+    # the same through a new chat
+    win.open_conversation(chat_a)
+    qtbot.mouseClick(win.chat.widgets[0].buttons["edit"], Qt.LeftButton)
+    win.new_chat()
+    _reply(qtbot, win, "chat C question")
+    assert len(win.store.messages(chat_a)) == 2 and len(win.store.messages(chat_b)) == 4
+
+
+def test_a_store_that_refuses_a_change_is_said_and_nothing_is_lost(qtbot, make_window, monkeypatch):
+    """Rename, delete (a chat, a message), regenerate and an edit's resend on a database that refuses writes
+    (here: locked by another program): each says what it could not do and why, the chat stays as it was, and
+    the window goes on working. They used to raise out of the click."""
+    import sqlite3
+
+    win = make_window(engine=FakeEngine(token_s=0.0))
+    _reply(qtbot, win, "question")
+    conv = win.conv_id
+    before = win.store.messages(conv)
+
+    def locked(*args, **kwargs):
+        raise sqlite3.OperationalError("database is locked")
+
+    for name in ("rename", "delete_conversation", "delete_message", "delete_from"):
+        monkeypatch.setattr(win.store, name, locked)
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("New title", True))
+    user_w, bot_w = win.chat.widgets
+    actions = [("rename the chat", lambda: win.rename_conversation(conv)),
+               ("delete the chat", lambda: win.delete_conversation(conv, confirm=False)),
+               ("delete the message", lambda: qtbot.mouseClick(bot_w.buttons["delete"], Qt.LeftButton)),
+               ("regenerate the reply", lambda: qtbot.mouseClick(bot_w.buttons["regenerate"], Qt.LeftButton))]
+    for what, act in actions:
+        win.banner.hide()
+        act()
+        assert win.banner.isVisible() and win.banner.kind == "save_failed", what
+        assert win.banner.label.text().startswith(f"Could not {what}: ") and "another program" in win.banner.label.text()
+    qtbot.mouseClick(user_w.buttons["edit"], Qt.LeftButton)
+    win.composer.edit.setPlainText("edited")
+    assert not win.send()
+    assert "Could not replace the edited message" in win.banner.label.text() and win.composer.text() == "edited"
+    assert win.store.messages(conv) == before and win.conv_id == conv and len(win.chat.widgets) == 2
+    assert win.title_label.text() != "New title" and win.stream is None
+
+
 def test_controls_have_accessible_names(qtbot, make_window):
     win = make_window(engine=FakeEngine(token_s=0.0))
     _reply(qtbot, win, "hello")
