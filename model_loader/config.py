@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +24,49 @@ class AwqConfig:
         return not any(key in module for key in self.modules_to_not_convert)
 
 
+def _positive_int(raw: dict, key: str, path: Path, default=None, what: str = "config.json") -> int:
+    """raw[key] (default where absent or null) as an integer >= 1; a bool, a float, a string or a number < 1 is
+    a ModelError naming the field (json gives true for 1 and 2.0 for 2, which failed far from the cause)."""
+    value = raw.get(key)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        got = "missing" if value is None else f"got {value!r}"
+        raise ModelError(f"{path}: invalid {what} ({key} must be a positive integer; {got})", str(path))
+    return value
+
+
+def _positive_float(raw: dict, key: str, path: Path, default: float) -> float:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ModelError(f"{path}: invalid config.json ({key} must be a positive number; got {value!r})", str(path))
+    return float(value)
+
+
+def _token_ids(raw: dict, key: str, path: Path) -> list[int]:
+    value = raw.get(key)
+    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value if isinstance(value, list) \
+        else [] if value is None else None
+    if ids is None or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ModelError(f"{path}: invalid config.json ({key} must be a token id or a list of them; got {value!r})",
+                         str(path))
+    return ids
+
+
 def parse_awq(raw: dict, path: Path, widths: tuple[int, ...]) -> AwqConfig:
     """Validate quantization_config; every failure is one line naming config.json and the problem."""
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: invalid config.json (quantization_config must be an object; got {raw!r})",
+                         str(path))
     method = str(raw.get("quant_method", "")).lower()
     if method != "awq":
         raise ModelError(f"{path}: unsupported quantization {method or raw!r}; r1desk reads AWQ (4-bit, GEMM) "
                          "or unquantized bf16/fp16 checkpoints", str(path))
     bits = raw.get("bits", raw.get("w_bit"))
-    if bits != 4:
-        raise ModelError(f"{path}: AWQ with {bits} bits is not supported (only 4-bit)", str(path))
+    if bits != 4 or not isinstance(bits, int):
+        raise ModelError(f"{path}: AWQ with {bits!r} bits is not supported (only 4-bit)", str(path))
     version = str(raw.get("version", "gemm")).lower()
     if version != "gemm":
         raise ModelError(f"{path}: AWQ version {raw.get('version')!r} is not supported (only \"gemm\" packing)",
@@ -39,12 +74,15 @@ def parse_awq(raw: dict, path: Path, widths: tuple[int, ...]) -> AwqConfig:
     if not raw.get("zero_point", True):
         raise ModelError(f"{path}: AWQ without zero points is not supported", str(path))
     group = raw.get("group_size", raw.get("q_group_size"))
-    if group not in (32, 64, 128, 256):
-        raise ModelError(f"{path}: AWQ group size {group} is not supported (32, 64, 128 or 256)", str(path))
+    if group not in (32, 64, 128, 256) or not isinstance(group, int):
+        raise ModelError(f"{path}: AWQ group size {group!r} is not supported (32, 64, 128 or 256)", str(path))
     for width in widths:
         if width % group:
             raise ModelError(f"{path}: AWQ group size {group} does not divide the layer width {width}", str(path))
-    skip = raw.get("modules_to_not_convert") or ()
+    skip = raw.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(name, str) and name for name in skip):
+        raise ModelError(f"{path}: invalid quantization_config (modules_to_not_convert must be a list of module "
+                         f"names; got {skip!r})", str(path))
     return AwqConfig(group_size=group, modules_to_not_convert=tuple(skip))
 
 
@@ -93,6 +131,7 @@ def read_config(folder: Path) -> Qwen2Config:
             str(path),
         )
     archs = raw.get("architectures") or []
+    archs = [str(a) for a in archs] if isinstance(archs, list) else [str(archs)]
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         name = ", ".join(archs) if archs else f"model_type={raw.get('model_type')!r}"
         raise ModelError(
@@ -101,16 +140,18 @@ def read_config(folder: Path) -> Qwen2Config:
             str(path),
         )
     rope_scaling = raw.get("rope_scaling")
-    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
+    if rope_scaling and (not isinstance(rope_scaling, dict) or
+                         (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default")):
         raise ModelError(f"{path}: unsupported rope_scaling {rope_scaling!r}", str(path))
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [k for k in required if not isinstance(raw.get(k), int) or raw.get(k) <= 0]
+    missing = [k for k in required
+               if isinstance(raw.get(k), bool) or not isinstance(raw.get(k), int) or raw.get(k) <= 0]
     if missing:
         raise ModelError(f"{path}: invalid config.json (missing or non-positive {', '.join(missing)})", str(path))
     heads = raw["num_attention_heads"]
-    kv_heads = raw.get("num_key_value_heads") or heads
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-    if head_dim * heads != raw["hidden_size"] and not raw.get("head_dim"):
+    kv_heads = _positive_int(raw, "num_key_value_heads", path, heads)
+    head_dim = _positive_int(raw, "head_dim", path, raw["hidden_size"] // heads or None)
+    if head_dim * heads != raw["hidden_size"] and raw.get("head_dim") is None:
         raise ModelError(f"{path}: invalid config.json (hidden_size not divisible by num_attention_heads)", str(path))
     if heads % kv_heads:
         raise ModelError(f"{path}: invalid config.json (num_attention_heads not a multiple of num_key_value_heads)",
@@ -119,8 +160,12 @@ def read_config(folder: Path) -> Qwen2Config:
     if raw.get("quantization_config"):
         widths = (raw["hidden_size"], raw["intermediate_size"], heads * head_dim)
         awq = parse_awq(raw["quantization_config"], path, widths)
-    eos = raw.get("eos_token_id")
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    eos_ids = _token_ids(raw, "eos_token_id", path)
+    bos_ids = _token_ids(raw, "bos_token_id", path)
+    tied = raw.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):  # "false" would be true
+        raise ModelError(f"{path}: invalid config.json (tie_word_embeddings must be true or false; got {tied!r})",
+                         str(path))
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
     return Qwen2Config(
         hidden_size=raw["hidden_size"],
@@ -129,12 +174,12 @@ def read_config(folder: Path) -> Qwen2Config:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         vocab_size=raw["vocab_size"],
-        max_position_embeddings=raw.get("max_position_embeddings", 32768),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embeddings=_positive_int(raw, "max_position_embeddings", path, 32768),
+        rope_theta=_positive_float(raw, "rope_theta", path, 10000.0),
+        rms_norm_eps=_positive_float(raw, "rms_norm_eps", path, 1e-6),
+        tie_word_embeddings=tied,
         torch_dtype=str(dtype),
-        bos_token_id=raw.get("bos_token_id"),
+        bos_token_id=bos_ids[0] if bos_ids else None,
         eos_token_id=eos_ids,
         head_dim=head_dim,
         quantization_config=raw.get("quantization_config"),

@@ -29,7 +29,7 @@ from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
-from model_loader.tokenizer import load_tokenizer
+from model_loader.tokenizer import check_vocabulary, load_tokenizer
 from model_loader.errors import ContextFullError, GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
 from model_loader.forced_tokens import RING, ClosePush, ForcedTokens
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
@@ -509,6 +509,7 @@ class Engine:
         try:
             if "error" in tok_box:
                 raise tok_box["error"]
+            check_vocabulary(tok_box["tokenizer"], cfg, folder.path)
             chat = ChatFormat(tok_box["tokenizer"], cfg.eos_token_id)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)

@@ -6,12 +6,15 @@ Never touches the network: repo ids are resolved from the local Hugging Face cac
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from model_loader.config import Qwen2Config, read_config
 from model_loader.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json",)
@@ -105,10 +108,16 @@ def _find_shards(folder: Path) -> tuple[Path, ...]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise ModelError(f"{index}: invalid safetensors index ({err})", str(index)) from err
+        if not names:
+            raise ModelError(f"{index}: invalid safetensors index (its weight_map names no shard)", str(index))
         shards = []
         for name in names:
+            # a shard is a file beside the index: not a path elsewhere on the disk
+            if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+                raise ModelError(f"{index}: invalid safetensors index (shard {name!r} is not a file name in the "
+                                 "model folder)", str(index))
             shard = folder / name
             if not shard.is_file():
                 raise ModelError(f"{shard}: missing safetensors shard listed in {index.name}", str(shard))
@@ -150,6 +159,8 @@ def find_local_models() -> list[ModelFolder]:
             found.append(validate_folder(path))
         except ModelError:
             continue
+        except Exception as err:  # a folder we fail to read must not hide the others (doctor, the welcome screen)
+            log.warning("skipped %s while looking for models: %s: %s", path, type(err).__name__, err)
     return found
 
 

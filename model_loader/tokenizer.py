@@ -100,6 +100,17 @@ class FolderTokenizer:
         return self.encode(text) if tokenize else text
 
 
+def check_vocabulary(tokenizer, cfg, folder: Path) -> None:
+    """The tokenizer's ids must all have rows in the model's embedding: a token past it (a tokenizer from
+    another model) would index out of range on the first prompt, which on a GPU is a device-side assert that
+    leaves CUDA unusable until the app restarts."""
+    largest = len(tokenizer) - 1  # ids run 0..n-1 (added tokens included); get_vocab() would cost ~0.1 s here
+    if largest >= cfg.vocab_size:
+        raise ModelError(f"{folder}: the tokenizer (tokenizer.json) has token ids up to {largest}, but config.json's "
+                         f"vocab_size is {cfg.vocab_size}: the tokenizer and the weights are from different models",
+                         str(folder))
+
+
 def load_tokenizer(folder: Path):
     try:
         if (folder / "tokenizer.json").is_file():

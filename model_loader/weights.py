@@ -70,7 +70,7 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
             raw = json.loads(f.read(n))
     except ModelError:
         raise
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested past the parser's depth
         raise ModelError(f"{shard}: corrupt safetensors header ({err.__class__.__name__})", str(shard)) from err
     if not isinstance(raw, dict):
         raise ModelError(f"{shard}: corrupt safetensors header", str(shard))
@@ -80,9 +80,12 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError) as err:
             raise ModelError(f"{shard}: corrupt safetensors header entry for {name}", str(shard)) from err
+        if not all(_is_count(v) for v in (*shape, begin, end)):  # ints, as the format says: 64.7 is no size
+            raise ModelError(f"{shard}: corrupt safetensors header entry for {name} (shape {info['shape']!r}, "
+                             f"offsets {info['data_offsets']!r})", str(shard))
         numel = 1
         for d in shape:
             numel *= d
@@ -93,7 +96,20 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
                 f"{shard}: truncated safetensors file ({size} bytes; tensor {name} needs {8 + n + end})", str(shard)
             )
         entries[name] = TensorEntry(shard, dtype, shape, end - begin, begin)
+    # As the format requires (and safetensors' own reader checks): the tensors tile the data, in order, with no
+    # gap and no overlap. Two names on one byte range would load one tensor's bytes as another's.
+    at = 0
+    for entry in sorted(entries.values(), key=lambda e: (e.offset, e.nbytes)):  # an empty tensor first
+        if entry.offset != at:
+            name = next(k for k, v in entries.items() if v is entry)
+            raise ModelError(f"{shard}: corrupt safetensors header (tensor {name} starts at byte {entry.offset} "
+                             f"of the data, where {at} was expected: overlapping or misplaced tensors)", str(shard))
+        at += entry.nbytes
     return entries
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -141,7 +157,17 @@ def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig 
     """Headers of all shards, checked against the config: every tensor present, shaped and typed right."""
     entries: dict[str, TensorEntry] = {}
     for shard in shards:
-        entries.update(read_header(shard))
+        for name, entry in read_header(shard).items():
+            if name in entries:  # which copy is meant? Neither is taken silently
+                raise ModelError(f"{shard}: tensor {name} is also in {entries[name].shard.name}: the checkpoint "
+                                 "holds it twice", str(shard))
+            entries[name] = entry
+    layers = {int(part) for name in entries if name.startswith("model.layers.")
+              for part in [name.split(".")[2]] if part.isdigit()}
+    if cfg.num_hidden_layers > len(layers):  # before listing every tensor of every layer config.json claims
+        where = shards[0].parent if len(shards) > 1 else shards[0]
+        raise ModelError(f"{where}: config.json says {cfg.num_hidden_layers} layers, the weights hold "
+                         f"{len(layers)}", str(where))
     for name, shape in expected_shapes(cfg, awq).items():
         entry = entries.get(name)
         if entry is None:

@@ -131,6 +131,119 @@ def test_config_that_does_not_match_the_weights(folder):
     expect_error(folder, "model.safetensors", "config.json implies")
 
 
+@pytest.mark.parametrize("field, value", [
+    ("num_key_value_heads", "2"), ("num_key_value_heads", 2.0), ("num_hidden_layers", True),
+    ("architectures", [None]), ("rope_scaling", "yarn"), ("rope_theta", None), ("rope_theta", "abc"),
+    ("rms_norm_eps", "x"), ("max_position_embeddings", "4096"), ("max_position_embeddings", -5),
+    ("max_position_embeddings", 0), ("head_dim", "16"), ("tie_word_embeddings", "false"),
+    ("eos_token_id", "151643"), ("quantization_config", "awq")])
+def test_a_config_value_of_the_wrong_type_is_named(folder, field, value):
+    """json's types are not the ones config.json means (true is 1, 2.0 is 2, "false" is true): each such value
+    is a ModelError naming config.json and, where it is wrong by itself, the field (they were TypeErrors from
+    deep inside the load, or silently taken: "false" tied the embeddings, null took the default)."""
+    edit_config(folder, **{field: value})
+    if field == "rope_theta" and value is None:  # null: the default, as transformers reads it
+        assert resolve_model(folder).config.rope_theta == 10000.0
+        return
+    msg = expect_error(folder, "config.json")
+    assert field in msg or field == "architectures" and "unsupported architecture" in msg, msg
+
+
+@pytest.mark.parametrize("quantization, fragment", [
+    ({"group_size": 32.0}, "group size 32.0"), ({"modules_to_not_convert": [None]}, "modules_to_not_convert"),
+    ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert"), ({"bits": "4"}, "'4' bits")])
+def test_an_awq_config_value_of_the_wrong_type_is_named(folder, quantization, fragment):
+    edit_config(folder, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
+                                             "zero_point": True, **quantization})
+    expect_error(folder, "config.json", fragment)
+
+
+def test_more_layers_in_config_than_in_the_weights_is_said_at_once(folder):
+    """A typo of 10**9 layers used to list every tensor of every layer first (2.7 GB and 14 s at 10**6)."""
+    edit_config(folder, num_hidden_layers=10**9)
+    expect_error(folder, "config.json says 1000000000 layers, the weights hold 2")
+
+
+def _rewrite_header(folder, change):
+    """model.safetensors with change(header dict) applied and the data kept as it is."""
+    import struct
+
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    change(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def _first_two(header):
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    return names[0], names[1]
+
+
+def test_a_header_whose_tensors_share_bytes_is_refused(folder):
+    """Two names on one byte range load one tensor's bytes as another's: garbage weights, no error."""
+    def alias(header):
+        a, b = _first_two(header)
+        header[b]["data_offsets"] = header[a]["data_offsets"]
+        header[b]["shape"], header[b]["dtype"] = header[a]["shape"], header[a]["dtype"]
+
+    _rewrite_header(folder, alias)
+    expect_error(folder, "model.safetensors", "overlapping or misplaced tensors")
+
+
+@pytest.mark.parametrize("bad", ["float offsets", "string offsets", "float shape"])
+def test_a_header_with_numbers_that_are_not_integers_is_refused(folder, bad):
+    def change(header):
+        a, _ = _first_two(header)
+        begin, end = header[a]["data_offsets"]
+        if bad == "float offsets":
+            header[a]["data_offsets"] = [float(begin), float(end)]
+        elif bad == "string offsets":
+            header[a]["data_offsets"] = [str(begin), str(end)]
+        else:
+            header[a]["shape"] = [d + 0.7 for d in header[a]["shape"]]
+
+    _rewrite_header(folder, change)
+    expect_error(folder, "model.safetensors", "corrupt safetensors header entry")
+
+
+def test_a_tensor_in_two_shards_is_refused(folder):
+    """The index said one shard and the other held a zeroed copy: the last shard read won, silently."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    save_file(tensors, folder / "model-00001-of-00002.safetensors")
+    save_file({"lm_head.weight": tensors["lm_head.weight"] * 0}, folder / "model-00002-of-00002.safetensors")
+    (folder / "model.safetensors").unlink()
+    weight_map = {name: "model-00001-of-00002.safetensors" for name in tensors}
+    weight_map["model.norm.weight"] = "model-00002-of-00002.safetensors"  # the index lists both shards
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    expect_error(folder, "lm_head.weight", "holds it twice")
+
+
+@pytest.mark.parametrize("weight_map, fragment", [({}, "names no shard"), ({"a": 5}, "not a file name"),
+                                                  ({"a": "../elsewhere.safetensors"}, "not a file name")])
+def test_an_index_that_names_no_shard_or_not_a_file_is_refused(folder, weight_map, fragment):
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    expect_error(folder, "model.safetensors.index.json", fragment)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(folder):
+    """Its ids past the embedding would index out of range on the first prompt: on a GPU a device-side assert
+    that leaves CUDA unusable until the app restarts."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = tensors[name][:1000].contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    edit_config(folder, vocab_size=1000)
+    expect_error(folder, "tokenizer", "vocab_size is 1000", "different models")
+
+
 def test_no_tokenizer(folder):
     (folder / "tokenizer.json").unlink()
     expect_error(folder, "no tokenizer")
@@ -185,6 +298,20 @@ def test_find_local_models_lists_compatible_models_only(tiny_model, tmp_path, mo
         (cache / f"models--{repo}" / "refs" / "main").write_text("b" * 40)
         if not good:
             edit_config(snap, architectures=["LlamaForCausalLM"])
+    broken = cache / "models--someone--Broken" / "snapshots" / ("c" * 40)
+    shutil.copytree(tiny_model, broken)
+    (cache / "models--someone--Broken" / "refs").mkdir()
+    (cache / "models--someone--Broken" / "refs" / "main").write_text("c" * 40)
+    import model_loader.locate as locate
+
+    real = locate.validate_folder
+
+    def trips_on_broken(path):  # a folder our reader fails on (a bug of ours) must not hide the others
+        if "Broken" in str(path):
+            raise TypeError("a bug of ours")
+        return real(path)
+
+    monkeypatch.setattr(locate, "validate_folder", trips_on_broken)
     own = tmp_path / "data" / "r1desk" / "models" / "my-awq"
     shutil.copytree(tiny_model, own)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
