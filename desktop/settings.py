@@ -11,6 +11,8 @@ finds the siblings (model_loader.locate.find_variants) after each load; the list
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import asdict, dataclass, fields
 
 from PySide6.QtCore import QSettings
@@ -39,6 +41,11 @@ class AppSettings:
     api_origins: str = ""  # comma-separated web origins allowed through CORS; empty: none
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache")
+    # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
+    RANGES = {"context_length": (0, 131072), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
+              "max_new_tokens": (0, 131072), "font_size": (8, 24), "api_port": (1024, 65535)}
+    CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32", "awq"), "kv_cache": ("16-bit", "8-bit"),
+               "theme": ("system", "light", "dark")}
     VERSION = 2  # 2: context and max new tokens default to auto (0); version 1 stored 4096 for both
 
     @classmethod
@@ -49,14 +56,17 @@ class AppSettings:
             if raw is None:
                 continue
             default = getattr(s, f.name)
+            if isinstance(raw, list):  # an ini value with an unquoted comma comes back as a list of its parts
+                raw = ", ".join(map(str, raw))
             try:
                 if isinstance(default, bool):  # QSettings hands back "true"/"false" strings from an ini file
                     value = raw if isinstance(raw, bool) else str(raw).strip().lower() in ("true", "1", "yes")
                 else:
                     value = type(default)(raw) if not isinstance(default, str) else str(raw)
-                setattr(s, f.name, value)
             except (TypeError, ValueError):
-                pass  # a hand-edited or corrupt value: keep the default
+                continue  # a hand-edited or corrupt value: keep the default
+            if cls._allowed(f.name, value):
+                setattr(s, f.name, value)
         if qs.value("settings/version") is None:
             # Settings saved before auto existed hold every field, defaults included: 4096 there was the old
             # default, not a choice. A user who did pick another number keeps it.
@@ -65,6 +75,19 @@ class AppSettings:
             if s.max_new_tokens == 4096:
                 s.max_new_tokens = 0
         return s
+
+    @classmethod
+    def _allowed(cls, name: str, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if name in cls.RANGES:
+            lo, hi = cls.RANGES[name]
+            return lo <= value <= hi
+        if name in cls.CHOICES:
+            return value in cls.CHOICES[name]
+        if name == "device":
+            return value in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", value) is not None
+        return True
 
     def save(self, qs: QSettings) -> None:
         for k, v in asdict(self).items():
@@ -111,6 +134,7 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setAccessibleName("Settings")
         self.setMinimumWidth(520)
+        R = AppSettings.RANGES  # noqa: N806 (the spin boxes' ranges, as load() checks them)
         form = QFormLayout()
         form.setVerticalSpacing(10)
         form.setHorizontalSpacing(16)
@@ -136,7 +160,7 @@ class SettingsDialog(QDialog):
                                   "it is offered when a 4-bit copy of this model is on this computer")
         self.precision.currentIndexChanged.connect(self._on_precision)
         form.addRow("Precision", self.precision)
-        self.context = self._spin(QSpinBox(), 0, 131072, settings.context_length, "Context length", step=1024)
+        self.context = self._spin(QSpinBox(), *R["context_length"], settings.context_length, "Context length", step=1024)
         self.context.setSpecialValueText(f"Auto: {auto_context:,}" if auto_context else "Auto")
         self.context.setToolTip("Auto: as much as the GPU has room for after the model, up to 32,768 tokens "
                                 "(DeepSeek advises allowing R1 that much)")
@@ -147,14 +171,14 @@ class SettingsDialog(QDialog):
                                  "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
                                  "now, slower replies at long context. Needs an RTX 40-series or newer GPU")
         form.addRow("KV cache", self.kv_cache)
-        self.temperature = self._spin(QDoubleSpinBox(), 0.0, 2.0, settings.temperature, "Temperature", step=0.05)
+        self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)
-        self.top_p = self._spin(QDoubleSpinBox(), 0.05, 1.0, settings.top_p, "Top-p", step=0.05)
+        self.top_p = self._spin(QDoubleSpinBox(), *R["top_p"], settings.top_p, "Top-p", step=0.05)
         form.addRow("Top-p", self.top_p)
-        self.top_k = self._spin(QSpinBox(), 0, 1000, settings.top_k, "Top-k")
+        self.top_k = self._spin(QSpinBox(), *R["top_k"], settings.top_k, "Top-k")
         self.top_k.setSpecialValueText("off")
         form.addRow("Top-k", self.top_k)
-        self.max_new = self._spin(QSpinBox(), 0, 131072, settings.max_new_tokens, "Max new tokens", step=256)
+        self.max_new = self._spin(QSpinBox(), *R["max_new_tokens"], settings.max_new_tokens, "Max new tokens", step=256)
         self.max_new.setSpecialValueText("Auto (the context)")
         form.addRow("Max new tokens", self.max_new)
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
@@ -165,7 +189,7 @@ class SettingsDialog(QDialog):
         self.theme = self._combo([("Follow system", "system"), ("Light", "light"), ("Dark", "dark")],
                                  settings.theme, "Theme")
         form.addRow("Theme", self.theme)
-        self.font_size = self._spin(QSpinBox(), 8, 24, settings.font_size, "Font size")
+        self.font_size = self._spin(QSpinBox(), *R["font_size"], settings.font_size, "Font size")
         form.addRow("Font size (pt)", self.font_size)
 
         self.api_enabled = QCheckBox("Serve to apps on this computer")
@@ -174,7 +198,7 @@ class SettingsDialog(QDialog):
                                     "and scripts; only this computer can reach it")
         self.api_enabled.setChecked(settings.api_enabled)
         form.addRow("Local API server", self.api_enabled)
-        self.api_port = self._spin(QSpinBox(), 1024, 65535, settings.api_port, "API port")
+        self.api_port = self._spin(QSpinBox(), *R["api_port"], settings.api_port, "API port")
         self.api_port.setGroupSeparatorShown(False)
         form.addRow("API port", self.api_port)
         self.api_key = QLineEdit(settings.api_key)

@@ -181,6 +181,25 @@ def test_controls_have_accessible_names(qtbot, make_window):
     assert missing == []
 
 
+def test_a_hand_edited_settings_file_loads_what_makes_sense_and_defaults_the_rest(tmp_path):
+    """An ini file edited by hand (or by an older version): a comma left unquoted made QSettings hand back a
+    list, stored as "['Be brief', 'be clear']"; nan, 0-point fonts, ports past 65535, negative contexts and
+    unknown choices were taken as they were (nan reached the sampler)."""
+    from PySide6.QtCore import QSettings
+
+    ini = tmp_path / "r1desk.ini"
+    ini.write_text("[settings]\nsystem_prompt=Be brief, be clear\napi_origins=http://a.example, http://b.example\n"
+                   "temperature=nan\ntop_p=0.9\nfont_size=0\napi_port=70000\ncontext_length=-5\n"
+                   "max_new_tokens=2048\ntheme=purple\nprecision=int3\ndevice=cuda:1\nkv_cache=8-bit\n"
+                   "version=2\n")
+    s = AppSettings.load(QSettings(str(ini), QSettings.IniFormat))
+    d = AppSettings()
+    assert s.system_prompt == "Be brief, be clear" and s.api_origins == "http://a.example, http://b.example"
+    assert (s.temperature, s.font_size, s.api_port, s.context_length, s.theme, s.precision) == (
+        d.temperature, d.font_size, d.api_port, d.context_length, d.theme, d.precision)
+    assert (s.top_p, s.max_new_tokens, s.device, s.kv_cache) == (0.9, 2048, "cuda:1", "8-bit")  # sensible: kept
+
+
 def test_settings_defaults_and_effect_on_the_next_reply(qtbot, make_window):
     d = AppSettings()
     assert (d.temperature, d.top_p, d.system_prompt, d.theme) == (0.6, 0.95, "", "system")
