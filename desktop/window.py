@@ -636,6 +636,17 @@ class MainWindow(QMainWindow):
             self._set_editing(None)
             self.composer.edit.clear()
 
+    def _close_losing_unsaved(self) -> bool:
+        """Replies that the store refused (a full disk) exist only in this window: closing loses them. Ask."""
+        n = len(self.replies.unsaved)
+        answer = QMessageBox.warning(
+            self, "Close r1desk",
+            f"{n} {'reply has' if n == 1 else 'replies have'} not been saved (the disk refused them) and "
+            f"{'is' if n == 1 else 'are'} only in this window. Closing now loses {'it' if n == 1 else 'them'}.\n\n"
+            "Keep the window open to copy them or free some space (r1desk keeps trying to save), or close anyway?",
+            QMessageBox.Close | QMessageBox.Cancel, QMessageBox.Cancel)
+        return answer == QMessageBox.Close
+
     def show_start_notices(self, crash=None, moved_aside: Path | None = None, unavailable=None) -> None:
         """What the start found, in one banner (it holds one message): the conversations database that could
         not be opened at all (unavailable: (its path, the error); the chats of this run are then not kept),
@@ -816,6 +827,10 @@ class MainWindow(QMainWindow):
         """Stop the reply, save it, join the engine thread; all within about two seconds."""
         if self._closing:
             event.accept()
+            return
+        self.replies.retry_unsaved()
+        if self.replies.unsaved and not self._close_losing_unsaved():
+            event.ignore()  # the user keeps the window, and the replies in it, to copy them or free space
             return
         self._closing = True
         try:
