@@ -143,6 +143,12 @@ def read_config(folder: Path) -> Qwen2Config:
     if rope_scaling and (not isinstance(rope_scaling, dict) or
                          (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default")):
         raise ModelError(f"{path}: unsupported rope_scaling {rope_scaling!r}", str(path))
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # the MLP's kernels compute SiLU: another activation would run as SiLU
+        raise ModelError(f"{path}: unsupported hidden_act {act!r}; r1desk's Qwen2 kernels compute SiLU", str(path))
+    if raw.get("use_sliding_window") is True:  # attention would see the whole context where the model doesn't
+        raise ModelError(f"{path}: sliding-window attention (use_sliding_window) is not supported; r1desk attends "
+                         "over the whole context", str(path))
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required
                if isinstance(raw.get(k), bool) or not isinstance(raw.get(k), int) or raw.get(k) <= 0]

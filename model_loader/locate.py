@@ -126,6 +126,10 @@ def _find_shards(folder: Path) -> tuple[Path, ...]:
     shards = sorted(folder.glob("*.safetensors"))
     if shards:
         return tuple(shards)
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if ggufs:
+        raise ModelError(f"{folder / ggufs[0]}: GGUF files (llama.cpp's format) are not supported; r1desk loads "
+                         "Hugging Face safetensors folders (bf16/fp16, or AWQ 4-bit)", str(folder / ggufs[0]))
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise ModelError(

@@ -172,6 +172,9 @@ def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig 
         entry = entries.get(name)
         if entry is None:
             where = shards[0].parent if len(shards) > 1 else shards[0]
+            if name.endswith(".weight") and name[:-len("weight")] + "qweight" in entries:
+                raise ModelError(f"{where}: the weights are quantized ({name[:-len('weight')]}qweight), but "
+                                 "config.json has no quantization_config to say how", str(where))
             raise ModelError(f"{where}: missing tensor {name}", str(where))
         if entry.shape != shape:
             raise ModelError(

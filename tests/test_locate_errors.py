@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from model_loader.engine import Engine
 from model_loader.errors import ModelError
@@ -156,6 +157,33 @@ def test_an_awq_config_value_of_the_wrong_type_is_named(folder, quantization, fr
     edit_config(folder, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
                                              "zero_point": True, **quantization})
     expect_error(folder, "config.json", fragment)
+
+
+@pytest.mark.parametrize("changes, fragment", [({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+                                               ({"use_sliding_window": True}, "sliding-window attention")])
+def test_a_model_our_kernels_would_run_differently_is_refused(folder, changes, fragment):
+    """Accepted silently before, and run as SiLU with full attention: different outputs, no word."""
+    edit_config(folder, **changes)
+    expect_error(folder, "config.json", fragment)
+
+
+def test_a_gguf_folder_is_told_gguf_is_not_read(folder):
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    (folder / "model-Q4_K_M.gguf").write_bytes(b"GGUF" + bytes(60))
+    expect_error(folder, "model-Q4_K_M.gguf", "GGUF")
+
+
+def test_quantized_weights_without_a_quantization_config_say_so(folder):
+    """An AWQ checkpoint whose config.json lost its quantization_config (its linears are qweight/qzeros/scales):
+    "missing tensor ...q_proj.weight" did not say why."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj."
+    tensors[name + "qweight"] = tensors.pop(name + "weight").view(torch.int32)
+    save_file(tensors, folder / "model.safetensors")
+    expect_error(folder, name + "qweight", "no quantization_config")
 
 
 def test_more_layers_in_config_than_in_the_weights_is_said_at_once(folder):
