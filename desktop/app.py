@@ -183,6 +183,12 @@ def main(argv=None) -> int:
     from desktop.crashlog import CrashLog
     from desktop.fastloop import qt_event_loop
     from desktop.gcguard import GuiThreadGC
+    from desktop.single_instance import SingleInstance
+
+    instance = SingleInstance(data_dir() / "instance", parent=app)
+    if not instance.acquire():
+        print("r1desk is already running: its window was asked to come to the front", file=sys.stderr)
+        return 0
 
     # The GUI thread holds the GIL for every Python line and every Qt call it makes; the engine thread needs it
     # for a moment between tokens (1-1.5 ms apart on a fast GPU). Python hands the GIL over only after the
@@ -193,6 +199,7 @@ def main(argv=None) -> int:
     crash_log = CrashLog(data_dir() / "logs")
     win = build_window(args, crash_log)
     win.hard_exit_on_stuck_thread = True
+    instance.activated.connect(win.bring_to_front)
     win.show()
     test = SelfTest(win, args) if args.self_test else None
     QTimer.singleShot(0, win.start_engine)  # after the first paint: the user sees the window at once
@@ -206,6 +213,7 @@ def main(argv=None) -> int:
         loop.run_until_complete(win.api.aclose())  # stop listening before the loop closes
     win.store.close()
     crash_log.stop()
+    instance.release()
     if test is not None:
         return test.code if test.code is not None else 1
     return 0

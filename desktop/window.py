@@ -636,6 +636,14 @@ class MainWindow(QMainWindow):
             self._set_editing(None)
             self.composer.edit.clear()
 
+    def bring_to_front(self) -> None:
+        """Another start of r1desk asked for this window (desktop.single_instance)."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
     def _close_losing_unsaved(self) -> bool:
         """Replies that the store refused (a full disk) exist only in this window: closing loses them. Ask."""
         n = len(self.replies.unsaved)
