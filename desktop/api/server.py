@@ -148,6 +148,8 @@ class ApiServer:
             else:
                 err = ApiError(status, exc.reason or str(exc))
             return _error_response(err)
+        except ConnectionError:  # the client went away mid-answer: nobody to answer; aiohttp closes it
+            raise
         except Exception as exc:  # not a client's fault: said as OpenAI says it, and logged with its traceback
             log.exception("API request %s %s failed", request.method, request.path)
             return _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
