@@ -8,9 +8,12 @@ prints JSON lines. Why a child process rather than a thread:
 huggingface_hub lists the repo (files, sizes, commit: snapshot_download(dry_run=True)), builds the URLs and
 auth headers. The transfer itself is ours because huggingface_hub >= 2 writes each attempt to a fresh
 process-unique temp file: its retries resume within one run, but a cancelled or killed download would start
-over. Here each file streams into <dest>/.partial/<file>.part with HTTP Range requests, so a new run (after
-Cancel, a crash or a dropped connection) continues where the last one stopped; complete files are renamed
-into place. Only what the model needs is fetched (config, tokenizer, safetensors): never pickle checkpoints.
+over. Here each file streams into <dest>/.partial/<commit>/<file>.part with HTTP Range requests, so a new run
+(after Cancel, a crash or a dropped connection) continues where the last one stopped, as long as the repo is
+still at that commit (a part of another version is never continued); a file is renamed into place only at
+exactly its listed size. One download per folder at a time (a lock file). The child stops by itself when the
+app that started it is gone. Only what the model needs is fetched (config, tokenizer, safetensors): never pickle
+checkpoints.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ class ModelDownload(QObject):
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = await asyncio.create_subprocess_exec(
             *worker_command(repo_id, dest), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        if self._cancelled:  # cancelled while the child was starting: there was nothing to stop then
+            self.proc.terminate()
+        # stderr read as it comes: a child that writes more than the pipe holds (64 KB) would block on it
+        stderr_task = asyncio.ensure_future(self.proc.stderr.read())
         result, error = None, None
         async for raw in self.proc.stdout:
             try:
@@ -86,7 +93,7 @@ class ModelDownload(QObject):
                 result = msg["finished"]
             elif "error" in msg:
                 error = (msg["error"], msg["message"])
-        stderr = (await self.proc.stderr.read()).decode(errors="replace").strip()
+        stderr = (await stderr_task).decode(errors="replace").strip()
         await self.proc.wait()
         if self._cancelled:
             self.failed.emit("cancelled", "Download paused. Start it again to resume where it stopped.")
@@ -124,18 +131,41 @@ def _is_network_error(err: BaseException) -> bool:
     return False
 
 
+_PARENT_GONE = threading.Event()  # the app that reads our lines is gone: stop (nobody to resume or report to)
+_EMIT_LOCK = threading.Lock()  # the progress thread and the main one write whole lines, never interleaved
+
+
 def _emit(**msg) -> None:
-    print(json.dumps(msg), flush=True)
+    line = json.dumps(msg) + "\n"
+    with _EMIT_LOCK:
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            _PARENT_GONE.set()
+
+
+class ParentGone(Exception):
+    """The app that started the download has closed or died."""
+
+
+class WrongSize(Exception):
+    """The server sent another number of bytes than the repo lists for a file (not a network error)."""
 
 
 def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> None:
-    """Stream url into `part`, continuing from its current length; retry a dropped connection from there."""
+    """Stream url into `part`, continuing from its current length; retry a dropped connection from there. The
+    part ends at exactly `size` bytes, or this raises (and a part that can't be right is removed)."""
     import urllib.request
 
     part.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
         have = part.stat().st_size if part.exists() else 0
-        if have >= size:
+        if have > size:  # not a resumable prefix of this file: start it over
+            part.unlink()
+            have = 0
+        if have == size:
+            part.touch()  # an empty file is a file too
             return
         req = urllib.request.Request(url, headers={**headers, "Range": f"bytes={have}-"})
         try:
@@ -143,18 +173,45 @@ def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> 
                 mode = "ab" if resp.status == 206 else "wb"  # 200: the server ignored Range, start over
                 with part.open(mode) as f:
                     while chunk := resp.read(1 << 20):
+                        if _PARENT_GONE.is_set():
+                            raise ParentGone()
                         f.write(chunk)
         except OSError as err:  # URLError, a reset, an incomplete read: retry from what arrived
             if attempt == retries or getattr(err, "code", None) in (401, 403, 404):
                 raise
             continue
-    if part.stat().st_size < size:
-        raise ConnectionError(f"{part.name}: the server kept closing the connection")
+        if part.stat().st_size > size:
+            part.unlink()
+            raise WrongSize(f"{part.name[:-len('.part')]}: the server sent more bytes than the {size:,} the repo "
+                            "lists; try again later")
+    got = part.stat().st_size if part.exists() else 0
+    if got < size:
+        part.unlink(missing_ok=True)
+        raise WrongSize(f"{part.name[:-len('.part')]}: the server sent {got:,} of its {size:,} bytes, "
+                        f"{retries + 1} times; try again later")
 
 
 def worker_main(argv: list[str]) -> int:
     repo_id, dest = argv[0], Path(argv[1])
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _emit(error="error", message=f"cannot create the model folder {dest}: {err.strerror or err}")
+        return 1
+    from PySide6.QtCore import QLockFile
+
+    lock = QLockFile(str(dest / ".download.lock"))  # a dead download's lock is stale at once: only live ones count
+    lock.setStaleLockTime(0)
+    if not lock.tryLock(0):
+        _emit(error="error", message=f"another download into {dest} is running; wait for it or stop it first")
+        return 1
+    try:
+        return _download(repo_id, dest)
+    finally:
+        lock.unlock()
+
+
+def _download(repo_id: str, dest: Path) -> int:
     from huggingface_hub import hf_hub_url, snapshot_download
     from huggingface_hub.utils import build_hf_headers
 
@@ -169,9 +226,13 @@ def worker_main(argv: list[str]) -> int:
     total = sum(f.file_size or 0 for f in plan)
     stop = threading.Event()
 
+    parent = os.getppid()
+
     def report() -> None:  # progress = bytes on disk, partial files included: a resume starts where it was
         while not stop.wait(0.2):
             _emit(done=min(_bytes_on_disk(dest), total), total=total)
+            if os.getppid() != parent:  # re-parented: the app died without closing our pipe yet
+                _PARENT_GONE.set()
 
     threading.Thread(target=report, daemon=True).start()
     headers = build_hf_headers()
@@ -180,13 +241,17 @@ def worker_main(argv: list[str]) -> int:
             final = dest / f.filename
             if final.is_file() and final.stat().st_size == (f.file_size or 0):
                 continue
-            part = dest / ".partial" / (f.filename + ".part")
+            # parts by commit: a resume after the repo changed starts the file over instead of gluing versions
+            part = dest / ".partial" / (f.commit_hash or "unknown") / (f.filename + ".part")
             _fetch(hf_hub_url(repo_id, f.filename, revision=f.commit_hash), headers, part, f.file_size or 0)
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(part, final)
+    except ParentGone:
+        stop.set()
+        return 4  # the .part files stay: the next start resumes them
     except Exception as err:
         stop.set()
-        if _is_network_error(err):  # the connection went away: the .part files stay for the next run
+        if _is_network_error(err) and not isinstance(err, WrongSize):  # gone away: the parts stay for next time
             _emit(error="offline", message=OFFLINE_MESSAGE)
             return 3
         _emit(error="error", message=f"download failed: {str(err).splitlines()[0]}")

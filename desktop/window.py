@@ -850,6 +850,8 @@ class MainWindow(QMainWindow):
             self.qs.setValue("window/last_conversation", self.conv_id)
         self.qs.sync()
         self.api.shutdown()
+        if self.welcome.download.running:  # the child would download on after the app is gone
+            self.welcome.download.cancel()
         self.replies.save_partial()
         joined = True
         if self.service is not None:

@@ -26,6 +26,8 @@ class FakeHub:
         self.cut_first_transfer = cut_first_transfer
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self._cut_done: set[str] = set()
+        self.sha = SHA  # the repo's commit: a test changes it (and files) for a new revision
+        self.body_delta: dict[str, int] = {}  # bytes a GET sends beyond (+) or short of (-) a file's listed size
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -62,8 +64,9 @@ class FakeHub:
         path = h.path.split("?")[0]
         self.requests.append(("HEAD" if head else "GET", path, h.headers.get("Range")))
         repo = self.repo_id
-        if path in (f"/api/models/{repo}", f"/api/models/{repo}/revision/main", f"/api/models/{repo}/revision/{SHA}"):
-            return self._json(h, {"id": repo, "modelId": repo, "sha": SHA, "private": False, "gated": False,
+        if path in (f"/api/models/{repo}", f"/api/models/{repo}/revision/main",
+                    f"/api/models/{repo}/revision/{self.sha}"):
+            return self._json(h, {"id": repo, "modelId": repo, "sha": self.sha, "private": False, "gated": False,
                                   "siblings": [{"rfilename": n} for n in self.files]}, head)
         if re.fullmatch(rf"/api/models/{re.escape(repo)}/tree/[^/]+/?", path):
             return self._json(h, [{"type": "file", "path": n, "size": len(b),
@@ -81,16 +84,19 @@ class FakeHub:
         rng = h.headers.get("Range")
         if rng and not head:
             start = int(re.match(r"bytes=(\d+)-", rng).group(1))
+        body = data[start:]
+        if not head:  # a GET of a file whose listed size is wrong: more or fewer bytes, said in its headers
+            delta = self.body_delta.get(name, 0)
+            body = body + b"\0" * delta if delta > 0 else body[:max(0, len(body) + delta)] if delta < 0 else body
         h.send_response(206 if start else 200)
-        h.send_header("X-Repo-Commit", SHA)
+        h.send_header("X-Repo-Commit", self.sha)
         h.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
-        h.send_header("Content-Length", str(len(data) - start))
+        h.send_header("Content-Length", str(len(body)))
         if start:
             h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         h.end_headers()
         if head:
             return
-        body = data[start:]
         big = len(data) > 1_000_000
         cut = big and self.cut_first_transfer and name not in self._cut_done
         if cut:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from PySide6.QtWidgets import QApplication
+
 from desktop.download import OFFLINE_MESSAGE
 
 
@@ -47,7 +49,7 @@ def test_cancel_then_resume_where_it_stopped(qtbot, aio, hub, make_window, tiny_
     welcome.download.progress.disconnect(cancel_midway)
     assert welcome.download_btn.text() == "Resume download" and welcome.download_btn.isEnabled()
     assert "resume" in welcome.download_status.text()
-    assert not (dest / "model.safetensors").exists() and (dest / ".partial" / "model.safetensors.part").is_file()
+    assert not (dest / "model.safetensors").exists() and len(list((dest / ".partial").glob("*/model.safetensors.part"))) == 1
     hub.chunk_delay_s = 0.0
     hub.requests.clear()
     with qtbot.waitSignal(win.engine_ready, timeout=120000):
@@ -67,3 +69,84 @@ def test_offline_download_says_so_and_the_other_choices_remain(qtbot, aio, make_
     assert welcome.download_status.text() == OFFLINE_MESSAGE
     assert welcome.folder_btn.isEnabled() and welcome.download_btn.isEnabled() and welcome.found.isEnabled()
     assert win.stack.currentWidget() is welcome
+
+
+def test_a_file_of_another_size_than_listed_is_an_error_not_a_finished_download(qtbot, aio, hub, make_window,
+                                                                               tmp_path):
+    """More bytes than the repo lists were renamed into place as the finished file (a model that then failed to
+    load, or loaded wrong); fewer were reported as "offline" and failed alike on every resume. Each is now an
+    error naming the file, and no such file is put in place."""
+    win = make_window(model=None, wait_ready=False)
+    welcome = win.welcome
+    for delta, said in ((+1000, "more bytes than"), (-1000, "of its")):
+        hub.body_delta = {"model.safetensors": delta}
+        dest = tmp_path / f"r1{delta}"
+        with qtbot.waitSignal(welcome.download.failed, timeout=120000) as blocker:
+            aio.run_until_complete(asyncio.wait_for(welcome.start_download(dest), 120))
+        kind, message = blocker.args
+        assert kind == "error" and "model.safetensors" in message and said in message, blocker.args
+        assert not (dest / "model.safetensors").exists() and not list(dest.glob(".partial/*/model.safetensors.part"))
+        assert welcome.download_btn.isEnabled() and win.stack.currentWidget() is welcome
+
+
+def test_a_resume_after_the_repo_changed_starts_the_file_over(qtbot, aio, hub, make_window, tiny_model, tmp_path):
+    """A part of the old revision continued with the new one's bytes made a file of neither, which loaded."""
+    hub.chunk_delay_s = 0.05
+    win = make_window(model=None, wait_ready=False)
+    welcome = win.welcome
+    dest = tmp_path / "r1"
+
+    def cancel_midway(done, total):
+        if done > 12_000_000:
+            welcome.cancel_download()
+
+    welcome.download.progress.connect(cancel_midway)
+    assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(dest), 60)) is None
+    welcome.download.progress.disconnect(cancel_midway)
+    # a new revision: the same weights, every byte changed
+    new = bytes(b ^ 0xFF for b in hub.files["model.safetensors"][8:])
+    hub.files["model.safetensors"] = hub.files["model.safetensors"][:8] + new
+    hub.sha = "f" * 40
+    hub.chunk_delay_s = 0.0
+    hub.requests.clear()
+    aio.run_until_complete(asyncio.wait_for(welcome.start_download(dest), 120))
+    assert (dest / "model.safetensors").read_bytes() == hub.files["model.safetensors"]
+    ranges = [r[2] for r in hub.requests if r[0] == "GET" and r[1].endswith("model.safetensors")]
+    assert ranges == ["bytes=0-"]  # from the start, not from the old part's length
+    assert not (dest / ".partial").exists()
+
+
+def test_a_cancel_before_the_download_process_started_is_kept(qtbot, aio, hub, make_window, tmp_path):
+    """Cancel right after Download: the child did not exist yet, so there was nothing to stop, and the whole
+    model then downloaded while the screen said "paused"."""
+    win = make_window(model=None, wait_ready=False)
+    welcome = win.welcome
+    dest = tmp_path / "r1"
+    task = welcome.start_download(dest)
+    welcome.cancel_download()
+    assert aio.run_until_complete(asyncio.wait_for(task, 60)) is None
+    assert welcome.download_btn.isEnabled() and not (dest / "model.safetensors").exists()
+    assert not [r for r in hub.requests if r[0] == "GET" and r[1].endswith("model.safetensors")]
+
+
+def test_closing_the_window_stops_the_download(qtbot, aio, hub, make_window, tmp_path):
+    """The child process downloaded on to the end after the app had closed."""
+    hub.chunk_delay_s = 0.05
+    win = make_window(model=None, wait_ready=False)
+    welcome = win.welcome
+    closed_during = []
+
+    def close_midway(done, total):
+        if done > 12_000_000 and not closed_during:
+            closed_during.append(done)
+            win.close()
+
+    welcome.download.progress.connect(close_midway)
+    app = QApplication.instance()
+    app.setQuitOnLastWindowClosed(False)  # the test's loop goes on after the window (the app's would end)
+    try:
+        assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(tmp_path / "r1"), 60)) is None
+    finally:
+        app.setQuitOnLastWindowClosed(True)
+    assert closed_during and welcome.download.proc.returncode is not None  # ended with the window
+    assert not (tmp_path / "r1" / "model.safetensors").exists()
