@@ -287,9 +287,16 @@ class WelcomePage(QWidget):
 
     def _use_item(self, item) -> None:
         if item is not None and item.data(Qt.UserRole):
-            self.model_chosen.emit(item.data(Qt.UserRole))
+            self._choose(item.data(Qt.UserRole))
 
     def _pick_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose the model folder")
         if path:
-            self.model_chosen.emit(path)
+            self._choose(path)
+
+    def _choose(self, path: str) -> None:
+        """The user picked a model: a download still running pauses (it can resume later from here), or its
+        end would replace the user's choice with the downloaded model (and start a 4-bit copy behind the chat)."""
+        if self.download.running:
+            self.download.cancel()
+        self.model_chosen.emit(path)

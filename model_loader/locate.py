@@ -68,7 +68,13 @@ def resolve_model(spec: str | os.PathLike) -> ModelFolder:
     if isinstance(spec, str) and _looks_like_repo_id(spec) and not path.exists():
         local = user_models_dir() / spec.split("/")[1]
         if local.is_dir():
-            return validate_folder(local)
+            try:
+                return validate_folder(local)
+            except ModelError as err:  # e.g. a download into r1desk's folder that has not finished
+                try:
+                    return validate_folder(_from_hf_cache(spec))  # a complete copy in the HF cache serves
+                except ModelError:
+                    raise err from None  # neither: what is wrong with r1desk's own copy
         return validate_folder(_from_hf_cache(spec))
     if path.exists():
         raise ModelError(f"{path}: not a folder; pass the model's folder, not a file inside it", str(path))

@@ -300,6 +300,16 @@ def test_repo_id_found_in_the_local_cache(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
     assert resolve_model("deepseek-ai/Tiny-R1").path == snap.resolve()
+    # a download into r1desk's models folder that has not finished (config and tokenizer, no weights yet) took
+    # precedence and failed: the complete cache copy serves; with no cache copy, its own problem is said
+    half = tmp_path / "data" / "r1desk" / "models" / "Tiny-R1"
+    half.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(snap / name, half / name)
+    assert resolve_model("deepseek-ai/Tiny-R1").path == snap.resolve()
+    shutil.rmtree(cache)
+    with pytest.raises(ModelError, match="no \\*.safetensors weights"):
+        resolve_model("deepseek-ai/Tiny-R1")
 
 
 def test_cuda_requested_without_cuda(folder):

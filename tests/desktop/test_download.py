@@ -150,3 +150,21 @@ def test_closing_the_window_stops_the_download(qtbot, aio, hub, make_window, tmp
         app.setQuitOnLastWindowClosed(True)
     assert closed_during and welcome.download.proc.returncode is not None  # ended with the window
     assert not (tmp_path / "r1" / "model.safetensors").exists()
+
+
+def test_picking_another_model_during_a_download_pauses_it(qtbot, aio, hub, make_window, tiny_model, tmp_path):
+    """The download's end used to replace the model the user had picked meanwhile (and saved that), or start a
+    4-bit copy behind the chat. Picking a model pauses the download instead; it resumes from the welcome page."""
+    hub.chunk_delay_s = 0.05
+    win = make_window(model=None, wait_ready=False)
+    welcome = win.welcome
+    welcome.quantize_box.setChecked(True)
+
+    def pick_midway(done, total):
+        if done > 12_000_000 and not win.settings.model_path:
+            welcome._choose(str(tiny_model))  # as a click on a found model or a chosen folder does
+
+    welcome.download.progress.connect(pick_midway)
+    assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(tmp_path / "r1"), 60)) is None
+    assert win.settings.model_path == str(tiny_model) and win.settings.precision != "awq"
+    assert welcome.download_btn.text() == "Resume download" and not welcome.quantizing
