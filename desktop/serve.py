@@ -73,6 +73,7 @@ def run(args) -> int:
         except OSError as err:
             print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}",
                   file=sys.stderr)
+            service.shutdown(3000)  # its engine thread runs already: a QThread destroyed running aborts Python
             return 1
         service.load(args.model, args.device, args.context, args.dtype, args.kv_cache)
         loop.run_until_complete(done.wait())

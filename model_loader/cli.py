@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
+import signal
 import sys
 import time
 
@@ -21,6 +24,52 @@ def _context(value: str):
     if n < 16:
         raise argparse.ArgumentTypeError("the context must be at least 16 tokens")
     return n
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= minimum."""
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+    return parse
+
+
+def _number(lo: float, hi: float, above_lo: bool = False):
+    """An argparse type: a finite number in [lo, hi] ((lo, hi] with above_lo)."""
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if not math.isfinite(x) or x > hi or x < lo or (above_lo and x == lo):
+            raise argparse.ArgumentTypeError(f"must be {'above' if above_lo else 'at least'} {lo:g} and at most "
+                                             f"{hi:g}, got {value}")
+        return x
+    return parse
+
+
+def _port(value: str) -> int:
+    n = _count(0)(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {n}")
+    return n
+
+
+def _seed(value: str) -> int:
+    """Any integer; the engine's generator takes 32 bits (as the API reduces a request's seed)."""
+    try:
+        return int(value) % 2**32
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+TEMPERATURE = _number(0.0, 2.0)
+TOP_P = _number(0.0, 1.0, above_lo=True)
 
 
 def _device(value: str) -> str:
@@ -62,8 +111,26 @@ def _progress_bar(stream):
     return progress
 
 
+def _utf8(text: str) -> str:
+    """A message read from a terminal or pipe (stdin decodes with surrogateescape: main) as UTF-8 text. UTF-8 bytes
+    under another declared encoding (LANG=C, PYTHONIOENCODING=ascii) are taken as UTF-8; other bytes are refused
+    with a clear message, not a traceback from the tokenizer."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode(sys.stdin.encoding or "utf-8", "surrogateescape").decode("utf-8")
+    except (UnicodeError, LookupError):
+        bad = next(i for i, c in enumerate(text) if "\udc80" <= c <= "\udcff" or "\ud800" <= c <= "\udfff")
+        raise ValueError(f"the message is not UTF-8 text (a byte {text[bad]!r} at character {bad}); check the "
+                         "terminal's or the file's encoding") from None
+
+
 def cmd_chat(args) -> int:
     from model_loader.engine import Engine
+    from model_loader.errors import ModelError
     from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 
     engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
@@ -78,10 +145,14 @@ def cmd_chat(args) -> int:
     if args.system:
         messages.append({"role": "system", "content": args.system})
 
-    def turn(text: str) -> Finished:
+    def turn(text: str) -> Finished | None:
+        text = _utf8(text)
         messages.append({"role": "user", "content": text})
         control = GenerationControl()
         final, kind = None, None
+        # Ctrl+C stops the reply, not the program: the engine ends it as "cancelled", with what it wrote so far.
+        # A KeyboardInterrupt raised inside the reply's generator would end the generator with it, reply lost.
+        previous = signal.signal(signal.SIGINT, lambda *_: control.cancel())
         try:
             for ev in engine.generate(messages, settings, control):
                 if isinstance(ev, Delta) and not args.json:
@@ -94,24 +165,32 @@ def cmd_chat(args) -> int:
                     sys.stdout.flush()
                 elif isinstance(ev, Finished):
                     final = ev
-        except KeyboardInterrupt:  # Ctrl+C stops the reply, not the program
-            control.cancel()
+        except BaseException:
+            messages.pop()  # no reply to it: the next turn must not send two user messages in a row
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if not args.json:
             sys.stdout.write(reset + "\n")
         if final is not None:
             messages.append({"role": "assistant", "content": final.text})
+        else:
+            messages.pop()
         return final
 
     if args.prompt is not None:
         final = turn(args.prompt)
+        if final is None:
+            print("error: the reply ended without a result", file=sys.stderr)
+            return 1
         st = final.stats
         if args.json:
-            print(json.dumps({
+            print(json.dumps({  # ASCII: valid JSON whatever the output's encoding (a redirect on Windows: cp1252)
                 "text": final.text, "reasoning": final.reasoning, "answer": final.answer,
                 "prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
                 "token_ids": final.token_ids, "finish_reason": st.finish_reason, "ttft_ms": round(st.ttft_ms, 3),
                 "decode_tok_s": round(st.decode_tok_s, 2), "prefix_reused_tokens": st.prefix_reused_tokens,
-            }, ensure_ascii=False))
+            }))
         else:
             print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
                   f"{st.decode_tok_s:.1f} tok/s]", file=sys.stderr)
@@ -121,12 +200,19 @@ def cmd_chat(args) -> int:
     while True:
         try:
             text = input("\n> ")
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             print(file=sys.stderr)
             return 0
+        except KeyboardInterrupt:  # at the prompt, as in Python's own: drop the line, keep the chat
+            print("\n(Ctrl+D or an empty line quits)", file=sys.stderr)
+            continue
         if not text.strip():
             return 0
-        final = turn(text)
+        try:
+            final = turn(text)
+        except (ModelError, ValueError) as err:  # e.g. a message past the context: say so, keep the chat
+            print(f"error: {err}", file=sys.stderr)
+            continue
         if final is not None:
             st = final.stats
             print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
@@ -220,8 +306,14 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_make_test_model(args) -> int:
+    from pathlib import Path
+
     from model_loader.testmodel import make_test_model
 
+    target = Path(args.dir)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):  # never random weights over a model
+        print(f"error: {target} exists and is not an empty folder; give a new one", file=sys.stderr)
+        return 2
     out = make_test_model(args.dir, preset=args.preset, seed=args.seed)
     print(out)
     return 0
@@ -252,12 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     chat.add_argument("--prompt", help="one user turn; prints the reply and exits")
     chat.add_argument("--system", default="", help="system prompt (DeepSeek advises none)")
-    chat.add_argument("--max-new-tokens", type=int, default=None,
+    chat.add_argument("--max-new-tokens", type=_count(1), default=None,
                       help="default: the context length (a long chain of thought is never cut short)")
-    chat.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
-    chat.add_argument("--top-p", type=float, default=0.95)
-    chat.add_argument("--top-k", type=int, default=0, help="0 = off")
-    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="0 = greedy; at most 2")
+    chat.add_argument("--top-p", type=TOP_P, default=0.95, help="above 0, at most 1")
+    chat.add_argument("--top-k", type=_count(0), default=0, help="0 = off")
+    chat.add_argument("--seed", type=_seed, default=None)
     chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
     chat.set_defaults(func=cmd_chat)
 
@@ -265,22 +357,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default 127.0.0.1: this computer only); another needs --api-key")
-    serve.add_argument("--port", type=int, default=8089, help="port; 0 picks a free one (default 8089)")
+    serve.add_argument("--port", type=_port, default=8089, help="port; 0 picks a free one (default 8089)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="a web page origin allowed to call the API from a browser (CORS), e.g. "
                             "http://localhost:3000; repeatable; none by default")
-    serve.add_argument("--max-waiting", type=int, default=16, help="requests that may wait; more get 429")
-    serve.add_argument("--temperature", type=float, default=0.6, help="for requests that leave it out")
-    serve.add_argument("--top-p", type=float, default=0.95, help="for requests that leave it out")
+    serve.add_argument("--max-waiting", type=_count(1), default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
+    serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
     _add_model_args(bench, context_default=4096)  # fixed, so runs on different GPUs compare
-    bench.add_argument("--prompt-tokens", type=int, default=512)
-    bench.add_argument("--new-tokens", type=int, default=256)
-    bench.add_argument("--runs", type=int, default=5)
-    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), else top-p 0.95")
+    bench.add_argument("--prompt-tokens", type=_count(1), default=512)
+    bench.add_argument("--new-tokens", type=_count(1), default=256)
+    bench.add_argument("--runs", type=_count(1), default=5)
+    bench.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 = greedy (default), else top-p 0.95")
     bench.add_argument("--compare", choices=["hf"], help="also time transformers' generate() on the same weights")
     bench.add_argument("--awq", metavar="AWQ_DIR", help="also bench this AWQ folder (the same model quantized) "
                        "and report its speed and memory relative to --model")
@@ -292,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
                             "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
                             "tok/s per turn")
-    bench.add_argument("--user-tokens", type=int, default=1024, help="--scenario chat: tokens per user turn")
-    bench.add_argument("--reply-tokens", type=int, default=2048, help="--scenario chat: tokens per reply")
+    bench.add_argument("--user-tokens", type=_count(1), default=1024, help="--scenario chat: tokens per user turn")
+    bench.add_argument("--reply-tokens", type=_count(1), default=2048, help="--scenario chat: tokens per reply")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)
 
@@ -303,8 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128, 256])
     quant.add_argument("--calib", help="calibration text: .jsonl of {\"text\": ...} or plain lines "
                                        "(default: the passages shipped in assets/calibration)")
-    quant.add_argument("--samples", type=int, default=64, help="calibration blocks")
-    quant.add_argument("--seq-len", type=int, default=512, help="tokens per calibration block")
+    quant.add_argument("--samples", type=_count(1), default=64, help="calibration blocks")
+    quant.add_argument("--seq-len", type=_count(16), default=512, help="tokens per calibration block")
     quant.add_argument("--device", type=_device, default="auto", help=DEVICE_HELP)
     quant.add_argument("--no-clip", action="store_true", help="skip the clipping search (faster)")
     quant.add_argument("--json", action="store_true")
@@ -323,18 +415,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "chat" and args.json and args.prompt is None:
+        parser.error("chat --json prints one reply as one JSON object: give the turn with --prompt")
+    for stream in (sys.stdout, sys.stderr):  # a terminal or a redirect that can't show a character shows "?"
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    if hasattr(sys.stdin, "reconfigure"):  # bytes the declared encoding can't read reach chat (_utf8), not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     from model_loader.errors import GpuUnsupportedError, ModelError
 
     try:
         return args.func(args)
+    except BrokenPipeError:  # the output's reader has gone (`| head`): nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as err:  # a folder that can't be written (quantize --out, make-test-model), a full disk
+        print(f"error: {err.strerror or err}{': ' + str(err.filename) if err.filename else ''}", file=sys.stderr)
+        return 2
     except ModelError as err:
         hint = " (or --device cpu: much slower)" if isinstance(err, GpuUnsupportedError) else ""
         print(f"error: {err}{hint}", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":  # safetensors' own I/O error (a full disk while writing)
+            raise
+        print(f"error: could not write the weights: {err}", file=sys.stderr)
         return 2
 
 

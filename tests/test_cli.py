@@ -117,3 +117,108 @@ def test_weights_progress_is_monotonic_and_complete(tiny_model):
     Engine.load(tiny_model, device="cpu", progress=lambda done, total: calls.append((done, total)))
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] > 0
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:]))
+
+
+
+def _chat(tiny_model, *extra, env=None):
+    import os
+
+    return subprocess.Popen([sys.executable, "-m", "model_loader.cli", "chat", "--model", str(tiny_model),
+                             "--device", "cpu", "--temperature", "0", "--context", "4096", *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
+
+
+def _interrupt_once_writing(proc, prompt: bytes = b"") -> None:
+    """SIGINT as Ctrl+C sends it, once the reply's first text is out (the CLI flushes every delta), after the
+    chat's prompt where there is one."""
+    import signal
+
+    assert proc.stdout.read(len(prompt) + 1)[:len(prompt)] == prompt
+    proc.send_signal(signal.SIGINT)
+
+
+def test_ctrl_c_during_a_reply_stops_the_reply_not_the_program(tiny_model):
+    """The KeyboardInterrupt used to be raised inside the reply's generator, which ended with it: --prompt then
+    died on a missing result (a traceback), and the interactive chat lost the reply and sent its next turn after
+    two user messages in a row. Now Ctrl+C only asks the engine to stop: the reply ends "cancelled" with what it
+    wrote, and the chat goes on."""
+    proc = _chat(tiny_model, "--prompt", "Count to a thousand", "--max-new-tokens", "400")
+    _interrupt_once_writing(proc)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err.decode(), err.decode()
+    assert "[cancelled;" in err.decode()
+    proc = _chat(tiny_model, "--max-new-tokens", "400")
+    proc.stdin.write(b"Count to a thousand\n")
+    proc.stdin.flush()
+    _interrupt_once_writing(proc, prompt=b"\n> ")
+    out, err = proc.communicate(b"hello again\n\n", timeout=300)
+    stats = [line for line in err.decode().splitlines() if line.startswith("[")]
+    assert proc.returncode == 0 and stats[0].startswith("[cancelled;") and len(stats) == 2, err.decode()
+    assert "prefix reused 0]" not in stats[1]  # the second turn continued the conversation's cache
+
+
+def test_chat_errors_keep_the_chat_and_odd_terminals_get_no_traceback(tiny_model):
+    """A message past the context or not in UTF-8 used to end the interactive chat (or print a traceback); an
+    output that can't encode the model's text (PYTHONIOENCODING=ascii, a Windows redirect's cp1252) killed
+    it after the first reply."""
+    proc = _chat(tiny_model, "--max-new-tokens", "4", env={"PYTHONIOENCODING": "ascii"})
+    out, err = proc.communicate(b"word " * 5000 + b"\n\xff\xfe\nhello \xe4\xbd\xa0\xe5\xa5\xbd\n\n", timeout=300)
+    err = err.decode(errors="replace")
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "context" in errors[0] and "not UTF-8" in errors[1], errors
+    assert len([line for line in err.splitlines() if line.startswith("[max_new_tokens")]) == 1
+
+
+def test_output_that_closes_early_ends_quietly(tiny_model):
+    """`r1desk-cli chat ... | head -c 20`: a BrokenPipeError traceback."""
+    proc = _chat(tiny_model, "--prompt", "Hi", "--max-new-tokens", "3000")
+    assert proc.stdout.read(20)
+    proc.stdout.close()  # as head does once it has its 20 bytes
+    _, err = proc.communicate(timeout=300)
+    assert "Traceback" not in err.decode() and proc.returncode in (0, 141), err.decode()
+
+
+@pytest.mark.parametrize("args", [
+    ["chat", "--model", "m", "--json"], ["chat", "--model", "m", "--temperature", "nan"],
+    ["chat", "--model", "m", "--top-p", "0"], ["chat", "--model", "m", "--max-new-tokens", "0"],
+    ["bench", "--model", "m", "--runs", "0"], ["bench", "--model", "m", "--new-tokens", "-3"],
+    ["serve", "--model", "m", "--port", "99999"], ["serve", "--model", "m", "--max-waiting", "0"],
+    ["quantize", "--model", "m", "--out", "o", "--seq-len", "0"]])
+def test_out_of_range_arguments_are_usage_errors(args):
+    """They were tracebacks (IndexError, ZeroDivisionError, OverflowError) or silent nonsense (nan as greedy,
+    0 new tokens as the whole context, every API request refused with 429)."""
+    proc = cli(*args, check=False)
+    assert proc.returncode == 2 and "usage:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_huge_seed_is_taken_as_the_api_takes_it(tiny_model):
+    a = json.loads(cli("chat", "--model", tiny_model, "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "5",
+                       "--seed", str(2**64 + 7), "--json").stdout)
+    b = json.loads(cli("chat", "--model", tiny_model, "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "5",
+                       "--seed", "7", "--json").stdout)
+    assert a["token_ids"] == b["token_ids"]
+
+
+def test_make_test_model_never_writes_over_a_folder(tiny_model, tmp_path):
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model, folder)
+    before = (folder / "model.safetensors").read_bytes()
+    proc = cli("make-test-model", folder, "--seed", "9", check=False)
+    assert proc.returncode == 2 and "not an empty folder" in proc.stderr
+    assert (folder / "model.safetensors").read_bytes() == before
+
+
+def test_serve_on_a_port_in_use_says_so_and_exits_cleanly(tiny_model):
+    """It printed the message, then aborted (SIGABRT, exit 134): its engine thread was still running."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("serve", "--model", tiny_model, "--device", "cpu", "--port", port, check=False)
+    assert proc.returncode == 1 and "could not listen" in proc.stderr and "Fatal" not in proc.stderr, proc.stderr
