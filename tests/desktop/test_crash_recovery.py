@@ -245,11 +245,8 @@ def test_a_full_disk_while_a_reply_is_saved_keeps_it_in_the_window(qtbot, make_w
     assert win.banner.kind == "saved"
 
 
-def test_closing_with_a_reply_the_disk_refused_asks_first(qtbot, make_window, monkeypatch):
-    """A reply the store refused exists only in the window: closing used to drop it without a word. Now the
-    close asks; Cancel keeps the window (and r1desk's retries) going, Close closes."""
-    from PySide6.QtWidgets import QMessageBox
-
+def _a_reply_the_disk_refused(qtbot, make_window):
+    """A window whose second reply did not fit on the (made) full disk: (window, that reply's id)."""
     from fakes import REASONING, FakeEngine
 
     engine = FakeEngine(token_s=0.002)
@@ -261,10 +258,20 @@ def test_closing_with_a_reply_the_disk_refused_asks_first(qtbot, make_window, mo
     engine.reasoning = REASONING * 6  # a reply that can't fit in the pages that are left
     with qtbot.waitSignal(win.reply_finished, timeout=30000) as blocker:
         assert win.send("second")
-    assert blocker.args[0]["id"] in win.unsaved
+    msg_id = blocker.args[0]["id"]
+    assert msg_id in win.unsaved
+    return win, msg_id
+
+
+def test_closing_with_a_reply_the_disk_refused_asks_first(qtbot, make_window, monkeypatch):
+    """A reply the store refused exists only in the window: closing used to drop it without a word. Now the
+    close asks; Cancel keeps the window (and r1desk's retries) going, Close closes."""
+    from PySide6.QtWidgets import QMessageBox
+
+    win, msg_id = _a_reply_the_disk_refused(qtbot, make_window)
     asked = []
     monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: asked.append(a[2]) or QMessageBox.Cancel)
-    assert not win.close() and win.isVisible() and blocker.args[0]["id"] in win.unsaved
+    assert not win.close() and win.isVisible() and msg_id in win.unsaved
     assert len(asked) == 1 and "1 reply has not been saved" in asked[0]
     monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: QMessageBox.Close)
     assert win.close() and not win.isVisible()  # "close anyway"
@@ -273,23 +280,14 @@ def test_closing_with_a_reply_the_disk_refused_asks_first(qtbot, make_window, mo
 def test_once_the_disk_takes_the_reply_the_window_closes_without_asking(qtbot, make_window, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    from fakes import REASONING, FakeEngine
+    from fakes import REASONING
 
-    engine = FakeEngine(token_s=0.002)
-    win = make_window(engine=engine)
-    with qtbot.waitSignal(win.reply_finished, timeout=20000):
-        assert win.send("first")
-    pages = win.store.db.execute("PRAGMA page_count").fetchone()[0]
-    win.store.db.execute(f"PRAGMA max_page_count = {pages}")
-    engine.reasoning = REASONING * 6
-    with qtbot.waitSignal(win.reply_finished, timeout=30000) as blocker:
-        assert win.send("second")
-    assert blocker.args[0]["id"] in win.unsaved
+    win, msg_id = _a_reply_the_disk_refused(qtbot, make_window)
     win.store.db.execute("PRAGMA max_page_count = 1073741823")  # the user freed some space
     asked = []
     monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: asked.append(a) or QMessageBox.Cancel)
     assert win.close() and asked == []  # the close's own retry saved it
-    assert win.store.message(blocker.args[0]["id"])["reasoning"] == REASONING * 6
+    assert win.store.message(msg_id)["reasoning"] == REASONING * 6
 
 
 def test_a_full_disk_when_sending_keeps_the_message_in_the_box(qtbot, make_window):

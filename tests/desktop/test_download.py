@@ -35,11 +35,13 @@ def test_download_survives_an_interrupted_transfer_then_loads(qtbot, aio, hub, m
     assert win.settings.model_path == str(dest) and win.stack.currentWidget() is win.chat_page
 
 
-def test_cancel_then_resume_where_it_stopped(qtbot, aio, hub, make_window, tiny_model, tmp_path):
+def _cancelled_midway(aio, hub, make_window, tmp_path):
+    """A download cancelled halfway through the weights: (window, welcome page, its folder)."""
     hub.chunk_delay_s = 0.05  # ~8 s for the weights: time to cancel mid-file
     win = make_window(model=None, wait_ready=False)
     welcome = win.welcome
     dest = tmp_path / "r1"
+
     def cancel_midway(done, total):
         if done > 12_000_000:
             welcome.cancel_download()
@@ -47,6 +49,11 @@ def test_cancel_then_resume_where_it_stopped(qtbot, aio, hub, make_window, tiny_
     welcome.download.progress.connect(cancel_midway)
     assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(dest), 60)) is None
     welcome.download.progress.disconnect(cancel_midway)
+    return win, welcome, dest
+
+
+def test_cancel_then_resume_where_it_stopped(qtbot, aio, hub, make_window, tiny_model, tmp_path):
+    win, welcome, dest = _cancelled_midway(aio, hub, make_window, tmp_path)
     assert welcome.download_btn.text() == "Resume download" and welcome.download_btn.isEnabled()
     assert "resume" in welcome.download_status.text()
     assert not (dest / "model.safetensors").exists() and len(list((dest / ".partial").glob("*/model.safetensors.part"))) == 1
@@ -91,18 +98,7 @@ def test_a_file_of_another_size_than_listed_is_an_error_not_a_finished_download(
 
 def test_a_resume_after_the_repo_changed_starts_the_file_over(qtbot, aio, hub, make_window, tiny_model, tmp_path):
     """A part of the old revision continued with the new one's bytes made a file of neither, which loaded."""
-    hub.chunk_delay_s = 0.05
-    win = make_window(model=None, wait_ready=False)
-    welcome = win.welcome
-    dest = tmp_path / "r1"
-
-    def cancel_midway(done, total):
-        if done > 12_000_000:
-            welcome.cancel_download()
-
-    welcome.download.progress.connect(cancel_midway)
-    assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(dest), 60)) is None
-    welcome.download.progress.disconnect(cancel_midway)
+    win, welcome, dest = _cancelled_midway(aio, hub, make_window, tmp_path)
     # a new revision: the same weights, every byte changed
     new = bytes(b ^ 0xFF for b in hub.files["model.safetensors"][8:])
     hub.files["model.safetensors"] = hub.files["model.safetensors"][:8] + new
