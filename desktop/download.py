@@ -153,10 +153,29 @@ class WrongSize(Exception):
     """The server sent another number of bytes than the repo lists for a file (not a network error)."""
 
 
+def _opener():
+    """urllib's, except that a redirect to another host (the hub's file CDN) drops the Authorization header:
+    a user's Hugging Face token is for the hub (urllib forwards every header to wherever it is sent)."""
+    import urllib.parse
+    import urllib.request
+
+    class NoTokenAcrossHosts(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            new = super().redirect_request(req, fp, code, msg, headers, newurl)
+            if new is not None and urllib.parse.urlsplit(newurl).hostname != urllib.parse.urlsplit(
+                    req.full_url).hostname:
+                new.remove_header("Authorization")
+            return new
+
+    return urllib.request.build_opener(NoTokenAcrossHosts)
+
+
 def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> None:
     """Stream url into `part`, continuing from its current length; retry a dropped connection from there. The
     part ends at exactly `size` bytes, or this raises (and a part that can't be right is removed)."""
     import urllib.request
+
+    opener = _opener()
 
     part.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
@@ -169,7 +188,7 @@ def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> 
             return
         req = urllib.request.Request(url, headers={**headers, "Range": f"bytes={have}-"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with opener.open(req, timeout=30) as resp:
                 mode = "ab" if resp.status == 206 else "wb"  # 200: the server ignored Range, start over
                 with part.open(mode) as f:
                     while chunk := resp.read(1 << 20):

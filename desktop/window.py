@@ -550,8 +550,12 @@ class MainWindow(QMainWindow):
             if not path:
                 return None
         text = self.store.export_markdown(conv_id) if fmt == "md" else self.store.export_json(conv_id)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as err:  # a read-only folder, a full disk: the chat itself is untouched
+            self.banner.show_message("save_failed", f"Could not export the chat to {path}: {err.strerror or err}.")
+            return None
         return path
 
     def focus_search(self) -> None:

@@ -429,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl+C while a model loads (in a reply it only stops the reply)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the output's reader has gone (`| head`): nothing more to say, and no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

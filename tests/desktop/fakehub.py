@@ -28,6 +28,8 @@ class FakeHub:
         self._cut_done: set[str] = set()
         self.sha = SHA  # the repo's commit: a test changes it (and files) for a new revision
         self.body_delta: dict[str, int] = {}  # bytes a GET sends beyond (+) or short of (-) a file's listed size
+        self.cdn_host: str | None = None  # a host name for this server: file GETs redirect there, as the hub's do
+        self.auth: list[tuple[str, str | None]] = []  # (path, Authorization header) of every request
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,6 +65,15 @@ class FakeHub:
     def _serve(self, h, head: bool) -> None:
         path = h.path.split("?")[0]
         self.requests.append(("HEAD" if head else "GET", path, h.headers.get("Range")))
+        self.auth.append((path, h.headers.get("Authorization")))
+        if path.startswith("/cdn/"):  # the redirect's target: the file, under its resolve path
+            path = path[len("/cdn"):]
+        elif self.cdn_host and not head and "/resolve/" in path:
+            h.send_response(302)
+            h.send_header("Location", f"http://{self.cdn_host}:{self.server.server_address[1]}/cdn{path}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         repo = self.repo_id
         if path in (f"/api/models/{repo}", f"/api/models/{repo}/revision/main",
                     f"/api/models/{repo}/revision/{self.sha}"):

@@ -164,3 +164,18 @@ def test_picking_another_model_during_a_download_pauses_it(qtbot, aio, hub, make
     assert aio.run_until_complete(asyncio.wait_for(welcome.start_download(tmp_path / "r1"), 60)) is None
     assert win.settings.model_path == str(tiny_model) and win.settings.precision != "awq"
     assert welcome.download_btn.text() == "Resume download" and not welcome.quantizing
+
+
+def test_the_users_token_goes_to_the_hub_and_not_to_the_file_host_it_redirects_to(qtbot, aio, hub, make_window,
+                                                                                 tiny_model, tmp_path, monkeypatch):
+    """The hub answers a file request with a redirect to its CDN; urllib forwarded every header there, the
+    user's Hugging Face token (HF_TOKEN, for gated repos) included."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
+    hub.cdn_host = "localhost"  # another host name for the same loopback server
+    win = make_window(model=None, wait_ready=False)
+    dest = tmp_path / "r1"
+    assert aio.run_until_complete(asyncio.wait_for(win.welcome.start_download(dest), 120)) == str(dest)
+    _same_files(dest, tiny_model)
+    to_hub = [a for p, a in hub.auth if "/resolve/" in p and not p.startswith("/cdn/")]
+    to_cdn = [a for p, a in hub.auth if p.startswith("/cdn/")]
+    assert to_cdn and to_hub and all(a == "Bearer hf_secret_token" for a in to_hub) and set(to_cdn) == {None}

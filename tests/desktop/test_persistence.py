@@ -180,6 +180,10 @@ def test_window_export_writes_files(qtbot, make_window, tmp_path):
     js = win.export_conversation(win.conv_id, "json", str(tmp_path / "c.json"))
     assert ANSWER in Path(md).read_text(encoding="utf-8")
     assert json.loads(Path(js).read_text(encoding="utf-8"))["messages"][1]["answer"] == ANSWER
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert win.export_conversation(win.conv_id, "md", str(blocked / "c.md")) is None  # a path that can't be: said
+    assert win.banner.kind == "save_failed" and "Could not export the chat" in win.banner.label.text()
 
 
 def test_search_matches_titles_and_message_text(tmp_path):
