@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
 MESSAGE_FIELDS = ("content", "reasoning", "answer", "complete", "stats", "settings")
+# PRAGMA user_version of the database this code writes (0: one from before versions were kept, the same
+# tables). A later r1desk that changes the tables raises it, and this one then leaves such a file alone.
+SCHEMA_VERSION = 1
 
 
 class Store:
@@ -59,7 +62,14 @@ class Store:
         if check != "ok":
             self.db.close()
             raise CorruptDatabaseError(f"the conversations database failed its check: {check}")
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self.db.close()
+            raise NewerDatabaseError(f"the conversations database was written by a newer r1desk (format {version}; "
+                                     f"this version reads {SCHEMA_VERSION}): update r1desk to open it")
         self.db.executescript(SCHEMA)
+        if version < SCHEMA_VERSION:
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.db.close()
@@ -157,6 +167,8 @@ class Store:
 
 def store_problem(err: sqlite3.Error) -> str:
     """What stopped a write to the chat database, as a sentence for the user (SQLite's own words are terse)."""
+    if isinstance(err, NewerDatabaseError):
+        return f"{err}."
     code = getattr(err, "sqlite_errorcode", None)
     text = str(err).lower()
     if code in (5, 6) or "locked" in text or "busy" in text:  # SQLITE_BUSY, SQLITE_LOCKED
@@ -171,12 +183,18 @@ def store_problem(err: sqlite3.Error) -> str:
     return f"{err}."
 
 
+class NewerDatabaseError(sqlite3.DatabaseError):
+    """The file is fine but in a format a newer r1desk wrote: left alone, neither written nor moved aside."""
+
+
 class CorruptDatabaseError(sqlite3.DatabaseError):
     """The file is not a SQLite database, or its pages are damaged."""
 
 
 def _is_corrupt(err: sqlite3.Error) -> bool:
     # SQLITE_CORRUPT (11) or SQLITE_NOTADB (26); not "can't open" or "disk full", which moving aside won't fix
+    if isinstance(err, NewerDatabaseError):
+        return False
     return isinstance(err, CorruptDatabaseError) or getattr(err, "sqlite_errorcode", None) in (11, 26) or (
         type(err) is sqlite3.DatabaseError)
 

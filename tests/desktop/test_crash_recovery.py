@@ -150,6 +150,32 @@ def test_a_database_that_cant_be_opened_leaves_the_app_usable_and_the_file_untou
         win.store.close()
 
 
+def test_a_database_a_newer_r1desk_wrote_is_left_alone(qtbot, profile):
+    """Its format version (PRAGMA user_version) is past what this code knows: it is not written (a newer
+    table layout would be damaged), not moved aside as damaged, and the start says why."""
+    from desktop.app import build_window, parse_args
+    from desktop.store import SCHEMA_VERSION, Store
+
+    db = profile / "data" / "conversations.sqlite3"
+    db.parent.mkdir(parents=True)
+    made = Store(db)
+    assert made.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # a new file says its format
+    made.create_conversation("from the future")
+    made.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    made.close()
+    before = db.read_bytes()
+    win = build_window(parse_args([]))
+    qtbot.addWidget(win)
+    try:
+        message = win.banner.label.text()
+        assert win.banner.kind == "database" and "newer r1desk" in message and str(db) in message
+        assert win.store.conversations() == [] and not list(db.parent.glob("*corrupt*"))
+    finally:
+        win.close()
+        win.store.close()
+    assert db.read_bytes() == before
+
+
 def test_a_crash_and_a_damaged_database_are_both_said(qtbot, profile):
     """The banner holds one message: the crash notice used to replace the damaged database's, saying the
     conversations were kept when they had just been moved aside."""
