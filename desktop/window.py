@@ -677,8 +677,8 @@ class MainWindow(QMainWindow):
                             lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(moved_aside.parent)))))
         if crash is not None:
             how = "crashed" if crash.fatal else "closed unexpectedly"
-            kept = "" if parts else (" Your conversations were kept, including the reply that was being "
-                                     "written (the store writes a reply as it grows).")
+            # (the store writes a reply as it grows: what was written survives)
+            kept = "" if parts else " Your conversations were kept, including the reply that was being written."
             parts.append(f"r1desk {how} last time ({crash.when.strftime('%Y-%m-%d %H:%M')}).{kept} The crash "
                          f"log is at {crash.log_path}.")
             actions.append(("Open log folder",
