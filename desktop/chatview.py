@@ -469,6 +469,11 @@ class MessageWidget(QFrame):
         r = self.view.renderer
         self.stream_body.stream_to(answer, r.render, r.stylesheet())
 
+    def set_history_actions(self, enabled: bool) -> None:
+        for name, b in self.buttons.items():
+            if name != "copy":
+                b.setEnabled(enabled)
+
     def set_busy(self, busy: bool) -> None:
         for b in self.buttons.values():
             b.setVisible(not busy)  # no actions on a reply that is still being written
@@ -483,7 +488,8 @@ def reasoning_label(stats: dict, has_answer: bool, complete: bool) -> str:
         return f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Thoughts"
     reason = stats.get("finish_reason")
     why = {"max_new_tokens": "hit the token limit", "context_full": "the context is full",
-           "cancelled": "stopped", "eos": "ended"}.get(reason, "interrupted" if not complete else "")
+           "cancelled": "stopped", "eos": "ended", "error": "stopped by an error"}.get(
+        reason, "interrupted" if not complete else "")
     head = f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Reasoning"
     return f"{head} · no answer ({why} while thinking)" if why else f"{head} · no answer"
 
@@ -505,6 +511,8 @@ def meta_text(stats: dict, complete: bool) -> str:
         parts.append("token limit reached")
     elif reason == "context_full":
         parts.append("context full")
+    elif reason == "error":  # kept as far as it got; the banner that said why is gone after a restart
+        parts.append("stopped by an error")
     if stats.get("stopped_thinking"):
         parts.append("thinking cut short")
     if not complete:
@@ -552,6 +560,7 @@ class ChatView(QScrollArea):
         row.addStretch(1)
         self.setWidget(inner)
         self.widgets: list[MessageWidget] = []
+        self.history_actions = True  # Edit, Regenerate, Delete usable (off while a reply is written)
         self._stick = True
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range)
@@ -580,8 +589,15 @@ class ChatView(QScrollArea):
         self.empty.show()
         self._stick = True
 
+    def set_history_actions(self, enabled: bool) -> None:
+        """Edit, Regenerate and Delete on every message (off while a reply is written; Copy stays)."""
+        self.history_actions = enabled
+        for w in self.widgets:
+            w.set_history_actions(enabled)
+
     def add_message(self, msg: dict) -> MessageWidget:
         w = MessageWidget(self, msg)
+        w.set_history_actions(self.history_actions)
         w.action.connect(self.message_action)
         self.col.insertWidget(self.col.count() - 1, w)
         self.widgets.append(w)

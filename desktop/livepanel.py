@@ -64,6 +64,7 @@ class LiveReply:
         self.base = 0  # token count just before the oldest entry of `recent`
         self.rate_series: list[float] = []
         self.done_stats: dict | None = None
+        self.failed = False  # ended without stats (an error): nothing is live any more
 
     def on_started(self, started: dict) -> None:
         self.started = started
@@ -401,6 +402,16 @@ class LivePanel(QScrollArea):
         self.log_head.show()
         self.log.show()
 
+    def clear_engine(self) -> None:
+        """No model loaded (a load under way or failed: the worker dropped the last one first)."""
+        self.info = None
+        self.memory = None
+        self.device_label.setText("No model loaded")
+        self.device_label.setToolTip("")
+        for key in ("weights", "kv", "other"):
+            self.values[key].setText("—")
+        self.refresh()
+
     def set_engine(self, info: dict) -> None:
         self.info = info
         self.memory = info.get("memory")
@@ -426,6 +437,7 @@ class LivePanel(QScrollArea):
         if self.reply is None:
             return
         self.reply.done_stats = stats
+        self.reply.failed = not stats
         if stats:
             if stats.get("ttft_ms") is not None:
                 self.session_ttft.append(stats["ttft_ms"])
@@ -462,6 +474,9 @@ class LivePanel(QScrollArea):
                 used = s["prompt_tokens"] + s["completion_tokens"]
                 v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
                 v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
+            elif r.failed:  # frozen where it stopped: no clock runs on for a reply that ended in an error
+                if not r.first_t:
+                    v["ttft"].setText("failed")
             else:
                 now = time.monotonic()
                 v["ttft"].setText(f"{(r.first_t - r.start) * 1000:.0f} ms" if r.first_t else "waiting…")

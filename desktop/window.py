@@ -86,6 +86,7 @@ class MainWindow(QMainWindow):
         self.editing_msg_id: int | None = None
         self.editing_conv_id: int | None = None  # the chat of the message being edited
         self._closing = False
+        self._restyle_after_reply = False  # the theme or font changed while a reply streamed (apply_theme)
         self._reload_pending = False
         self.hard_exit_on_stuck_thread = False  # app.main sets it: a stuck load must not keep a zombie window
         self.crash_log = None  # app.main's CrashLog: stopped (a clean exit) before a hard exit too
@@ -300,6 +301,8 @@ class MainWindow(QMainWindow):
         self.live.set_theme(self.theme)
         if self.conv_id is not None and self.stream is None:
             self.open_conversation(self.conv_id, keep_scroll=True)
+        elif self.stream is not None:
+            self._restyle_after_reply = True  # the chat is drawn again in the new look when the reply ends
 
     def _on_color_scheme(self, _scheme) -> None:
         if self.settings.theme == "system" and not self._closing:
@@ -573,9 +576,10 @@ class MainWindow(QMainWindow):
         text = (self.composer.text() if text is None else text).strip()
         if not text or self.stream is not None:
             return False
-        if self.engine_state != "ready":
-            self.banner.show_message("not_ready", "The model is not ready yet; your message is kept in the box.")
+        if not self._can_reply(" Your message is kept in the box."):
             return False
+        if self.editing_msg_id is not None and self.store.message(self.editing_msg_id) is None:
+            self._set_editing(None)  # deleted since (a regenerate before it): this is a new message
         if self.editing_msg_id is not None and self.conv_id is not None and self.editing_conv_id == self.conv_id:
             edited = self.editing_msg_id  # edit & resend replaces it and everything after it
             if not self._write("replace the edited message", lambda: self.store.delete_from(self.conv_id, edited)):
@@ -695,12 +699,16 @@ class MainWindow(QMainWindow):
         self.composer.stop_thinking_btn.setEnabled(True)
         self._update_composer()
         self.refresh_list()
+        if self._restyle_after_reply and self.conv_id is not None and not self._closing:
+            self._restyle_after_reply = False
+            self.open_conversation(self.conv_id, keep_scroll=True)
         if self._reload_pending and not self._closing:
             self._reload_pending = False
             self.start_engine()
 
     def _on_load_failed(self, kind: str, message: str) -> None:
         self.engine_state = "failed"
+        self.live.clear_engine()  # the worker dropped the last model before this load
         self._set_status("Model not loaded", busy=False)
         if kind == "no_gpu":
             text = f"{message} r1desk can run on the CPU instead, but replies will be many times slower."
@@ -739,6 +747,7 @@ class MainWindow(QMainWindow):
         self.composer.set_generating(generating, thinking)
         self.composer.send_btn.setEnabled(generating or self.engine_state == "ready")
         self.new_btn.setEnabled(not generating)
+        self.chat.set_history_actions(not generating)  # editing history mid-reply would change its prompt
 
     # ------------------------------------------------------------------ per-message actions
     def _on_message_action(self, action: str, msg_id: int) -> None:
@@ -762,13 +771,30 @@ class MainWindow(QMainWindow):
             self.composer.set_text(msg["content"])
             self.composer.edit.setFocus()
         elif action == "regenerate":
-            if self.engine_state != "ready":
-                self.banner.show_message("not_ready", "The model is not ready yet.")
+            if not self._can_reply():
+                return
+            # the old reply goes only once the new one can start: a full queue (API requests) would lose it
+            if self.service is not None and len(self.service.waiting) >= self.service.max_waiting:
+                self.banner.show_message("generate", f"The reply could not start: {len(self.service.waiting)} "
+                                                     "API requests are waiting; try again when they are done. "
+                                                     "The old reply is kept.")
                 return
             if not self._write("regenerate the reply", lambda: self.store.delete_from(self.conv_id, msg_id)):
                 return
             self.chat.remove_from(msg_id)
+            if self.editing_msg_id is not None and self.editing_msg_id >= msg_id:
+                self._set_editing(None)  # the message being edited went with the rest
             self._start_reply()
+
+    def _can_reply(self, kept: str = "") -> bool:
+        """Whether a reply can start now; if not, say why, but leave a failed load's banner (with its ways out:
+        another model, Settings, the CPU) where it is."""
+        if self.engine_state == "ready":
+            return True
+        if self.engine_state == "failed" and self.banner.isVisible() and self.banner.kind != "not_ready":
+            return False
+        self.banner.show_message("not_ready", "The model is not ready yet." + kept)
+        return False
 
     def _write(self, what: str, write) -> bool:
         """A change to the chat store from a user's action; where the store refuses it (a read-only folder, a
