@@ -638,6 +638,9 @@ class MainWindow(QMainWindow):
             self.composer.stop_thinking_btn.setEnabled(False)
 
     def escape(self) -> None:
+        if self.search.hasFocus() and self.search.text():  # Esc in the search box clears it, as anywhere else:
+            self.search.clear()  # it must not stop the reply being written
+            return
         if self.stream is not None:
             self.stop()
         elif self.editing_msg_id is not None:

@@ -134,3 +134,19 @@ def test_a_reply_kept_after_an_error_says_so(qtbot, make_window):
     win.open_conversation(win.conv_id)  # as after a restart, when the banner is gone
     w = win.chat.widgets[-1]
     assert "stopped by an error" in w.meta.text() and "stopped by an error" in w.reasoning_block.toggle.text()
+
+
+def test_esc_in_the_search_box_clears_the_search_and_leaves_the_reply(qtbot, make_window):
+    engine = FakeEngine(token_s=0.0)
+    win = make_window(engine=engine)
+    win.activateWindow()  # window shortcuts need the active window
+    _reply(qtbot, win, "question")
+    engine.token_s = 0.01
+    win.send("again")
+    qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=10000)
+    win.focus_search()
+    qtbot.keyClicks(win.search, "ques")
+    qtbot.keyClick(win.search, Qt.Key_Escape)
+    assert win.search.text() == "" and win.stream is not None  # the reply goes on
+    with qtbot.waitSignal(win.reply_finished, timeout=10000):
+        qtbot.keyClick(win.search, Qt.Key_Escape)  # a second Esc, with nothing to clear, stops it
