@@ -31,7 +31,7 @@ from desktop.markdown import MarkdownRenderer
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.store import Store, store_problem
 from desktop.welcome import WelcomePage
-from model_loader.chat import history_content  # plain text rules: no torch
+from model_loader.chat import history_message  # plain text rules: no torch
 from desktop.replies import ReplyController
 from desktop.service import EngineService
 
@@ -612,8 +612,7 @@ class MainWindow(QMainWindow):
             if m["role"] == "user":
                 msgs.append({"role": "user", "content": m["content"]})
             elif m["role"] == "assistant":  # only the answer goes back into the prompt, as DeepSeek advises
-                msgs.append({"role": "assistant", "content": history_content(m["content"], m["reasoning"],
-                                                                             m["answer"])})
+                msgs.append(history_message(m["content"], m["reasoning"], m["answer"]))
         return msgs
 
     def sampling(self) -> dict:

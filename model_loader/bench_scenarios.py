@@ -16,7 +16,7 @@ import contextlib
 import time
 
 from model_loader.bench import FILLER, bench_prompt
-from model_loader.chat import history_content
+from model_loader.chat import history_message
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
 from model_loader.gpu_clocks import ClockWatch, format_clock_summary
@@ -94,7 +94,7 @@ def run_chat(engine: Engine, user_tokens: int, reply_tokens: int, temperature: f
                      "prompt_ms": s.prompt_ms,
                      "completion_tokens": s.completion_tokens, "decode_tok_s": s.decode_tok_s, "wall_s": wall})
         # What the window sends back for this reply: the answer when the model reasoned, else the whole text.
-        messages.append({"role": "assistant", "content": history_content(final.text, final.reasoning, final.answer)})
+        messages.append(history_message(final.text, final.reasoning, final.answer))
     return {"scenario": "chat", "turns": rows, "user_tokens": user_tokens, "reply_tokens": reply_tokens,
             "temperature": temperature, "context_length": engine.info.context_length}
 

@@ -16,6 +16,10 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
+# A message key: its content is the reply's answer already (history_content), not the raw text to cut.
+ANSWER_ONLY = "answer_only"
+
+
 def history_content(text: str, reasoning: str, answer: str) -> str:
     """What of a finished reply goes back into the conversation for the next turn: its answer when it reasoned
     (DeepSeek advises leaving earlier reasoning out), else all of its text. The window, the chat benchmark and
@@ -23,10 +27,17 @@ def history_content(text: str, reasoning: str, answer: str) -> str:
     return answer if reasoning else text
 
 
+def history_message(text: str, reasoning: str, answer: str) -> dict:
+    """A finished reply as the assistant message of the next turn's history (history_content, marked so that the
+    prompt takes it as it is: an answer that itself mentions </think> is not cut again)."""
+    return {"role": "assistant", "content": history_content(text, reasoning, answer), ANSWER_ONLY: True}
+
+
 def answer_only(content: str) -> str:
-    """What of an assistant message goes back into the prompt: the text after its reasoning."""
+    """The answer of a raw assistant message (reasoning, </think>, answer: a client of the API, the CLI's
+    history): the text after the first </think>, where ReasoningSplitter ends the reasoning too."""
     if THINK_CLOSE in content:
-        return content.split(THINK_CLOSE)[-1].lstrip("\n")
+        return content.partition(THINK_CLOSE)[2].lstrip("\n")
     return content
 
 
@@ -59,8 +70,11 @@ class ChatFormat:
         self.prompt_encoder = make_encoder() if make_encoder is not None else None
 
     def _template_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        # Only a model that reasons has reasoning to cut from its earlier replies: a Qwen2.5's answer that
+        # mentions </think> goes back whole, as its own template would send it.
         clean = [
-            {"role": m["role"], "content": answer_only(m["content"]) if m["role"] == "assistant" else m["content"]}
+            {"role": m["role"], "content": answer_only(m["content"])
+             if m["role"] == "assistant" and self.reasons and not m.get(ANSWER_ONLY) else m["content"]}
             for m in messages
             if m.get("content") is not None
         ]
@@ -85,7 +99,7 @@ class ChatFormat:
             stripped = text.rstrip()
             if stripped.endswith(THINK_OPEN):
                 in_reasoning = True
-            elif THINK_OPEN not in text[-64:]:
+            elif THINK_OPEN not in self._generation_prompt(messages, text):
                 # Older R1 templates stop at <｜Assistant｜>; DeepSeek advises forcing the reasoning open.
                 text += THINK_OPEN + "\n"
                 in_reasoning = True
@@ -94,6 +108,16 @@ class ChatFormat:
         else:
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
+
+    def _generation_prompt(self, messages: list[dict], text: str) -> str:
+        """What the template adds for the reply (the text past the same messages rendered without it): where a
+        template that opens or closes the reasoning itself says so. Not the prompt's last characters, which a
+        message mentioning <think> can hold."""
+        bare = self._template_text(messages, add_generation_prompt=False)
+        n = 0
+        while n < min(len(bare), len(text)) and bare[n] == text[n]:
+            n += 1
+        return text[n:]
 
     def encode_plain(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -24,7 +24,7 @@ import torch
 from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
 from model_loader.chat import (AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer,
-                               history_content)
+                               history_message)
 from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
@@ -739,8 +739,7 @@ class Engine:
         # with this reply now, while the user reads it, rather than before the next reply's first token.
         if isinstance(final, Finished):
             try:
-                content = history_content(final.text, final.reasoning, final.answer)
-                self.chat.prepare([*messages, {"role": "assistant", "content": content}])
+                self.chat.prepare([*messages, history_message(final.text, final.reasoning, final.answer)])
             except Exception as err:  # only a head start for the next prompt: never a finished reply's failure
                 log.debug("tokenizing the history ahead failed: %s", err)
 
@@ -822,7 +821,14 @@ class Engine:
                 reasoning_tokens += 1
             if tok in stop_ids:
                 return
-            for kind, text in splitter.feed(detok.add(tok)):
+            was_reasoning = splitter.in_reasoning
+            parts = splitter.feed(detok.add(tok))
+            if was_reasoning and not splitter.in_reasoning:
+                # The reasoning has closed (the model's tag, perhaps spelled in several tokens the GPU doesn't
+                # know as the close, or ours): a Stop thinking now would push the tag into the answer.
+                control.act_on_stop_thinking(None)
+                close_push.close()
+            for kind, text in parts:
                 text = trim(kind, text)
                 if not text:
                     continue

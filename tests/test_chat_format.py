@@ -129,8 +129,43 @@ def test_old_r1_template_without_think_gets_it_appended(tiny_model, tmp_path):
     cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
     cfg["chat_template"] = cfg["chat_template"].replace("<think>\\n", "")
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    p = ChatFormat(FolderTokenizer(folder), [151643]).render([{"role": "user", "content": "Hi"}])
+    fmt = ChatFormat(FolderTokenizer(folder), [151643])
+    p = fmt.render([{"role": "user", "content": "Hi"}])
     assert p.text.endswith("<｜Assistant｜><think>\n") and p.starts_in_reasoning
+    # a message that mentions the tag near the end of the prompt: the tag was looked for in the prompt's last 64
+    # characters, so the reasoning was not opened and all of it streamed as the answer
+    for messages in ([{"role": "user", "content": "What does the <think> tag do?"}],
+                     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Use <think>."},
+                      {"role": "user", "content": "ok"}]):
+        p = fmt.render(messages)
+        assert p.text.endswith("<｜Assistant｜><think>\n") and p.starts_in_reasoning, p.text[-80:]
+
+
+def test_an_answer_that_mentions_the_close_tag_goes_back_whole_for_a_model_that_does_not_reason(tiny_model,
+                                                                                                   tmp_path):
+    """Earlier replies were cut at their last </think> for every model, so a Qwen2.5's answer that mentions the
+    tag lost everything before it, which its own template keeps. (R1's own template cuts at the last </think>
+    by itself: DeepSeek's rule, left as it is.)"""
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    tok = json.loads((tiny_model / "tokenizer.json").read_text(encoding="utf-8"))
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] not in ("<think>", "</think>")]
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    cfg["added_tokens_decoder"] = {k: v for k, v in cfg.get("added_tokens_decoder", {}).items()
+                                   if v.get("content") not in ("<think>", "</think>")}
+    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    fmt = ChatFormat(FolderTokenizer(folder), [151643])
+    assert not fmt.reasons
+    answer = "R1 wraps its reasoning in <think>...</think>; strip everything up to it before display."
+    p = fmt.render([{"role": "user", "content": "How?"}, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "ok"}])
+    assert answer in p.text
+    # a reasoning model's raw reply (the API's clients send them back so): its answer starts after the first
+    # </think>, where the streamed split puts it
+    assert answer_only("thinking</think>\n\nUse </think> to close.") == "Use </think> to close."
 
 
 def test_stop_ids_include_end_of_sentence(chat):

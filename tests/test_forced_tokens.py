@@ -238,3 +238,34 @@ def test_the_replies_tokens_come_back_through_the_commit_kernels_ring(tiny_model
     tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
     assert any(final.token_ids[i:i + len(tag)] == tag for i in range(len(final.token_ids)))
     engine.close()
+
+
+def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_leaves_the_answer(tiny_model,
+                                                                                               monkeypatch):
+    """The model may spell its close tag as ordinary tokens ("</", "think", ">"), which the GPU's commit does
+    not know as the close: a Stop thinking asked once the answer had begun pushed the tag into the answer and
+    flagged the reply as stopped. Once the reasoning has closed, however it was written, the request is over."""
+    import model_loader.engine as engine_module
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512)
+    engine.warm_up()
+    vocab, enc = engine.tokenizer.get_vocab(), engine.chat.encode_plain
+    script = (enc("Okay, let me see.\n") + [vocab["</"], vocab["think"], vocab[">"]]
+              + enc("\n\nThe answer is 4. It is four because two plus two."))
+    step = iter(range(10**6))
+
+    def scripted(logits):  # the model writes exactly this, token by token
+        return torch.tensor([script[min(next(step), len(script) - 1)]], dtype=torch.int64)
+
+    monkeypatch.setattr(engine_module, "greedy", scripted)
+    control, final, asked = GenerationControl(), None, False
+    settings = SamplingSettings(temperature=0, max_new_tokens=len(script), ignore_eos=True)
+    for ev in engine.generate([{"role": "user", "content": "2+2?"}], settings, control):
+        if isinstance(ev, Delta) and ev.kind == "answer" and not asked:
+            asked = True
+            control.stop_thinking()  # the button, pressed as the answer starts to show
+        elif isinstance(ev, Finished):
+            final = ev
+    assert asked and final.answer == "The answer is 4. It is four because two plus two."
+    assert not final.stats.stopped_thinking and final.reasoning.strip() == "Okay, let me see."
+    engine.close()
