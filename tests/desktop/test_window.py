@@ -102,7 +102,8 @@ def test_message_actions_copy_edit_regenerate_delete(qtbot, make_window):
 
     _reply(qtbot, win, "second question")
     # earlier replies go back into the prompt as their answer only, never their reasoning
-    assert engine.prompts[-1][1] == {"role": "assistant", "content": ANSWER}
+    # (marked as the answer already: the prompt takes it as it is, model_loader.chat.history_message)
+    assert engine.prompts[-1][1] == {"role": "assistant", "content": ANSWER, "answer_only": True}
     qtbot.mouseClick(win.chat.widgets[-1].buttons["delete"], Qt.LeftButton)
     assert [m["content"] for m in win.store.messages(win.conv_id)][-1] == "second question"
     assert len(win.chat.widgets) == 3
