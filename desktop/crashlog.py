@@ -23,8 +23,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QLockFile
 
+from desktop.process_lock import process_lock, release, take
+
 KEEP_CRASH_LOGS = 10  # older crash logs are removed
-_LOCKS_HELD: set[str] = set()  # the session locks this process holds (CrashLog.start)
 
 
 @dataclass
@@ -52,10 +53,8 @@ class CrashLog:
         stem = f"session-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._lock = QLockFile(str(self.folder / f"{stem}.lock"))
-            self._lock.setStaleLockTime(0)  # a live session's lock never goes stale with age, only with its process
-            self._lock.tryLock(0)
-            _LOCKS_HELD.add(self._lock.fileName())
+            self._lock = process_lock(self.folder / f"{stem}.lock")
+            take(self._lock)
             self.path = self.folder / f"{stem}.log"
             self._file = open(self.path, "x", encoding="utf-8", errors="replace", buffering=1)
             self._file.write(f"r1desk session started {datetime.datetime.now().isoformat(timespec='seconds')} "
@@ -67,7 +66,7 @@ class CrashLog:
                 self._file.close()
             self._file, self.path = None, None
             if self._lock is not None:
-                self._lock.unlock()
+                release(self._lock)
             return False
         faulthandler.enable(self._file, all_threads=True)
         self._old_excepthook = sys.excepthook
@@ -96,7 +95,7 @@ class CrashLog:
         except OSError:
             pass
         if self._lock is not None:
-            self._lock.unlock()  # also removes the lock file
+            release(self._lock)
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         self.note("Uncaught exception:\n" + "".join(traceback.format_exception(exc_type, exc, tb)))
@@ -116,9 +115,8 @@ class CrashLog:
             return None
         found: list[PreviousCrash] = []
         for log in sorted(self.folder.glob("session-*.log")):
-            lock = QLockFile(str(log.with_suffix(".lock")))
-            lock.setStaleLockTime(0)
-            if not lock.tryLock(0) and not _ours_left_over(lock):
+            lock = process_lock(log.with_suffix(".lock"))
+            if not take(lock):
                 continue  # that run is still going (another window), or the lock can't be read: leave it
             try:
                 when = datetime.datetime.fromtimestamp(log.stat().st_mtime)
@@ -129,7 +127,7 @@ class CrashLog:
             except OSError:
                 pass
             finally:
-                lock.unlock()
+                release(lock)
         self._prune()
         return max(found, key=lambda c: c.when) if found else None
 
@@ -156,19 +154,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:  # removed meanwhile (another window pruning at the same moment)
         return 0.0
-
-
-def _ours_left_over(lock: QLockFile) -> bool:
-    """A lock naming this very process that this process did not take: left by an earlier run that had the
-    same PID (PIDs repeat). QLockFile takes such a lock for live; it is stale, so take it over (True)."""
-    pid, _host, _app = lock.getLockInfo()
-    if pid != os.getpid() or lock.fileName() in _LOCKS_HELD:
-        return False
-    try:
-        Path(lock.fileName()).unlink()
-    except OSError:
-        return False
-    return lock.tryLock(0)
 
 
 def _looks_fatal(text: str) -> bool:

@@ -217,17 +217,16 @@ def worker_main(argv: list[str]) -> int:
     except OSError as err:
         _emit(error="error", message=f"cannot create the model folder {dest}: {err.strerror or err}")
         return 1
-    from PySide6.QtCore import QLockFile
+    from desktop.process_lock import process_lock, release, take
 
-    lock = QLockFile(str(dest / ".download.lock"))  # a dead download's lock is stale at once: only live ones count
-    lock.setStaleLockTime(0)
-    if not lock.tryLock(0):
+    lock = process_lock(dest / ".download.lock")  # a dead download's lock is stale at once: only live ones count
+    if not take(lock):
         _emit(error="error", message=f"another download into {dest} is running; wait for it or stop it first")
         return 1
     try:
         return _download(repo_id, dest)
     finally:
-        lock.unlock()
+        release(lock)
 
 
 def _download(repo_id: str, dest: Path) -> int:

@@ -167,15 +167,23 @@ class EngineService(QObject):
         requests already wait. The request's signals fire on this thread, the first ones after this returns."""
         from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
 
-        if self.state != "ready":
-            raise NotReady("the model is not loaded yet" if self.state != "failed" else "no model is loaded")
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+        refusal = self.refusal()
+        if refusal is not None:
+            raise refusal
         req = GenerationRequest(self, messages, settings, client, control or GenerationControl(), label)
         self.waiting.append(req)
         self.queue_changed.emit()
         self._pump()
         return req
+
+    def refusal(self) -> NotReady | QueueFull | None:
+        """Why submit() would refuse a request now (the error it raises), or None: a client can ask before it
+        undoes anything for the request (the window's Regenerate deletes the old reply only if not)."""
+        if self.state != "ready":
+            return NotReady("the model is not loaded yet" if self.state != "failed" else "no model is loaded")
+        if len(self.waiting) >= self.max_waiting:
+            return QueueFull(f"{len(self.waiting)} requests are already waiting")
+        return None
 
     def ahead_of(self, req: GenerationRequest) -> list[GenerationRequest]:
         """The requests that run before `req` (the one running first)."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QFileSystemWatcher, QLockFile, QObject, Signal
+from PySide6.QtCore import QFileSystemWatcher, QObject, Signal
+
+from desktop.process_lock import process_lock, release, take
 
 LOCK_NAME = "r1desk.lock"
 REQUEST_NAME = "show-window.request"
-_HELD: set[str] = set()  # the instance locks this process holds
 
 
 class SingleInstance(QObject):
@@ -29,8 +30,7 @@ class SingleInstance(QObject):
         super().__init__(parent)
         self.folder = Path(folder)
         self.request = self.folder / REQUEST_NAME
-        self.lock = QLockFile(str(self.folder / LOCK_NAME))
-        self.lock.setStaleLockTime(0)  # held for as long as the app runs: never stale with age, only with its owner
+        self.lock = process_lock(self.folder / LOCK_NAME)
         self.watcher: QFileSystemWatcher | None = None
 
     def acquire(self) -> bool:
@@ -40,7 +40,7 @@ class SingleInstance(QObject):
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             return True  # a data folder that can't be written says so elsewhere; never block the start for it
-        if not self.lock.tryLock(0) and not self._left_by_this_pid():
+        if not take(self.lock):
             pid, _host, _app = self.lock.getLockInfo()
             if pid <= 0:  # unreadable, not held: not a running r1desk
                 return True
@@ -49,7 +49,6 @@ class SingleInstance(QObject):
             except OSError:
                 pass
             return False
-        _HELD.add(self.lock.fileName())
         try:
             self.request.unlink()  # a request left from before this run is not for this window
         except OSError:
@@ -62,21 +61,7 @@ class SingleInstance(QObject):
         if self.watcher is not None:
             self.watcher.removePaths(self.watcher.directories())
             self.watcher = None
-        if self.lock.isLocked():
-            _HELD.discard(self.lock.fileName())
-            self.lock.unlock()
-
-    def _left_by_this_pid(self) -> bool:
-        """PIDs repeat (a sandbox can give every start the same one): a lock naming this very process, which
-        has not taken it, is an earlier run's. QLockFile takes it for live; take it over."""
-        pid, _host, _app = self.lock.getLockInfo()
-        if pid != os.getpid() or self.lock.fileName() in _HELD:
-            return False
-        try:
-            Path(self.lock.fileName()).unlink()
-        except OSError:
-            return False
-        return self.lock.tryLock(0)
+        release(self.lock)
 
     def _on_folder_changed(self, _path: str) -> None:
         if not self.request.exists():

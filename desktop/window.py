@@ -776,10 +776,10 @@ class MainWindow(QMainWindow):
             if not self._can_reply():
                 return
             # the old reply goes only once the new one can start: a full queue (API requests) would lose it
-            if self.service is not None and len(self.service.waiting) >= self.service.max_waiting:
-                self.banner.show_message("generate", f"The reply could not start: {len(self.service.waiting)} "
-                                                     "API requests are waiting; try again when they are done. "
-                                                     "The old reply is kept.")
+            refusal = self.service.refusal() if self.service is not None else None
+            if refusal is not None:
+                self.banner.show_message("generate", f"The reply could not start: {refusal}; the old reply is "
+                                                     "kept.")
                 return
             if not self._write("regenerate the reply", lambda: self.store.delete_from(self.conv_id, msg_id)):
                 return

@@ -7,6 +7,7 @@ whether or not the tokenizer would add one itself.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from model_loader.chat_template import R1_CHAT_TEMPLATE
@@ -114,9 +115,9 @@ class ChatFormat:
         template that opens or closes the reasoning itself says so. Not the prompt's last characters, which a
         message mentioning <think> can hold."""
         bare = self._template_text(messages, add_generation_prompt=False)
-        n = 0
-        while n < min(len(bare), len(text)) and bare[n] == text[n]:
-            n += 1
+        if text.startswith(bare):  # the usual case: the generation prompt is appended
+            return text[len(bare):]
+        n = len(os.path.commonprefix([bare, text]))
         return text[n:]
 
     def encode_plain(self, text: str) -> list[int]:
