@@ -57,9 +57,11 @@ def kernels_module(source: Path | None):
     return module
 
 
-def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int, stages: int):
+def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int, stages: int,
+                         v_transposed: bool = False):
     """The split kernel of `kernels` (kernels_module) as a CompiledKernel for sm_<arch> (Triton's compiler, no
-    GPU needed)."""
+    GPU needed). v_transposed: over a transposed value cache (the 8-bit cache's: kv_cache.value_cache), whose
+    splits start on 16 tokens (triton_ops.for_value_layout)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -67,12 +69,13 @@ def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int
     cache = "*fp8e4nv" if fp8 else "*bf16"
     signature = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "pos_ptr": "*i32", "mid_o_ptr": "*fp32",
                  "mid_lse_ptr": "*fp32", "max_ctx": "i32", "scale": "fp32", "k_scale_ptr": "*fp32",
-                 "v_scale_ptr": "*fp32"}
-    constexprs = dict(GROUP=6, BLOCK_G=16, D=128, BLOCK_N=block_n, MAX_SPLITS=66, MIN_CHUNK=128, CHUNK_ALIGN=1,
-                      PDL=arch >= 90, IEEE=False, LATE_LAUNCH=False, EARLY_TILE=arch >= 90, KV_FP8=fp8)
+                 "v_scale_ptr": "*fp32", "v_rows": "i32"}
+    constexprs = dict(GROUP=6, BLOCK_G=16, D=128, BLOCK_N=block_n, MAX_SPLITS=66, MIN_CHUNK=128,
+                      CHUNK_ALIGN=16 if v_transposed else 1, PDL=arch >= 90, IEEE=False, LATE_LAUNCH=False,
+                      EARLY_TILE=arch >= 90, KV_FP8=fp8, V_T=v_transposed)
     signature.update({name: "constexpr" for name in constexprs})
-    # as a launch specializes them: pointers and the context length divisible by 16 (16-byte async copies)
-    aligned = [i for i, name in enumerate(signature) if name.endswith("_ptr") or name == "max_ctx"]
+    # as a launch specializes them: pointers and the context length (and row length) divisible by 16
+    aligned = [i for i, name in enumerate(signature) if name.endswith("_ptr") or name in ("max_ctx", "v_rows")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     return triton.compile(ASTSource(kernels._decode_attn_split_kernel, signature, constexprs, attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
@@ -109,14 +112,17 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     ap.add_argument("--dump", type=Path, help="also write each variant's SASS into this folder")
     ap.add_argument("--source", type=Path, help="a modified copy of model_loader/kernels/jit_ops.py to compile")
+    ap.add_argument("--layouts", default="rows,transposed",
+                    help="the 8-bit cache's value layouts: rows (row-major), transposed (the model's) or both")
     args = ap.parse_args()
     kernels = kernels_module(args.source)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud (no warning)
+    layouts = [layout == "transposed" for layout in args.layouts.split(",")]
     for warps in (int(w) for w in args.warps.split(",")):
-        for fp8 in (False, True):
-            name = f"{'8-bit' if fp8 else '16-bit'} cache, {args.block_n}-token tiles, {warps} warps, " \
-                   f"{args.stages} stages, sm_{args.arch}"
-            compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages)
+        for fp8, v_t in [(False, False)] + [(True, v_t) for v_t in layouts]:
+            name = f"{'8-bit' if fp8 else '16-bit'} cache{', V transposed' if v_t else ''}, {args.block_n}-token " \
+                   f"tiles, {warps} warps, {args.stages} stages, sm_{args.arch}"
+            compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages, v_t)
             cubin = compiled.asm["cubin"]
             sass = disassemble(cubin, "-sass")
             usage = re.search(r"REG:(\d+) STACK:(\d+)", disassemble(cubin, "-res-usage"))

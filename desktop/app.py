@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import hashlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -169,6 +171,7 @@ def main(argv=None) -> int:
         return 2
     if args.self_test:  # a throw-away profile: never touch the user's history or settings
         tmp = tempfile.mkdtemp(prefix="r1desk-selftest-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # and leave none behind in the temp folder
         os.environ.setdefault("R1DESK_DATA_DIR", tmp)
         os.environ.setdefault("R1DESK_CONFIG_DIR", tmp)
     app = QApplication.instance() or QApplication(sys.argv[:1])

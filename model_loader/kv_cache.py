@@ -7,6 +7,11 @@ so nothing needs calibrating, and a row with an outlier (Qwen2's K has a few lar
 only costs that row precision. The attention kernels take the fp8 tiles into their dots as fp16 (exact) and
 apply the row scales to the scores and the value weights.
 
+An 8-bit cache keeps V transposed ([KV head, head_dim, token], value_cache): the P.V product reduces over
+tokens, and Hopper's tensor cores take 8-bit operands only along the reduced dimension (no 8-bit transposing
+load either), so row-major fp8 V went to the dot through an fp16 copy in shared memory, which left the decode
+kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot.
+
 Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
 its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly), and,
@@ -33,6 +38,24 @@ def check_kv_cache(kind: str) -> str:
 def value_bytes(kind: str, dtype_bytes: int, head_dim: int) -> float:
     """Device bytes one cached value costs (8-bit: one byte plus its row's fp32 scale spread over the row)."""
     return 1 + 4 / head_dim if kind == KV_8BIT else dtype_bytes
+
+
+# Rows past the end of each transposed value row: the attention kernels read V tiles whole (a mask per token
+# would cut their loads to single bytes), so a tile that starts below max_ctx may run up to a tile past it.
+V_ROW_PAD = 128  # >= the largest key tile (triton_ops.DECODE_ATTN_CONFIGS, PrefillAttention.SHAPES)
+
+
+def value_cache(shape: tuple, device, dtype, transposed: bool):
+    """The value cache [layers, Hkv, max_ctx, D], zero-filled: row-major, or (transposed, the 8-bit cache's) a
+    view of [layers, Hkv, D, rows] storage with rows = max_ctx + V_ROW_PAD rounded up to 16 (so every
+    dimension's row starts 16-byte aligned). The kernels read either (triton_ops.value_layout)."""
+    import torch
+
+    if not transposed:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    layers, hkv, max_ctx, d = shape
+    rows = -(-(max_ctx + V_ROW_PAD) // 16) * 16
+    return torch.zeros((layers, hkv, d, rows), device=device, dtype=dtype).transpose(-1, -2)[:, :, :max_ctx]
 
 
 # Triton has the e4m3 type our 8-bit kernels load only on compute capability 8.9+ (Ada: RTX 40-series; Hopper

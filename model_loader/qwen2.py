@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from model_loader.awq import Int4Weight, RowPackedInt4
 from model_loader.config import Qwen2Config
 from model_loader.kernels import reference
-from model_loader.kv_cache import KV_8BIT, KV_16BIT
+from model_loader.kv_cache import KV_8BIT, KV_16BIT, value_cache
 from model_loader.linears import Linears
 
 
@@ -36,10 +36,10 @@ class Qwen2Model:
         self.cos, self.sin = rope_tables(cfg, max_ctx, device)
         cache_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
         # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane. An 8-bit cache holds
-        # fp8 (e4m3) K and V rows with one fp32 scale per (layer, KV head, token) row (kv_cache.py).
+        # fp8 (e4m3) K and V rows with one fp32 scale per (layer, KV head, token) row, V transposed (kv_cache.py).
         cache_dtype = torch.float8_e4m3fn if kv_cache == KV_8BIT else dtype
         self.k_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
-        self.v_cache = torch.zeros(cache_shape, device=device, dtype=cache_dtype)
+        self.v_cache = value_cache(cache_shape, device, cache_dtype, transposed=kv_cache == KV_8BIT)
         self.k_scale = self.v_scale = None
         if kv_cache == KV_8BIT:
             self.k_scale = torch.zeros(cache_shape[:-1], device=device, dtype=torch.float32)
@@ -99,7 +99,8 @@ class Qwen2Model:
     @property
     def kv_cache_bytes(self) -> int:
         scales = 0 if self.k_scale is None else 2 * self.k_scale.numel() * self.k_scale.element_size()
-        return 2 * self.k_cache.numel() * self.k_cache.element_size() + scales
+        # the value cache's storage: a transposed one has padding rows (kv_cache.value_cache)
+        return self.k_cache.numel() * self.k_cache.element_size() + self.v_cache.untyped_storage().nbytes() + scales
 
     def cache_scales(self, layer: int):
         """(k_scale, v_scale) [Hkv, max_ctx] of a layer's 8-bit cache, or None (16-bit): what the attention

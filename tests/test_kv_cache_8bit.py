@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model_loader.kernels import reference, triton_ops
-from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache
+from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache, value_cache
 
 SHAPES = [(4, 2, 16), (12, 2, 128)]  # (Hq, Hkv, D): the tiny test model's, the 1.5B's
 
@@ -33,6 +33,20 @@ def _quantized_cache(hkv, max_ctx, d, seed, device, length=None):
     return [t.to(device) for t in (k8, v8, ks, vs)]
 
 
+def _in_layout(v8, transposed: bool, junk_from=None):
+    """The value cache v8 [Hkv, max_ctx, D] as the model holds it: row-major, or (transposed) a view of
+    [Hkv, D, rows] storage with padding rows past max_ctx (kv_cache.value_cache). junk_from: its rows from
+    there on, and the padding, hold large finite codes instead (stale rows: what a transposed cache's readers
+    take in whole, at zero weight; the writer never stores a NaN)."""
+    hkv, max_ctx, d = v8.shape
+    out = value_cache((1, hkv, max_ctx, d), v8.device, v8.dtype, transposed)[0]
+    if junk_from is None:
+        return out.copy_(v8)
+    torch.empty(0, dtype=torch.uint8, device=v8.device).set_(out.untyped_storage()).fill_(0x7E)  # e4m3fn's 448
+    out[:, :junk_from] = v8[:, :junk_from]
+    return out
+
+
 def test_quantized_rows_are_within_e4m3s_precision_of_the_originals():
     """Each value comes back within half a step of e4m3 at its size (3 mantissa bits: 1/16 of it), or of the
     subnormal step at the bottom of its row's range; the largest magnitude of each row is kept exactly."""
@@ -51,9 +65,11 @@ def test_quantized_rows_are_within_e4m3s_precision_of_the_originals():
 
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
 @pytest.mark.parametrize("start,t", [(0, 5), (7, 1), (3, 21)])
-def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv, d, start, t):
+@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv, d, start, t, transposed):
     """The same scales, and the same fp8 codes but for ties (Triton's interpreter rounds a tie away from zero,
-    torch and the GPU to even: one code apart); nothing written outside the new tokens' rows; q unchanged."""
+    torch and the GPU to even: one code apart); nothing written outside the new tokens' rows; q unchanged. The
+    value cache row-major or transposed (the model's: kv_cache.value_cache)."""
     g = torch.Generator().manual_seed(1)
     max_ctx = 64
     qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).to(device, _dtype(device))
@@ -61,7 +77,8 @@ def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv
     cos, sin = (torch.randn(max_ctx, d // 2, generator=g).to(device) for _ in range(2))
     out = []
     for ops in (triton_ops, reference):
-        k8, v8 = (torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn) for _ in range(2))
+        k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
+        v8 = _in_layout(torch.zeros_like(k8), transposed)
         ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
         pos_t = torch.tensor([start], device=device, dtype=torch.int32)
         q = ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, pos_t, start, hq, hkv, scales=(ks, vs))
@@ -78,14 +95,50 @@ def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv
             assert (mine[:, start:start + t] > 0).all()
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, transposed):
+    """Values of a K or V row that are inf or NaN (a reply that overflowed) are stored as code 0; a row with an
+    inf has an inf scale, so all its codes are 0 (a NaN is left out of the row's maximum on the GPU and in
+    Triton's interpreter, where torch's reference spreads it over the row). The other rows as ever. No e4m3 NaN
+    code reaches the cache, where a transposed value cache's readers take stale rows in whole (kv_cache.py)."""
+    hq, hkv, d, max_ctx, start, t = 4, 2, 16, 64, 5, 3
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(8)).to(device, _dtype(device))
+    qkv[0, (hq + hkv) * d + 2] = float("inf")  # token 0: V head 0 overflowed
+    qkv[1, hq * d + 5] = float("nan")  # token 1: K head 0
+    qkv[2, (hq + hkv + 1) * d:] = float("nan")  # token 2: V head 1, whole
+    bias = torch.zeros((hq + 2 * hkv) * d, device=device, dtype=qkv.dtype)
+    cos, sin = torch.ones(max_ctx, d // 2, device=device), torch.zeros(max_ctx, d // 2, device=device)
+    written = []
+    for ops in (triton_ops, reference):
+        k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
+        v8 = _in_layout(torch.zeros_like(k8), transposed)
+        ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
+        ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, torch.tensor([start], device=device, dtype=torch.int32),
+                            start, hq, hkv, scales=(ks, vs))
+        assert not (k8.float().isnan().any() or v8.float().isnan().any())
+        assert not v8.float()[0, start].any() and vs[0, start] == float("inf")
+        assert k8.float()[0, start + 1, 5] == 0 and not v8.float()[1, start + 2].any()
+        for c, row in ((k8, (0, start + 1)), (v8, (0, start)), (v8, (1, start + 2))):  # the overflowed rows aside
+            c.view(torch.uint8)[row] = 0
+        written.append((k8.float(), v8.float()))
+    (k_ours, v_ours), (k_ref, v_ref) = written
+    assert k_ours[:, start:start + t].abs().sum() > 0 and v_ours[:, start:start + t].abs().sum() > 0
+    assert ((k_ours - k_ref).abs() <= k_ref.abs() / 8).all() and ((v_ours - v_ref).abs() <= v_ref.abs() / 8).all()
+
+
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
 @pytest.mark.parametrize("length", [1, 48, 200, 2500])
 @pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
     triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),), ids=str)
-def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config):
+@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config, transposed):
     """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales
-    past the depth must not leak in."""
+    past the depth must not leak in. A transposed value cache's tiles are read whole (into its padding rows: a
+    depth of 2,500 in 2,560 rows): there its rows past the depth hold large finite values instead (its writer
+    stores no NaN), which must get no weight."""
     k8, v8, ks, vs = _quantized_cache(hkv, 2560, d, seed=2, device=device, length=length)
+    if transposed:
+        v8 = _in_layout(v8, True, junk_from=length)
     q = torch.randn(hq, d, generator=torch.Generator().manual_seed(3)).to(device, _dtype(device))
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
     scale = 1 / math.sqrt(d)
@@ -100,13 +153,19 @@ def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, 
 @pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16),
                                              (300, 130, 1)])
 @pytest.mark.parametrize("pack_gqa", [False, True])
-def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypatch, start, t, splits, pack_gqa):
+@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypatch, start, t, splits, pack_gqa,
+                                                                transposed):
     """Fresh prompts, follow-ups and short injections over an 8-bit cache, whole or in key splits, packed or not
     (a group of 3: idle rows at the end of a packed block); NaN codes and scales past the new tokens must not
-    leak in (the 16-bit cache's TMA path is never taken: 8-bit tiles are loaded and dequantized)."""
+    leak in (the 16-bit cache's TMA path is never taken: 8-bit tiles are loaded and dequantized). A transposed
+    value cache's tiles are read whole: there the rows after the new tokens hold large finite values (its writer
+    stores no NaN), which must get no weight."""
     monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
     hq, hkv, d = 6, 2, 64
     k8, v8, ks, vs = _quantized_cache(hkv, 1152, d, seed=4, device=device, length=start + t)
+    if transposed:
+        v8 = _in_layout(v8, True, junk_from=start + t)
     dt = torch.float16 if device == "cpu" else torch.bfloat16
     q = torch.randn(t, hq, d, generator=torch.Generator().manual_seed(5)).to(device, dt)
     scale = 1 / math.sqrt(d)
@@ -118,7 +177,8 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypa
     torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
 
 
-def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache(device):
+@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache(device, transposed):
     """As in the 16-bit cache (test_triton_kernels), and their scales too: a NaN scale would make a zeroed row
     NaN again."""
     from model_loader.kernels.jit_ops import STALE_V_ROWS
@@ -128,9 +188,9 @@ def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(device, _dtype(device))
     bias = torch.zeros((hq + 2 * hkv) * d, device=device, dtype=qkv.dtype)
     cos, sin = torch.ones(max_ctx, d // 2, device=device), torch.zeros(max_ctx, d // 2, device=device)
-    v8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
-    v8.view(torch.uint8).fill_(0x7F)
-    k8 = v8.clone()
+    k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
+    k8.view(torch.uint8).fill_(0x7F)
+    v8 = _in_layout(k8, transposed)
     ks, vs = (torch.full((hkv, max_ctx), float("nan"), device=device) for _ in range(2))
     triton_ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, torch.tensor([start], device=device, dtype=torch.int32),
                                start, hq, hkv, scales=(ks, vs))
@@ -173,8 +233,10 @@ def test_the_engine_on_an_8bit_cache(tiny_model):
         assert m.k_cache.dtype == torch.float8_e4m3fn and m.k_scale.dtype == torch.float32
         assert engine.info.kv_cache == KV_8BIT and dense.info.kv_cache == KV_16BIT
         cfg = m.cfg
-        assert engine.info.kv_cache_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 512 * (
-            cfg.head_dim + 4)
+        # V is stored transposed, each of its rows 128 tokens longer (kv_cache.value_cache): 512 + 128 = 640
+        assert triton_ops.value_layout(m.v_cache[0]) == (True, 640)
+        assert engine.info.kv_cache_bytes == cfg.num_hidden_layers * cfg.num_key_value_heads * (
+            512 * cfg.head_dim + 640 * cfg.head_dim + 2 * 512 * 4)
         # the CPU's "16-bit" cache is the model's fp32 there: 4 bytes a value against 1 + 4 / head_dim
         assert dense.info.kv_cache_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 512 * (
             cfg.head_dim * 4)

@@ -265,11 +265,12 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     first tile and late launch included, compiled with PDL on. On the 99 KB cards, 16-bit and 8-bit, and on Turing,
     the shape DecodeAttention tries first (DecodeAttention.candidates: those refused for certain left out) already
     fits: it is the one a first start compiles ahead, and no launch is refused. The bound candidates() rules shapes
-    out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit and fp32. 8-bit: its
+    out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit, 8-bit and fp32. 8-bit: its
     own candidates (triton_ops.KV8_CONFIGS: 8 warps) too."""
     import dataclasses
 
     from model_loader.kernels import reference, triton_ops
+    from model_loader.kv_cache import value_cache
 
     hq, hkv, d, length = 12, 2, 128, 40
     dt = {"fp32": torch.float32, "fp16": torch.float16}.get(kind, torch.bfloat16)
@@ -277,8 +278,9 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     k = torch.randn(hkv, 64, d, generator=g)
     v = torch.randn(hkv, 64, d, generator=g)
     scales = None
-    if kind == "8-bit":
+    if kind == "8-bit":  # V transposed, as the model holds it (kv_cache.value_cache)
         (k, ks), (v, vs) = reference.quantize_fp8_rows(k), reference.quantize_fp8_rows(v)
+        v = value_cache((1, *v.shape), "cpu", v.dtype, transposed=True)[0].copy_(v)
         scales = (ks, vs)
     else:
         k, v = k.to(dt), v.to(dt)
@@ -296,7 +298,7 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
             attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
         chains.append([key(c) for c in chain])
         attn.shared_limit, attn.pipelined = limit, arch >= 80  # what DecodeAttention reads from such a GPU
-        firsts.append(key(attn.candidates(attn.resolve(config), k.element_size())[0]))
+        firsts.append(key(attn.candidates(attn.resolve(config), triton_ops.decode_tile_bytes(k, v))[0]))
     specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
              if spec["name"] == "_decode_attn_split_kernel"]
     shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"],
@@ -306,11 +308,11 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         assert fits, f"no shape of {chain} fits {limit} bytes: {[shared[s] for s in chain]}"
     if kind in ("bf16", "8-bit", "fp16"):  # the shape tried first there (and compiled ahead on a first start) fits
         assert all(shared[first] <= limit for first in firsts), [(first, shared[first]) for first in firsts]
-    if kind != "8-bit":  # the bound that rules shapes out is at most what Triton asks (8-bit: counted as 16-bit)
-        bound = {key(c): triton_ops.decode_pipeline_bytes(c, d, dt.itemsize, arch >= 80)
-                 for config in configs for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(
-                     attn.resolve(config))]}
-        assert all(bound[shape] <= shared[shape] for shape in bound), {s: (bound[s], shared[s]) for s in bound}
+    # the bound that rules shapes out is at most what Triton asks for each (8-bit: V transposed, a byte a value)
+    bound = {key(c): triton_ops.decode_pipeline_bytes(c, d, triton_ops.decode_tile_bytes(k, v), arch >= 80)
+             for config in configs for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(
+                 attn.resolve(config))]}
+    assert all(bound[shape] <= shared[shape] for shape in bound), {s: (bound[s], shared[s]) for s in bound}
 
 
 def _as_hopper_launch(spec: dict) -> dict:

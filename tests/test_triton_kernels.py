@@ -186,7 +186,7 @@ def test_a_4bit_model_is_not_tuned_on_the_shape_that_never_wins_for_it(monkeypat
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, pdl):
+def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, device, pdl):
     """The 8-bit cache's extra candidates (more warps for its conversion-heavy tile) are timed at its warm-up and
     compiled ahead with the others, 4-bit models too; a 16-bit cache never sees them. The last candidate, the
     split-per-SM shape that the prefill's last row runs, is the same either way."""
@@ -203,9 +203,11 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
         assert all(c.late_launch == (pdl and int4) for c in extra)
         assert [c for c in kv8 if c in plain] == list(plain) and kv8[-1] == plain[-1]
         assert len(set(kv8)) == len(kv8)
+    # the engine on the GPU where there is one: on a CUDA machine a CPU engine runs the reference ops, not Triton's
     for kv_cache, wanted in (("16-bit", False), ("8-bit", True)):
-        engine = Engine.load(tiny_model, device="cpu", use_triton=True, kv_cache=kv_cache)
-        assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(cpu, kv8=wanted)
+        engine = Engine.load(tiny_model, device=device, use_triton=True, kv_cache=kv_cache)
+        assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(
+            engine.model.device, kv8=wanted)
         engine.close()
 
 
@@ -585,7 +587,8 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
 def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     """Where a shape's pipelined K/V tiles and its query tile alone exceed the GPU's shared memory
     (decode_pipeline_bytes), it is neither tried nor compiled ahead: on a 99 KB card the split-per-SM shape starts
-    at its 2 stages (16-bit, and an 8-bit cache, whose tiles are upcast through shared memory); an fp32 model
+    at its 2 stages (16-bit, and a row-major 8-bit cache, whose tiles are upcast through shared memory; not one
+    with V transposed, whose tiles take a byte a value there); an fp32 model
     starts at 1 stage (and may still be refused there: Triton's own buffers come on top); a Turing card (64 KB,
     nothing pipelined) starts at the 64-token tiles; a GPU with room for it (the H200) or a device that doesn't
     say keeps the whole chain."""
@@ -598,7 +601,9 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     assert attn.candidates(config, 2) == full
     attn.shared_limit = 101_376  # an RTX 30/40/50-series card's
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 2), (128, 1), (64, 2), (32, 2)]
-    assert attn.candidates(config, 1) == attn.candidates(config, 2)  # 8-bit tiles pass through shared memory as fp16
+    # an 8-bit cache with V transposed (the model's): its fp8 tiles reach the dots as they are, so its 3 stages
+    # are tried (73,728 bytes at sm_90); a row-major 8-bit cache's pass through shared memory as fp16 (2 bytes)
+    assert attn.candidates(config, 1) == full
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 4)] == [(128, 1), (64, 2), (32, 2)]  # fp32
     attn.shared_limit = 5_000  # a single stage buffers no K/V tile: only the query tile (4,096 bytes) counts
     assert [(c.block_n, c.num_stages) for c in attn.candidates(config, 2)] == [(128, 1)]

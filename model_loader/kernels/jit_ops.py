@@ -40,25 +40,35 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: t
 STALE_V_ROWS = tl.constexpr(128)  # at least the prefill attention's key tile height (PrefillAttention.SHAPES)
 
 
+@triton.jit
+def _v_offsets(head, n, d, max_ctx, v_rows, D: tl.constexpr, V_T: tl.constexpr):
+    """Element offsets of value entries (token n, dimension d; broadcast shapes) of KV head `head` in a value
+    cache of max_ctx rows: [Hkv, max_ctx, D] row after row, or with V_T transposed, [Hkv, D, v_rows] (each
+    dimension's tokens contiguous, v_rows >= max_ctx rows a head; kv_cache.py says why an 8-bit cache does)."""
+    if V_T:
+        return (head * D + d) * v_rows + n
+    return (head * max_ctx + n) * D + d
+
+
 @triton.jit(do_not_specialize=["n_tokens"])
 def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            n_tokens, max_ctx, k_scale_ptr, v_scale_ptr, NUM_HEADS: tl.constexpr,
+                            n_tokens, max_ctx, k_scale_ptr, v_scale_ptr, v_rows, NUM_HEADS: tl.constexpr,
                             NUM_KV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                            KV_FP8: tl.constexpr = False):
+                            KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
     # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
     # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
     # A prefill also zeroes the STALE_V_ROWS value rows after its tokens (within the head's max_ctx rows): the
     # prefill attention's last key tile reads them whole through TMA (_prefill_kv_tile), and a stale NaN there
     # would survive its zero weight. Nothing valid lives there: the sequence ends at the last new token.
     # KV_FP8: the cache holds K and V in fp8 (e4m3) with one fp32 scale per (KV head, token) row (kv_cache.py).
+    # V_T: the value cache is stored transposed (_v_offsets; v_rows a head's row length).
     _pdl_start(PDL)
     if BLOCK_T > 1:
         if (tl.program_id(1) >= NUM_HEADS + NUM_KV) & (tl.program_id(0) == tl.num_programs(0) - 1):
             stale = tl.load(pos_ptr) + n_tokens + tl.arange(0, STALE_V_ROWS)
             vh = tl.program_id(1) - NUM_HEADS - NUM_KV
-            dst = v_cache_ptr + (vh * max_ctx + stale[:, None]) * D
-            tl.store(dst + tl.arange(0, D)[None, :], tl.zeros([STALE_V_ROWS, D], v_cache_ptr.dtype.element_ty),
-                     mask=(stale < max_ctx)[:, None])
+            dst = v_cache_ptr + _v_offsets(vh, stale[:, None], tl.arange(0, D)[None, :], max_ctx, v_rows, D, V_T)
+            tl.store(dst, tl.zeros([STALE_V_ROWS, D], v_cache_ptr.dtype.element_ty), mask=(stale < max_ctx)[:, None])
             if KV_FP8:  # a NaN scale would make the zeroed rows NaN again
                 tl.store(v_scale_ptr + vh * max_ctx + stale, tl.zeros([STALE_V_ROWS], tl.float32),
                          mask=stale < max_ctx)
@@ -78,40 +88,50 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
     else:
         y1 = x1
         y2 = x2
-    if not KV_FP8:
-        if head < NUM_HEADS:
-            dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
-        elif head < NUM_HEADS + NUM_KV:
-            dst = k_cache_ptr + ((head - NUM_HEADS) * max_ctx + pos) * D
-        else:
-            dst = v_cache_ptr + ((head - NUM_HEADS - NUM_KV) * max_ctx + pos) * D
-        tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
-        tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
-    elif head < NUM_HEADS:
+    if head < NUM_HEADS:
         dst = q_ptr + tok[:, None] * NUM_HEADS * D + head * D
         tl.store(dst + half, y1.to(q_ptr.dtype.element_ty), mask=live)
         tl.store(dst + D // 2 + half, y2.to(q_ptr.dtype.element_ty), mask=live)
-    elif head < NUM_HEADS + NUM_KV:
-        _store_fp8_rows(k_cache_ptr, k_scale_ptr, (head - NUM_HEADS) * max_ctx + pos, half, y1, y2, live, D)
     else:
-        _store_fp8_rows(v_cache_ptr, v_scale_ptr, (head - NUM_HEADS - NUM_KV) * max_ctx + pos, half, y1, y2, live,
-                        D)
+        if head < NUM_HEADS + NUM_KV:
+            kvh = head - NUM_HEADS
+            cache_ptr, scale_ptr = k_cache_ptr, k_scale_ptr
+            first = (kvh * max_ctx + pos) * D + half
+            second = first + D // 2
+        else:
+            kvh = head - NUM_HEADS - NUM_KV
+            cache_ptr, scale_ptr = v_cache_ptr, v_scale_ptr
+            first = _v_offsets(kvh, pos, half, max_ctx, v_rows, D, V_T)
+            second = _v_offsets(kvh, pos, D // 2 + half, max_ctx, v_rows, D, V_T)
+        if KV_FP8:
+            _store_fp8_rows(cache_ptr, scale_ptr, kvh * max_ctx + pos, first, second, y1, y2, live)
+        else:
+            tl.store(cache_ptr + first, y1.to(cache_ptr.dtype.element_ty), mask=live)
+            tl.store(cache_ptr + second, y2.to(cache_ptr.dtype.element_ty), mask=live)
 
 
 FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
 
 
 @triton.jit
-def _store_fp8_rows(cache_ptr, scale_ptr, row, half, y1, y2, live, D: tl.constexpr):
-    """Rows [T, D] (as halves y1, y2, fp32) into an fp8 cache at row indices `row` [T, 1], each scaled so that
-    its largest magnitude lands on FP8_MAX, the scale kept beside it (an all-zero row gets a tiny scale)."""
+def _store_fp8_rows(cache_ptr, scale_ptr, row, first, second, y1, y2, live):
+    """Rows [T, D] (as halves y1, y2, fp32) into an fp8 cache at element offsets first / second (each half's),
+    each row scaled so that its largest magnitude lands on FP8_MAX, the scale kept at scale_ptr + row [T, 1] (an
+    all-zero row gets a tiny scale). A value not finite after scaling (a row that overflowed) is stored as 0:
+    the cache never holds e4m3's NaN, so the attention may read a transposed value cache's tiles whole, rows
+    past the depth included (_kv_tile), where a stale NaN would survive its zero weight."""
     amax = tl.maximum(tl.max(tl.abs(y1), axis=1), tl.max(tl.abs(y2), axis=1))
     scale = tl.maximum(amax, 1e-30) / FP8_MAX
     inv = (1.0 / scale)[:, None]
-    tl.store(cache_ptr + row * D + half, _round_to_e4m3(y1 * inv).to(cache_ptr.dtype.element_ty), mask=live)
-    tl.store(cache_ptr + row * D + D // 2 + half, _round_to_e4m3(y2 * inv).to(cache_ptr.dtype.element_ty),
-             mask=live)
+    tl.store(cache_ptr + first, _finite_e4m3(y1 * inv).to(cache_ptr.dtype.element_ty), mask=live)
+    tl.store(cache_ptr + second, _finite_e4m3(y2 * inv).to(cache_ptr.dtype.element_ty), mask=live)
     tl.store(scale_ptr + row, scale[:, None], mask=live)
+
+
+@triton.jit
+def _finite_e4m3(x):
+    """_round_to_e4m3 of x (|x| <= ~448 where finite), with NaN and inf as 0."""
+    return tl.where(tl.abs(x) < float("inf"), _round_to_e4m3(x), 0.0)
 
 
 @triton.jit
@@ -152,21 +172,25 @@ def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.con
 
 @triton.jit
 def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True,
-                          k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False):
+                          k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False,
+                          V_ROW_MASK: tl.constexpr = False):
     """One block of keys into flash attention's running state: m_i [M] the running max, l_i [M] the running sum
     of exp, acc [M, D] the running weighted sum of values. visible: which (row, key) pairs count. A row that has
     seen no visible key yet keeps m_i = -inf and l_i = 0. IEEE (fp32 models): tl.dot on fp32 inputs defaults to
     TF32 (10-bit mantissa), which made fp32 greedy decoding drift from transformers' fp32 after a few dozen
     tokens; bf16/fp16 inputs are exact either way. KV_SCALED: k and v are an 8-bit cache's fp8 tiles and
-    k_scale / v_scale [N] their rows' scales (_kv_scales)."""
+    k_scale / v_scale [N] their rows' scales (_kv_scales). V_ROW_MASK (8-bit, visible a [1, N] key mask: the
+    decode kernel's): V's rows of keys not visible are zeroed after the upcast."""
     if KV_SCALED:
         if IEEE:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         else:
             q, k, v = _upcast_kv(k, v, q)
-            # V's rows past the end to 0 after the upcast: the select keeps the fp16 tile in registers, so it
-            # reaches the dot through an fp16 shared buffer (ldmatrix.trans) instead of 128 byte loads a thread
+        # V's rows past the end to 0 after the upcast: a transposed value cache's tile was read whole (_kv_tile),
+        # and in a row-major one the select keeps the fp16 tile in registers, so it reaches the dot through an
+        # fp16 shared buffer (ldmatrix.trans) instead of 128 byte loads a thread
+        if V_ROW_MASK:
             v = tl.where(tl.trans(visible), v, 0.0)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -249,12 +273,18 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, offs, rows, F16: tl.constexpr = False):
+def _kv_tile(k_ptr, v_ptr, k_offs, v_offs, rows, F16: tl.constexpr = False, V_T: tl.constexpr = False):
     """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0). F16: upcast at once
     (an 8-bit cache's early tile: the branch that may re-read it then carries fp16 pairs, not one fp8 byte a
-    register, which spilled)."""
-    k = tl.load(k_ptr + offs, mask=rows[:, None], other=0.0)
-    v = tl.load(v_ptr + offs, mask=rows[:, None], other=0.0)
+    register, which spilled). V_T (a transposed value cache, _v_offsets): V is read whole, 16 tokens a load
+    (a mask per token would cut the loads to single bytes, and a select over the tile took the kernel from 770
+    to 1,286 instructions a tile: benchmarks/decode_kernel_sass.py); the rows past `rows` get zero weight and
+    are finite (the cache writer never stores a NaN: _store_fp8_rows; zeros past max_ctx)."""
+    k = tl.load(k_ptr + k_offs, mask=rows[:, None], other=0.0)
+    if V_T:
+        v = tl.load(v_ptr + v_offs)
+    else:
+        v = tl.load(v_ptr + v_offs, mask=rows[:, None], other=0.0)
     if F16:
         k, v = k.to(tl.float16), v.to(tl.float16)
     return k, v
@@ -262,11 +292,11 @@ def _kv_tile(k_ptr, v_ptr, offs, rows, F16: tl.constexpr = False):
 
 @triton.jit
 def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
-                              k_scale_ptr, v_scale_ptr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                              k_scale_ptr, v_scale_ptr, v_rows, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                               D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                               MIN_CHUNK: tl.constexpr, CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr,
                               IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr,
-                              KV_FP8: tl.constexpr = False):
+                              KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
@@ -275,6 +305,8 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
     # following it. Only rows of earlier tokens are read early: earlier graph launches wrote them (and the
     # position, which the step advances as its last operation), whereas the kernels ahead in this launch may
     # still be running. The tile holding the current token's row is read again after the wait.
+    # V_T: the value cache is stored transposed (_v_offsets); with CHUNK_ALIGN a multiple of 16 every tile then
+    # starts on 16 tokens, so V comes in 16 bytes a load along its tokens, ready for the P.V dot (_kv_tile).
     if PDL:
         if not LATE_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
@@ -299,26 +331,30 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n = start + tl.arange(0, BLOCK_N)
             n_mask = n < end
             offs = base + n[:, None] * D + d[None, :]
+            v_offs = _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T)
             older = n < tl.minimum(end, length - 1)
-            ek, ev = _kv_tile(k_ptr, v_ptr, offs, older, F16=KV_FP8)
+            ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, older, F16=KV_FP8, V_T=V_T)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, older, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                ek, ev = _kv_tile(k_ptr, v_ptr, offs, n_mask, F16=KV_FP8)
+                ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, n_mask, F16=KV_FP8, V_T=V_T)
                 ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         if EARLY_TILE:
             m_i, l_i, acc = _online_softmax_block(q, ek, ev, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
-                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8,
+                                                  V_ROW_MASK=KV_FP8 and not V_T)
         for n0 in range(first, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
-            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :], n_mask)
+            k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :],
+                            _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T), n_mask, V_T=V_T)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
-                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8,
+                                                  V_ROW_MASK=KV_FP8 and not V_T)
         heads = kvh * GROUP + g
         out_base = heads * MAX_SPLITS + split
         tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
@@ -360,33 +396,39 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
 
 
 @triton.jit
-def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
+def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, v_base, v_rows, D: tl.constexpr, MASKED: tl.constexpr,
+                     TMA: tl.constexpr, V_T: tl.constexpr):
     """The K and V tiles of keys n = n0 + [0, BLOCK_N) of one KV head (base: its first element; with TMA its
     first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
     as zeros), so a masked tile's rows from hi on are whatever the cache holds there: K's scores are masked by the
     caller, and V's rows were zeroed by this prefill's _rope_bias_cache_kernel (STALE_V_ROWS; a NaN left there by
     an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) took V
     through registers and cost the TMA loads their gain (H200: 512 + 2,048 tokens 68 us a layer either way,
-    against 57 without; benchmarks/prefill_attention_tma.py)."""
+    against 57 without; benchmarks/prefill_attention_tma.py). V_T (a transposed value cache, _v_offsets; v_base:
+    its KV head's first element): V is read whole likewise, 16 tokens a load."""
+    if V_T:
+        v = tl.load(v_ptr + v_base + d[None, :] * v_rows + n[:, None])
     if TMA:
         row = base // D + n0
         k = k_ptr.load([row, 0])
         v = v_ptr.load([row, 0])
     elif MASKED:
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
+        if not V_T:
+            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :], mask=(n < hi)[:, None], other=0.0)
     else:
         k = tl.load(k_ptr + base + n[:, None] * D + d[None, :])
-        v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
+        if not V_T:
+            v = tl.load(v_ptr + base + n[:, None] * D + d[None, :])
     return k, v
 
 
 @triton.jit(do_not_specialize=["n_tokens", "splits"])
 def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
-                         splits, k_scale_ptr, v_scale_ptr, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                         splits, k_scale_ptr, v_scale_ptr, v_rows, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          IEEE: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr = False,
-                         PACK_GQA: tl.constexpr = False, KV_FP8: tl.constexpr = False):
+                         PACK_GQA: tl.constexpr = False, KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
     # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
     # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
     # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
@@ -430,13 +472,15 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     base = kvh * max_ctx * D
+    v_base = kvh * D * v_rows  # V_T only
     # Keys below start + the block's first row are visible to every row of the block: whole key blocks there
     # need no mask (most of the work of a long prefill); the rest, up to the diagonal, are masked.
     open_blocks = tl.maximum(tl.minimum(start + mblock * block_tokens, hi) - lo, 0) // BLOCK_N
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, D, MASKED=False, TMA=TMA)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, v_base, v_rows, D, MASKED=False,
+                                TMA=TMA, V_T=V_T)
         ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n >= 0, KV_FP8)
         if IEEE:
             m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False,
@@ -446,7 +490,8 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
                                                        k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, D, MASKED=True, TMA=TMA)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, v_base, v_rows, D, MASKED=True, TMA=TMA,
+                                V_T=V_T)
         ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n < hi, KV_FP8)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
         if IEEE:

@@ -75,9 +75,12 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] (fp32) -> (float8_e4m3fn [..., D], fp32 scales [...]): each row scaled so its largest
-    magnitude is FP8_MAX (an all-zero row gets a tiny scale), as the Triton cache writer does."""
+    magnitude is FP8_MAX (an all-zero row gets a tiny scale), as the Triton cache writer does; a value that is not
+    finite after scaling (a row with NaN or inf in it) becomes the code 0, so the cache never holds e4m3's NaN
+    (kernels read a transposed value cache's tiles whole: kv_cache.value_cache)."""
     scale = x.abs().amax(-1).clamp_min(1e-30) / FP8_MAX
-    return (x * (1.0 / scale)[..., None]).to(torch.float8_e4m3fn), scale
+    scaled = x * (1.0 / scale)[..., None]
+    return torch.where(scaled.isfinite(), scaled, 0.0).to(torch.float8_e4m3fn), scale
 
 
 def cached_kv(k_cache, v_cache, length: int, dtype, scales=None) -> tuple[torch.Tensor, torch.Tensor]:

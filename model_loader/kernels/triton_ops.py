@@ -93,18 +93,33 @@ def rms_norm(x, weight, eps):
     return out
 
 
+def value_layout(v_cache) -> tuple[bool, int]:
+    """(transposed, row length) of a layer's value cache [Hkv, max_ctx, D]: row-major (the 16-bit cache; its row
+    length is max_ctx), or a transposed view whose storage is [Hkv, D, rows] with rows >= max_ctx (the 8-bit
+    cache: kv_cache.value_cache), what the kernels take as V_T and v_rows."""
+    hkv, max_ctx, d = v_cache.shape
+    if v_cache.stride() == (max_ctx * d, d, 1):
+        return False, max_ctx
+    rows = v_cache.stride(-1)
+    if v_cache.stride() != (d * rows, 1, rows) or rows < max_ctx:
+        raise ValueError(f"a value cache must be [Hkv, max_ctx, D] row-major or a transposed view; strides "
+                         f"{v_cache.stride()} for shape {tuple(v_cache.shape)}")
+    return True, rows
+
+
 def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
                     scales=None):
     # scales: (k_scale, v_scale) [Hkv, max_ctx] fp32 of an 8-bit cache (kv_cache.py), else None
     t = qkv.shape[0]
+    v_t, v_rows = value_layout(v_cache)
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     block_t = 1 if t == 1 else 16
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
     launch(_rope_bias_cache_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
-        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1], k_scale, v_scale,
+        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1], k_scale, v_scale, v_rows,
         NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
-        KV_FP8=scales is not None, **pdl_launch_args(qkv.device))
+        KV_FP8=scales is not None, V_T=v_t, **pdl_launch_args(qkv.device))
     return q
 
 
@@ -227,6 +242,25 @@ def decode_attention_candidates(device, int4: bool = False, kv8: bool = False) -
     return tuple(reversed(dict.fromkeys(reversed(configs))))
 
 
+def decode_tile_bytes(k_cache, v_cache) -> int:
+    """Shared-memory bytes a value of the decode kernel's K/V tiles takes (DecodeAttention.candidates): the
+    cache's, but 2 for an 8-bit cache with V row-major, whose tiles reach the dots through an fp16 copy there;
+    with V transposed (the model's 8-bit cache: value_layout) they go in as they are."""
+    if k_cache.element_size() == 1 and not value_layout(v_cache)[0]:
+        return 2
+    return k_cache.element_size()
+
+
+def for_value_layout(config: DecodeAttnConfig, transposed: bool) -> DecodeAttnConfig:
+    """config as it runs over a value cache of this layout (value_layout): a transposed one's V tiles are read
+    along their tokens, 16 a load, so each split starts on a 16-token boundary (chunks aligned to a multiple of
+    16). The split-per-SM shapes' chunks aligned to 1 token become 16: at the depths where that leaves splits
+    idle (32,768 over 66 splits: 64 of 512 tokens instead of 66 of 497) each split still runs 4 tiles of 128."""
+    if not transposed or config.align % 16 == 0:
+        return config
+    return dataclasses.replace(config, chunk_align=16)
+
+
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     """How many splits the kernels use at this depth (what _decode_chunk computes on the device), for a config
     whose max_splits is resolved (DecodeAttention.resolve)."""
@@ -321,9 +355,10 @@ class DecodeAttention:
         Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all take 73,728
         bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now none of them
         is (the bound counts the query tile too), and the 64-token shape is the first tried."""
-        # an 8-bit cache's tiles are upcast to fp16 on their way into the dots, through shared memory: they count
-        # as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an RTX 40's 99 KB)
-        kv_bytes = max(2, cache_bytes)
+        # cache_bytes: 2 for a 16-bit cache; an 8-bit cache's row-major tiles are upcast to fp16 on their way into
+        # the dots, through shared memory: they count as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an
+        # RTX 40's 99 KB); with V transposed (the model's) they don't: 1 (73,728 bytes at sm_90, Triton 3.6)
+        kv_bytes = cache_bytes
         chain = [config, *decode_attention_fallbacks(config)]
         if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
             chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
@@ -343,23 +378,28 @@ class DecodeAttention:
                  scales=None):
         # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit
         # cache, else None; returns [Hq, D] (a reused buffer)
+        v_t, v_rows = value_layout(v_cache)
         asked = self.resolve(config or self.config)
         assert asked.max_splits <= self.max_splits
         pdl = pdl_launch_args(q.device)
         k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
 
         def split_kernel(c: DecodeAttnConfig) -> None:
+            c = for_value_layout(c, v_t)
             launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
                 q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
-                KV_FP8=scales is not None, GROUP=self.group, BLOCK_G=max(16, triton.next_power_of_2(self.group)),
+                v_rows, KV_FP8=scales is not None, V_T=v_t, GROUP=self.group,
+                BLOCK_G=max(16, triton.next_power_of_2(self.group)),
                 D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
                 EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
 
-        tries = [self.working[asked]] if asked in self.working else self.candidates(asked, k_cache.element_size())
+        tries = ([self.working[asked]] if asked in self.working
+                 else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
         c, _ = launch_first_that_fits(tries, split_kernel)
         if not precompile.active():  # a compile-only pass proves nothing about shared memory
             self.working[asked] = c
+        c = for_value_layout(c, v_t)  # the splits the split kernel made
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
@@ -454,6 +494,7 @@ class PrefillAttention:
         # q: [T, Hq, D] (contiguous); k_cache/v_cache: [Hkv, max_ctx, D]; start_t: [1] int32 -> [T, Hq*D];
         # scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit cache, else None
         k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
+        v_t, v_rows = value_layout(v_cache)
         t = q.shape[0]
         out = torch.empty((t, self.num_heads * self.head_dim), device=q.device, dtype=q.dtype)
         pdl = pdl_launch_args(q.device)
@@ -471,11 +512,11 @@ class PrefillAttention:
             # Not for key splits (short prefills over a prefix): there each program reads a few tiles and TMA's
             # set-up did not pay (H200: 512 cached + 256 new 2.5-2.6 -> 2.8 ms); one variant each way, as before.
             # An 8-bit cache: plain loads (its tiles go into the dots upcast, with their rows' scales).
-            tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None
+            tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None and not v_t
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
                 q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, n_splits,
-                k_scale, v_scale, KV_FP8=scales is not None, NUM_HEADS=self.num_heads, GROUP=self.group,
+                k_scale, v_scale, v_rows, KV_FP8=scales is not None, V_T=v_t, NUM_HEADS=self.num_heads, GROUP=self.group,
                 D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32,
                 TMA=tma, PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
             return n_splits
