@@ -6,7 +6,8 @@ triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more sha
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
-           [--reverse] [--reduce 32x32,0x32] [--json OUT]
+           [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--json OUT]
+--kv-cache 8-bit: over the 8-bit cache (its own candidates, triton_ops.KV8_CONFIGS, too).
 """
 
 import argparse
@@ -30,12 +31,14 @@ def _extra():
 
 def _sm_fill(device, num_kv_heads: int):
     """Variants of the candidates (2026-12-04): the short-context shape with 64-token tiles, the split-per-SM
-    shape with 8 warps, 64 fixed splits, two programs an SM; all with the first K/V tile read early."""
+    shape with 8 warps, 64 fixed splits, two programs an SM (64- and, 2026-12-05, 128-token tiles: the 8-bit
+    cache's transposed V leaves room for two 3-stage programs an SM); all with the first K/V tile read early."""
     C = triton_ops.DecodeAttnConfig
     two_per_sm = 2 * triton_ops.sm_splits(device, num_kv_heads)
     return [C(32, 64, 64, 4, 3, early_tile=True),
             C(triton_ops.SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
-            C(64, 128, 128, 4, 3, early_tile=True), C(two_per_sm, 64, 64, 4, 3, chunk_align=1, early_tile=True)]
+            C(64, 128, 128, 4, 3, early_tile=True), C(two_per_sm, 64, 64, 4, 3, chunk_align=1, early_tile=True),
+            C(two_per_sm, 128, 128, 4, 3, chunk_align=1, early_tile=True)]
 
 
 def main() -> None:
@@ -47,12 +50,14 @@ def main() -> None:
     ap.add_argument("--sm-fill", action="store_true", help="also the 2026-12-04 variants (_sm_fill)")
     ap.add_argument("--reverse", action="store_true", help="time the configurations in reverse order (drift check)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
+    ap.add_argument("--kv-cache", default="16-bit", help="the KV cache's format: 16-bit or 8-bit")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
-    engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512)
+    engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512, kv_cache=args.kv_cache)
     engine.warm_up()
     step = engine.step
-    base = (list(triton_ops.DECODE_ATTN_CONFIGS) + (_extra() if args.extra else [])
+    kv8 = list(triton_ops.KV8_CONFIGS) if args.kv_cache == "8-bit" else []
+    base = (list(triton_ops.DECODE_ATTN_CONFIGS) + kv8 + (_extra() if args.extra else [])
             + (_sm_fill(engine.model.device, engine.model.cfg.num_key_value_heads) if args.sm_fill else []))
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     for shape in filter(None, args.reduce.split(",")):
@@ -60,7 +65,7 @@ def main() -> None:
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
     configs = list(dict.fromkeys(configs))[::-1 if args.reverse else 1]
-    if args.extra or args.sm_fill:  # split buffers for every shape tried (before any of these graphs is captured)
+    if args.extra or args.sm_fill or kv8:  # split buffers for every shape tried (before any of these graphs is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

@@ -126,11 +126,16 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
     assert ((k_ours - k_ref).abs() <= k_ref.abs() / 8).all() and ((v_ours - v_ref).abs() <= v_ref.abs() / 8).all()
 
 
-@pytest.mark.parametrize("hq,hkv,d", SHAPES)
-@pytest.mark.parametrize("length", [1, 48, 200, 2500])
-@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),), ids=str)
-@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+DECODE_8BIT_CONFIGS = triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),)
+# V transposed (the model's layout) in every case; row-major V (the kernels read it too) at the 1.5B's shape
+DECODE_8BIT_CASES = [(*shape, length, config, True) for shape in SHAPES for length in (1, 48, 200, 2500)
+                     for config in DECODE_8BIT_CONFIGS] + [
+    (*SHAPES[1], length, config, False) for length in (48, 2500) for config in DECODE_8BIT_CONFIGS]
+
+
+@pytest.mark.parametrize("hq,hkv,d,length,config,transposed", DECODE_8BIT_CASES,
+                         ids=lambda v: str(v) if isinstance(v, triton_ops.DecodeAttnConfig) else None)
 def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config, transposed):
     """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales
     past the depth must not leak in. A transposed value cache's tiles are read whole (into its padding rows: a
@@ -150,10 +155,13 @@ def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, 
     torch.testing.assert_close(out.float(), ref, **tol)
 
 
-@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16),
-                                             (300, 130, 1)])
-@pytest.mark.parametrize("pack_gqa", [False, True])
-@pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
+PREFILL_8BIT_SPANS = [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (300, 130, 1)]
+
+
+# V transposed (the model's layout) in every case; row-major V in two (a long one in one pass, a short in splits)
+@pytest.mark.parametrize("start,t,splits,pack_gqa,transposed",
+                         [(*span, pack, True) for span in PREFILL_8BIT_SPANS for pack in (False, True)]
+                         + [(*PREFILL_8BIT_SPANS[2], True, False), (*PREFILL_8BIT_SPANS[3], True, False)])
 def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypatch, start, t, splits, pack_gqa,
                                                                 transposed):
     """Fresh prompts, follow-ups and short injections over an 8-bit cache, whole or in key splits, packed or not
