@@ -10,15 +10,18 @@ apply the row scales to the scores and the value weights.
 An 8-bit cache keeps V transposed ([KV head, head_dim, token], value_cache): the P.V product reduces over
 tokens, and Hopper's tensor cores take 8-bit operands only along the reduced dimension (no 8-bit transposing
 load either), so row-major fp8 V went to the dot through an fp16 copy in shared memory, which left the decode
-kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot.
+kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot (the loop
+of one 128-token tile: 1,133 -> 770 instructions a warp at sm_90; benchmarks/decode_kernel_sass.py). The
+kernels read V tiles whole, so the cache writer stores no NaN code (a value that overflowed is stored as 0).
 
 Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
 its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly), and,
-for now, some speed at depth: it reads half the bytes, but our attention kernels on it are still bound by their
-instructions, not the cache read (H200, 1.5B, 2026-12-05: decode 788 tok/s at 4k tokens, 734 at 16k and 647 at
-32k against 823, 768 and 707; docs/BENCHMARKS.md), so the 16-bit cache stays the default and the faster one
-wherever it fits. Like llama.cpp's q8_0 cache: a choice for the user.
+as last measured, some speed at depth: it reads half the bytes, but with V row-major our attention kernels on it
+were bound by their instructions, not the cache read (H200, 1.5B, 2026-12-05: decode 791 tok/s at 4k tokens, 729
+at 16k and 654 at 32k against 822, 768 and 708; docs/BENCHMARKS.md). V transposed (below) cuts those
+instructions by a third; not yet timed on a GPU. The 16-bit cache stays the default. Like llama.cpp's q8_0
+cache: a choice for the user.
 """
 
 from __future__ import annotations
