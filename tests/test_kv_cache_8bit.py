@@ -209,6 +209,20 @@ def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache
     assert not (v8.float()[:, start:end].isnan().any() or vs[:, start:end].isnan().any())
 
 
+def test_a_fresh_prefill_hands_sdpa_row_major_values_from_the_transposed_cache():
+    """A fresh prompt's attention is SDPA over the dequantized cache (Qwen2Model._prefill_attention), and SDPA
+    given a V whose last dimension is not contiguous leaves its flash kernel for the math one: the 8-bit cache's
+    V is stored transposed, so its dequantized K and V must come back row-major (and the same values)."""
+    v8 = value_cache((1, 2, 64, 16), "cpu", torch.float8_e4m3fn, transposed=True)[0]
+    v8.view(torch.uint8).copy_(torch.randint(0, 0x7E, v8.shape, generator=torch.Generator().manual_seed(9)))
+    k8 = v8.contiguous()
+    scales = torch.rand(2, 64) + 0.5
+    k, v = reference.cached_kv(k8, v8, 40, torch.float32, (scales, scales))
+    assert k.is_contiguous() and v.is_contiguous() and v.shape == (2, 40, 16)
+    torch.testing.assert_close(v, v8[:, :40].float() * scales[:, :40, None], rtol=0, atol=0)
+    torch.testing.assert_close(k, v, rtol=0, atol=0)
+
+
 def test_an_8bit_cache_costs_half_the_bytes_and_the_auto_context_doubles():
     from model_loader.context import choose_context, per_token_bytes
 

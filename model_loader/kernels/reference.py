@@ -85,11 +85,15 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cached_kv(k_cache, v_cache, length: int, dtype, scales=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `length` positions of a layer's K and V [Hkv, length, D] in `dtype`, dequantized where the
-    cache is 8-bit (scales: (k_scale, v_scale) [Hkv, max_ctx])."""
+    cache is 8-bit (scales: (k_scale, v_scale) [Hkv, max_ctx]), then row-major: an 8-bit cache's V is stored
+    transposed (kv_cache.value_cache), and SDPA given a V whose last dimension is not contiguous leaves its flash
+    kernel for the math one (a fresh 4,096-token prefill over the 8-bit cache took 68.6 ms instead of 29.4 on an
+    H100, 2026-12-05)."""
     k, v = k_cache[:, :length], v_cache[:, :length]
     if scales is None:
         return k, v
-    return ((k.float() * scales[0][:, :length, None]).to(dtype), (v.float() * scales[1][:, :length, None]).to(dtype))
+    return ((k.float() * scales[0][:, :length, None]).to(dtype).contiguous(),
+            (v.float() * scales[1][:, :length, None]).to(dtype).contiguous())
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
