@@ -65,7 +65,7 @@ def main() -> None:
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
     configs = list(dict.fromkeys(configs))[::-1 if args.reverse else 1]
-    if args.extra or args.sm_fill or kv8:  # split buffers for every shape tried (before any of these graphs is captured)
+    if args.extra or args.sm_fill or kv8:  # split buffers for every shape tried (before any graph below is captured)
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

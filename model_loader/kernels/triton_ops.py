@@ -358,14 +358,13 @@ class DecodeAttention:
         # cache_bytes: 2 for a 16-bit cache; an 8-bit cache's row-major tiles are upcast to fp16 on their way into
         # the dots, through shared memory: they count as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an
         # RTX 40's 99 KB); with V transposed (the model's) they don't: 1 (73,728 bytes at sm_90, Triton 3.6)
-        kv_bytes = cache_bytes
         chain = [config, *decode_attention_fallbacks(config)]
         if not self.pipelined:  # no asynchronous copies: another stage count is the same kernel, refused alike
             chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
         if self.shared_limit is None:
             return chain
         plausible = [c for c in chain
-                     if decode_pipeline_bytes(c, self.head_dim, kv_bytes, self.pipelined) <= self.shared_limit]
+                     if decode_pipeline_bytes(c, self.head_dim, cache_bytes, self.pipelined) <= self.shared_limit]
         return plausible or chain[-1:]
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
@@ -385,7 +384,6 @@ class DecodeAttention:
         k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
 
         def split_kernel(c: DecodeAttnConfig) -> None:
-            c = for_value_layout(c, v_t)
             launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
                 q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
                 v_rows, KV_FP8=scales is not None, V_T=v_t, GROUP=self.group,
@@ -396,10 +394,10 @@ class DecodeAttention:
 
         tries = ([self.working[asked]] if asked in self.working
                  else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
-        c, _ = launch_first_that_fits(tries, split_kernel)
+        # as they run over this cache's value layout: the split and reduce kernels must cut the same splits
+        c, _ = launch_first_that_fits([for_value_layout(t, v_t) for t in tries], split_kernel)
         if not precompile.active():  # a compile-only pass proves nothing about shared memory
             self.working[asked] = c
-        c = for_value_layout(c, v_t)  # the splits the split kernel made
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
             self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
@@ -516,9 +514,10 @@ class PrefillAttention:
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
                 q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, n_splits,
-                k_scale, v_scale, v_rows, KV_FP8=scales is not None, V_T=v_t, NUM_HEADS=self.num_heads, GROUP=self.group,
-                D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=n_splits > 1, IEEE=q.dtype == torch.float32,
-                TMA=tma, PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages, **pdl)
+                k_scale, v_scale, v_rows, KV_FP8=scales is not None, V_T=v_t, NUM_HEADS=self.num_heads,
+                GROUP=self.group, D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=n_splits > 1,
+                IEEE=q.dtype == torch.float32, TMA=tma, PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages,
+                **pdl)
             return n_splits
 
         shape, splits = launch_first_that_fits(candidates, attention_kernel)
