@@ -548,10 +548,10 @@ def _gemv_chunk(x_ptr, w_chunk, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr):
+def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr, W_EVICT: tl.constexpr = ""):
     cols = k0 + tl.arange(0, BLOCK_K)
     return tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & (cols < K)[None, :],
-                   other=0.0)
+                   other=0.0, eviction_policy=W_EVICT)
 
 
 @triton.jit
@@ -592,25 +592,27 @@ def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits,
 # splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile.
 @triton.jit(do_not_specialize=["splits"])
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, splits, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr):
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr,
+                 W_EVICT: tl.constexpr = ""):
     # One token: out[n] = sum_k x[k] * W[n, k]. Program (r, c) owns BLOCK_N rows of W over columns c*K_SPLIT..
     # (K_SPLIT a multiple of BLOCK_K; one split: all of K) and streams them once; partial products stay in
     # registers and are reduced once at the end. EARLY (0-3): the first EARLY chunks of BLOCK_K columns are
     # requested before the wait for the kernel ahead (programmatic dependent launch): nothing ever writes the
     # weights, so their DRAM latency can overlap that kernel's end (as the int4 GEMV does); only x must wait.
     # The host keeps EARLY chunks within K_SPLIT. SILU_OUTPUT: the MLP's gate/up weight with its rows in pairs:
-    # out gets SiLU(gate) * up (no separate kernel, no [gate | up] round trip through memory).
+    # out gets SiLU(gate) * up (no separate kernel, no [gate | up] round trip through memory). W_EVICT: the L2
+    # policy of the weight loads ("" or "evict_first": a weight is read once a step, so it need not stay).
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     k_begin = tl.program_id(1) * K_SPLIT
     if EARLY > 0:
-        w0 = _gemv_w(w_ptr, rows, row_mask, k_begin, K, BLOCK_K)
+        w0 = _gemv_w(w_ptr, rows, row_mask, k_begin, K, BLOCK_K, W_EVICT)
     if EARLY > 1:
-        w1 = _gemv_w(w_ptr, rows, row_mask, k_begin + BLOCK_K, K, BLOCK_K)
+        w1 = _gemv_w(w_ptr, rows, row_mask, k_begin + BLOCK_K, K, BLOCK_K, W_EVICT)
     if EARLY > 2:
-        w2 = _gemv_w(w_ptr, rows, row_mask, k_begin + 2 * BLOCK_K, K, BLOCK_K)
+        w2 = _gemv_w(w_ptr, rows, row_mask, k_begin + 2 * BLOCK_K, K, BLOCK_K, W_EVICT)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -621,7 +623,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, spli
     if EARLY > 2:
         acc += _gemv_chunk(x_ptr, w2, k_begin + 2 * BLOCK_K, K, BLOCK_K)
     for k0 in range(k_begin + EARLY * BLOCK_K, tl.minimum(k_begin + K_SPLIT, K), BLOCK_K):
-        acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K), k0, K, BLOCK_K)
+        acc += _gemv_chunk(x_ptr, _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K, W_EVICT), k0, K, BLOCK_K)
     _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(acc, axis=1), rows, row_mask, N, splits, BLOCK_N, SILU_OUTPUT)
 
 

@@ -549,6 +549,9 @@ GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
 # Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
 # a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
 GEMV_EARLY_CHUNKS = 3
+# The L2 policy of the GEMVs' weight loads ("" = the default, or "evict_first"); a module setting for benchmarks
+# (benchmarks/l2_prefetch.py: whether the weights streamed through L2 push out cache rows prefetched there).
+GEMV_WEIGHT_EVICTION = ""
 # Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
 # 8,960 columns (1.5B). H200 (same sweep of 112 configs): 4 splits of (8, 512, 4) 8.42 us against 11.33 for the
@@ -595,7 +598,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple, silu_output: bool = Fa
     early = min(GEMV_EARLY_CHUNKS, triton.cdiv(per_split, block_k))  # a K of one or two chunks: all of it early
     launch(_gemv_kernel, (triton.cdiv(n, block_n), splits))(
         x, w, out, partials, split_counters(x.device), n, k, per_split, splits, BLOCK_N=block_n, BLOCK_K=block_k,
-        EARLY=early, SILU_OUTPUT=silu_output, num_warps=warps, **pdl_launch_args(x.device))
+        EARLY=early, SILU_OUTPUT=silu_output, W_EVICT=GEMV_WEIGHT_EVICTION, num_warps=warps,
+        **pdl_launch_args(x.device))
     return out
 
 
