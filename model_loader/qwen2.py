@@ -55,8 +55,10 @@ class Qwen2Model:
 
             self.ops = triton_ops
             self.linear.pair_dense_gate_up(weights)  # the decode step's gate/up GEMV then outputs SiLU(gate) * up
+            # scratch for every shape the warm-up may time (an 8-bit cache's own have more splits)
+            configs = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if kv_cache == KV_8BIT else ())
             self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                               cfg.head_dim, device, dtype)
+                                                               cfg.head_dim, device, dtype, configs=configs)
             self.prefill_attention = triton_ops.PrefillAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
                                                                  cfg.head_dim, device,
                                                                  max_tokens=min(max_ctx, self.PREFILL_CHUNK))

@@ -266,7 +266,7 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     the shape DecodeAttention tries first (DecodeAttention.candidates: those refused for certain left out) already
     fits: it is the one a first start compiles ahead, and no launch is refused. The bound candidates() rules shapes
     out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit, 8-bit and fp32. 8-bit: its
-    own candidates (triton_ops.KV8_CONFIGS: 8 warps) too."""
+    own candidates (triton_ops.KV8_CONFIGS: 8 warps, two programs an SM) too."""
     import dataclasses
 
     from model_loader.kernels import reference, triton_ops
@@ -359,3 +359,47 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
         shared[shape, c["SPLIT"]] = b
     for split in (False, True):
         assert any(shared[shape, split] <= limit for shape in chain), (split, shared)
+
+
+_PTX_POLICIES = """
+import json, re, sys
+import triton
+from triton import JITFunction
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import importlib
+
+for spec in json.load(sys.stdin):
+    kernel = getattr(importlib.import_module(spec["module"]), spec["name"])
+    kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(getattr(kernel, "fn", kernel))
+    attrs = {(i,): [["tt.divisibility", 16]] for i in spec.get("aligned", [])}
+    ptx = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"], attrs),
+                         target=GPUTarget("cuda", 90, 32), options=spec["options"]).asm["ptx"]
+    loads = [line for line in ptx.splitlines() if re.search(r"\\bld\\.global", line)]
+    print(spec["name"], len(loads), sum("cache_hint" in line for line in loads), int("L2::evict_first" in ptx))
+"""
+
+
+def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
+    """The dense and 4-bit GEMVs, as the engine launches them, compiled for sm_90: their weight loads carry an L2
+    cache hint with the evict_first policy (triton_ops.GEMV_WEIGHT_EVICTION; the weights stream through L2 once a
+    step and must not push out what is read again: 2-3% of a decode step on an H100)."""
+    from model_loader import awq as fmt
+    from model_loader.kernels import int4_triton, triton_ops
+
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    triton_ops.gemv(x, torch.randn(40, 256, dtype=torch.bfloat16), triton_ops.GEMV_CONFIGS[0])
+    w = fmt.to_row_packed(torch.randint(0, 16, (256, 48)), torch.randint(0, 16, (2, 48)),
+                          torch.rand(2, 48).half(), 128)
+    int4_triton.int4_gemv(x, w)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _PTX_POLICIES], input=json.dumps(list(launches.values())),
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+    found = {}
+    for name, loads, hinted, evict_first in (line.split() for line in done.stdout.splitlines()):
+        found[name] = (int(loads), int(hinted), int(evict_first))
+    assert found.keys() == {"_gemv_kernel", "_int4_gemv_kernel"}
+    for name, (loads, hinted, evict_first) in found.items():
+        # every load but the activations' (x) and the split partials' carries the hint
+        assert hinted and evict_first, (name, found[name])

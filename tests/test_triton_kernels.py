@@ -187,9 +187,10 @@ def test_a_4bit_model_is_not_tuned_on_the_shape_that_never_wins_for_it(monkeypat
 
 @pytest.mark.parametrize("pdl", [False, True])
 def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, device, pdl):
-    """The 8-bit cache's extra candidates (more warps for its conversion-heavy tile) are timed at its warm-up and
-    compiled ahead with the others, 4-bit models too; a 16-bit cache never sees them. The last candidate, the
-    split-per-SM shape that the prefill's last row runs, is the same either way."""
+    """The 8-bit cache's extra candidates (more warps, or two programs an SM, for its conversion-heavy tile) are
+    timed at its warm-up and compiled ahead with the others, 4-bit models too; a 16-bit cache never sees them. The
+    last candidate, the split-per-SM shape that the prefill's last row runs, is the same either way. The model's
+    split scratch holds the most splits any of them uses (two an SM: twice the SM splits)."""
     from model_loader.engine import Engine
 
     monkeypatch.setattr(triton_ops, "pdl_supported", lambda device: pdl)
@@ -198,7 +199,8 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
         plain = triton_ops.decode_attention_candidates(cpu, int4)
         kv8 = triton_ops.decode_attention_candidates(cpu, int4, kv8=True)
         extra = [c for c in kv8 if c not in plain]
-        assert len(extra) == len(triton_ops.KV8_CONFIGS) and all(c.num_warps == 8 for c in extra)
+        assert len(extra) == len(triton_ops.KV8_CONFIGS)
+        assert all(c.num_warps == 8 or c.splits_per_sm == 2 for c in extra)
         # 4-bit models' GEMVs request their weights early: their split-per-SM shapes launch late (NOT_FOR_INT4)
         assert all(c.late_launch == (pdl and int4) for c in extra)
         assert [c for c in kv8 if c in plain] == list(plain) and kv8[-1] == plain[-1]
@@ -208,6 +210,9 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
         engine = Engine.load(tiny_model, device=device, use_triton=True, kv_cache=kv_cache)
         assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(
             engine.model.device, kv8=wanted)
+        attn = engine.model.decode_attention
+        assert attn.max_splits == max(attn.resolve(c).max_splits for c in engine.model.decode_attention_candidates())
+        assert attn.max_splits == attn.sm_splits * (2 if wanted else 1)
         engine.close()
 
 

@@ -30,6 +30,7 @@ import triton
 from model_loader.awq import RowPackedInt4
 from model_loader.kernels.jit_int4 import _int4_dequantize_kernel, _int4_gemv_kernel, _int4pack_dequantize_kernel
 from model_loader.kernels.precompile import launch
+from model_loader.kernels import triton_ops
 from model_loader.kernels.triton_ops import MAX_ROW_BLOCKS, pdl_launch_args, split_counters, time_configs
 
 # The bits of 16.0f and 256.0f, passed to the GEMV as run-time arguments: with two constants,
@@ -99,7 +100,8 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
         x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
         blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n,
         NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
-        num_warps=warps, **pdl_launch_args(x.device), **({"maxnreg": maxnreg} if maxnreg else {}))
+        W_EVICT=triton_ops.GEMV_WEIGHT_EVICTION, num_warps=warps, **pdl_launch_args(x.device),
+        **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 

@@ -15,19 +15,20 @@ MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small
 
 @triton.jit
 def _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk, i, KP, GROUPS, NUM_BLOCKS,
-                      GROUP: tl.constexpr, IB: tl.constexpr, EVEN: tl.constexpr):
+                      GROUP: tl.constexpr, IB: tl.constexpr, EVEN: tl.constexpr, W_EVICT: tl.constexpr = ""):
     # The [NB, BLOCK_N, IB] packed ints of blocks blk for these rows, and each (block, row)'s scale and zero.
+    # W_EVICT: their L2 policy (as the dense GEMV's, jit_ops._gemv_kernel).
     w_ptrs = qw_ptr + rows[None, :, None] * KP + (blk * IB)[:, None, None] + i[None, None, :]
     sz_ptrs = rows[None, :] * GROUPS + ((blk * 8 * IB) // GROUP)[:, None]
     if EVEN:
-        packed = tl.load(w_ptrs)
-        s = tl.load(s_ptr + sz_ptrs).to(tl.float32)
-        z = tl.load(z_ptr + sz_ptrs).to(tl.float32)
+        packed = tl.load(w_ptrs, eviction_policy=W_EVICT)
+        s = tl.load(s_ptr + sz_ptrs, eviction_policy=W_EVICT).to(tl.float32)
+        z = tl.load(z_ptr + sz_ptrs, eviction_policy=W_EVICT).to(tl.float32)
     else:
         tile_mask = (blk < NUM_BLOCKS)[:, None] & row_mask[None, :]  # [NB, BLOCK_N]
-        packed = tl.load(w_ptrs, mask=tile_mask[:, :, None], other=0)
-        s = tl.load(s_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + sz_ptrs, mask=tile_mask, other=0.0).to(tl.float32)
+        packed = tl.load(w_ptrs, mask=tile_mask[:, :, None], other=0, eviction_policy=W_EVICT)
+        s = tl.load(s_ptr + sz_ptrs, mask=tile_mask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
+        z = tl.load(z_ptr + sz_ptrs, mask=tile_mask, other=0.0, eviction_policy=W_EVICT).to(tl.float32)
     return packed, s, z
 
 
@@ -73,7 +74,7 @@ def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_
 def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
                       SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
                       BLOCK_N: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr,
-                      SILU_OUTPUT: tl.constexpr, PDL: tl.constexpr):
+                      SILU_OUTPUT: tl.constexpr, PDL: tl.constexpr, W_EVICT: tl.constexpr = ""):
     # Program (r, c) owns rows r*BLOCK_N.. over the CHUNKS*NB packed blocks from c*CHUNKS*NB (one block =
     # 8*IB inputs, IB ints per row, inside one group), as CHUNKS [NB, BLOCK_N, IB] tiles, and requests all of
     # them before any arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM
@@ -86,7 +87,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     # PDL (programmatic dependent launch, sm90+): the grid may start while the previous kernel still runs; it
     # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
     # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
-    # the next kernel start early. Nothing is written before the wait.
+    # the next kernel start early. Nothing is written before the wait. W_EVICT: the weights' L2 policy
+    # (triton_ops.GEMV_WEIGHT_EVICTION).
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,16 +96,16 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     i = tl.arange(0, IB)
     blk0 = tl.program_id(1) * (CHUNKS * NB) + tl.arange(0, NB)
     packed0, s0, z0 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0, i, KP, GROUPS, NUM_BLOCKS,
-                                        GROUP, IB, EVEN)
+                                        GROUP, IB, EVEN, W_EVICT)
     if CHUNKS > 1:
         packed1, s1, z1 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN)
+                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
     if CHUNKS > 2:
         packed2, s2, z2 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 2 * NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN)
+                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
     if CHUNKS > 3:
         packed3, s3, z3 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 3 * NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN)
+                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
     if PDL:
         tl.extra.cuda.gdc_wait()
     per_block = _int4_dot_blocks(packed0, s0, z0, x_ptr, blk0, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS,

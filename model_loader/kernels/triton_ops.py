@@ -163,13 +163,17 @@ class DecodeAttnConfig:
     reduce_dims: int = 16
     chunk_align: int = 0
     early_tile: bool = False  # the first K/V tile is requested before the wait for q (see the split kernel)
+    # With max_splits SM_SPLITS: programs per SM (2: two resident programs an SM, each scheduler then has two
+    # warps to switch between; shapes whose shared memory lets two fit, DecodeAttention.resolve).
+    splits_per_sm: int = 1
 
     @property
     def align(self) -> int:
         return self.chunk_align or self.block_n
 
     def __str__(self) -> str:
-        splits = "a split per SM" if self.max_splits == SM_SPLITS else f"{self.max_splits} splits"
+        splits = (f"{self.max_splits} splits" if self.max_splits != SM_SPLITS
+                  else "a split per SM" if self.splits_per_sm == 1 else f"{self.splits_per_sm} splits per SM")
         return (f"{splits} x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
                 f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
                 + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
@@ -208,7 +212,17 @@ NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 # tok/s). At 8 warps a warp's share of the tile is 667 instructions and each scheduler has two warps to switch
 # between. Not timed on a GPU yet: the warm-up times it against the others per depth bucket and keeps it only
 # where it wins (engine.DecodeStep.tune); it costs an 8-bit cache's first start one more compile.
-KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),)
+# 2026-12-05, an H100, V transposed (benchmarks/decode_step_by_attention.py --kv-cache 8-bit --sm-fill, bf16, us a
+# step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 36,864 bytes each) 1,477 / 1,475 /
+# 1,589 / 1,677 against 8 warps 1,532 / 1,503 / 1,634 / 1,740 and the split-per-SM 4-warp shape 1,544 / 1,552 /
+# 1,608 / 1,729: each scheduler has two warps to switch between, and a split half as long.
+KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
+               DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2))
+
+
+# The L2 policy of the decode attention's cache reads ("" = the default, or "evict_first": a step reads each row
+# once); a module setting for benchmarks (benchmarks/l2_prefetch.py).
+DECODE_KV_EVICTION = ""
 
 
 def sm_splits(device, num_kv_heads: int) -> int:
@@ -368,10 +382,10 @@ class DecodeAttention:
         return plausible or chain[-1:]
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
-        """The configuration with SM_SPLITS replaced by this GPU's count."""
+        """The configuration with SM_SPLITS replaced by this GPU's count (times its splits_per_sm)."""
         if config.max_splits != SM_SPLITS:
             return config
-        return _with_splits(config, self.sm_splits)
+        return _with_splits(config, self.sm_splits * config.splits_per_sm)
 
     def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None,
                  scales=None):
@@ -390,7 +404,8 @@ class DecodeAttention:
                 BLOCK_G=max(16, triton.next_power_of_2(self.group)),
                 D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
-                EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+                EARLY_TILE=c.early_tile, KV_EVICT=DECODE_KV_EVICTION, num_warps=c.num_warps,
+                num_stages=c.num_stages, **pdl)
 
         tries = ([self.working[asked]] if asked in self.working
                  else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
@@ -549,9 +564,13 @@ GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
 # Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
 # a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
 GEMV_EARLY_CHUNKS = 3
-# The L2 policy of the GEMVs' weight loads ("" = the default, or "evict_first"); a module setting for benchmarks
-# (benchmarks/l2_prefetch.py: whether the weights streamed through L2 push out cache rows prefetched there).
-GEMV_WEIGHT_EVICTION = ""
+# The L2 policy of the GEMVs' weight loads, dense and 4-bit ("" = the default): a weight is read once a step and the
+# weights are far larger than L2 (3.1 GB against 50 MB), so their lines need not stay there and push out what is
+# read again (activations, split partials, the attention's scratch). H100, bf16, whole decode step (benchmarks/
+# l2_prefetch.py, 2026-12-05, us at 512 / 4k / 16k / 32k): evict_first 1,412.5 / 1,493.6 / 1,534.2 / 1,710.8
+# against 1,440.5-1,449.4 / 1,508.7-1,518.3 / 1,561.0-1,599.6 / 1,732.7-1,751.8 (two runs around it). A module
+# setting, so that benchmarks can compare.
+GEMV_WEIGHT_EVICTION = "evict_first"
 # Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
 # 8,960 columns (1.5B). H200 (same sweep of 112 configs): 4 splits of (8, 512, 4) 8.42 us against 11.33 for the
