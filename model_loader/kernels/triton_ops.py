@@ -204,16 +204,15 @@ DECODE_ATTN_CONFIGS = (
 # compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
 # (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
-# Candidates for an 8-bit cache only. Its split kernel converts every fp8 pair to fp16 and passes V through an
-# fp16 shared buffer on its way into the dot, so a 128-token tile takes 1,134 instructions a warp in the loop at 4
-# warps against the 16-bit kernel's 618 (sm_90, Triton 3.9, compiled on the CPU: benchmarks/decode_kernel_sass.py).
-# With one 4-warp program per SM each scheduler has one warp, which waits out every dependent instruction: the
-# kernel is bound by that, not by the cache read (8-bit slower than 16-bit at 16k on the H200, 734 against 768
-# tok/s). At 8 warps a warp's share of the tile is 667 instructions and each scheduler has two warps to switch
-# between. Not timed on a GPU yet: the warm-up times it against the others per depth bucket and keeps it only
-# where it wins (engine.DecodeStep.tune); it costs an 8-bit cache's first start one more compile.
+# Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket (engine.DecodeStep.
+# tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts every fp8 pair to fp16
+# on the way into the dots: with V transposed a 128-token tile takes 762 instructions a warp in the loop at 4 warps
+# against the 16-bit kernel's 618 (sm_90, Triton 3.9: benchmarks/decode_kernel_sass.py), and with one 4-warp
+# program an SM each scheduler has one warp, which waits out every dependent instruction. Hence more warps to
+# switch between: 8 warps a program (H200, V row-major: AWQ 3-5% faster a step at 4k-32k; H100, V transposed: AWQ's
+# winner from 4k on), or two programs an SM.
 # 2026-12-05, an H100, V transposed (benchmarks/decode_step_by_attention.py --kv-cache 8-bit --sm-fill, bf16, us a
-# step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 36,864 bytes each) 1,477 / 1,475 /
+# step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 40,960 bytes each) 1,477 / 1,475 /
 # 1,589 / 1,677 against 8 warps 1,532 / 1,503 / 1,634 / 1,740 and the split-per-SM 4-warp shape 1,544 / 1,552 /
 # 1,608 / 1,729: each scheduler has two warps to switch between, and a split half as long.
 KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
