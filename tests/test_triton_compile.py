@@ -383,7 +383,8 @@ for spec in json.load(sys.stdin):
 def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     """The dense and 4-bit GEMVs, as the engine launches them, compiled for sm_90: their weight loads carry an L2
     cache hint with the evict_first policy (triton_ops.GEMV_WEIGHT_EVICTION; the weights stream through L2 once a
-    step and must not push out what is read again: 2-3% of a decode step on an H100)."""
+    step and must not push out what is read again: 1-3% of a decode step on an H100), and the activations' loads
+    don't."""
     from model_loader import awq as fmt
     from model_loader.kernels import int4_triton, triton_ops
 
@@ -400,6 +401,7 @@ def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     for name, loads, hinted, evict_first in (line.split() for line in done.stdout.splitlines()):
         found[name] = (int(loads), int(hinted), int(evict_first))
     assert found.keys() == {"_gemv_kernel", "_int4_gemv_kernel"}
+    # the dense GEMV's weight: 3 chunks requested early and the loop's; the int4 one's: packed ints, scales, zeros
+    least = {"_gemv_kernel": 4, "_int4_gemv_kernel": 3}
     for name, (loads, hinted, evict_first) in found.items():
-        # every load but the activations' (x) and the split partials' carries the hint
-        assert hinted and evict_first, (name, found[name])
+        assert evict_first and least[name] <= hinted < loads, (name, found[name])  # x's loads: no hint

@@ -146,8 +146,8 @@ def silu_mul(gate_up, out=None, paired: bool = False):
 @dataclass(frozen=True)
 class DecodeAttnConfig:
     """How the decode attention splits the cache: up to max_splits programs per KV head (SM_SPLITS: as many as
-    give every SM one program, see sm_splits), each at least min_chunk tokens (a multiple of chunk_align, 0: of
-    block_n), block_n tokens per loop step."""
+    give every SM splits_per_sm programs, see sm_splits), each at least min_chunk tokens (a multiple of
+    chunk_align, 0: of block_n), block_n tokens per loop step."""
 
     max_splits: int
     min_chunk: int
@@ -164,7 +164,8 @@ class DecodeAttnConfig:
     chunk_align: int = 0
     early_tile: bool = False  # the first K/V tile is requested before the wait for q (see the split kernel)
     # With max_splits SM_SPLITS: programs per SM (2: two resident programs an SM, each scheduler then has two
-    # warps to switch between; shapes whose shared memory lets two fit, DecodeAttention.resolve).
+    # warps to switch between; shapes whose shared memory lets two fit, DecodeAttention.resolve). Not read with
+    # an explicit max_splits: leave it at 1 there.
     splits_per_sm: int = 1
 
     @property
@@ -182,7 +183,7 @@ class DecodeAttnConfig:
                 + (", first tile early" if self.early_tile else ""))
 
 
-SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count (DecodeAttention resolves it)
+SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per_sm (DecodeAttention resolves it)
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
 # first is the default where nothing was tuned (CPU interpreter, reference runs). From H200 measurements
@@ -219,8 +220,9 @@ KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_
                DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2))
 
 
-# The L2 policy of the decode attention's cache reads ("" = the default, or "evict_first": a step reads each row
-# once); a module setting for benchmarks (benchmarks/l2_prefetch.py).
+# The L2 policy of the decode attention's K/V tile reads ("" = the default, or "evict_first": a step reads each row
+# once; an 8-bit cache's scales keep the default); a module setting for benchmarks (benchmarks/l2_prefetch.py:
+# evict_first changed nothing beyond the noise on an H100, 2026-12-05).
 DECODE_KV_EVICTION = ""
 
 
@@ -565,10 +567,12 @@ GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
 GEMV_EARLY_CHUNKS = 3
 # The L2 policy of the GEMVs' weight loads, dense and 4-bit ("" = the default): a weight is read once a step and the
 # weights are far larger than L2 (3.1 GB against 50 MB), so their lines need not stay there and push out what is
-# read again (activations, split partials, the attention's scratch). H100, bf16, whole decode step (benchmarks/
-# l2_prefetch.py, 2026-12-05, us at 512 / 4k / 16k / 32k): evict_first 1,412.5 / 1,493.6 / 1,534.2 / 1,710.8
-# against 1,440.5-1,449.4 / 1,508.7-1,518.3 / 1,561.0-1,599.6 / 1,732.7-1,751.8 (two runs around it). A module
-# setting, so that benchmarks can compare.
+# read again (activations, split partials, the attention's scratch). Whole decode step on two H100s (benchmarks/
+# l2_prefetch.py, 2026-12-05, us at 512 / 4k / 16k / 32k, alternated runs): bf16 evict_first 1,412.5 / 1,493.6 /
+# 1,534.2 / 1,710.8 against 1,440.5-1,449.4 / 1,508.7-1,518.3 / 1,561.0-1,599.6 / 1,732.7-1,751.8 on one, 1,430.9-
+# 1,432.1 / 1,482.0-1,482.9 / 1,562.7-1,564.2 / 1,722.4-1,724.7 against 1,445.9-1,448.1 / 1,505.0-1,505.4 /
+# 1,591.5-1,591.9 / 1,748.9-1,749.4 on the other (1-3% faster); AWQ 0.5-1.5%. A module setting, so that
+# benchmarks can compare.
 GEMV_WEIGHT_EVICTION = "evict_first"
 # Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
