@@ -17,7 +17,7 @@ weights read evict_first: triton_ops.GEMV_WEIGHT_EVICTION), kvfirst (the decode 
 triton_ops.DECODE_KV_EVICTION), pf / pflast (the prefetch, its lines marked evict_normal / evict_last).
 
 H100, 2026-12-05: the prefetch made every depth slower (16k +30 us a step, 32k +110); the weights read evict_first
-made every depth faster (2-3%), which the app now does.
+made every depth faster (1-3%), which the app now does.
 """
 
 from __future__ import annotations
