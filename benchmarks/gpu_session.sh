@@ -12,7 +12,10 @@
 #               iniconfig pluggy jinja2 markupsafe markdown-it-py mdurl pygments   (checked 2026-12-05)
 #   models      the full-size random 1.5B (/tmp/full, bf16) and its AWQ copy (/tmp/full-awq)
 #   tests       the tests whose kernels run on the GPU here (Triton's interpreter on a CPU)
-#   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, then the 8-bit KV cache (bf16)
+#   depths      decode speed by depth 512/4k/16k/32k, bf16 and AWQ, over the 16-bit and then the 8-bit KV cache
+#   policies    the whole decode step with the GEMVs' weights read with L2's default policy and with evict_first
+#               (the app's), alternated, bf16 and AWQ (benchmarks/l2_prefetch.py)
+#   shapes8     the 8-bit cache's decode attention shapes by depth, bf16 (decode_step_by_attention.py --sm-fill)
 #   chat        the 4-turn chat scenario, bf16 and AWQ
 #   followup    follow-up and stop-thinking TTFT (benchmarks/followup_latency.py), back to back and after 2 s idle
 #   firststart  time to ready with an empty kernel cache, then warm (benchmarks/first_start_profile.py)
@@ -60,8 +63,14 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         for m in $M $A; do
           run "depths-$(basename $m)" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 --runs 3
         done
-        run depths-full-8bit $CLI bench --model $M --depths 512,4096,16384,32768 --new-tokens 256 --runs 3 \
-          --kv-cache 8-bit ;;
+        for m in $M $A; do
+          run "depths-$(basename $m)-8bit" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 \
+            --runs 3 --kv-cache 8-bit
+        done ;;
+      policies)
+        run policies-full python3 benchmarks/l2_prefetch.py $M --variants base,wfirst,base,wfirst
+        run policies-full-awq python3 benchmarks/l2_prefetch.py $A --variants base,wfirst,base,wfirst ;;
+      shapes8) run shapes8 python3 benchmarks/decode_step_by_attention.py $M --kv-cache 8-bit --sm-fill ;;
       chat)
         for m in $M $A; do run "chat-$(basename $m)" $CLI bench --model $m --scenario chat; done ;;
       followup)
