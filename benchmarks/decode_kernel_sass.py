@@ -73,8 +73,6 @@ def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int
     constexprs = dict(GROUP=6, BLOCK_G=16, D=128, BLOCK_N=block_n, MAX_SPLITS=66, MIN_CHUNK=128,
                       CHUNK_ALIGN=16 if v_transposed else 1, PDL=arch >= 90, IEEE=False, LATE_LAUNCH=False,
                       EARLY_TILE=arch >= 90, KV_FP8=fp8, V_T=v_transposed)
-    if "KV_EVICT" in kernels._decode_attn_split_kernel.arg_names:  # a source from before 2026-12-05 lacks it
-        constexprs["KV_EVICT"] = ""
     signature.update({name: "constexpr" for name in constexprs})
     # as a launch specializes them: pointers and the context length (and row length) divisible by 16
     aligned = [i for i, name in enumerate(signature) if name.endswith("_ptr") or name in ("max_ctx", "v_rows")]

@@ -16,12 +16,13 @@ kernels read V tiles whole, so the cache writer stores no NaN code (a value that
 
 Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
-its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly), and,
-as last measured, some speed at depth: it reads half the bytes, but with V row-major our attention kernels on it
-were bound by their instructions, not the cache read (H200, 1.5B, 2026-12-05: decode 791 tok/s at 4k tokens, 729
-at 16k and 654 at 32k against 822, 768 and 708; docs/BENCHMARKS.md). V transposed (below) cut those
-instructions by a third and made decode at 16k / 32k 3% / 5% faster (H100: 620 / 575 tok/s against 602 / 548).
-The 16-bit cache stays the default. Like llama.cpp's q8_0 cache: a choice for the user.
+its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly). Speed
+at depth: with V row-major our attention kernels on it were bound by their instructions, not the cache read
+(H200, 1.5B, 2026-12-05: decode 791 tok/s at 4k tokens, 729 at 16k and 654 at 32k against 822, 768 and 708);
+V transposed cut those instructions by a third, and with two programs an SM (triton_ops.KV8_CONFIGS) it is now
+as fast as the 16-bit cache at 16k and faster at 32k (H100, 2026-12-05: 636 / 604 tok/s against 637 / 577; not
+yet measured on an H200; docs/BENCHMARKS.md). The 16-bit cache stays the default (exact). Like llama.cpp's q8_0
+cache: a choice for the user.
 """
 
 from __future__ import annotations

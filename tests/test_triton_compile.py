@@ -61,7 +61,7 @@ def _spec(fn, args, kwargs) -> dict:
 # Runs in a fresh interpreter: once the interpreter has run kernels in a process, Triton's language module is
 # patched for numpy and its compiler no longer works there.
 _COMPILER = """
-import importlib.util, json, sys
+import importlib.util, json, re, sys
 import triton
 from triton import JITFunction
 from triton.backends.compiler import GPUTarget
@@ -83,7 +83,11 @@ for spec in json.load(sys.stdin):
         assert compiled.asm["cubin"]
     except Exception as err:
         sys.exit(spec["name"] + ": " + str(err))
-    print(spec["name"], compiled.metadata.shared)  # and the shared memory a program asks for
+    # the shared memory a program asks for, and its global loads: all, with an L2 cache hint, evict_first among
+    # the hints
+    loads = [line for line in compiled.asm["ptx"].splitlines() if re.search(r"\\bld\\.global", line)]
+    print(spec["name"], compiled.metadata.shared, len(loads), sum("cache_hint" in line for line in loads),
+          int("L2::evict_first" in compiled.asm["ptx"]))
 """
 
 
@@ -113,13 +117,8 @@ def _compile_all(launches) -> dict[str, int]:
         if flags:
             hopper = dict(spec, constexprs={**spec["constexprs"], **flags}, arch=90)
             launches[json.dumps(hopper, sort_keys=True)] = hopper
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(list(launches.values())),
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
     shared: dict[str, int] = {}
-    for name, size in (line.split() for line in done.stdout.splitlines()):
+    for name, size, *_ in _compiled(list(launches.values())):
         shared[name] = max(shared.get(name, 0), int(size))
     return shared
 
@@ -239,14 +238,21 @@ def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeyp
 
 
 
-def _compiled_shared(specs: list[dict]) -> list[int]:
-    """Bytes of shared memory each launch spec asks for, compiled for its "arch" (fresh interpreter, as above)."""
+def _compiled(specs: list[dict]) -> list[list[str]]:
+    """Each launch spec compiled for its "arch" (sm_86 unless given) in a fresh interpreter (_COMPILER): its
+    line of output split (kernel name, shared memory, global loads, of them with an L2 hint, evict_first used),
+    or AssertionError with the compiler's message."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(specs), capture_output=True, text=True,
                           env=env, timeout=600)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
-    return [int(line.split()[1]) for line in done.stdout.splitlines()]
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+def _compiled_shared(specs: list[dict]) -> list[int]:
+    """Bytes of shared memory each launch spec asks for, compiled for its "arch" (fresh interpreter, as above)."""
+    return [int(fields[1]) for fields in _compiled(specs)]
 
 
 @pytest.mark.parametrize("kind, arch, limit", [("bf16", 86, SMALL_GPU_SHARED), ("fp32", 86, SMALL_GPU_SHARED),
@@ -361,24 +367,6 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
         assert any(shared[shape, split] <= limit for shape in chain), (split, shared)
 
 
-_PTX_POLICIES = """
-import json, re, sys
-import triton
-from triton import JITFunction
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import importlib
-
-for spec in json.load(sys.stdin):
-    kernel = getattr(importlib.import_module(spec["module"]), spec["name"])
-    kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(getattr(kernel, "fn", kernel))
-    attrs = {(i,): [["tt.divisibility", 16]] for i in spec.get("aligned", [])}
-    ptx = triton.compile(ASTSource(kernel, spec["signature"], spec["constexprs"], attrs),
-                         target=GPUTarget("cuda", 90, 32), options=spec["options"]).asm["ptx"]
-    loads = [line for line in ptx.splitlines() if re.search(r"\\bld\\.global", line)]
-    print(spec["name"], len(loads), sum("cache_hint" in line for line in loads), int("L2::evict_first" in ptx))
-"""
-
 
 def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     """The dense and 4-bit GEMVs, as the engine launches them, compiled for sm_90: their weight loads carry an L2
@@ -393,12 +381,8 @@ def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     w = fmt.to_row_packed(torch.randint(0, 16, (256, 48)), torch.randint(0, 16, (2, 48)),
                           torch.rand(2, 48).half(), 128)
     int4_triton.int4_gemv(x, w)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _PTX_POLICIES], input=json.dumps(list(launches.values())),
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
     found = {}
-    for name, loads, hinted, evict_first in (line.split() for line in done.stdout.splitlines()):
+    for name, _, loads, hinted, evict_first in _compiled([dict(spec, arch=90) for spec in launches.values()]):
         found[name] = (int(loads), int(hinted), int(evict_first))
     assert found.keys() == {"_gemv_kernel", "_int4_gemv_kernel"}
     # the dense GEMV's weight: 3 chunks requested early and the loop's; the int4 one's: packed ints, scales, zeros

@@ -273,19 +273,18 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, k_offs, v_offs, rows, F16: tl.constexpr = False, V_T: tl.constexpr = False,
-             KV_EVICT: tl.constexpr = ""):
+def _kv_tile(k_ptr, v_ptr, k_offs, v_offs, rows, F16: tl.constexpr = False, V_T: tl.constexpr = False):
     """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0). F16: upcast at once
     (an 8-bit cache's early tile: the branch that may re-read it then carries fp16 pairs, not one fp8 byte a
     register, which spilled). V_T (a transposed value cache, _v_offsets): V is read whole, 16 tokens a load
     (a mask per token would cut the loads to single bytes, and a select over the tile took the kernel from 770
     to 1,286 instructions a tile: benchmarks/decode_kernel_sass.py); the rows past `rows` get zero weight and
     are finite (the cache writer never stores a NaN: _store_fp8_rows; zeros past max_ctx)."""
-    k = tl.load(k_ptr + k_offs, mask=rows[:, None], other=0.0, eviction_policy=KV_EVICT)
+    k = tl.load(k_ptr + k_offs, mask=rows[:, None], other=0.0)
     if V_T:
-        v = tl.load(v_ptr + v_offs, eviction_policy=KV_EVICT)
+        v = tl.load(v_ptr + v_offs)
     else:
-        v = tl.load(v_ptr + v_offs, mask=rows[:, None], other=0.0, eviction_policy=KV_EVICT)
+        v = tl.load(v_ptr + v_offs, mask=rows[:, None], other=0.0)
     if F16:
         k, v = k.to(tl.float16), v.to(tl.float16)
     return k, v
@@ -297,8 +296,7 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
                               D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
                               MIN_CHUNK: tl.constexpr, CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr,
                               IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr,
-                              KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False,
-                              KV_EVICT: tl.constexpr = ""):
+                              KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
@@ -309,7 +307,6 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
     # still be running. The tile holding the current token's row is read again after the wait.
     # V_T: the value cache is stored transposed (_v_offsets); with CHUNK_ALIGN a multiple of 16 every tile then
     # starts on 16 tokens, so V comes in 16 bytes a load along its tokens, ready for the P.V dot (_kv_tile).
-    # KV_EVICT: the L2 policy of the cache reads (triton_ops.DECODE_KV_EVICTION).
     if PDL:
         if not LATE_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
@@ -336,13 +333,12 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             offs = base + n[:, None] * D + d[None, :]
             v_offs = _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T)
             older = n < tl.minimum(end, length - 1)
-            ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, older, F16=KV_FP8, V_T=V_T, KV_EVICT=KV_EVICT)
+            ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, older, F16=KV_FP8, V_T=V_T)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, older, KV_FP8)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             if start + BLOCK_N >= length:  # the tile reaches the current token's row: read it whole now
-                ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, n_mask, F16=KV_FP8, V_T=V_T,
-                                  KV_EVICT=KV_EVICT)
+                ek, ev = _kv_tile(k_ptr, v_ptr, offs, v_offs, n_mask, F16=KV_FP8, V_T=V_T)
                 ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
@@ -354,8 +350,7 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
             k, v = _kv_tile(k_ptr, v_ptr, base + n[:, None] * D + d[None, :],
-                            _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T), n_mask, V_T=V_T,
-                            KV_EVICT=KV_EVICT)
+                            _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T), n_mask, V_T=V_T)
             ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8)
             m_i, l_i, acc = _online_softmax_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE,
                                                   k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8,

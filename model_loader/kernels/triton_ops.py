@@ -220,10 +220,6 @@ KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_
                DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2))
 
 
-# The L2 policy of the decode attention's K/V tile reads ("" = the default, or "evict_first": a step reads each row
-# once; an 8-bit cache's scales keep the default); a module setting for benchmarks (benchmarks/l2_prefetch.py:
-# evict_first changed nothing beyond the noise on an H100, 2026-12-05).
-DECODE_KV_EVICTION = ""
 
 
 def sm_splits(device, num_kv_heads: int) -> int:
@@ -405,8 +401,7 @@ class DecodeAttention:
                 BLOCK_G=max(16, triton.next_power_of_2(self.group)),
                 D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
-                EARLY_TILE=c.early_tile, KV_EVICT=DECODE_KV_EVICTION, num_warps=c.num_warps,
-                num_stages=c.num_stages, **pdl)
+                EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
 
         tries = ([self.working[asked]] if asked in self.working
                  else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
