@@ -6,8 +6,10 @@ triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more sha
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
-           [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--json OUT]
+           [--per-sm 3,4] [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--json OUT]
 --kv-cache 8-bit: over the 8-bit cache (its own candidates, triton_ops.KV8_CONFIGS, too).
+--per-sm N,...: also shapes that put N programs on every SM (_per_sm; 2026-12-05, for the 8-bit cache, whose
+loop was bound by latency with two programs an SM).
 """
 
 import argparse
@@ -41,6 +43,15 @@ def _sm_fill(device, num_kv_heads: int):
             C(two_per_sm, 128, 128, 4, 3, chunk_align=1, early_tile=True)]
 
 
+def _per_sm(counts: list[int]):
+    """N programs an SM (SM_SPLITS x splits_per_sm) for each N: 64-token tiles with 4 and 2 warps, 32-token tiles
+    with 4, all 3 stages with the first tile early. With V transposed an 8-bit 64-token program takes 40,960 bytes
+    of shared memory and 141 registers a thread at sm_90 (2026-12-05), so three fit an SM's registers."""
+    C = triton_ops.DecodeAttnConfig
+    return [C(triton_ops.SM_SPLITS, block, block, warps, 3, chunk_align=1, early_tile=True, splits_per_sm=n)
+            for n in counts for block, warps in ((64, 4), (64, 2), (32, 4))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -48,6 +59,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--extra", action="store_true", help="also shapes outside the candidate list (_extra)")
     ap.add_argument("--sm-fill", action="store_true", help="also the 2026-12-04 variants (_sm_fill)")
+    ap.add_argument("--per-sm", default="", help="also shapes with N programs an SM, for each N given: N,...")
     ap.add_argument("--reverse", action="store_true", help="time the configurations in reverse order (drift check)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     ap.add_argument("--kv-cache", default="16-bit", help="the KV cache's format: 16-bit or 8-bit")
@@ -58,14 +70,16 @@ def main() -> None:
     step = engine.step
     kv8 = list(triton_ops.KV8_CONFIGS) if args.kv_cache == "8-bit" else []
     base = (list(triton_ops.DECODE_ATTN_CONFIGS) + kv8 + (_extra() if args.extra else [])
-            + (_sm_fill(engine.model.device, engine.model.cfg.num_key_value_heads) if args.sm_fill else []))
+            + (_sm_fill(engine.model.device, engine.model.cfg.num_key_value_heads) if args.sm_fill else [])
+            + _per_sm([int(n) for n in filter(None, args.per_sm.split(","))]))
     configs = list(dict.fromkeys(dataclasses.replace(c, late_launch=late) for c in base for late in (False, True)))
     for shape in filter(None, args.reduce.split(",")):
         splits, dims = (int(x) for x in shape.split("x"))
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
     configs = list(dict.fromkeys(configs))[::-1 if args.reverse else 1]
-    if args.extra or args.sm_fill or kv8:  # split buffers for every shape tried (before any graph below is captured)
+    # split buffers for every shape tried (before any graph below is captured)
+    if args.extra or args.sm_fill or args.per_sm or kv8:
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

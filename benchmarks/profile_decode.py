@@ -4,7 +4,7 @@ For each depth: the pure GPU time of the captured decode graph the engine would 
 back, no host sync per token), and torch.profiler's per-kernel totals over a few replays of that graph (CUPTI
 reports the kernels inside a graph), so two depths or two models can be compared kernel by kernel.
 usage: python benchmarks/profile_decode.py MODEL_DIR [--int4-kernel torch|triton|dequantize]
-           [--depths 512,4096,16384] [--context N] [--mode greedy|sample] [--json OUT]
+           [--depths 512,4096,16384] [--context N] [--mode greedy|sample] [--kv-cache 16-bit|8-bit] [--json OUT]
 """
 
 import argparse
@@ -65,6 +65,7 @@ def main() -> None:
                     "(triton_ops.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)")
     ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
                     help="sample: the window's defaults (temperature 0.6, top-p 0.95)")
+    ap.add_argument("--kv-cache", default="16-bit", choices=("16-bit", "8-bit"))
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     context = args.context or max(depths) + 512
@@ -73,7 +74,8 @@ def main() -> None:
     if args.gemv_early is not None:
         from model_loader.kernels import triton_ops
         triton_ops.GEMV_EARLY_CHUNKS = args.gemv_early
-    engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel)
+    engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel,
+                         kv_cache=args.kv_cache)
     engine.warm_up()
     step = engine.step
     if args.mode == "sample":

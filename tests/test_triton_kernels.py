@@ -131,6 +131,32 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, 
     torch.testing.assert_close(attn(q, k, v, pos_t, length, scale, config=config), ref, **_tol(device))
 
 
+@pytest.mark.parametrize("length", [1, 48, 128, 200, 2500])
+@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS, ids=str)
+def test_decode_attention_of_16_bit_inputs_matches_reference(device, length, config):
+    """The model's own 16-bit K/V and query (fp16; bf16 on a GPU too), which Triton's interpreter also runs,
+    against the reference in fp32, at the 1.5B's shape: the other decode tests run fp32 on the CPU. NaN past
+    the depth (what an earlier reply that overflowed may leave) must not leak into any tile, masked or not: at
+    2,500 tokens the 66 splits of 16-token tiles have 38-token chunks, whose last tile is partly past the
+    split's end."""
+    hq, hkv, d = 12, 2, 128  # the 1.5B's attention
+    g = torch.Generator().manual_seed(7)
+    max_ctx = 2560
+    for dt in [torch.float16] + ([torch.bfloat16] if device == "cuda" else []):
+        k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+        v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
+        q = torch.randn(hq, d, generator=g).to(device, dt)
+        pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+        scale = 1 / math.sqrt(d)
+        ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, scale)
+        k[:, length:] = float("nan")
+        v[:, length:] = float("nan")
+        attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt, configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS)
+        out = attn(q, k, v, pos_t, length, scale, config=config)
+        assert out.dtype == dt
+        torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
+
+
 def test_decode_attention_split_count_follows_the_depth():
     """Short contexts use few splits (no reduce over empty ones), long ones all of them."""
     c = triton_ops.DecodeAttnConfig(max_splits=64, min_chunk=64, block_n=32)
