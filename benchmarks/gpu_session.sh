@@ -25,6 +25,9 @@
 #               16k; benchmarks/decode_loop_overhead.py --ring-ab), then the loop's costs with NVML clocks
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
+#   variants    each kernel change kept as a patch in benchmarks/variants/ against this tree, alternated on one
+#               machine: the decode attention alone by depth (ncu_decode_attention.py) and decode by depth, bf16
+#               twice and AWQ once (the tree is copied to /tmp/variant-NAME and patched there)
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
 # 10 minutes), give each call the parts that fit; the models are made again on a fresh machine. The device tool
@@ -48,6 +51,7 @@ run() {  # run NAME COMMAND...: output to $OUT/NAME.txt, a summary line here
   printf '%-22s rc=%-3s %5d s  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$OUT/$name.txt" | cut -c1-150)"
 }
 
+ROOT=$PWD
 for part in "${@:-models tests depths chat followup firststart}"; do
   for p in $part; do
     case $p in
@@ -91,6 +95,32 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         run loop-clocks python3 benchmarks/decode_loop_overhead.py $M --depths 512,16384 --rounds 2 --clocks ;;
       fp32) run fp32 python3 benchmarks/fp32_vs_transformers.py --model $M ;;
       twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
+      variants)
+        for patch in benchmarks/variants/*.patch; do
+          name=$(basename "$patch" .patch)
+          V=/tmp/variant-$name
+          rm -rf "$V" && mkdir -p "$V" && cp -r model_loader benchmarks "$V"/
+          if ! (cd "$V" && git apply "$ROOT/$patch"); then
+            echo "$name: does not apply to this tree" | tee "$OUT/variant-$name.txt"
+            continue
+          fi
+          for tree in "$ROOT" "$V"; do
+            label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
+            (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "alone-$label" python3 benchmarks/ncu_decode_attention.py)
+          done
+          for round in 1 2; do
+            for tree in "$ROOT" "$V"; do
+              label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
+              (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "depths-$label-$round" $CLI bench --model $M \
+                --depths 512,4096,16384,32768 --new-tokens 256 --runs 3)
+            done
+          done
+          for tree in "$ROOT" "$V"; do
+            label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
+            (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "depths-awq-$label" $CLI bench --model $A \
+              --depths 512,4096,16384,32768 --new-tokens 256 --runs 3)
+          done
+        done ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
   done
