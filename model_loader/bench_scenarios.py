@@ -39,8 +39,19 @@ def context_for_chat(user_tokens: int, reply_tokens: int, turns: int = CHAT_TURN
     return ctx
 
 
+def decode_read_bytes(engine: Engine, depth: int, new_tokens: int) -> float:
+    """Bytes a decode step reads on average over new_tokens steps that start at `depth`: the weights (all but
+    the embedding table) and the cache up to the current token (the step at position p reads p + 1 tokens)."""
+    model = engine.model
+    return model.decode_weight_bytes + model.kv_bytes_per_token * (depth + (new_tokens + 1) / 2)
+
+
 def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
-    """Decode tok/s after a prompt of each depth (greedy, ignore_eos), P50 over `runs` (after one warm-up)."""
+    """Decode tok/s after a prompt of each depth (greedy, ignore_eos), P50 over `runs` (after one warm-up). Each
+    row also says what a step reads and at what rate (bytes x tok/s): decode is bound by memory, so a deeper
+    step is slower by its extra cache bytes at best, and `vs_first_depth_at_bandwidth` is the share of the
+    first depth's speed a step reading every byte at the same rate would keep (the bound a depth ratio is
+    measured against: docs/BENCHMARKS.md, twenty-fourth session)."""
     rows = []
     for depth in depths:
         if depth + new_tokens >= engine.info.context_length:
@@ -57,12 +68,15 @@ def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
             if i:
                 rates.append(final.stats.decode_tok_s)
                 ttfts.append(final.stats.ttft_ms)
-        rows.append({"depth": depth, "new_tokens": new_tokens, "decode_tok_s_p50": percentile(rates, 50),
+        tok_s = percentile(rates, 50)
+        read = decode_read_bytes(engine, depth, new_tokens)
+        rows.append({"depth": depth, "new_tokens": new_tokens, "decode_tok_s_p50": tok_s,
                      "decode_tok_s_min": min(rates), "prefill_ttft_ms_p50": percentile(ttfts, 50),
-                     "sm_clock": clocks.summary()})
+                     "read_bytes_per_token": read, "read_gb_s": read * tok_s / 1e9, "sm_clock": clocks.summary()})
     base = rows[0]["decode_tok_s_p50"]
     for row in rows:
         row["vs_first_depth"] = row["decode_tok_s_p50"] / base if base else 0.0
+        row["vs_first_depth_at_bandwidth"] = rows[0]["read_bytes_per_token"] / row["read_bytes_per_token"]
     return {"scenario": "depths", "context_length": engine.info.context_length, "runs": runs, "depths": rows}
 
 
@@ -104,7 +118,9 @@ def format_depths(r: dict) -> str:
     for row in r["depths"]:
         clock = row.get("sm_clock")
         lines.append(f"  depth {row['depth']:>6,}: {row['decode_tok_s_p50']:7.1f} tok/s "
-                     f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}); "
+                     f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}; "
+                     f"{row['vs_first_depth_at_bandwidth']:.0%} by bytes read); "
+                     f"{row['read_bytes_per_token'] / 1e9:.2f} GB read a token, {row['read_gb_s']:,.0f} GB/s; "
                      f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms"
                      + (f"; {format_clock_summary(clock)}" if clock else ""))
     return "\n".join(lines)

@@ -99,6 +99,22 @@ class Qwen2Model:
         return total
 
     @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every weight but the embedding table, of which it reads one
+        row (tied embeddings are the LM head, read whole)."""
+        if self.embed_on_host or self.cfg.tie_word_embeddings:  # not in weights_bytes / counted as the LM head
+            return self.weights_bytes
+        return self.weights_bytes - self.w["embed"].numel() * self.w["embed"].element_size()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of cache a decode step reads for each token of context: its K and V rows in every layer (and an
+        8-bit cache's two row scales a layer and KV head)."""
+        layers, kv_heads, _, head_dim = self.k_cache.shape
+        scales = 0 if self.k_scale is None else 2 * layers * kv_heads * self.k_scale.element_size()
+        return 2 * layers * kv_heads * head_dim * self.k_cache.element_size() + scales
+
+    @property
     def kv_cache_bytes(self) -> int:
         scales = 0 if self.k_scale is None else 2 * self.k_scale.numel() * self.k_scale.element_size()
         # the value cache's storage: a transposed one has padding rows (kv_cache.value_cache)

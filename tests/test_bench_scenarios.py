@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+
+import pytest
 
 from model_loader import bench_scenarios as sc
 from model_loader.cli import main
@@ -15,6 +18,57 @@ def test_depths_prefill_each_depth_then_decode(cpu_engine):
         assert row["decode_tok_s_p50"] > 0 and row["prefill_ttft_ms_p50"] > 0
     assert r["depths"][0]["vs_first_depth"] == 1.0
     assert sc.context_for_depths([512, 32768], 256) >= 32768 + 256
+
+
+def _checkpoint_numels(folder) -> dict:
+    from safetensors import safe_open
+
+    numels = {}
+    for shard in folder.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            for name in f.keys():
+                numels[name] = math.prod(f.get_slice(name).get_shape())
+    return numels
+
+
+def test_depths_say_what_a_step_reads_and_at_what_rate(cpu_engine, tiny_model):
+    """Each depth's row: the bytes a decode step reads (every weight but the embedding table, of which it reads
+    one row, and K and V of every cached token up to the current one, on average over the reply), those bytes
+    times the speed, and the share of the first depth's speed a step bound by its bytes would keep. Counted here
+    from the checkpoint and the config."""
+    cfg = cpu_engine.model.cfg
+    assert not cfg.tie_word_embeddings
+    itemsize = cpu_engine.model.dtype.itemsize  # the checkpoint's tensors as loaded
+    weights = sum(n for name, n in _checkpoint_numels(tiny_model).items() if name != "model.embed_tokens.weight")
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    r = sc.run_depths(cpu_engine, [32, 600], new_tokens=6, runs=1)
+    for row in r["depths"]:
+        # 6 steps starting at the depth: they read depth + 1 ... depth + 6 tokens, depth + 3.5 on average
+        assert row["read_bytes_per_token"] == weights * itemsize + kv_per_token * (row["depth"] + 3.5)
+        assert row["read_gb_s"] == pytest.approx(row["read_bytes_per_token"] * row["decode_tok_s_p50"] / 1e9)
+    first, deep = r["depths"]
+    assert first["vs_first_depth_at_bandwidth"] == 1.0
+    assert deep["vs_first_depth_at_bandwidth"] == pytest.approx(
+        (weights * itemsize + kv_per_token * 35.5) / (weights * itemsize + kv_per_token * 603.5))
+    text = sc.format_depths(r)
+    assert f"({deep['vs_first_depth']:.0%} of depth 32; {deep['vs_first_depth_at_bandwidth']:.0%} by bytes read)" \
+        in text
+    assert f"{deep['read_bytes_per_token'] / 1e9:.2f} GB read a token, {deep['read_gb_s']:,.0f} GB/s" in text
+
+
+def test_an_8bit_cache_step_reads_a_byte_a_value_and_each_rows_scale(tiny_model):
+    """Over an 8-bit cache a step reads a byte a cached value plus the fp32 scale of each K and V row
+    (kv_cache.py), and the same weights."""
+    from model_loader.engine import Engine
+    from model_loader.kv_cache import KV_8BIT
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512, kv_cache=KV_8BIT)
+    cfg = engine.model.cfg
+    itemsize = engine.model.dtype.itemsize
+    weights = sum(n for name, n in _checkpoint_numels(tiny_model).items() if name != "model.embed_tokens.weight")
+    assert engine.model.kv_bytes_per_token == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.head_dim + 4)
+    assert sc.decode_read_bytes(engine, 100, 4) == weights * itemsize + engine.model.kv_bytes_per_token * 102.5
+    engine.close()
 
 
 def test_chat_scenario_carries_the_cache_and_drops_earlier_reasoning(cpu_engine):
