@@ -4,7 +4,9 @@ It is refreshed by its own timer a few times a second (never per token). While a
 come from what the GUI receives: the engine's Started event (prompt size, prefix reused, context length: known
 as soon as the prompt is prefilled) and each delta's token count with its arrival time (a delta can carry
 several tokens: one that ends mid-character yields no text of its own, so deltas are never counted as tokens).
-When the reply finishes, the engine's exact GenerationStats replace them. VRAM is split into weights / KV cache /
+What a new token reads from GPU memory comes from the engine's info (weight bytes, cache bytes a token) and
+the context so far, its rate from those bytes times tokens/s. When the reply finishes, the engine's exact
+GenerationStats replace them. VRAM is split into weights / KV cache /
 other torch / free from the engine's MemoryStats (torch counters + NVML); GPU utilization and free memory are
 polled from NVML here (pynvml, no torch) about once a second.
 """
@@ -174,6 +176,21 @@ class MemoryBar(QWidget):
             x += w
 
 
+def memory_read(total: float, cache: float, tok_s: float) -> tuple[str, str, str]:
+    """(bytes, rate, tooltip) of a reply's memory read: what its average decode step read (total bytes, cache of
+    them) and the rate the GPU's memory delivered that at (bytes × tok/s). Decode reads every weight and the
+    context's K/V for each token, so this is what its speed is bound by, and how much the context adds. Dashes
+    where not known: no decode step yet, or a reply saved before these were recorded."""
+    if not total or total <= 0 or not tok_s:
+        return "—", "—", ""
+    rate = total * tok_s / 1e9  # GB/s
+    rate_text = f"{rate / 1000:.2f} TB/s" if rate >= 1000 else f"{rate:.0f} GB/s"
+    return (f"{total / 1e9:.2f} GB", rate_text,
+            f"Each decode step read {(total - cache) / 1e9:.2f} GB of weights and {cache / 1e9:.2f} GB of KV cache "
+            f"(the context it attends to).\nDecode speed is bound by memory: {tok_s:.0f} tok/s × "
+            f"{total / 1e9:.2f} GB is {rate_text} read.")
+
+
 def ttft_breakdown(stats: dict) -> str:
     """Where a reply's time to first token went: the prompt's rendering, then the prefill and first sample."""
     prompt_ms = stats.get("prompt_ms") or 0.0
@@ -241,7 +258,7 @@ class LivePanel(QScrollArea):
     ROWS = [
         ("reply", "This reply", [("ttft", "First token"), ("tfat", "First answer token"),
                                  ("split", "Thinking / answering"), ("tokens", "Tokens think + answer"),
-                                 ("rate", "Decode tok/s")]),
+                                 ("rate", "Decode tok/s"), ("read", "Read a token"), ("read_rate", "Read rate")]),
         ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
                                 ("replies", "Replies")]),
         ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
@@ -471,6 +488,8 @@ class LivePanel(QScrollArea):
                 v["split"].setText(f"{max(think, 0):.1f} s / {max(answer, 0):.1f} s")
                 v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
                 v["rate"].setText(f"{s['decode_tok_s']:.0f} avg")
+                self._show_read(*memory_read(s.get("decode_read_bytes"), s.get("decode_cache_read_bytes") or 0.0,
+                                             s["decode_tok_s"]))
                 used = s["prompt_tokens"] + s["completion_tokens"]
                 v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
                 v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
@@ -479,6 +498,7 @@ class LivePanel(QScrollArea):
                     v["ttft"].setText("failed")
             else:
                 now = time.monotonic()
+                read = ("—", "—", "")
                 v["ttft"].setText(f"{(r.first_t - r.start) * 1000:.0f} ms" if r.first_t else "waiting…")
                 v["tfat"].setText(f"{(r.first_answer_t - r.start) * 1000:.0f} ms" if r.first_answer_t else "—")
                 if r.first_t:
@@ -495,6 +515,10 @@ class LivePanel(QScrollArea):
                     used, ctx = st["prompt_tokens"] + r.count, st["context_length"]
                     v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
                     v["reused"].setText(f"{st['prefix_reused_tokens']:,} of {st['prompt_tokens']:,}")
+                    if self.info and self.info.get("decode_weight_bytes") and r.count > 1:  # steps so far, on average
+                        cache = self.info.get("kv_bytes_per_token", 0) * (st["prompt_tokens"] + r.count / 2)
+                        read = memory_read(self.info.get("decode_weight_bytes", 0) + cache, cache, rate)
+                self._show_read(*read)
             self.rate_plot.set_values(r.rate_series)
         p50, p95 = percentile(self.session_ttft, 50), percentile(self.session_ttft, 95)
         v["ttft_p"].setText(f"{p50:.0f} / {p95:.0f} ms" if self.session_ttft else "—")
@@ -503,6 +527,11 @@ class LivePanel(QScrollArea):
         v["replies"].setText(str(len(self.session_ttft)))
         self.latency_plot.set_values(self.session_ttft)
         self._refresh_memory()
+
+    def _show_read(self, read: str, rate: str, tip: str) -> None:
+        for key, text in (("read", read), ("read_rate", rate)):
+            self.values[key].setText(text)
+            self.values[key].setToolTip(tip)
 
     def _refresh_memory(self) -> None:
         v, m, t = self.values, self.memory, self.theme

@@ -40,10 +40,10 @@ def context_for_chat(user_tokens: int, reply_tokens: int, turns: int = CHAT_TURN
 
 
 def decode_read_bytes(engine: Engine, depth: int, new_tokens: int) -> float:
-    """Bytes a decode step reads on average over new_tokens steps that start at `depth`: the weights (all but
-    the embedding table) and the cache up to the current token (the step at position p reads p + 1 tokens)."""
-    model = engine.model
-    return model.decode_weight_bytes + model.kv_bytes_per_token * (depth + (new_tokens + 1) / 2)
+    """Bytes a decode step reads on average over a reply of new_tokens after a prompt of `depth` tokens: the
+    weights (all but the embedding table) and the cache up to the current token. The first token comes from
+    the prefill; the steps that make the others read depth + 1 ... depth + new_tokens - 1 tokens."""
+    return engine.model.decode_read_bytes(depth + new_tokens / 2)
 
 
 def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:

@@ -364,6 +364,10 @@ class EngineInfo:
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
     kv_cache: str = KV_16BIT  # the cache's format (model_loader.kv_cache)
+    # what a decode step reads: these weight bytes and this many cache bytes a token of context (a live panel's
+    # read rate; Qwen2Model.decode_read_bytes)
+    decode_weight_bytes: int = 0
+    kv_bytes_per_token: int = 0
     compile_workers: dict | None = None  # a first start's compiles in worker processes (precompile.CompilePool)
     gpu_uuid: str | None = None  # NVML's name for the GPU (stats.gpu_uuid): its numbering is not CUDA's
 
@@ -522,6 +526,7 @@ class Engine:
                 quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
                 embed_on_host=model.embed_on_host, load_s=time.perf_counter() - t0, load_breakdown=breakdown,
                 weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes, kv_cache=kv_cache,
+                decode_weight_bytes=model.decode_weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
             )
             engine = cls(folder, model, chat, info)
         except BaseException:
@@ -938,6 +943,9 @@ class Engine:
             text = reasoning + ("</think>\n\n" + answer if (answer or not splitter.in_reasoning) else "")
         else:
             text = answer
+        # the first token comes from the prefill; the decode steps after it read n_prompt + 1 ... n_prompt + n - 1
+        # tokens of cache: n_prompt + n / 2 on average
+        context_read = n_prompt + len(tokens) / 2 if len(tokens) > 1 else 0.0
         stats = GenerationStats(
             finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
             reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused, context_length=ctx,
@@ -947,5 +955,7 @@ class Engine:
             total_s=t_end - t0,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
             memory=self.memory(), stopped_thinking=stopped_thinking, seed=seed if mode == "sample" else None,
+            decode_read_bytes=self.model.decode_read_bytes(context_read) if context_read else 0.0,
+            decode_cache_read_bytes=self.model.kv_bytes_per_token * context_read,
         )
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=tokens, stats=stats)

@@ -43,17 +43,37 @@ def test_depths_say_what_a_step_reads_and_at_what_rate(cpu_engine, tiny_model):
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
     r = sc.run_depths(cpu_engine, [32, 600], new_tokens=6, runs=1)
     for row in r["depths"]:
-        # 6 steps starting at the depth: they read depth + 1 ... depth + 6 tokens, depth + 3.5 on average
-        assert row["read_bytes_per_token"] == weights * itemsize + kv_per_token * (row["depth"] + 3.5)
+        # the 5 decode steps after the prefill's token read depth + 1 ... depth + 5 tokens: depth + 3 on average
+        assert row["read_bytes_per_token"] == weights * itemsize + kv_per_token * (row["depth"] + 3)
         assert row["read_gb_s"] == pytest.approx(row["read_bytes_per_token"] * row["decode_tok_s_p50"] / 1e9)
     first, deep = r["depths"]
     assert first["vs_first_depth_at_bandwidth"] == 1.0
     assert deep["vs_first_depth_at_bandwidth"] == pytest.approx(
-        (weights * itemsize + kv_per_token * 35.5) / (weights * itemsize + kv_per_token * 603.5))
+        (weights * itemsize + kv_per_token * 35) / (weights * itemsize + kv_per_token * 603))
     text = sc.format_depths(r)
     assert f"({deep['vs_first_depth']:.0%} of depth 32; {deep['vs_first_depth_at_bandwidth']:.0%} by bytes read)" \
         in text
     assert f"{deep['read_bytes_per_token'] / 1e9:.2f} GB read a token, {deep['read_gb_s']:,.0f} GB/s" in text
+
+
+def test_a_replys_stats_say_what_its_decode_steps_read(cpu_engine, tiny_model):
+    """A reply's GenerationStats carry what its average decode step read (the window's live panel shows it with
+    the rate): the weights but the embedding table, and the cache up to the current token. 8 tokens after 40:
+    the 7 decode steps after the prefill's token read 41 ... 47 tokens, 44 on average. One token: no step."""
+    from model_loader.events import Finished, SamplingSettings
+
+    cfg = cpu_engine.model.cfg
+    itemsize = cpu_engine.model.dtype.itemsize
+    weights = sum(n for name, n in _checkpoint_numels(tiny_model).items() if name != "model.embed_tokens.weight")
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    prompt = list(range(100, 140))
+    for new, context in ((8, 44), (1, 0)):
+        cpu_engine.reset_cache()
+        settings = SamplingSettings(temperature=0, max_new_tokens=new, ignore_eos=True)
+        stats = [ev for ev in cpu_engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0].stats
+        assert stats.completion_tokens == new
+        assert stats.decode_cache_read_bytes == kv_per_token * context
+        assert stats.decode_read_bytes == (weights * itemsize + kv_per_token * context if context else 0.0)
 
 
 def test_an_8bit_cache_step_reads_a_byte_a_value_and_each_rows_scale(tiny_model):
@@ -67,7 +87,7 @@ def test_an_8bit_cache_step_reads_a_byte_a_value_and_each_rows_scale(tiny_model)
     itemsize = engine.model.dtype.itemsize
     weights = sum(n for name, n in _checkpoint_numels(tiny_model).items() if name != "model.embed_tokens.weight")
     assert engine.model.kv_bytes_per_token == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.head_dim + 4)
-    assert sc.decode_read_bytes(engine, 100, 4) == weights * itemsize + engine.model.kv_bytes_per_token * 102.5
+    assert sc.decode_read_bytes(engine, 100, 4) == weights * itemsize + engine.model.kv_bytes_per_token * 102
     engine.close()
 
 

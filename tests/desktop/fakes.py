@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from model_loader.errors import ContextFullError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationStats, MemoryStats, Started
 
+# What DeepSeek-R1-Distill-Qwen-1.5B's bf16 decode steps read: weights but the embedding table, and each cached
+# token's K/V (28 layers x K and V x 2 KV heads x 128 x 2 bytes)
+FAKE_WEIGHT_READ = 3.087e9
+FAKE_KV_TOKEN = 28_672
+
 REASONING = (
     "Okay, the user wants the sum of the first $n$ odd numbers, and code to check it. "
     "Let me think. 1 = 1, 1 + 3 = 4, 1 + 3 + 5 = 9. Those are perfect squares, so the sum looks like $n^2$.\n\n"
@@ -65,6 +70,8 @@ class FakeInfo:
     warmup_s: float = 0.4
     weights_bytes: int = 3_554_176_512
     kv_cache_bytes: int = 117_440_512
+    decode_weight_bytes: int = int(FAKE_WEIGHT_READ)
+    kv_bytes_per_token: int = FAKE_KV_TOKEN
     gpu_uuid: str | None = None  # NVML's name for the GPU; None: the live panel reads no NVML
 
 
@@ -143,7 +150,10 @@ class FakeEngine:
             first_answer_ms=(first_answer - t0) * 1000 if first_answer else None,
             decode_tok_s=(n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0,
             total_s=total, token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped, prompt_ms=0.5)  # as if the template took that long
+            memory=self.memory(), stopped_thinking=stopped, prompt_ms=0.5,  # as if the template took that long
+            # what the 1.5B's decode steps would read (bf16 weights, a 16-bit cache): Qwen2Model.decode_read_bytes
+            decode_read_bytes=FAKE_WEIGHT_READ + FAKE_KV_TOKEN * (prompt_tokens + n / 2) if n > 1 else 0.0,
+            decode_cache_read_bytes=FAKE_KV_TOKEN * (prompt_tokens + n / 2) if n > 1 else 0.0)
         text = reasoning + ("</think>\n\n" + answer if answer else "")
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 

@@ -9,9 +9,10 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QAbstractButton, QApplication, QInputDialog, QLineEdit, QListWidget, QPlainTextEdit,
                                QWidget)
 
+from desktop.livepanel import memory_read
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.theme import DARK
-from fakes import ANSWER, FakeEngine
+from fakes import ANSWER, FAKE_KV_TOKEN, FAKE_WEIGHT_READ, FakeEngine
 
 
 def _reply(qtbot, win, text):
@@ -255,6 +256,10 @@ def test_live_panel_numbers(qtbot, make_window):
     used = prompt + r.count
     assert v["ctx"].text() == f"{used} / 4,096 ({100 * used / 4096:.0f}%)"
     assert v["tokens"].text() == f"{r.reasoning_n} + {r.answer_n}" and r.reasoning_n + r.answer_n == r.count
+    # what a decode step reads, live: the model's weights (engine info) and the cache up to the average step so far
+    cache = FAKE_KV_TOKEN * (prompt + r.count / 2)
+    assert v["read"].text() == f"{(FAKE_WEIGHT_READ + cache) / 1e9:.2f} GB"
+    assert v["read_rate"].text().endswith("B/s") and f"{cache / 1e9:.2f} GB of KV cache" in v["read"].toolTip()
     qtbot.waitUntil(lambda: v["rate"].text() not in ("—", "0"), timeout=10000)
     assert int(v["rate"].text()) > 200  # ~450 tok/s of tokens; counting deltas would say ~115
     assert v["ttft"].text().endswith("ms")
@@ -271,6 +276,14 @@ def test_live_panel_numbers(qtbot, make_window):
     assert v["replies"].text() == "2" and "ms" in v["ttft_p"].text()
     assert v["weights"].text() == "3.31 GiB" and v["kv"].text() == "112 MiB"
     assert len(win.live.rate_plot.values) > 3 and win.live.latency_plot.values[-1] == s["ttft_ms"]
+    # what the average decode step read (the engine's figure) and at what rate: bytes x the reply's tok/s
+    read, cache = s["decode_read_bytes"], s["decode_cache_read_bytes"]
+    assert 0 < cache < read
+    gb_s = read * s["decode_tok_s"] / 1e9
+    assert v["read"].text() == f"{read / 1e9:.2f} GB"
+    assert v["read_rate"].text() == (f"{gb_s / 1000:.2f} TB/s" if gb_s >= 1000 else f"{gb_s:.0f} GB/s")
+    assert f"{(read - cache) / 1e9:.2f} GB of weights and {cache / 1e9:.2f} GB of KV cache" in v["read"].toolTip()
+    assert memory_read(0.0, 0.0, 0.0) == ("—", "—", "")  # no decode step, or a reply saved without these
 
 
 def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_window, tiny_model, tmp_path,
