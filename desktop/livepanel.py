@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (QFrame, QGridLayout, QLabel, QListWidget, QScroll
                                QWidget)
 
 from model_loader.gpu_clocks import GpuClocks, read_clocks, steady  # pure Python, like the next
-from model_loader.stats import percentile  # pure Python: importing it does not import torch
+from model_loader.stats import decode_context, percentile  # pure Python: importing it does not import torch
 
 
 
@@ -515,9 +515,10 @@ class LivePanel(QScrollArea):
                     used, ctx = st["prompt_tokens"] + r.count, st["context_length"]
                     v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
                     v["reused"].setText(f"{st['prefix_reused_tokens']:,} of {st['prompt_tokens']:,}")
-                    if self.info and self.info.get("decode_weight_bytes") and r.count > 1:  # steps so far, on average
-                        cache = self.info.get("kv_bytes_per_token", 0) * (st["prompt_tokens"] + r.count / 2)
-                        read = memory_read(self.info.get("decode_weight_bytes", 0) + cache, cache, rate)
+                    context = decode_context(st["prompt_tokens"], r.count)  # the steps so far, on average
+                    if self.info and self.info.get("decode_weight_bytes") and context:
+                        cache = self.info["kv_bytes_per_token"] * context
+                        read = memory_read(self.info["decode_weight_bytes"] + cache, cache, rate)
                 self._show_read(*read)
             self.rate_plot.set_values(r.rate_series)
         p50, p95 = percentile(self.session_ttft, 50), percentile(self.session_ttft, 95)

@@ -20,7 +20,7 @@ from model_loader.chat import history_message
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
 from model_loader.gpu_clocks import ClockWatch, format_clock_summary
-from model_loader.stats import percentile
+from model_loader.stats import decode_context, percentile
 
 DEFAULT_DEPTHS = (512, 4096, 16384, 32768)
 CHAT_TURNS = 4
@@ -41,9 +41,9 @@ def context_for_chat(user_tokens: int, reply_tokens: int, turns: int = CHAT_TURN
 
 def decode_read_bytes(engine: Engine, depth: int, new_tokens: int) -> float:
     """Bytes a decode step reads on average over a reply of new_tokens after a prompt of `depth` tokens: the
-    weights (all but the embedding table) and the cache up to the current token. The first token comes from
-    the prefill; the steps that make the others read depth + 1 ... depth + new_tokens - 1 tokens."""
-    return engine.model.decode_read_bytes(depth + new_tokens / 2)
+    weights (all but the embedding table) and the cache up to the current token (stats.decode_context)."""
+    info = engine.info
+    return info.decode_weight_bytes + info.kv_bytes_per_token * decode_context(depth, new_tokens)
 
 
 def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:

@@ -40,7 +40,7 @@ from model_loader.kernels.side_stream import graph_capture, side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
-from model_loader.stats import gpu_uuid, memory_stats
+from model_loader.stats import decode_context, gpu_uuid, memory_stats
 from model_loader.weights import load_peak_bytes, load_weights
 
 log = logging.getLogger(__name__)
@@ -364,8 +364,8 @@ class EngineInfo:
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
     kv_cache: str = KV_16BIT  # the cache's format (model_loader.kv_cache)
-    # what a decode step reads: these weight bytes and this many cache bytes a token of context (a live panel's
-    # read rate; Qwen2Model.decode_read_bytes)
+    # what a decode step reads: these weight bytes and this many cache bytes a token of context (stats.
+    # decode_context; a live panel's read rate)
     decode_weight_bytes: int = 0
     kv_bytes_per_token: int = 0
     compile_workers: dict | None = None  # a first start's compiles in worker processes (precompile.CompilePool)
@@ -943,9 +943,7 @@ class Engine:
             text = reasoning + ("</think>\n\n" + answer if (answer or not splitter.in_reasoning) else "")
         else:
             text = answer
-        # the first token comes from the prefill; the decode steps after it read n_prompt + 1 ... n_prompt + n - 1
-        # tokens of cache: n_prompt + n / 2 on average
-        context_read = n_prompt + len(tokens) / 2 if len(tokens) > 1 else 0.0
+        cache_read = self.info.kv_bytes_per_token * decode_context(n_prompt, len(tokens))
         stats = GenerationStats(
             finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
             reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused, context_length=ctx,
@@ -955,7 +953,7 @@ class Engine:
             total_s=t_end - t0,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
             memory=self.memory(), stopped_thinking=stopped_thinking, seed=seed if mode == "sample" else None,
-            decode_read_bytes=self.model.decode_read_bytes(context_read) if context_read else 0.0,
-            decode_cache_read_bytes=self.model.kv_bytes_per_token * context_read,
+            decode_read_bytes=self.info.decode_weight_bytes + cache_read if len(tokens) > 1 else 0.0,
+            decode_cache_read_bytes=cache_read,
         )
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=tokens, stats=stats)

@@ -113,7 +113,7 @@ class GenerationStats:
     seed: int | None = None  # the sampling seed used (None for greedy): replay a reply with SamplingSettings(seed=)
     prompt_ms: float = 0.0  # of ttft_ms: rendering the chat template and tokenizing (0 for a prompt given as ids)
     # What a decode step of this reply read on average (0: no decode step): every weight but the embedding table,
-    # and of it the K/V of the tokens in context (Qwen2Model.decode_read_bytes). Times decode_tok_s: the rate the
+    # and of it the K/V of the tokens in context (stats.decode_context). Times decode_tok_s: the rate the
     # GPU's memory delivered them at, what decode speed is bound by.
     decode_read_bytes: float = 0.0
     decode_cache_read_bytes: float = 0.0

@@ -114,11 +114,6 @@ class Qwen2Model:
         scales = 0 if self.k_scale is None else 2 * layers * kv_heads * self.k_scale.element_size()
         return 2 * layers * kv_heads * head_dim * self.k_cache.element_size() + scales
 
-    def decode_read_bytes(self, context_tokens: float) -> float:
-        """Bytes a decode step reads with context_tokens tokens in the cache: its weights and those tokens'
-        K/V (decode is bound by memory: these bytes over the step's time are the rate it reads at)."""
-        return self.decode_weight_bytes + self.kv_bytes_per_token * context_tokens
-
     @property
     def kv_cache_bytes(self) -> int:
         scales = 0 if self.k_scale is None else 2 * self.k_scale.numel() * self.k_scale.element_size()

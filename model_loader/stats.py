@@ -17,6 +17,13 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def decode_context(prompt_tokens: int, new_tokens: int) -> float:
+    """Tokens of cache the average decode step of a reply reads (0: no decode step). The first of new_tokens
+    comes from the prefill; the steps that make the others read prompt_tokens + 1 ... prompt_tokens + new_tokens
+    - 1 tokens. With EngineInfo's decode_weight_bytes and kv_bytes_per_token: what a step reads from memory."""
+    return prompt_tokens + new_tokens / 2 if new_tokens > 1 else 0.0
+
+
 def gpu_uuid(index: int) -> str | None:
     """NVML's name for CUDA device `index` ("GPU-" and its UUID), None where torch can't tell. NVML numbers the
     GPUs by PCI bus, CUDA fastest first and only those in CUDA_VISIBLE_DEVICES: on a machine with two GPUs,
