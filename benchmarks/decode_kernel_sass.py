@@ -58,10 +58,11 @@ def kernels_module(source: Path | None):
 
 
 def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int, stages: int,
-                         v_transposed: bool = False):
+                         v_transposed: bool = False, whole_tiles: bool = False):
     """The split kernel of `kernels` (kernels_module) as a CompiledKernel for sm_<arch> (Triton's compiler, no
     GPU needed). v_transposed: over a transposed value cache (the 8-bit cache's: kv_cache.value_cache), whose
-    splits start on 16 tokens (triton_ops.for_value_layout)."""
+    splits start on 16 tokens (triton_ops.for_value_layout). whole_tiles: DecodeAttnConfig.whole_tiles (the depth
+    shapes' whole-tile loop and exp2 softmax)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -72,7 +73,7 @@ def compile_split_kernel(kernels, fp8: bool, arch: int, block_n: int, warps: int
                  "v_scale_ptr": "*fp32", "v_rows": "i32"}
     constexprs = dict(GROUP=6, BLOCK_G=16, D=128, BLOCK_N=block_n, MAX_SPLITS=66, MIN_CHUNK=128,
                       CHUNK_ALIGN=16 if v_transposed else 1, PDL=arch >= 90, IEEE=False, LATE_LAUNCH=False,
-                      EARLY_TILE=arch >= 90, KV_FP8=fp8, V_T=v_transposed)
+                      EARLY_TILE=arch >= 90, KV_FP8=fp8, V_T=v_transposed, WHOLE_TILES=whole_tiles)
     signature.update({name: "constexpr" for name in constexprs})
     # as a launch specializes them: pointers and the context length (and row length) divisible by 16
     aligned = [i for i, name in enumerate(signature) if name.endswith("_ptr") or name in ("max_ctx", "v_rows")]
@@ -109,6 +110,8 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=128, help="tokens per K/V tile")
     ap.add_argument("--warps", default="4,8", help="comma-separated warp counts")
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--whole-tiles", default="0,1",
+                    help="DecodeAttnConfig.whole_tiles off (0), on (1) or both: the depth shapes' loop")
     ap.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     ap.add_argument("--dump", type=Path, help="also write each variant's SASS into this folder")
     ap.add_argument("--source", type=Path, help="a modified copy of model_loader/kernels/jit_ops.py to compile")
@@ -118,11 +121,14 @@ def main() -> int:
     kernels = kernels_module(args.source)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud (no warning)
     layouts = [layout == "transposed" for layout in args.layouts.split(",")]
-    for warps in (int(w) for w in args.warps.split(",")):
-        for fp8, v_t in [(False, False)] + [(True, v_t) for v_t in layouts]:
+    variants = [(warps, fp8, v_t, whole) for warps in (int(w) for w in args.warps.split(","))
+                for fp8, v_t in [(False, False)] + [(True, v_t) for v_t in layouts]
+                for whole in (w == "1" for w in args.whole_tiles.split(","))]
+    for warps, fp8, v_t, whole in variants:
+        if True:
             name = f"{'8-bit' if fp8 else '16-bit'} cache{', V transposed' if v_t else ''}, {args.block_n}-token " \
-                   f"tiles, {warps} warps, {args.stages} stages, sm_{args.arch}"
-            compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages, v_t)
+                   f"tiles, {warps} warps, {args.stages} stages{', whole tiles' if whole else ''}, sm_{args.arch}"
+            compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages, v_t, whole)
             cubin = compiled.asm["cubin"]
             sass = disassemble(cubin, "-sass")
             usage = re.search(r"REG:(\d+) STACK:(\d+)", disassemble(cubin, "-res-usage"))

@@ -6,8 +6,9 @@ triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more sha
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
-           [--per-sm 3,4] [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--json OUT]
+           [--per-sm 3,4] [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--whole-tiles] [--json OUT]
 --kv-cache 8-bit: over the 8-bit cache (its own candidates, triton_ops.KV8_CONFIGS, too).
+--whole-tiles: each configuration also with DecodeAttnConfig.whole_tiles flipped (timed right after it).
 --per-sm N,...: also shapes that put N programs on every SM (_per_sm; 2026-12-05, for the 8-bit cache, whose
 loop was bound by latency with two programs an SM).
 """
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--reverse", action="store_true", help="time the configurations in reverse order (drift check)")
     ap.add_argument("--reduce", default="", help="reduce shapes to try besides each config's own: SxD,...")
     ap.add_argument("--kv-cache", default="16-bit", help="the KV cache's format: 16-bit or 8-bit")
+    ap.add_argument("--whole-tiles", action="store_true",
+                    help="each configuration also with whole_tiles flipped, timed right after it")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512, kv_cache=args.kv_cache)
@@ -77,9 +80,11 @@ def main() -> None:
         splits, dims = (int(x) for x in shape.split("x"))
         configs += [dataclasses.replace(c, reduce_splits=splits, reduce_dims=dims)  # 0: all splits in one pass
                     for c in list(configs) if (c.reduce_splits, c.reduce_dims) == (0, 16)]
+    if args.whole_tiles:
+        configs = [x for c in configs for x in (c, dataclasses.replace(c, whole_tiles=not c.whole_tiles))]
     configs = list(dict.fromkeys(configs))[::-1 if args.reverse else 1]
     # split buffers for every shape tried (before any graph below is captured)
-    if args.extra or args.sm_fill or args.per_sm or kv8:
+    if args.extra or args.sm_fill or args.per_sm or kv8 or args.whole_tiles:
         old = engine.model.decode_attention
         engine.model.decode_attention = triton_ops.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs)

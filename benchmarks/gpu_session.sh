@@ -97,6 +97,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
       variants)
         for patch in benchmarks/variants/*.patch; do
+          [ -e "$patch" ] || { echo "no patches in benchmarks/variants/"; break; }
           name=$(basename "$patch" .patch)
           V=/tmp/variant-$name
           rm -rf "$V" && mkdir -p "$V" && cp -r model_loader benchmarks "$V"/

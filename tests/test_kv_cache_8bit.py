@@ -126,8 +126,9 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
     assert ((k_ours - k_ref).abs() <= k_ref.abs() / 8).all() and ((v_ours - v_ref).abs() <= v_ref.abs() / 8).all()
 
 
+WHOLE_TILES_8BIT = triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True)
 DECODE_8BIT_CONFIGS = triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),)
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True), WHOLE_TILES_8BIT)
 # V transposed (the model's layout) in every case; row-major V (the kernels read it too) at the 1.5B's shape
 DECODE_8BIT_CASES = [(*shape, length, config, True) for shape in SHAPES for length in (1, 48, 200, 2500)
                      for config in DECODE_8BIT_CONFIGS] + [
@@ -153,6 +154,25 @@ def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, 
     out = attn(q, k8, v8, pos_t, length, scale, config=config, scales=(ks, vs))
     tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.float(), ref, **tol)
+
+
+@pytest.mark.parametrize("length", [48, 2500])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_decode_attention_of_a_16_bit_model_over_an_8bit_cache_matches_reference(device, length, transposed):
+    """A 16-bit model's query (fp16 here; bf16 on a GPU too), which takes the exp2 softmax over a transposed V
+    with whole_tiles (the row-major V's zeroed rows keep the natural-units softmax), at the 1.5B's shape: the
+    test above runs fp32 on the CPU, which never takes it."""
+    hq, hkv, d = 12, 2, 128
+    k8, v8, ks, vs = _quantized_cache(hkv, 2560, d, seed=5, device=device, length=length)
+    v8 = _in_layout(v8, transposed, junk_from=length)
+    pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
+    scale = 1 / math.sqrt(d)
+    for dt in [torch.float16] + ([torch.bfloat16] if device == "cuda" else []):
+        q = torch.randn(hq, d, generator=torch.Generator().manual_seed(6)).to(device, dt)
+        ref = reference.decode_attention(q.float(), k8, v8, pos_t, length, scale, scales=(ks, vs))
+        attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt, configs=(WHOLE_TILES_8BIT,))
+        out = attn(q, k8, v8, pos_t, length, scale, scales=(ks, vs))
+        torch.testing.assert_close(out.float(), ref, atol=4e-3 if dt == torch.float16 else 2e-2, rtol=1e-2)
 
 
 PREFILL_8BIT_SPANS = [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (300, 130, 1)]

@@ -100,8 +100,12 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 # a split whose first tile holds the current token must read that tile again (the early read leaves its row
 # out): at 1, 48, 128 and 200 tokens, where 48 and 128 put the current token in a tile's last row (for these
 # 16-token tiles, for the candidates' 32- and 128-token ones too).
+# whole_tiles: the early tile takes each split's part tile (38-token chunks of 16-token tiles: 6 tokens, then two
+# whole tiles), and exp2; without the early tile, exp2 alone.
 ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
-              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True))
+              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),
+              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True),
+              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, whole_tiles=True))
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)

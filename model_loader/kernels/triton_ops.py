@@ -167,6 +167,13 @@ class DecodeAttnConfig:
     # warps to switch between; shapes whose shared memory lets two fit, DecodeAttention.resolve). Not read with
     # an explicit max_splits: leave it at 1 there.
     splits_per_sm: int = 1
+    # The loop over whole tiles: with early_tile over a 16-bit cache, the early tile takes the split's part tile
+    # (its tokens past a whole number of tiles), so the loop's tiles need no mask; and 16-bit models take the exp2
+    # softmax (m in log2 units, as the prefill). At sm_90 (Triton 3.6, benchmarks/decode_kernel_sass.py) the
+    # split-per-SM loop takes 357 instructions a warp a tile instead of 580, the 8-bit cache's (exp2 only) 688
+    # instead of 770. For the depth shapes: the 32-token shape that serves short contexts was 0.4-0.9% slower with
+    # it (H100, twenty-fourth session), so it keeps the plain loop.
+    whole_tiles: bool = False
 
     @property
     def align(self) -> int:
@@ -180,7 +187,7 @@ class DecodeAttnConfig:
                 + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
                    if (self.reduce_splits, self.reduce_dims) != (0, 16) else "")
                 + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else "")
-                + (", first tile early" if self.early_tile else ""))
+                + (", first tile early" if self.early_tile else "") + (", whole tiles" if self.whole_tiles else ""))
 
 
 SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per_sm (DecodeAttention resolves it)
@@ -197,8 +204,8 @@ SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per
 # nowhere by over 0.5%.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2, early_tile=True),
-    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True),
-    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True),
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, whole_tiles=True),
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True, whole_tiles=True),
 )
 # Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was
 # 2.5-4.5% faster at every depth (H200, 2026-12-04), so it never wins there, and each candidate is one more ~2 s
@@ -216,8 +223,9 @@ NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 # step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 40,960 bytes each) 1,477 / 1,475 /
 # 1,589 / 1,677 against 8 warps 1,532 / 1,503 / 1,634 / 1,740 and the split-per-SM 4-warp shape 1,544 / 1,552 /
 # 1,608 / 1,729: each scheduler has two warps to switch between, and a split half as long.
-KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
-               DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2))
+KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True, whole_tiles=True),
+               DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2,
+                                whole_tiles=True))
 
 
 
@@ -401,7 +409,8 @@ class DecodeAttention:
                 BLOCK_G=max(16, triton.next_power_of_2(self.group)),
                 D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
                 CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
-                EARLY_TILE=c.early_tile, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+                EARLY_TILE=c.early_tile, WHOLE_TILES=c.whole_tiles, num_warps=c.num_warps,
+                num_stages=c.num_stages, **pdl)
 
         tries = ([self.working[asked]] if asked in self.working
                  else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
