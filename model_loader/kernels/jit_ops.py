@@ -423,7 +423,7 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
         if EARLY_TILE:
             m_i, l_i, acc = _decode_block(q, ek, ev, n_mask[None, :], m_i, l_i, acc, scale, IEEE, True, ks, vs,
                                           KV_FP8, V_T, EXP2)
-        if WHOLE:  # whole tiles from `first` on (see head above)
+        if WHOLE:  # whole tiles from `first` on (see the early tile above)
             for n0 in range(first, end, BLOCK_N):
                 m_i, l_i, acc = _decode_tile(q, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kvh, n0, end, d, max_ctx,
                                              v_rows, m_i, l_i, acc, scale, BLOCK_N, D, IEEE, KV_FP8, V_T, True, EXP2)
