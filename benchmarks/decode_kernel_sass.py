@@ -125,21 +125,20 @@ def main() -> int:
                 for fp8, v_t in [(False, False)] + [(True, v_t) for v_t in layouts]
                 for whole in (w == "1" for w in args.whole_tiles.split(","))]
     for warps, fp8, v_t, whole in variants:
-        if True:
-            name = f"{'8-bit' if fp8 else '16-bit'} cache{', V transposed' if v_t else ''}, {args.block_n}-token " \
-                   f"tiles, {warps} warps, {args.stages} stages{', whole tiles' if whole else ''}, sm_{args.arch}"
-            compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages, v_t, whole)
-            cubin = compiled.asm["cubin"]
-            sass = disassemble(cubin, "-sass")
-            usage = re.search(r"REG:(\d+) STACK:(\d+)", disassemble(cubin, "-res-usage"))
-            total, loop = summary(sass)
-            if args.dump:
-                args.dump.mkdir(parents=True, exist_ok=True)
-                (args.dump / (re.sub(r"[^a-z0-9]+", "_", name.lower()) + ".sass")).write_text(sass)
-            print(f"{name}: {usage.group(1)} registers, {usage.group(2)} bytes of stack, "
-                  f"{compiled.metadata.shared:,} bytes of shared memory; {total:,} instructions, "
-                  f"{sum(loop.values()):,} in the loop (a warp's share of one tile)")
-            print("    loop: " + ", ".join(f"{op} {n}" for op, n in loop.most_common(args.top)))
+        name = f"{'8-bit' if fp8 else '16-bit'} cache{', V transposed' if v_t else ''}, {args.block_n}-token " \
+               f"tiles, {warps} warps, {args.stages} stages{', whole tiles' if whole else ''}, sm_{args.arch}"
+        compiled = compile_split_kernel(kernels, fp8, args.arch, args.block_n, warps, args.stages, v_t, whole)
+        cubin = compiled.asm["cubin"]
+        sass = disassemble(cubin, "-sass")
+        usage = re.search(r"REG:(\d+) STACK:(\d+)", disassemble(cubin, "-res-usage"))
+        total, loop = summary(sass)
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / (re.sub(r"[^a-z0-9]+", "_", name.lower()) + ".sass")).write_text(sass)
+        print(f"{name}: {usage.group(1)} registers, {usage.group(2)} bytes of stack, "
+              f"{compiled.metadata.shared:,} bytes of shared memory; {total:,} instructions, "
+              f"{sum(loop.values()):,} in the loop (a warp's share of one tile)")
+        print("    loop: " + ", ".join(f"{op} {n}" for op, n in loop.most_common(args.top)))
     return 0
 
 
