@@ -2,6 +2,20 @@ import os
 
 import pytest
 
+# The suite runs on pytest-xdist's workers (pyproject's addopts: -n auto, one test module per worker at a time).
+# Each worker gets its share of the CPUs for torch's threads (and, through the environment, the app processes a test
+# starts), so two workers on two cores don't each run two threads; must be set before torch is imported.
+MAX_WORKERS = 4  # each holds torch, Qt and test models; past ~4 the bundle module (two minutes) sets the pace
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cpus() // _workers)))
+
 # Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU), so CI still executes and
 # checks the real kernel code. Must be set before triton decorates the kernels (first import).
 try:
@@ -11,6 +25,18 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:
     pass
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto: a worker per CPU, at most MAX_WORKERS."""
+    return min(_cpus(), MAX_WORKERS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules with slow tests (the bundle build) first, so a worker starts on them while the others take the
+    rest, instead of one worker finishing them alone at the end."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
 
 
 @pytest.fixture(scope="session")
