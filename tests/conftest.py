@@ -27,9 +27,26 @@ except ImportError:
     pass
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """-n auto: a worker per CPU, at most MAX_WORKERS."""
     return min(_cpus(), MAX_WORKERS)
+
+
+_worker_reports: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """What a worker measured for the log (config.workeroutput["report"]: the bundle's numbers, test_packaging)."""
+    report = getattr(node, "workeroutput", {}).get("report")
+    if report:
+        _worker_reports.append(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for report in _worker_reports:
+        terminalreporter.write_line(report)
 
 
 def pytest_collection_modifyitems(config, items):

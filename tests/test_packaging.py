@@ -70,10 +70,16 @@ def bundle(tmp_path_factory, request):
     files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
     built = Bundle(folder, folder / EXE, build_s, sum(p.stat().st_size for p in files), len(files))
     yield built
-    # After the tests that measured something: the numbers go to the log (and the report file) even with -q.
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        print("\n" + report(built), flush=True)
+    # After the tests that measured something: the numbers go to the log (and the report file) even with -q. On an
+    # xdist worker, whose output the log never shows, they go to the main process, which prints them at the end
+    # (conftest.pytest_terminal_summary).
+    text = report(built)
+    if hasattr(request.config, "workeroutput"):
+        request.config.workeroutput["report"] = text
+    else:
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print("\n" + text, flush=True)
 
 
 @pytest.fixture
