@@ -27,10 +27,17 @@ except ImportError:
     pass
 
 
+WORKER_MEMORY = 3 << 30  # a worker's share at the peak (2 workers: ~7 GB resident together, the frozen app's included)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """-n auto: a worker per CPU, at most MAX_WORKERS."""
-    return min(_cpus(), MAX_WORKERS)
+    """-n auto: a worker per CPU, at most MAX_WORKERS, and no more than the free memory holds."""
+    from model_loader.context import host_memory
+
+    free, _ = host_memory()
+    by_memory = MAX_WORKERS if free is None else max(1, free // WORKER_MEMORY)
+    return min(_cpus(), MAX_WORKERS, by_memory)
 
 
 _worker_reports: list[str] = []
