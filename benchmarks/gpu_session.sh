@@ -60,7 +60,8 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       models)
         [ -d $M ] || run make-model $CLI make-test-model $M --preset full
         [ -d $A ] || run quantize $CLI quantize --model $M --out $A --samples 16 --no-clip ;;
-      tests) run tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py \
+      # one process (-o addopts=: not pyproject's xdist workers, which would share the GPU; xdist isn't there)
+      tests) run tests python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_triton_kernels.py \
                tests/test_kv_cache_8bit.py tests/test_generation.py tests/test_model_vs_transformers.py \
                tests/test_prompt_encoding.py tests/test_awq.py ;;
       depths)
