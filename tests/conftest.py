@@ -3,15 +3,16 @@ import os
 import pytest
 
 # The suite runs on pytest-xdist's workers (pyproject's addopts: -n auto, one test module per worker at a time).
-# Each worker gets its share of the CPUs for torch's threads (and, through the environment, the app processes a test
-# starts), so two workers on two cores don't each run two threads; must be set before torch is imported.
 MAX_WORKERS = 4  # each holds torch, Qt and test models; past ~4 the bundle module (two minutes) sets the pace
+WORKER_MEMORY = 3 << 30  # a worker's share at the peak (2 workers: ~7 GB resident together, the frozen app's included)
 
 
 def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# Each worker gets its share of the CPUs for torch's threads (and, through the environment, the app processes a test
+# starts), so two workers on two cores don't each run two threads; must be set before torch is imported.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cpus() // _workers)))
@@ -25,9 +26,6 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:
     pass
-
-
-WORKER_MEMORY = 3 << 30  # a worker's share at the peak (2 workers: ~7 GB resident together, the frozen app's included)
 
 
 @pytest.hookimpl(optionalhook=True)
