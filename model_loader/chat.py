@@ -15,6 +15,8 @@ from model_loader.errors import ModelError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# What "Stop thinking" makes the model write next: the close tag and the blank line its own answers start after.
+STOP_THINKING_TEXT = "\n</think>\n\n"
 
 
 # A message key: its content is the reply's answer already (history_content), not the raw text to cut.

@@ -23,8 +23,8 @@ import torch
 
 from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
-from model_loader.chat import (AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter, StreamingDetokenizer,
-                               history_message)
+from model_loader.chat import (STOP_THINKING_TEXT, AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter,  # noqa: F401
+                               StreamingDetokenizer, history_message)
 from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.gpu_support import check_cuda_device
@@ -45,7 +45,6 @@ from model_loader.weights import load_peak_bytes, load_weights
 
 log = logging.getLogger(__name__)
 
-STOP_THINKING_TEXT = "\n</think>\n\n"
 # Decode steps kept queued on the GPU while the host waits for the oldest: each one is ~1-1.5 ms of GPU work
 # that covers a host stall (the GIL held by another thread, a slow detokenizer step) without the GPU idling.
 # A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens. Four

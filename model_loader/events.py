@@ -126,3 +126,11 @@ class Finished:
     answer: str
     token_ids: list[int]
     stats: GenerationStats
+
+
+@dataclass
+class Failed:
+    """The request ended with an error inside the engine (its own: the scheduler goes on serving the others)."""
+
+    message: str
+    kind: str = "error"

@@ -1,0 +1,425 @@
+"""Continuous batching: many sequences share every step of one model.
+
+Contract: submit() takes a prompt's token ids, its own sampling settings, its own GenerationControl (cancel,
+stop thinking) and a sink, and returns at once; each call of step() runs one forward pass for a batch of sequences
+and sends every sequence's events to its sink: Started once its prompt is in the cache, Delta as its text grows,
+then one Finished (or one Failed). Sequences join and leave between steps (iteration-level scheduling, as in
+vLLM and nano-vllm). Knows nothing about Qt or HTTP: the CLI, the local server and the window drive it.
+
+A step holds every decoding sequence (one token each) and prefill chunks of the sequences still reading their
+prompts: chunks of at most `chunk` tokens, so a long prompt that arrives pauses the others for about one chunk's
+prefill, not its whole prompt. Chunks end at multiples of `chunk` (or at the prompt's end), whatever else runs:
+with paged_model's batch-invariant rows, a greedy sequence's text is the same alone or in any batch on the CPU.
+
+Memory: a sequence holds KV blocks (kv_blocks.BlockPool) for its text. It is admitted when blocks for its whole
+prompt are free (after reusing the prompt's cached prefix); each decode step that crosses a block boundary takes
+one more. When none is free, the sequence admitted last is preempted: its blocks go back, it returns to the front
+of the queue with the text it has so far, and is recomputed later (mostly from the prefix cache). A reply is never
+killed for want of memory. n parallel samples of one prompt (submit_samples) wait for the first one's prefill, then
+reuse its full blocks from the prefix cache and compute only the partial last block each.
+
+Sampling is per sequence: its temperature, top-p, top-k, its own random generator seeded from its seed, so a seed
+gives the same text whether the sequence runs alone or beside others.
+
+A step that raises fails no one yet: its sequences are recomputed one at a time up to where it failed, and only
+the one whose step fails alone gets Failed. The others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from model_loader.chat import STOP_THINKING_TEXT
+from model_loader.errors import ContextFullError, ModelError
+from model_loader.events import (Delta, Failed, Finished, GenerationControl, GenerationStats, SamplingSettings,
+                                 Started)
+from model_loader.kv_blocks import BlockPool, BlockTable
+from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
+from model_loader.reply_text import ReplyText
+from model_loader.sampling import SamplerParams, sort_sample
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[object], None]
+
+
+@dataclass
+class SchedulerConfig:
+    max_seqs: int = 8  # sequences in a step at most
+    chunk: int = 512  # prefill tokens a sequence feeds a step at most
+    block_size: int = 64  # tokens a KV block holds
+
+
+class Sequence:
+    """One request's state: its text so far (prompt + generated), how much of it is in the cache, its blocks."""
+
+    def __init__(self, seq_id: int, prompt_ids: list[int], settings: SamplingSettings, control: GenerationControl,
+                 reply: ReplyText, sink: Sink, seed: int, after: "Sequence | None"):
+        self.id = seq_id
+        self.tokens = list(prompt_ids)
+        self.n_prompt = len(prompt_ids)
+        self.settings, self.control, self.reply, self.sink = settings, control, reply, sink
+        self.seed = seed
+        self.after = after  # a sibling sample whose prompt prefill this one waits for (its prefix to reuse)
+        self.table = BlockTable()
+        self.computed = 0  # leading tokens whose K/V are in the cache
+        self.reused: int | None = None  # prompt tokens found in the prefix cache at first admission
+        self.status = "waiting"  # waiting | running | finished
+        self.isolate_until = 0  # after a failed step: run alone until this many tokens are computed
+        self.forced: deque[int] = deque()  # tokens to take instead of samples (stop thinking's close tag)
+        self.pushed_close = False
+        self.forced_taken = 0
+        self.submitted_at = time.perf_counter()
+        self.times: list[float] = []  # when each generated token reached the host
+        self.first_answer_at: float | None = None
+        self.generator: torch.Generator | None = None
+        self.params: SamplerParams | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+    @property
+    def pending(self) -> int:
+        """Tokens of its text not yet in the cache: 1 while decoding, more while (re)reading its prompt."""
+        return len(self.tokens) - self.computed
+
+    @property
+    def greedy(self) -> bool:
+        return self.settings.temperature <= 0
+
+
+class Scheduler:
+    def __init__(self, model, chat, num_blocks: int, config: SchedulerConfig | None = None):
+        """model: a loaded qwen2.Qwen2Model; chat: its chat.ChatFormat (tokenizer, stop ids, the reasoning's close
+        tag); num_blocks: KV blocks of config.block_size tokens to allocate (see blocks_that_fit)."""
+        self.model, self.chat = model, chat
+        self.config = config or SchedulerConfig()
+        if self.config.chunk % self.config.block_size:
+            raise ValueError("the prefill chunk must be a whole number of KV blocks")
+        self.pool = BlockPool(num_blocks, self.config.block_size)
+        self.cache = PagedKVCache(model, num_blocks, self.config.block_size)
+        self.forward = PagedForward(model, self.cache)
+        self.max_ctx = model.max_ctx
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self._incoming: deque[Sequence] = deque()  # submit() from any thread; step() takes them in
+        self._solo: deque[Sequence] = deque()  # sequences of a failed step, to run one at a time
+        self._ids = 0
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._close_tag = chat.encode_plain(STOP_THINKING_TEXT) if chat.think_close_id is not None else []
+        self.steps = 0
+        self.tokens_generated = 0
+        self.preemptions = 0
+
+    # ---------------------------------------------------------------- sizing
+    @staticmethod
+    def blocks_that_fit(model, block_size: int, free_bytes: int, share: float = 0.9) -> int:
+        """How many KV blocks `share` of free_bytes holds (the rest stays for activations and the allocator)."""
+        return max(0, int(free_bytes * share) // PagedKVCache.bytes_per_block(model, block_size))
+
+    # ---------------------------------------------------------------- clients (any thread)
+    def submit(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
+               control: GenerationControl | None = None, in_reasoning: bool = False, sink: Sink | None = None,
+               after: Sequence | None = None) -> Sequence:
+        """Queue a prompt. Its events go to sink (called on the thread that runs step()). Raises
+        ContextFullError for a prompt that can never run here (longer than the context, or than the whole
+        cache)."""
+        settings = settings or SamplingSettings()
+        n = len(prompt_ids)
+        if n == 0:
+            raise ModelError("empty prompt")
+        if n >= self.max_ctx:
+            raise ContextFullError(f"the conversation is {n} tokens and the context holds {self.max_ctx}; "
+                                   "start a new chat or raise the context length")
+        if self.pool.blocks_for(n + 1) > self.pool.num_blocks:
+            raise ContextFullError(f"the conversation is {n} tokens and the KV cache holds "
+                                   f"{self.pool.num_blocks * self.pool.block_size}; start a new chat")
+        vocab = self.model.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ModelError(f"the prompt holds a token id outside the model's vocabulary (0..{vocab - 1})")
+        seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little")
+        stop_ids = frozenset() if settings.ignore_eos else self.chat.stop_ids
+        reply = ReplyText(self.chat.tokenizer, stop_ids, in_reasoning)
+        with self._lock:
+            self._ids += 1
+            seq = Sequence(self._ids, prompt_ids, settings, control or GenerationControl(), reply,
+                           sink or (lambda event: None), seed, after)
+            self._incoming.append(seq)
+            self._work.notify_all()
+        return seq
+
+    def submit_samples(self, prompt_ids: list[int], settings: SamplingSettings, n: int, in_reasoning: bool = False,
+                       sinks: list[Sink] | None = None, controls: list[GenerationControl] | None = None
+                       ) -> list[Sequence]:
+        """n samples of one prompt: seeds seed, seed+1, ... (random if unset); all but the first wait for the
+        first's prefill and reuse its blocks."""
+        base = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seqs: list[Sequence] = []
+        for i in range(n):
+            s = SamplingSettings(**{**settings.__dict__, "seed": (base + i) % (1 << 63)})
+            seqs.append(self.submit(prompt_ids, s, controls[i] if controls else None, in_reasoning,
+                                    sinks[i] if sinks else None, after=seqs[0] if seqs else None))
+        return seqs
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block until a request is queued or running (the serving thread's idle wait); False on timeout."""
+        with self._work:
+            return self._work.wait_for(self.has_work, timeout)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self._incoming)
+
+    def run_until_idle(self) -> None:
+        while self.has_work():
+            self.step()
+
+    # ---------------------------------------------------------------- the step
+    def step(self) -> bool:
+        """One forward pass over a batch of sequences. False when there was nothing to run."""
+        while self._incoming:
+            self.waiting.append(self._incoming.popleft())
+        self._apply_controls()
+        batch = self._schedule()
+        if not batch:
+            return False
+        tokens, positions, slices = [], [], []
+        for seq, stop in batch:
+            start = seq.computed
+            slices.append(SeqSlice(len(tokens), stop - start, stop, seq.table.blocks, stop == len(seq.tokens)))
+            tokens += seq.tokens[start:stop]
+            positions += range(start, stop)
+        try:
+            logits = self.forward.step(tokens, positions, slices)
+            chosen = self._sample([seq for seq, stop in batch if stop == len(seq.tokens)], logits)
+        except Exception as err:  # noqa: BLE001 - isolated below: only the sequence that fails alone is told
+            self._step_failed(batch, err)
+            return True
+        self.steps += 1
+        for seq, stop in batch:
+            seq.computed = stop
+            self.pool.register(seq.table, seq.tokens, stop)
+            if self._solo and seq is self._solo[0] and stop >= seq.isolate_until:
+                self._solo.popleft()
+        now = time.perf_counter()
+        for seq, token in chosen:
+            self._take_token(seq, token, now)
+        return True
+
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        """The step's sequences and where each one's new tokens end."""
+        if self._solo:
+            return self._schedule_solo(self._solo[0])
+        batch: list[tuple[Sequence, int]] = []
+        for seq in [s for s in self.running if s.pending == 1]:
+            if seq.status == "running" and self._make_room(seq):
+                batch.append((seq, len(seq.tokens)))
+        decoding = len(batch)
+        budget = self.config.chunk + decoding
+        used = decoding
+
+        def fits(n: int) -> bool:  # a step always takes one prefill chunk, more while they fit
+            return used == decoding or used + n <= budget
+
+        for seq in [s for s in self.running if s.pending > 1]:
+            stop = self._chunk_end(seq)
+            if fits(stop - seq.computed):
+                batch.append((seq, stop))
+                used += stop - seq.computed
+        for seq in list(self.waiting):
+            if len(self.running) >= self.config.max_seqs or not fits(1):
+                break
+            if seq.after is not None and seq.after.status != "finished" and seq.after.computed < seq.n_prompt:
+                continue  # a sibling sample: its prompt's blocks come from the first sample once that has run
+            if not self._admit(seq):
+                break  # first come, first served: a later, smaller prompt does not pass it
+            stop = self._chunk_end(seq)
+            if fits(stop - seq.computed):
+                batch.append((seq, stop))
+                used += stop - seq.computed
+        return batch
+
+    def _schedule_solo(self, seq: Sequence) -> list[tuple[Sequence, int]]:
+        if seq.status == "waiting":
+            if not self._admit(seq):
+                return []
+        elif seq.pending == 1 and not self._make_room(seq):
+            return []
+        return [(seq, self._chunk_end(seq))]
+
+    def _chunk_end(self, seq: Sequence) -> int:
+        chunk = self.config.chunk
+        return min(len(seq.tokens), (seq.computed // chunk + 1) * chunk)
+
+    def _admit(self, seq: Sequence) -> bool:
+        n = len(seq.tokens)
+        if self.pool.blocks_needed(seq.tokens, n, n - 1) > self.pool.free_blocks:
+            return False
+        seq.computed = self.pool.allocate(seq.table, seq.tokens, n, n - 1)
+        if seq.reused is None:
+            seq.reused = seq.computed
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = "running"
+        if seq.generator is None and not seq.greedy:
+            seq.generator = torch.Generator(device=self.model.device).manual_seed(seq.seed)
+            seq.params = SamplerParams(self.model.device)
+            seq.params.set(seq.settings.temperature, seq.settings.top_p, seq.settings.top_k,
+                           self.model.cfg.vocab_size)
+        return True
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """A block for the token this decoding sequence feeds next, preempting the sequences admitted last
+        while none is free. False if `seq` itself had to go."""
+        while len(seq.table.blocks) * self.pool.block_size < len(seq.tokens):
+            if self.pool.free_blocks:
+                self.pool.grow(seq.table, len(seq.tokens))
+                return True
+            log.info("preempting sequence %d (%d tokens) for lack of KV blocks", self.running[-1].id,
+                     len(self.running[-1].tokens))
+            victim = self.running[-1]
+            self._preempt(victim)
+            self.preemptions += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Give its blocks back and queue it first: it is recomputed from its text so far when blocks free up."""
+        self.pool.release(seq.table)
+        seq.computed = 0
+        seq.status = "waiting"
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    # ---------------------------------------------------------------- tokens
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple[Sequence, int]]:
+        """Each sequence's next token from its row of logits, by its own settings and random stream."""
+        if not seqs:
+            return []
+        greedy_rows = [i for i, seq in enumerate(seqs) if seq.greedy]
+        picks: list = [None] * len(seqs)
+        if greedy_rows:
+            rows = torch.tensor(greedy_rows, device=logits.device)
+            for i, tok in zip(greedy_rows, torch.argmax(logits.index_select(0, rows), dim=-1).tolist()):
+                picks[i] = tok
+        for i, seq in enumerate(seqs):
+            if not seq.greedy:
+                picks[i] = sort_sample(logits[i:i + 1], seq.params, seq.generator)
+        return [(seq, int(tok)) for seq, tok in zip(seqs, picks)]
+
+    def _take_token(self, seq: Sequence, token: int, now: float) -> None:
+        forced = bool(seq.forced)
+        if forced:
+            token = seq.forced.popleft()
+            seq.forced_taken += 1
+        seq.tokens.append(token)
+        seq.times.append(now)
+        self.tokens_generated += 1
+        if len(seq.times) == 1:
+            self._send(seq, Started(prompt_tokens=seq.n_prompt, prefix_reused_tokens=seq.reused or 0,
+                                    context_length=self.max_ctx))
+        was_reasoning = seq.reply.in_reasoning
+        deltas = seq.reply.add(token)
+        if was_reasoning and not seq.reply.in_reasoning and not forced:
+            seq.forced.clear()  # the model closed its reasoning itself: no tag goes into its answer
+        if seq.first_answer_at is None and any(d.kind == "answer" for d in deltas):
+            seq.first_answer_at = now
+        for delta in deltas:
+            self._send(seq, delta)
+        finish = self._finish_reason(seq, token)
+        if finish is not None:
+            self._finish(seq, finish)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.reply.stop_ids:
+            return "eos"
+        if len(seq.output) >= seq.settings.max_new_tokens:
+            return "max_new_tokens"
+        if len(seq.tokens) >= self.max_ctx:
+            return "context_full"
+        return None
+
+    def _apply_controls(self) -> None:
+        """Cancels end their sequences; a stop-thinking request queues the close tag in place of the next
+        samples."""
+        for seq in [s for s in (*self.running, *self.waiting) if s.control.cancelled]:
+            self._finish(seq, "cancelled")
+        for seq in self.running:
+            if seq.reply.in_reasoning and not seq.pushed_close and self._close_tag and \
+                    seq.control.take_stop_thinking():
+                seq.forced.extend(self._close_tag)
+                seq.pushed_close = True
+
+    def _leave(self, seq: Sequence) -> None:
+        self.pool.release(seq.table)
+        if seq.status == "running":
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self._solo:
+            self._solo.remove(seq)
+        seq.status = "finished"
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._leave(seq)
+        for delta in seq.reply.flush():
+            self._send(seq, delta)
+        end = time.perf_counter()
+        times = seq.times
+        decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+        stats = GenerationStats(
+            finish_reason=reason, prompt_tokens=seq.n_prompt, completion_tokens=len(seq.output),
+            reasoning_tokens=seq.reply.reasoning_tokens, prefix_reused_tokens=seq.reused or 0,
+            context_length=self.max_ctx,
+            ttft_ms=(times[0] - seq.submitted_at) * 1000.0 if times else 0.0,
+            first_answer_ms=(seq.first_answer_at - seq.submitted_at) * 1000.0 if seq.first_answer_at else None,
+            decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0, total_s=end - seq.submitted_at,
+            token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
+            stopped_thinking=seq.forced_taken > 0 and not seq.reply.in_reasoning,
+            seed=None if seq.greedy else seq.seed)
+        reply = seq.reply
+        self._send(seq, Finished(text=reply.text, reasoning=reply.reasoning, answer=reply.answer,
+                                 token_ids=seq.output, stats=stats))
+
+    def _step_failed(self, batch: list[tuple[Sequence, int]], err: Exception) -> None:
+        """A step raised. Alone, its sequence fails. Together, each is recomputed alone up to where the step
+        stopped (the cache past what they had computed may hold half a step, never a registered block)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # an asynchronous error surfaces here, not in the next step
+        if len(batch) == 1:
+            seq = batch[0][0]
+            log.error("sequence %d failed: %s: %s", seq.id, type(err).__name__, err)
+            self._leave(seq)
+            self._send(seq, Failed(_failure_message(err)))
+            return
+        log.warning("a step of %d sequences failed (%s: %s); running them one at a time", len(batch),
+                    type(err).__name__, err)
+        for seq, stop in reversed(batch):
+            seq.isolate_until = stop
+            self._preempt(seq)
+        self._solo.extend(seq for seq, _ in batch)
+
+    def _send(self, seq: Sequence, event) -> None:
+        try:
+            seq.sink(event)
+        except Exception:  # noqa: BLE001 - a client's sink must not stop the others' steps
+            log.exception("sequence %d's event sink failed; cancelling it", seq.id)
+            seq.control.cancel()
+
+
+def _failure_message(err: Exception) -> str:
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return "out of GPU memory while generating; try a shorter context length or 4-bit (AWQ) weights"
+    if isinstance(err, ModelError):
+        return str(err)
+    return f"generation failed inside the engine ({type(err).__name__})"
