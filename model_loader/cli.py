@@ -225,6 +225,8 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     from model_loader.bench import format_bench, run_bench
 
+    if args.batch:
+        return _bench_batch(args)
     if args.scenario == "chat" or args.depths:
         return _bench_scenario(args)
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
@@ -272,20 +274,47 @@ def _bench_scenario(args) -> int:
     return 0
 
 
+def _bench_batch(args) -> int:
+    from model_loader.bench_batch import format_batch, run_batch
+    from model_loader.engine import Engine
+
+    t0 = time.perf_counter()
+    # the single-sequence cache only needs the warm-up's room: the scheduler has its own paged cache
+    engine = Engine.load(args.model, device=args.device, context_length=args.prompt_tokens + args.new_tokens + 16,
+                         dtype=args.dtype, use_triton=False if args.no_triton else None,
+                         int4_kernel=args.int4_kernel)
+    engine.warm_up()
+    ready = time.perf_counter() - t0
+    result = run_batch(engine, args.batch, args.prompt_tokens, args.new_tokens)
+    info = engine.info
+    result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
+                  ready_s=ready)
+    print(json.dumps(result, indent=2) if args.json else
+          f"model {info.model_name} on {info.device_name} ({info.dtype}"
+          f"{', ' + info.quantization if info.quantization else ''}), ready in {ready:.1f} s\n{format_batch(result)}")
+    return 0
+
+
 def _tuned(tuned_us: dict, bucket: str) -> str:
     """The warm-up's timings of one depth bucket ("<=N") as "config us; ...", fastest first."""
     row = tuned_us.get(int(bucket.lstrip("<=")), {})
     return "; ".join(f"{config} {us:,.1f}" for config, us in sorted(row.items(), key=lambda kv: kv[1]))
 
 
-def _depths(value: str) -> list[int]:
-    try:
-        depths = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {value!r}") from None
-    if not depths or min(depths) < 1:
-        raise argparse.ArgumentTypeError("depths must be positive token counts")
-    return depths
+def _counts(what: str):
+    def parse(value: str) -> list[int]:
+        try:
+            counts = [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {value!r}") from None
+        if not counts or min(counts) < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be positive")
+        return counts
+
+    return parse
+
+
+_depths = _counts("token counts")
 
 
 def cmd_quantize(args) -> int:
@@ -380,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--depths", type=_depths, metavar="D1,D2,...",
                        help="decode speed by context depth instead: a D-token prompt, then --new-tokens "
                             "(e.g. 512,4096,16384,32768); the context is sized to fit")
+    bench.add_argument("--batch", type=_counts("sequence counts"), metavar="B1,B2,...",
+                       help="aggregate decode tok/s with this many sequences decoding together (continuous batching)")
     bench.add_argument("--scenario", choices=["headline", "chat"], default="headline",
                        help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
                             "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "

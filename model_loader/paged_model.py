@@ -65,9 +65,13 @@ class SeqSlice:
 class PagedForward:
     """One batched step of a loaded Qwen2Model (its weights, linear kernels and norms) over a PagedKVCache."""
 
-    def __init__(self, model: Qwen2Model, cache: PagedKVCache):
+    def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None):
+        """batched_decode: attend for all decoding sequences at once (one gather and one masked SDPA a layer,
+        not a few kernels per sequence); the default on a GPU. On the CPU each sequence attends alone, so its
+        numbers don't depend on the others' lengths."""
         self.model, self.cache = model, cache
         self.min_rows = MIN_ROWS_CPU if model.device.type == "cpu" else 1
+        self.batched_decode = model.device.type != "cpu" if batched_decode is None else batched_decode
 
     def slots(self, blocks: list[int], start: int, stop: int) -> list[int]:
         bs = self.cache.block_size
@@ -85,7 +89,14 @@ class PagedForward:
         tokens_t = torch.tensor(tokens + [0] * pad, dtype=torch.int64, device=dev)
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.int64, device=dev)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=dev)
-        gathers = [self._gather_index(seq) for seq in seqs]
+        # the leading decoding sequences (the scheduler puts them first) attend together where batched
+        together = 0
+        if self.batched_decode:
+            while together < len(seqs) and seqs[together].rows == 1:
+                together += 1
+            together = together if together > 1 else 0
+        batch_index = self._decode_index(seqs[:together]) if together else None
+        gathers = [self._gather_index(seq) for seq in seqs[together:]]
         h = F.embedding(tokens_t, model.w["embed"])
         cos, sin = model.cos[pos_t][:, None, :], model.sin[pos_t][:, None, :]
         eps, linear = cfg.rms_norm_eps, model.linear
@@ -94,8 +105,10 @@ class PagedForward:
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
             qkv = linear(x, layer["qkv_w"])
             q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t, n)
-            attn = torch.cat([self._attend(q[seq.row0:seq.row0 + seq.rows], i, seq, idx)
-                              for seq, idx in zip(seqs, gathers)] + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
+            parts = [self._attend_decoding(q[:together], i, *batch_index)] if together else []
+            parts += [self._attend(q[seq.row0:seq.row0 + seq.rows], i, seq, idx)
+                      for seq, idx in zip(seqs[together:], gathers)]
+            attn = torch.cat(parts + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
             h = linear(attn, layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
             h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
@@ -109,6 +122,25 @@ class PagedForward:
     def _gather_index(self, seq: SeqSlice) -> torch.Tensor:
         """The cache slots of the sequence's first `context` positions, as a device index."""
         return torch.tensor(self.slots(seq.blocks, 0, seq.context), dtype=torch.int64, device=self.model.device)
+
+    def _decode_index(self, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.Tensor]:
+        """For decoding sequences: the cache slots of each one's context, padded to the longest ([B, L]; padding
+        reads slot 0), and the mask of real positions [B, 1, 1, L]."""
+        longest = max(seq.context for seq in seqs)
+        index = [self.slots(seq.blocks, 0, seq.context) + [0] * (longest - seq.context) for seq in seqs]
+        dev = self.model.device
+        lengths = torch.tensor([seq.context for seq in seqs], device=dev)
+        mask = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
+        return torch.tensor(index, dtype=torch.int64, device=dev), mask[:, None, None, :]
+
+    def _attend_decoding(self, q: torch.Tensor, layer: int, index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [B, Hq, D], one token of each of B decoding sequences -> [B, Hq * D]."""
+        b = q.shape[0]
+        k = self.cache.k[layer][:, index].transpose(0, 1)  # [B, Hkv, L, D]
+        v = self.cache.v[layer][:, index].transpose(0, 1)
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale,
+                                             enable_gqa=True)
+        return out.reshape(b, -1)
 
     def _rope_write(self, qkv, bias, cos, sin, layer: int, slots_t: torch.Tensor, n: int) -> torch.Tensor:
         """Add the QKV bias, rotate q and k at each row's own position (as reference.rope_bias_cache does for

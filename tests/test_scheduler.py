@@ -1,0 +1,310 @@
+"""Continuous batching (model_loader.scheduler) on the tiny model in fp32 on the CPU: a sequence's text does not
+depend on what runs beside it, each sequence has its own cancel, seed, stop-thinking and failure, and memory is
+shared and given back."""
+
+import pytest
+import torch
+
+from model_loader.events import Failed, Finished, GenerationControl, SamplingSettings, Started
+from model_loader.scheduler import Scheduler, SchedulerConfig
+
+GREEDY = SamplingSettings(temperature=0, max_new_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    from model_loader.engine import Engine
+
+    return Engine.load(tiny_model, device="cpu", context_length=1024)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    """Prompts of 9 to ~300 tokens (one over several prefill chunks)."""
+    texts = ["Hi", "What is 2 + 2? Reason step by step.", "Tell me a long story about a cat. " * 25,
+             "Écris un poème sur la mer 🌊", "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2) " * 3]
+    return [engine.chat.render([{"role": "user", "content": t}]).ids for t in texts]
+
+
+class Collect:
+    """A sink: every event of one sequence, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, event):
+        self.events.append(event)
+
+    @property
+    def final(self):
+        assert isinstance(self.events[-1], (Finished, Failed)), self.events[-1:]
+        return self.events[-1]
+
+
+def make(engine, blocks=256, **config) -> Scheduler:
+    return Scheduler(engine.model, engine.chat, blocks, SchedulerConfig(**{"max_seqs": 8, "chunk": 64,
+                                                                           "block_size": 16, **config}))
+
+
+def alone(engine, ids, settings=GREEDY) -> Finished:
+    scheduler = make(engine, max_seqs=1)
+    sink = Collect()
+    scheduler.submit(ids, settings, sink=sink)
+    scheduler.run_until_idle()
+    return sink.final
+
+
+def test_a_sequence_alone_decodes_what_the_single_sequence_engine_decodes(engine, prompts):
+    for ids in prompts[:3]:
+        ours = alone(engine, ids)
+        theirs = [e for e in engine.generate_ids(ids, GREEDY)][-1]
+        assert ours.token_ids == theirs.token_ids
+        assert ours.text == theirs.text
+
+
+def test_batched_equals_alone_with_sequences_joining_and_leaving(engine, prompts):
+    """Mixed prompt lengths, different reply lengths (sequences leave mid-batch) and arrivals between steps."""
+    expected = [alone(engine, ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True))
+                for i, ids in enumerate(prompts)]
+    scheduler = make(engine, max_seqs=3)  # fewer slots than requests: some wait for others to leave
+    sinks = [Collect() for _ in prompts]
+    steps = 0
+    for i, ids in enumerate(prompts):
+        scheduler.submit(ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True),
+                         sink=sinks[i])
+        for _ in range(3):  # the next one arrives while these decode
+            steps += scheduler.step()
+    scheduler.run_until_idle()
+    assert scheduler.steps < sum(len(e.token_ids) for e in expected), "sequences shared steps"
+    for sink, want in zip(sinks, expected):
+        assert sink.final.token_ids == want.token_ids
+        assert sink.final.text == want.text
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+
+
+def test_cancelling_one_of_four_leaves_the_others_unchanged(engine, prompts):
+    expected = [alone(engine, ids) for ids in prompts[:4]]
+    scheduler = make(engine)
+    controls = [GenerationControl() for _ in range(4)]
+    sinks = [Collect() for _ in range(4)]
+    seqs = [scheduler.submit(ids, GREEDY, control=control, sink=sink)
+            for ids, control, sink in zip(prompts, controls, sinks)]
+    while len(seqs[1].output) < 5:
+        scheduler.step()
+    controls[1].cancel()
+    scheduler.run_until_idle()
+    assert sinks[1].final.stats.finish_reason == "cancelled"
+    assert 5 <= len(sinks[1].final.token_ids) < GREEDY.max_new_tokens
+    assert sinks[1].final.token_ids == expected[1].token_ids[:len(sinks[1].final.token_ids)]
+    for i in (0, 2, 3):
+        assert sinks[i].final.token_ids == expected[i].token_ids
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+
+
+def test_a_seed_gives_the_same_text_alone_or_batched(engine, prompts):
+    settings = [SamplingSettings(temperature=0.9, top_p=0.9, top_k=50, max_new_tokens=20, seed=s, ignore_eos=True)
+                for s in (1, 2, 3)]
+    expected = [alone(engine, prompts[1], s) for s in settings]
+    assert len({tuple(e.token_ids) for e in expected}) == 3, "different seeds, different samples"
+    scheduler = make(engine)
+    sinks = [Collect() for _ in settings]
+    for s, sink in zip(settings, sinks):
+        scheduler.submit(prompts[1], s, sink=sink)
+    scheduler.submit(prompts[2], GREEDY)  # and a stranger beside them
+    scheduler.run_until_idle()
+    for sink, want in zip(sinks, expected):
+        assert sink.final.token_ids == want.token_ids
+        assert sink.final.stats.seed == want.stats.seed
+
+
+def test_samples_of_one_prompt_share_its_prefill(engine, prompts):
+    ids = prompts[2]  # ~300 tokens: many full blocks
+    scheduler = make(engine)
+    sinks = [Collect() for _ in range(3)]
+    seqs = scheduler.submit_samples(ids, SamplingSettings(temperature=0.7, max_new_tokens=10, seed=5,
+                                                          ignore_eos=True), 3, sinks=sinks)
+    scheduler.run_until_idle()
+    reused = [sink.final.stats.prefix_reused_tokens for sink in sinks]
+    assert reused[0] == 0
+    assert reused[1] == reused[2] == (len(ids) - 1) // 16 * 16, "every full block of the prompt is reused"
+    assert [s.seed for s in seqs] == [5, 6, 7]
+    assert len({tuple(s.final.token_ids) for s in sinks}) > 1
+    assert scheduler.pool.lookups and scheduler.pool.hits
+
+
+def test_a_follow_up_reuses_the_conversation_so_far(engine):
+    chat = engine.chat
+    scheduler = make(engine)
+    first = [{"role": "user", "content": "Tell me about the sea. " * 20}]
+    sink = Collect()
+    scheduler.submit(chat.render(first).ids, GREEDY, sink=sink, in_reasoning=True)
+    scheduler.run_until_idle()
+    follow = first + [{"role": "assistant", "content": sink.final.text}, {"role": "user", "content": "And more?"}]
+    ids = chat.render(follow).ids
+    sink2 = Collect()
+    scheduler.submit(ids, GREEDY, sink=sink2)
+    scheduler.run_until_idle()
+    assert sink2.final.stats.prefix_reused_tokens >= len(chat.render(first).ids) // 16 * 16 - 16
+    assert sink2.final.token_ids == alone(engine, ids).token_ids
+
+
+def test_requests_wait_for_blocks_and_a_running_reply_is_never_dropped(engine, prompts):
+    """A cache too small for everyone at once: requests wait, sequences that run out are preempted and
+    recomputed, and every reply still comes out whole."""
+    scheduler = make(engine, blocks=30)  # 480 tokens for five prompts of 9..300 tokens + 40 new each
+    sinks = [Collect() for _ in prompts]
+    settings = SamplingSettings(temperature=0, max_new_tokens=40, ignore_eos=True)
+    for ids, sink in zip(prompts, sinks):
+        scheduler.submit(ids, settings, sink=sink)
+    peak = 0
+    while scheduler.has_work():
+        scheduler.step()
+        peak = max(peak, scheduler.pool.used_blocks)
+        scheduler.pool.check([s.table for s in scheduler.running])
+    assert peak <= 30
+    for sink in sinks:
+        assert isinstance(sink.final, Finished) and len(sink.final.token_ids) == 40
+        assert sum(isinstance(e, Started) for e in sink.events) == 1
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+
+
+def test_a_prompt_longer_than_the_whole_cache_is_refused_at_once(engine):
+    from model_loader.errors import ContextFullError
+
+    scheduler = make(engine, blocks=4)
+    with pytest.raises(ContextFullError, match="KV cache holds 64"):
+        scheduler.submit(list(range(100)), GREEDY)
+    with pytest.raises(ContextFullError, match="context holds 1024"):
+        scheduler.submit(list(range(2000)), GREEDY)
+    assert not scheduler.has_work()
+
+
+def test_a_long_prompt_pauses_the_others_by_one_chunk_at_a_time(engine, prompts):
+    scheduler = make(engine)
+    for ids in prompts[:2]:
+        scheduler.submit(ids, GREEDY)
+    while any(seq.pending > 1 for seq in scheduler.running) or scheduler.waiting or scheduler._incoming:
+        scheduler.step()
+    long = prompts[2]
+    scheduler.submit(long, GREEDY)
+    rows = []
+    real_step = scheduler.forward.step
+    scheduler.forward.step = lambda tokens, positions, seqs: rows.append(len(tokens)) or real_step(tokens, positions,
+                                                                                                     seqs)
+    before = [len(seq.output) for seq in scheduler.running]
+    while len(rows) < -(-len(long) // 64):
+        scheduler.step()
+    assert max(rows) <= 64 + 2, "no step holds more than one chunk beside the decoders"
+    after = [len(seq.output) for seq in scheduler.running[:2]]
+    assert all(a - b == len(rows) for a, b in zip(after, before)), "the decoders advanced every step"
+
+
+def test_a_failing_sequence_fails_alone_and_the_others_finish(engine, prompts):
+    """A step that raises is retried one sequence at a time: the sequence that fails alone gets Failed, the ones
+    beside and behind it finish as they would have."""
+    poison = prompts[1]
+    expected = {i: alone(engine, prompts[i]) for i in (0, 2, 3)}
+    scheduler = make(engine)
+    real_step = scheduler.forward.step
+
+    def faulty(tokens, positions, seqs):  # the model breaks wherever this one reply's 3rd token is an input
+        at = len(poison) + 2
+        for seq in seqs:
+            start = seq.context - seq.rows
+            if start <= at < seq.context and tokens[seq.row0 + at - start] == poisoned["token"] and \
+                    tokens[seq.row0] == ([*poison, *poisoned["ids"]])[start]:
+                raise RuntimeError("an illegal memory access")
+        return real_step(tokens, positions, seqs)
+
+    reply = alone(engine, poison).token_ids
+    poisoned = {"token": reply[2], "ids": reply}
+    scheduler.forward.step = faulty
+    sinks = {i: Collect() for i in (0, 1, 2, 3)}
+    for i in (0, 1, 2):
+        scheduler.submit(prompts[i], GREEDY, sink=sinks[i])
+    for _ in range(4):
+        scheduler.step()
+    scheduler.submit(prompts[3], GREEDY, sink=sinks[3])  # one behind it
+    scheduler.run_until_idle()
+    assert isinstance(sinks[1].final, Failed)
+    assert "RuntimeError" in sinks[1].final.message
+    for i in (0, 2, 3):
+        assert sinks[i].final.token_ids == expected[i].token_ids
+        assert sum(isinstance(e, Started) for e in sinks[i].events) == 1
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+    after = Collect()
+    scheduler.forward.step = real_step
+    scheduler.submit(prompts[0], GREEDY, sink=after)
+    scheduler.run_until_idle()
+    assert after.final.token_ids == expected[0].token_ids
+
+
+def test_stop_thinking_closes_one_sequences_reasoning(engine, prompts):
+    scheduler = make(engine)
+    controls = [GenerationControl(), GenerationControl()]
+    sinks = [Collect(), Collect()]
+    for i in range(2):
+        scheduler.submit(prompts[i], SamplingSettings(temperature=0, max_new_tokens=30, ignore_eos=True),
+                         control=controls[i], sink=sinks[i], in_reasoning=True)
+    for _ in range(4):
+        scheduler.step()
+    controls[0].stop_thinking()
+    scheduler.run_until_idle()
+    done = sinks[0].final
+    assert done.stats.stopped_thinking
+    tag = engine.chat.encode_plain("\n</think>\n\n")
+    start = next(i for i in range(len(done.token_ids)) if done.token_ids[i:i + len(tag)] == tag)
+    assert 2 <= start <= 6
+    assert "</think>" in done.text and done.answer
+    assert not sinks[1].final.stats.stopped_thinking
+    assert sinks[1].final.token_ids == alone(engine, prompts[1], SamplingSettings(
+        temperature=0, max_new_tokens=30, ignore_eos=True)).token_ids
+
+
+def test_batched_decode_attention_matches_per_sequence_attention(engine, prompts):
+    """The GPU's one-gather-a-layer decode attention (padded, masked) against the per-sequence one, on the CPU."""
+    from model_loader.paged_model import PagedForward
+
+    scheduler = make(engine)
+    scheduler.forward = PagedForward(engine.model, scheduler.cache, batched_decode=True)
+    logits_seen = []
+    real = scheduler.forward.step
+    scheduler.forward.step = lambda *a: logits_seen.append(real(*a)) or logits_seen[-1]
+    sinks = [Collect() for _ in prompts]
+    for ids, sink in zip(prompts, sinks):
+        scheduler.submit(ids, GREEDY, sink=sink)
+    scheduler.run_until_idle()
+    for ids, sink in zip(prompts, sinks):
+        want = alone(engine, ids)
+        same = next((i for i, (a, b) in enumerate(zip(sink.final.token_ids, want.token_ids)) if a != b), None)
+        assert same is None or same > 8, "rounding may differ, not the first tokens"
+    assert all(torch.isfinite(x).all() for x in logits_seen)
+
+
+def test_a_sequences_logits_are_bitwise_the_same_alone_or_batched(engine, prompts):
+    """The forward pass itself is batch-invariant on the CPU: a prefill chunk and a decode token give the same
+    bits whether other sequences share the step or not (paged_model: padded rows, attention per sequence)."""
+    from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
+
+    a, b = prompts[1], prompts[3]
+    blocks_a, blocks_b = [0, 1], [2, 3]
+
+    def run(together: bool):
+        forward = PagedForward(engine.model, PagedKVCache(engine.model, 8, 16))
+        first = SeqSlice(0, len(a), len(a), blocks_a, True)
+        if together:
+            logits = forward.step(a + b, [*range(len(a)), *range(len(b))],
+                                  [first, SeqSlice(len(a), len(b), len(b), blocks_b, True)])
+        else:
+            logits = forward.step(a, list(range(len(a))), [first])
+        nxt = int(logits[0].argmax())
+        decode = [SeqSlice(0, 1, len(a) + 1, blocks_a, True)]
+        if together:
+            second = forward.step([nxt, 7], [len(a), len(b)], decode + [SeqSlice(1, 1, len(b) + 1, blocks_b, True)])
+        else:
+            second = forward.step([nxt], [len(a)], decode)
+        return logits[0], second[0]
+
+    (prefill_alone, decode_alone), (prefill_batched, decode_batched) = run(False), run(True)
+    assert torch.equal(prefill_alone, prefill_batched)
+    assert torch.equal(decode_alone, decode_batched)
