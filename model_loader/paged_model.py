@@ -63,102 +63,237 @@ class SeqSlice:
 
 
 class PagedForward:
-    """One batched step of a loaded Qwen2Model (its weights, linear kernels and norms) over a PagedKVCache."""
+    """One batched step of a loaded Qwen2Model (its weights, linear kernels and norms) over a PagedKVCache.
 
-    def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None):
-        """batched_decode: attend for all decoding sequences at once (one gather and one masked SDPA a layer,
-        not a few kernels per sequence); the default on a GPU. On the CPU each sequence attends alone, so its
-        numbers don't depend on the others' lengths."""
+    Where the model runs Triton's kernels, the cache writes and the decode attention are paged_ops' kernels, and
+    steps in which every sequence decodes replay a CUDA graph captured for their count rounded up to a bucket
+    (capture_decode_graphs), as the single-sequence engine's decode step does. Prefill chunks attend per
+    sequence with PyTorch ops (gather the context, then SDPA)."""
+
+    GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+    def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None,
+                 max_batch: int = 8):
+        """batched_decode: attend for all decoding sequences at once (one kernel, or one gather and one masked
+        SDPA, a layer; not a few kernels per sequence); the default on a GPU. On the CPU each sequence attends
+        alone, so its numbers don't depend on the others' lengths."""
         self.model, self.cache = model, cache
         self.min_rows = MIN_ROWS_CPU if model.device.type == "cpu" else 1
         self.batched_decode = model.device.type != "cpu" if batched_decode is None else batched_decode
+        self.max_batch = max_batch
+        self.table_width = -(-model.max_ctx // cache.block_size)  # the most blocks a sequence can hold
+        self.kernels = None
+        if model.use_triton:
+            from model_loader.kernels.paged_ops import PagedDecodeAttention
+
+            cfg = model.cfg
+            self.kernels = PagedDecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                                cache.block_size, max_batch, model.device, model.dtype)
+        self.graphs: dict[int, tuple] = {}  # batch bucket -> (graph, logits)
+        self._static: dict | None = None  # the graphs' inputs
 
     def slots(self, blocks: list[int], start: int, stop: int) -> list[int]:
         bs = self.cache.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, stop)]
 
+    # ---------------------------------------------------------------- a step
     @torch.inference_mode()
     def step(self, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
-        """tokens/positions: [T] new tokens of every sequence, each sequence's rows together (SeqSlice). Writes
-        their K/V into the cache and returns fp32 logits [S, V] for the sequences with logits=True, in order."""
-        model, cfg, ops = self.model, self.model.cfg, self.model.ops
-        dev = model.device
+        """tokens/positions: [T] new tokens of every sequence, each sequence's rows together (SeqSlice), the
+        decoding ones first. Writes their K/V into the cache and returns fp32 logits [S, V] for the sequences
+        with logits=True, in order."""
+        if self.graphs and all(seq.rows == 1 for seq in seqs):
+            bucket = self._bucket(len(seqs))
+            if bucket in self.graphs:
+                return self._replay(bucket, tokens, positions, seqs)
+        model, dev = self.model, self.model.device
         n = len(tokens)
         pad = max(0, self.min_rows - n)
         slots = [s for seq in seqs for s in self.slots(seq.blocks, seq.context - seq.rows, seq.context)]
         tokens_t = torch.tensor(tokens + [0] * pad, dtype=torch.int64, device=dev)
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.int64, device=dev)
-        slots_t = torch.tensor(slots, dtype=torch.int64, device=dev)
+        slots_t = torch.tensor(slots + [-1] * pad, dtype=torch.int64, device=dev)
         # the leading decoding sequences (the scheduler puts them first) attend together where batched
         together = 0
-        if self.batched_decode:
+        if self.batched_decode or self.kernels is not None:
             while together < len(seqs) and seqs[together].rows == 1:
                 together += 1
-            together = together if together > 1 else 0
-        batch_index = self._decode_index(seqs[:together]) if together else None
+            if self.kernels is None and together < 2:
+                together = 0
+        decoders = seqs[:together]
+        if not together:
+            decode = None
+        elif self.kernels is not None:
+            tables = torch.tensor([seq.blocks + [0] * (self.table_width - len(seq.blocks)) for seq in decoders],
+                                  dtype=torch.int32, device=dev)
+            lengths = torch.tensor([seq.context for seq in decoders], dtype=torch.int32, device=dev)
+            decode = self._kernel_attention(tables, lengths)
+        else:
+            decode = self._gathered_attention(*self._decode_index(decoders))
         gathers = [self._gather_index(seq) for seq in seqs[together:]]
-        h = F.embedding(tokens_t, model.w["embed"])
-        cos, sin = model.cos[pos_t][:, None, :], model.sin[pos_t][:, None, :]
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            parts = [decode(q[:together], layer)] if together else []
+            parts += [self._attend(q[seq.row0:seq.row0 + seq.rows], layer, seq, idx)
+                      for seq, idx in zip(seqs[together:], gathers)]
+            return torch.cat(parts + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
+
+        h, residual = self._layers(tokens_t, pos_t, slots_t, attend)
+        rows = [seq.row0 + seq.rows - 1 for seq in seqs if seq.logits]
+        if not rows:
+            return torch.empty(0, model.cfg.vocab_size, device=dev)
+        pick = torch.tensor(rows + [rows[-1]] * max(0, self.min_rows - len(rows)), dtype=torch.int64, device=dev)
+        return self._logits(h.index_select(0, pick), residual.index_select(0, pick))[:len(rows)].float()
+
+    def _layers(self, tokens_t, pos_t, slots_t, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer over the step's rows: (hidden, residual) [T, H] before the final norm."""
+        model, cfg, ops = self.model, self.model.cfg, self.model.ops
         eps, linear = cfg.rms_norm_eps, model.linear
+        h = F.embedding(tokens_t, model.w["embed"])
         residual = None
+        if self.kernels is None:
+            cos, sin = model.cos[pos_t][:, None, :], model.sin[pos_t][:, None, :]
         for i, layer in enumerate(model.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
             qkv = linear(x, layer["qkv_w"])
-            q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t, n)
-            parts = [self._attend_decoding(q[:together], i, *batch_index)] if together else []
-            parts += [self._attend(q[seq.row0:seq.row0 + seq.rows], i, seq, idx)
-                      for seq, idx in zip(seqs[together:], gathers)]
-            attn = torch.cat(parts + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
-            h = linear(attn, layer["o_w"])
+            if self.kernels is not None:
+                from model_loader.kernels.paged_ops import paged_rope_write
+
+                q = paged_rope_write(qkv, layer["qkv_b"], model.cos, model.sin, self.cache.k[i], self.cache.v[i],
+                                     pos_t, slots_t, cfg.num_attention_heads, cfg.num_key_value_heads)
+            else:
+                q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t)
+            h = linear(attend(q, i), layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
             h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
-        rows = [seq.row0 + seq.rows - 1 for seq in seqs if seq.logits]
-        if not rows:
-            return torch.empty(0, cfg.vocab_size, device=dev)
-        pick = torch.tensor(rows + [rows[-1]] * max(0, self.min_rows - len(rows)), dtype=torch.int64, device=dev)
-        x, _ = ops.add_rms_norm(h.index_select(0, pick), residual.index_select(0, pick), model.w["norm"], eps)
-        return F.linear(x, model.w["lm_head"]).float()[:len(rows)]
+        return h, residual
+
+    def _logits(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        x, _ = self.model.ops.add_rms_norm(h, residual, self.model.w["norm"], self.model.cfg.rms_norm_eps)
+        return F.linear(x, self.model.w["lm_head"])
+
+    # ---------------------------------------------------------------- decode graphs
+    def _bucket(self, batch: int) -> int | None:
+        return next((b for b in self.GRAPH_BUCKETS if b >= batch and b <= self.max_batch), None)
+
+    def capture_decode_graphs(self) -> None:
+        """Capture a decode step for each batch bucket up to max_batch (Triton path on CUDA only). Their inputs
+        are static buffers; rows past a step's sequences are padding: token 0 at position 0, no cache write,
+        attending to one slot of block 0. They write nothing into the cache, so capturing is safe at any time
+        no step runs."""
+        from model_loader.kernels.side_stream import graph_capture, side_stream
+
+        if self.kernels is None or self.model.device.type != "cuda":
+            return
+        dev = self.model.device
+        top = self._bucket(self.max_batch) or self.max_batch
+        self._static = {
+            "tokens": torch.zeros(top, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(top, dtype=torch.int64, device=dev),
+            "slots": torch.full((top,), -1, dtype=torch.int64, device=dev),
+            "tables": torch.zeros((top, self.table_width), dtype=torch.int32, device=dev),
+            "lengths": torch.ones(top, dtype=torch.int32, device=dev),
+        }
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in sorted((b for b in self.GRAPH_BUCKETS if b <= top), reverse=True):  # largest first: the pool
+            stream = side_stream(dev)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                self._static_step(bucket)  # outside the graph first: Triton compiles, cuBLAS sets up
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with graph_capture(graph, dev, pool), torch.inference_mode():
+                logits = self._static_step(bucket)
+            self.graphs[bucket] = (graph, logits)
+
+    def _static_step(self, bucket: int) -> torch.Tensor:
+        st = self._static
+        attend = self._kernel_attention(st["tables"][:bucket], st["lengths"][:bucket])
+        h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket],
+                                   lambda q, layer: attend(q, layer))
+        return self._logits(h, residual)
+
+    def _replay(self, bucket: int, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
+        st, b, dev = self._static, len(seqs), self.model.device
+        pad = bucket - b
+        slots = [seq.blocks[(seq.context - 1) // self.cache.block_size] * self.cache.block_size
+                 + (seq.context - 1) % self.cache.block_size for seq in seqs]
+        rows = torch.tensor([tokens + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
+        st["tokens"][:bucket].copy_(rows[0], non_blocking=True)
+        st["positions"][:bucket].copy_(rows[1], non_blocking=True)
+        st["slots"][:bucket].copy_(rows[2], non_blocking=True)
+        tables = torch.zeros((bucket, self.table_width), dtype=torch.int32)
+        for i, seq in enumerate(seqs):
+            tables[i, :len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
+        st["tables"][:bucket].copy_(tables, non_blocking=True)
+        st["lengths"][:bucket].copy_(torch.tensor([seq.context for seq in seqs] + [1] * pad, dtype=torch.int32),
+                                     non_blocking=True)
+        graph, logits = self.graphs[bucket]
+        graph.replay()
+        return logits[:b].float()
+
+    # ---------------------------------------------------------------- attention
+    def _kernel_attention(self, tables: torch.Tensor, lengths: torch.Tensor):
+        """attend(q, layer) for decoding rows through paged_ops (q [B, Hq, D] -> [B, Hq * D])."""
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            out = self.kernels(q, self.cache.k[layer], self.cache.v[layer], tables, lengths, self.model.scale)
+            return out.reshape(q.shape[0], -1)
+
+        return attend
+
+    def _gathered_attention(self, index: torch.Tensor, mask: torch.Tensor):
+        """attend(q, layer) for decoding rows with PyTorch ops: one gather of every context, one masked SDPA."""
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
+            b = q.shape[0]
+            k = self.cache.k[layer][:, index].transpose(0, 1)  # [B, Hkv, L, D]
+            v = self.cache.v[layer][:, index].transpose(0, 1)
+            out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale,
+                                                 enable_gqa=True)
+            return out.reshape(b, -1)
+
+        return attend
+
+    def _block_slots(self, tables: list[list[int]]) -> torch.Tensor:
+        """Every slot of each table's blocks, in text order: [len(tables), blocks of the longest * block_size]
+        (shorter tables padded with block 0). Built on the device from the block ids: a list of every slot of
+        32 sequences' contexts took milliseconds of Python a step."""
+        bs, dev = self.cache.block_size, self.model.device
+        width = max(len(t) for t in tables)
+        ids = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64, device=dev)
+        return (ids[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(len(tables), -1)
 
     def _gather_index(self, seq: SeqSlice) -> torch.Tensor:
         """The cache slots of the sequence's first `context` positions, as a device index."""
-        return torch.tensor(self.slots(seq.blocks, 0, seq.context), dtype=torch.int64, device=self.model.device)
+        return self._block_slots([seq.blocks])[0, :seq.context]
 
     def _decode_index(self, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.Tensor]:
         """For decoding sequences: the cache slots of each one's context, padded to the longest ([B, L]; padding
-        reads slot 0), and the mask of real positions [B, 1, 1, L]."""
+        reads other slots, masked off), and the mask of real positions [B, 1, 1, L]."""
         longest = max(seq.context for seq in seqs)
-        index = [self.slots(seq.blocks, 0, seq.context) + [0] * (longest - seq.context) for seq in seqs]
         dev = self.model.device
+        index = self._block_slots([seq.blocks for seq in seqs])[:, :longest]
         lengths = torch.tensor([seq.context for seq in seqs], device=dev)
         mask = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
-        return torch.tensor(index, dtype=torch.int64, device=dev), mask[:, None, None, :]
+        return index, mask[:, None, None, :]
 
-    def _attend_decoding(self, q: torch.Tensor, layer: int, index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [B, Hq, D], one token of each of B decoding sequences -> [B, Hq * D]."""
-        b = q.shape[0]
-        k = self.cache.k[layer][:, index].transpose(0, 1)  # [B, Hkv, L, D]
-        v = self.cache.v[layer][:, index].transpose(0, 1)
-        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale,
-                                             enable_gqa=True)
-        return out.reshape(b, -1)
-
-    def _rope_write(self, qkv, bias, cos, sin, layer: int, slots_t: torch.Tensor, n: int) -> torch.Tensor:
+    def _rope_write(self, qkv, bias, cos, sin, layer: int, slots_t: torch.Tensor) -> torch.Tensor:
         """Add the QKV bias, rotate q and k at each row's own position (as reference.rope_bias_cache does for
-        consecutive ones), write the first n rows' k and v into their cache slots; returns q [T, Hq, D]."""
+        consecutive ones), write k and v into their cache slots (rows with slot -1 are padding: not written);
+        returns q [T, Hq, D]."""
         cfg = self.model.cfg
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         x = (qkv.float() + bias.float()).view(qkv.shape[0], hq + 2 * hkv, d)
 
         def rotate(v):
-            c, s = cos[:v.shape[0]], sin[:v.shape[0]]
             v1, v2 = v[..., : d // 2], v[..., d // 2:]
-            return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
+            return torch.cat((v1 * cos - v2 * sin, v2 * cos + v1 * sin), dim=-1)
 
         q = rotate(x[:, :hq]).to(qkv.dtype)
-        k = rotate(x[:n, hq:hq + hkv])
-        v = x[:n, hq + hkv:]
-        self.cache.k[layer].index_copy_(1, slots_t, k.to(qkv.dtype).transpose(0, 1))
-        self.cache.v[layer].index_copy_(1, slots_t, v.to(qkv.dtype).transpose(0, 1))
+        real = slots_t >= 0
+        k = rotate(x[:, hq:hq + hkv])[real]
+        v = x[:, hq + hkv:][real]
+        self.cache.k[layer].index_copy_(1, slots_t[real], k.to(qkv.dtype).transpose(0, 1))
+        self.cache.v[layer].index_copy_(1, slots_t[real], v.to(qkv.dtype).transpose(0, 1))
         return q
 
     def _attend(self, q: torch.Tensor, layer: int, seq: SeqSlice, index: torch.Tensor) -> torch.Tensor:

@@ -100,14 +100,17 @@ class Sequence:
 class Scheduler:
     def __init__(self, model, chat, num_blocks: int, config: SchedulerConfig | None = None):
         """model: a loaded qwen2.Qwen2Model; chat: its chat.ChatFormat (tokenizer, stop ids, the reasoning's close
-        tag); num_blocks: KV blocks of config.block_size tokens to allocate (see blocks_that_fit)."""
+        tag); num_blocks: KV blocks of config.block_size tokens to allocate (see blocks_that_fit). Must be made on
+        the thread that will call step(): on a GPU it captures the decode steps' CUDA graphs."""
         self.model, self.chat = model, chat
         self.config = config or SchedulerConfig()
         if self.config.chunk % self.config.block_size:
             raise ValueError("the prefill chunk must be a whole number of KV blocks")
         self.pool = BlockPool(num_blocks, self.config.block_size)
         self.cache = PagedKVCache(model, num_blocks, self.config.block_size)
-        self.forward = PagedForward(model, self.cache)
+        self.forward = PagedForward(model, self.cache, max_batch=self.config.max_seqs)
+        if model.device.type == "cuda":
+            self.forward.capture_decode_graphs()  # on this thread, the one that will call step()
         self.max_ctx = model.max_ctx
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first

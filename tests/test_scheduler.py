@@ -308,3 +308,24 @@ def test_a_sequences_logits_are_bitwise_the_same_alone_or_batched(engine, prompt
     (prefill_alone, decode_alone), (prefill_batched, decode_batched) = run(False), run(True)
     assert torch.equal(prefill_alone, prefill_batched)
     assert torch.equal(decode_alone, decode_batched)
+
+
+def test_the_triton_path_decodes_what_the_pytorch_path_decodes(tiny_model, prompts):
+    """The paged Triton kernels (cache writer, decode attention over block tables) inside the whole scheduler, in
+    Triton's interpreter on the CPU (a GPU's own run checks them compiled): the same greedy text as the PyTorch
+    path for prompts decoding together."""
+    from model_loader.engine import Engine
+
+    triton_engine = Engine.load(tiny_model, device="cpu", context_length=1024, use_triton=True)
+    plain = Engine.load(tiny_model, device="cpu", context_length=1024)
+    assert triton_engine.model.use_triton and not plain.model.use_triton
+    settings = SamplingSettings(temperature=0, max_new_tokens=10, ignore_eos=True)
+    results = []
+    for engine in (triton_engine, plain):
+        scheduler = make(engine, max_seqs=4)
+        sinks = [Collect() for _ in range(3)]
+        for ids, sink in zip(prompts[:3], sinks):
+            scheduler.submit(ids, settings, sink=sink)
+        scheduler.run_until_idle()
+        results.append([sink.final.token_ids for sink in sinks])
+    assert results[0] == results[1]
