@@ -146,6 +146,8 @@ def cmd_chat(args) -> int:
         messages.append({"role": "system", "content": args.system})
 
     def turn(text: str) -> Finished | None:
+        if args.vote:
+            return vote_turn(text)
         text = _utf8(text)
         messages.append({"role": "user", "content": text})
         control = GenerationControl()
@@ -178,6 +180,50 @@ def cmd_chat(args) -> int:
             messages.pop()
         return final
 
+    def vote_turn(text: str) -> Finished | None:
+        from model_loader.parallel_samples import sample_chains
+        from model_loader.vote import vote
+
+        messages.append({"role": "user", "content": _utf8(text)})
+        control = GenerationControl()
+        ended = []
+
+        def on_done(i: int, event) -> None:
+            ended.append(i)
+            if not args.json:
+                what = (f"error: {event.message}" if not isinstance(event, Finished) else
+                        f"{event.stats.completion_tokens} tokens, {event.stats.finish_reason}")
+                print(f"chain {i + 1} ended ({len(ended)} of {args.vote}): {what}", file=sys.stderr)
+
+        previous = signal.signal(signal.SIGINT, lambda *_: control.cancel())
+        try:
+            chains = sample_chains(engine, messages, settings, args.vote, control, on_done)
+        except BaseException:
+            messages.pop()
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        finished = [c if isinstance(c, Finished) else None for c in chains]
+        result = vote([c.answer if c is not None else "" for c in finished])
+        winner = finished[result.winner.chains[0]] if result.winner else next((c for c in finished if c), None)
+        if args.json:
+            vote_json["vote"] = {
+                "summary": result.summary(), "answer": result.winner.display if result.winner else None,
+                "support": len(result.winner.chains) if result.winner else 0, "chains": len(chains),
+                "answers": result.answers,
+                "texts": [c.text if c is not None else None for c in finished],
+                "seeds": [c.stats.seed if c is not None else None for c in finished]}
+        else:
+            for i, answer in enumerate(result.answers):
+                print(f"  chain {i + 1}: {answer if answer is not None else '(no answer)'}")
+            print(result.summary())
+        if winner is None:
+            messages.pop()
+            return None
+        messages.append({"role": "assistant", "content": winner.text})
+        return winner
+
+    vote_json: dict = {}
     if args.prompt is not None:
         final = turn(args.prompt)
         if final is None:
@@ -190,6 +236,7 @@ def cmd_chat(args) -> int:
                 "prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
                 "token_ids": final.token_ids, "finish_reason": st.finish_reason, "ttft_ms": round(st.ttft_ms, 3),
                 "decode_tok_s": round(st.decode_tok_s, 2), "prefix_reused_tokens": st.prefix_reused_tokens,
+                **vote_json,
             }))
         else:
             print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
@@ -380,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--top-k", type=_count(0), default=0, help="0 = off")
     chat.add_argument("--seed", type=_seed, default=None)
     chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
+    chat.add_argument("--vote", type=_count(2), default=None, metavar="N",
+                      help="sample N reasoning chains in parallel and answer with their majority (\\boxed{} answers "
+                           "first, else each answer's last line)")
     chat.set_defaults(func=cmd_chat)
 
     serve = sub.add_parser("serve", help="serve the model through a local OpenAI-compatible API")
