@@ -303,4 +303,8 @@ class PagedForward:
         scale = self.model.scale
         if seq.rows == 1:
             return reference.decode_attention(q[0], k, v, None, seq.context, scale).reshape(1, -1)
+        if seq.rows == seq.context:  # a whole prompt in one chunk: causal over its own tokens (SDPA's flash kernel)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True,
+                                                 scale=scale, enable_gqa=True)
+            return out[0].transpose(0, 1).reshape(seq.rows, -1)
         return reference.prefill_attention(q, k, v, seq.context - seq.rows, scale)
