@@ -382,6 +382,7 @@ class Engine:
         self._close_tag = chat.encode_plain(STOP_THINKING_TEXT)
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
         self._ahead = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
+        self.scheduler = None  # serve_batched(): the scheduler that owns the KV cache from then on
         self.closed = False
         self.ready = False
 
@@ -700,6 +701,9 @@ class Engine:
             self._ahead.abandon()
             self._ahead = None
         self.ready = False
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         self.step.graphs.clear()
         if self.prefill_graphs is not None:
             self.prefill_graphs.graphs.clear()
@@ -724,7 +728,38 @@ class Engine:
             torch.cuda.empty_cache()
 
     def memory(self):
-        return memory_stats(self.model.device, self.model.weights_bytes, self.model.kv_cache_bytes)
+        kv = self.scheduler.cache.nbytes if self.scheduler is not None else self.model.kv_cache_bytes
+        return memory_stats(self.model.device, self.model.weights_bytes, kv)
+
+    def serve_batched(self, max_seqs: int, block_size: int = 64):
+        """Hand this engine's memory to a scheduler that runs up to max_seqs sequences at once (continuous
+        batching: model_loader.scheduler) and return it. The single-sequence KV cache and its graphs are freed
+        first, so the paged cache gets their memory; generate() is unavailable afterwards. Call after warm_up(),
+        on the thread that will step the scheduler (it captures its decode graphs there)."""
+        from model_loader.scheduler import Scheduler, SchedulerConfig
+
+        if self.info.kv_cache != KV_16BIT:
+            raise ModelError("several replies at once need the 16-bit KV cache (the paged cache has no 8-bit "
+                             "format yet): choose the 16-bit KV cache, or one reply at a time")
+        use_device(self.model.device)
+        self.step.graphs.clear()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.graphs.clear()
+            self.prefill_graphs.outputs.clear()
+        self.model.k_cache = self.model.v_cache = None
+        self._cache_tokens = []
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+            torch.cuda.empty_cache()
+        try:
+            blocks = Scheduler.blocks_for_device(self.model, block_size, max_seqs)
+            self.scheduler = Scheduler(self.model, self.chat, blocks, SchedulerConfig(max_seqs=max_seqs,
+                                                                                     block_size=block_size))
+        except torch.cuda.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            raise OutOfMemoryError(f"out of GPU memory for {max_seqs} replies at once; {OOM_ADVICE}") from err
+        self.info.kv_cache_bytes = self.scheduler.cache.nbytes
+        return self.scheduler
 
     def reset_cache(self) -> None:
         self._cache_tokens = []
@@ -754,6 +789,8 @@ class Engine:
         prompt first); TTFT and the total count from there."""
         if self.closed:
             raise ModelError("this model was unloaded (Engine.close); load it again to generate")
+        if self.scheduler is not None:
+            raise ModelError("this engine serves through its scheduler (serve_batched): submit requests there")
         try:
             yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
                                       in_reasoning, started_at)

@@ -130,6 +130,26 @@ class Scheduler:
         """How many KV blocks `share` of free_bytes holds (the rest stays for activations and the allocator)."""
         return max(0, int(free_bytes * share) // PagedKVCache.bytes_per_block(model, block_size))
 
+    @classmethod
+    def blocks_for_device(cls, model, block_size: int, max_seqs: int) -> int:
+        """A paged cache for max_seqs sequences of the whole context each, or what the device's free memory holds
+        if less (a GPU's: 90% of it; the CPU's: half of the available RAM). ModelError if not even one sequence
+        of the whole context fits."""
+        from model_loader.context import host_memory
+
+        per_seq = -(-model.max_ctx // block_size)
+        if model.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(model.device)
+            fit = cls.blocks_that_fit(model, block_size, free)
+        else:
+            available, _ = host_memory()
+            fit = per_seq * max_seqs if available is None else cls.blocks_that_fit(model, block_size, available, 0.5)
+        if fit < per_seq:
+            tokens = fit * block_size
+            raise ModelError(f"the GPU has room for a KV cache of {tokens:,} tokens, less than the context of "
+                             f"{model.max_ctx:,}: choose a shorter context length or 4-bit (AWQ) weights")
+        return min(fit, per_seq * max_seqs + 1)
+
     # ---------------------------------------------------------------- clients (any thread)
     def submit(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
                control: GenerationControl | None = None, in_reasoning: bool = False, sink: Sink | None = None,
@@ -181,6 +201,17 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._incoming)
+
+    def close(self) -> None:
+        """Free the paged cache and the decode graphs. Sequences still queued or running end with Failed
+        ("unloaded"). Call on the thread that steps the scheduler."""
+        while self._incoming:
+            self.waiting.append(self._incoming.popleft())
+        for seq in [*self.running, *self.waiting]:
+            self._leave(seq)
+            self._send(seq, Failed("the model was unloaded before this reply ended", kind="unloaded"))
+        self.forward.graphs.clear()
+        self.cache.k = self.cache.v = None
 
     def run_until_idle(self) -> None:
         while self.has_work():

@@ -329,3 +329,27 @@ def test_the_triton_path_decodes_what_the_pytorch_path_decodes(tiny_model, promp
         scheduler.run_until_idle()
         results.append([sink.final.token_ids for sink in sinks])
     assert results[0] == results[1]
+
+
+def test_an_engine_hands_its_memory_to_a_scheduler(tiny_model, prompts):
+    """serve_batched(): the single-sequence cache goes, the scheduler's paged cache comes, the engine refuses
+    generate() from then on, and close() ends what is still queued with a clear message."""
+    from model_loader.engine import Engine
+    from model_loader.errors import ModelError
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512)
+    engine.warm_up()
+    scheduler = engine.serve_batched(max_seqs=3)
+    assert engine.model.k_cache is None
+    assert scheduler.pool.num_blocks == 3 * 512 // 64 + 1
+    assert engine.info.kv_cache_bytes == scheduler.cache.nbytes == engine.memory().kv_cache_bytes
+    with pytest.raises(ModelError, match="scheduler"):
+        next(engine.generate_ids(prompts[0]))
+    sink = Collect()
+    scheduler.submit(prompts[0], GREEDY, sink=sink)
+    scheduler.run_until_idle()
+    assert sink.final.token_ids == alone(engine, prompts[0]).token_ids
+    waiting = Collect()
+    scheduler.submit(prompts[1], GREEDY, sink=waiting)
+    engine.close()
+    assert isinstance(waiting.final, Failed) and waiting.final.kind == "unloaded"
