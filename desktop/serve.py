@@ -30,7 +30,8 @@ def run(args) -> int:
     sys.setswitchinterval(0.0005)  # as in the app: the engine thread gets the GIL back within half a millisecond
     app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
     app._r1desk_gc = GuiThreadGC(parent=app)  # Qt objects are finalized on this thread only
-    service = EngineService(app, max_waiting=args.max_waiting)
+    service = EngineService(app, max_waiting=args.max_waiting, max_parallel=args.max_parallel,
+                            max_tokens_cap=args.max_tokens_cap)
     server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
                        allowed_origins=args.allow_origin,
                        defaults={"temperature": args.temperature, "top_p": args.top_p})
@@ -44,6 +45,9 @@ def run(args) -> int:
         done.set()
 
     def on_ready(info: dict) -> None:
+        parallel = info.get("max_parallel") or 1
+        if parallel > 1:
+            print(f"decoding up to {parallel} replies at once", file=sys.stderr, flush=True)
         print(f"serving {server.model_id} on {server.url}", flush=True)
 
     def on_load_failed(kind: str, message: str) -> None:

@@ -1,16 +1,18 @@
-"""The engine's one owner: loads the model and runs generation requests from any client, one at a time.
+"""The engine's one owner: loads the model and runs generation requests from any client.
 
-The engine decodes one sequence at a time on the worker thread. Every client that wants tokens (the chat view,
-the local API server) asks this service: `submit()` queues a GenerationRequest (FIFO), the service hands the
-front request to the worker when the previous one has ended, and routes the worker's events for it back to that
-request's own signals. No client touches the worker. Lives on the GUI thread (or the headless server's main
-thread); QtCore only, no widgets, so `r1desk-cli serve` runs the same code without a window.
+Every client that wants tokens (the chat view, the local API server) asks this service: `submit()` queues a
+GenerationRequest (FIFO), the service hands waiting requests to the worker while fewer than `max_parallel` run,
+and routes the worker's events for each back to that request's own signals. No client touches the worker. With
+max_parallel 1 the engine decodes one reply at a time; above 1 the worker's scheduler decodes that many together
+(continuous batching: model_loader.scheduler), each with its own settings, cancel and events. Lives on the GUI
+thread (or the headless server's main thread); QtCore only, no widgets, so `r1desk-cli serve` runs the same code
+without a window.
 
 Why a queue here rather than the worker's own event queue: a queued-up worker call can't be cancelled or
 counted. Requests that wait here can be (a client that disconnects, "waiting for 1 API request").
 
 The prefix cache stays correct when clients interleave: the engine compares each prompt's token ids with what
-its KV cache holds and reuses only the common prefix, whoever wrote it.
+its KV cache holds and reuses only the common prefix, whoever wrote it (the scheduler: the common full blocks).
 """
 
 from __future__ import annotations
@@ -95,15 +97,20 @@ class EngineService(QObject):
     quantized = Signal(str)
     quantize_failed = Signal(str, str)
 
-    def __init__(self, parent=None, engine_factory=None, max_waiting: int = DEFAULT_MAX_WAITING):
+    def __init__(self, parent=None, engine_factory=None, max_waiting: int = DEFAULT_MAX_WAITING,
+                 max_parallel: int = 1, max_tokens_cap: int | None = None):
+        """max_parallel: replies decoded together (the load asks the worker for a scheduler above 1);
+        max_tokens_cap: the most new tokens any request may ask for (none: up to the context), so no client
+        holds a slot for ever."""
         super().__init__(parent)
         self.max_waiting = max_waiting
+        self.max_parallel = max_parallel
+        self.max_tokens_cap = max_tokens_cap
         self.state = "none"  # none | loading | ready | failed
         self.info: dict | None = None
         self.waiting: deque[GenerationRequest] = deque()
-        self.running: GenerationRequest | None = None
+        self.active: dict[int, GenerationRequest] = {}  # generation id -> request the worker has, oldest first
         self.last: dict | None = None  # the last request's end: client, finish_reason, tokens (GET /health)
-        self._running_gen_id = 0
         # Loads asked for and not yet ended (ready or failed): the worker runs them in order, so only the last
         # one's end counts; the ones before it ended superseded (settings changed while a model loaded).
         self._loads_pending = 0
@@ -124,19 +131,25 @@ class EngineService(QObject):
 
     # ------------------------------------------------------------------ model
     @property
+    def running(self) -> GenerationRequest | None:
+        """The oldest request the worker has (None when idle)."""
+        return next(iter(self.active.values()), None)
+
+    @property
     def model_name(self) -> str | None:
         return (self.info or {}).get("model_name")
 
     def load(self, spec: str, device: str, context_length: int, dtype: str | None,
              kv_cache: str = "16-bit") -> None:
-        """Load (or reload) a model. A request already running finishes first (the worker is serial);
-        requests still waiting fail with "unloaded": they were asked of the model being replaced."""
+        """Load (or reload) a model. A reply already decoding one at a time finishes first (the worker is serial);
+        replies decoding together end "unloaded" (the worker can't finish them before the load); requests still
+        waiting fail with "unloaded": they were asked of the model being replaced."""
         self.state = "loading"
         self.info = None
         for req in list(self.waiting):
             self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
         self._loads_pending += 1  # one under way stops at its next step (EngineHost.load)
-        self.host.load(spec, device, context_length, dtype, kv_cache)
+        self.host.load(spec, device, context_length, dtype, kv_cache, self.max_parallel)
 
     def quantize(self, src: str, out: str, **options) -> None:
         self.host.quantize(src, out, **options)
@@ -148,8 +161,8 @@ class EngineService(QObject):
         """Cancel everything and join the worker thread; True if it stopped within the timeout."""
         for req in list(self.waiting):
             self._drop(req, "cancelled", "the app is closing")
-        if self.running is not None:
-            self.running.control.cancel()
+        for req in self.active.values():
+            req.control.cancel()
         return self.host.shutdown(timeout_ms)
 
     def deliver_pending(self) -> None:
@@ -170,6 +183,9 @@ class EngineService(QObject):
         refusal = self.refusal()
         if refusal is not None:
             raise refusal
+        if self.max_tokens_cap:
+            settings = {**settings, "max_new_tokens": min(int(settings.get("max_new_tokens") or self.max_tokens_cap),
+                                                          self.max_tokens_cap)}
         req = GenerationRequest(self, messages, settings, client, control or GenerationControl(), label)
         self.waiting.append(req)
         self.queue_changed.emit()
@@ -186,10 +202,10 @@ class EngineService(QObject):
         return None
 
     def ahead_of(self, req: GenerationRequest) -> list[GenerationRequest]:
-        """The requests that run before `req` (the one running first)."""
+        """The requests that run before `req` (the ones running first)."""
         if req.state != "waiting":
             return []
-        ahead = [self.running] if self.running is not None else []
+        ahead = list(self.active.values())
         for other in self.waiting:
             if other is req:
                 break
@@ -197,25 +213,29 @@ class EngineService(QObject):
         return ahead
 
     def _pump(self) -> None:
-        """Hand the next waiting request to the worker if none is running."""
-        if self.running is not None or not self.waiting or self.state != "ready":
+        """Hand waiting requests to the worker while fewer than max_parallel run."""
+        while len(self.active) < self.parallel and self.waiting and self.state == "ready":
+            req = self.waiting.popleft()
+            req.state = "running"
+            req.started_t = time.monotonic()
+            gen_id = self.host.next_id()
+            self.active[gen_id] = req
+            # Everything this thread does for the request comes before the worker gets it: once it has it, the
+            # engine needs the GIL for the prompt's template, tokens and prefill launches, and Python work here
+            # (the live panel, the request log, the queue labels) would hold it back: time to first token.
+            self.request_started.emit(req)
+            self.queue_changed.emit()
             self._announce_positions()
-            return
-        req = self.waiting.popleft()
-        req.state = "running"
-        req.started_t = time.monotonic()
-        self.running = req
-        self._running_gen_id = self.host.next_id()
-        # Everything this thread does for the request comes before the worker gets it: once it has it, the
-        # engine needs the GIL for the prompt's template, tokens and prefill launches, and Python work here
-        # (the live panel, the request log, the queue labels) would hold it back: time to first token.
-        self.request_started.emit(req)
-        self.queue_changed.emit()
+            self.host.generate(req.messages, req.settings, req.control, gen_id=gen_id)
         self._announce_positions()
-        self.host.generate(req.messages, req.settings, req.control, gen_id=self._running_gen_id)
+
+    @property
+    def parallel(self) -> int:
+        """Replies the loaded engine decodes together (1 until a load says otherwise)."""
+        return int((self.info or {}).get("max_parallel") or 1)
 
     def _announce_positions(self) -> None:
-        ahead = 1 if self.running is not None else 0
+        ahead = len(self.active)
         for req in list(self.waiting):
             if req.ahead != ahead:
                 req.ahead = ahead
@@ -239,16 +259,14 @@ class EngineService(QObject):
         req.failed.emit(kind, message)
         _release(req)
 
-    def _end_running(self) -> GenerationRequest:
-        req = self.running
+    def _end_running(self, gen_id: int) -> GenerationRequest:
+        req = self.active.pop(gen_id)
         req.state = "done"
-        self.running = None
-        self._running_gen_id = 0
         return req
 
     # ------------------------------------------------------------------ worker events
     def _current(self, gen_id: int) -> GenerationRequest | None:
-        return self.running if gen_id and gen_id == self._running_gen_id else None
+        return self.active.get(gen_id) if gen_id else None
 
     def _on_stage(self, stage: str) -> None:
         self.state = "loading"
@@ -283,7 +301,7 @@ class EngineService(QObject):
         req = self._current(gen_id)
         if req is None:
             return
-        self._end_running()
+        self._end_running(gen_id)
         req.stats = result.get("stats")
         self.last = {"client": req.client, "finish_reason": req.stats.get("finish_reason"),
                      "completion_tokens": req.stats.get("completion_tokens"), "ttft_ms": req.stats.get("ttft_ms"),
@@ -306,7 +324,7 @@ class EngineService(QObject):
         req = self._current(gen_id)
         if req is None:
             return
-        self._end_running()
+        self._end_running(gen_id)
         self.last = {"client": req.client, "finish_reason": "error", "error": kind}
         self.request_ended.emit(req, None)
         self.queue_changed.emit()

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 
-from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+from PySide6.QtCore import QObject, QThread, QTimer, Qt, Signal, Slot
 
 
 DELTA_INTERVAL_S = 1 / 240  # the worker joins deltas arriving closer than this into one signal
@@ -46,6 +46,10 @@ class EngineThread(QThread):
     def run(self) -> None:
         _pin_thread_state()
         self.exec()
+        if self.on_exit is not None:  # still on this thread, after the loop: end what runs (EngineWorker.drain)
+            self.on_exit()
+
+    on_exit = None  # called on the thread once its event loop has stopped
 
 
 def _pin_thread_state() -> None:
@@ -138,12 +142,15 @@ class EngineWorker(QObject):
         # is not the newest stops at its next step, since the settings it was asked for have changed.
         self.latest_load = 0
         self._abort_quantize = threading.Event()
+        self.scheduler = None  # with max_parallel > 1: the engine's scheduler (model_loader.scheduler)
+        self._step_timer: QTimer | None = None  # steps the scheduler while it has work (made on this thread)
 
     # ------------------------------------------------------------------ load
     @Slot(object)
     def load(self, request: dict) -> None:
         """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto), kv_cache ("16-bit" |
-        "8-bit"; model_loader.kv_cache), seq (EngineHost.load's number: a newer one stops this load)."""
+        "8-bit"; model_loader.kv_cache), max_parallel (replies decoded together; above 1 the engine serves through
+        its scheduler), seq (EngineHost.load's number: a newer one stops this load)."""
         self._abort_load.clear()
         seq = request.get("seq", 0)
 
@@ -157,6 +164,9 @@ class EngineWorker(QObject):
         except Exception as err:  # a broken torch install must not take the window down
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
+        if self.scheduler is not None:  # replies still decoding on the old model end now, said why
+            self.scheduler.end_all("unloaded", "the model is being reloaded; send the request again when it is ready")
+            self.scheduler = None
         self.engine = None  # drop the old model (and its VRAM) before loading the next
         self._free_device_memory()
         device = request.get("device") or "cuda"
@@ -197,6 +207,8 @@ class EngineWorker(QObject):
                 self.warmup_progress.emit(done, total, what)
 
             engine.warm_up(progress=on_warmup)
+            parallel = int(request.get("max_parallel") or 1)
+            scheduler = engine.serve_batched(parallel) if parallel > 1 else None
         except BaseException as err:
             if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: its VRAM back now
                 engine.close()
@@ -225,7 +237,9 @@ class EngineWorker(QObject):
             self.failed.emit(0, *failure)
             return
         self.engine = engine
+        self.scheduler = scheduler
         info = _asdict(engine.info)
+        info["max_parallel"] = parallel
         info["memory"] = _asdict(engine.memory())
         info["variants"] = self._variants(info.get("model_path"))
         info["gpus"] = self._gpus()
@@ -326,6 +340,9 @@ class EngineWorker(QObject):
         sampling = SamplingSettings(**{k: v for k, v in settings.items() if k in fields})
         coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
                                    self.delta_interval_s)
+        if self.scheduler is not None:
+            self._submit(gen_id, messages, sampling, control, coalescer)
+            return
         try:
             for event in self.engine.generate(messages, sampling, control):
                 if isinstance(event, Delta):
@@ -351,6 +368,59 @@ class EngineWorker(QObject):
             coalescer.flush()
             traceback.print_exc()
             self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
+
+    # ------------------------------------------------------------------ many replies at once
+    def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer") -> None:
+        """Queue a reply on the scheduler; its events become this worker's signals as the steps make them."""
+        from model_loader.errors import ContextFullError, ModelError
+        from model_loader.events import Delta, Failed, Finished, Started
+
+        def sink(event) -> None:
+            if isinstance(event, Delta):
+                coalescer.add(event.text, event.kind, int(event.token_count))
+            elif isinstance(event, Started):
+                self.started.emit(gen_id, _asdict(event))
+            elif isinstance(event, Finished):
+                coalescer.flush()
+                result = _asdict(event)
+                result.pop("token_ids", None)
+                self.finished.emit(gen_id, result)
+            elif isinstance(event, Failed):
+                coalescer.flush()
+                self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
+
+        try:
+            prompt = self.engine.chat.render(messages)
+            self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink)
+        except ContextFullError as err:
+            self.failed.emit(gen_id, "context_full", str(err))
+            return
+        except ModelError as err:
+            self.failed.emit(gen_id, "generate", str(err))
+            return
+        if self._step_timer is None:  # made here, on this thread, which its timeouts run on
+            self._step_timer = QTimer()
+            self._step_timer.setInterval(0)  # a step per pass of the event loop: queued requests join between
+            self._step_timer.timeout.connect(self._step)
+        if not self._step_timer.isActive():
+            self._step_timer.start()
+
+    def _step(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or not scheduler.has_work():
+            self._step_timer.stop()
+            return
+        try:
+            scheduler.step()  # a failing step isolates the failing sequence itself (Scheduler._step_failed)
+        except Exception as err:  # a bug in the scheduler: end every reply with it rather than loop on it
+            traceback.print_exc()
+            scheduler.end_all("generate", f"generation failed: {type(err).__name__}: {err}")
+
+    def drain(self) -> None:
+        """The thread's loop has stopped (the app is closing): end the replies still decoding as cancelled, with
+        what they wrote, so their clients can keep it (EngineService.deliver_pending)."""
+        if self.scheduler is not None:
+            self.scheduler.end_all("cancelled")
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -393,6 +463,7 @@ class EngineHost(QObject):
         self.thread.setObjectName("r1desk-engine")
         self.worker = EngineWorker()
         self.worker.moveToThread(self.thread)
+        self.thread.on_exit = self.worker.drain
         self._load_requested.connect(self.worker.load, Qt.QueuedConnection)
         self._generate_requested.connect(self.worker.generate, Qt.QueuedConnection)
         self._quantize_requested.connect(self.worker.quantize, Qt.QueuedConnection)
@@ -401,12 +472,12 @@ class EngineHost(QObject):
         self._load_seq = 0
 
     def load(self, spec: str, device: str, context_length: int, dtype: str | None,
-             kv_cache: str = "16-bit") -> None:
+             kv_cache: str = "16-bit", max_parallel: int = 1) -> None:
         """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load)."""
         self._load_seq += 1
         self.worker.latest_load = self._load_seq  # before the request is queued: it must see itself as newest
         self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype,
-                                       kv_cache=kv_cache, seq=self._load_seq))
+                                       kv_cache=kv_cache, max_parallel=max_parallel, seq=self._load_seq))
 
     def next_id(self) -> int:
         """A new generation id, for a generate() the caller makes right after (its events carry it)."""

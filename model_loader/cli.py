@@ -442,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a web page origin allowed to call the API from a browser (CORS), e.g. "
                             "http://localhost:3000; repeatable; none by default")
     serve.add_argument("--max-waiting", type=_count(1), default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--max-parallel", type=_count(1), default=1, metavar="N",
+                       help="replies decoded together (continuous batching over a paged KV cache sized from the "
+                            "free memory); 1 (default): one at a time, the fastest single reply")
+    serve.add_argument("--max-tokens-cap", type=_count(1), default=None, metavar="N",
+                       help="the most new tokens any request may have (default: up to the context)")
     serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
     serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
     serve.set_defaults(func=cmd_serve)

@@ -202,14 +202,22 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._incoming)
 
-    def close(self) -> None:
-        """Free the paged cache and the decode graphs. Sequences still queued or running end with Failed
-        ("unloaded"). Call on the thread that steps the scheduler."""
+    def end_all(self, reason: str = "cancelled", message: str = "") -> None:
+        """End every sequence now, on the stepping thread: "cancelled" finishes each with what it wrote so far
+        (Finished); any other reason fails it (Failed(message, kind=reason)). The cache stays usable."""
         while self._incoming:
             self.waiting.append(self._incoming.popleft())
         for seq in [*self.running, *self.waiting]:
-            self._leave(seq)
-            self._send(seq, Failed("the model was unloaded before this reply ended", kind="unloaded"))
+            if reason == "cancelled":
+                self._finish(seq, "cancelled")
+            else:
+                self._leave(seq)
+                self._send(seq, Failed(message, kind=reason))
+
+    def close(self) -> None:
+        """End what is still queued or running (Failed "unloaded"), then free the paged cache and the decode
+        graphs. Call on the thread that steps the scheduler."""
+        self.end_all("unloaded", "the model was unloaded before this reply ended")
         self.forward.graphs.clear()
         self.cache.k = self.cache.v = None
 

@@ -206,7 +206,7 @@ class ApiServer:
         # Open without a key (a liveness probe), but what the last request was is for key holders only.
         last = s.last if not self.api_key or self._key_ok(request) else None
         return web.json_response({"status": "ok" if s.state == "ready" else s.state, "model": self.model_id,
-                                  "running": s.running is not None, "waiting": len(s.waiting), "last": last})
+                                  "running": len(s.active), "waiting": len(s.waiting), "last": last})
 
     async def models(self, request: web.Request) -> web.Response:
         model_id = self._require_model()
