@@ -199,6 +199,16 @@ class Scheduler:
         with self._work:
             return self._work.wait_for(self.has_work, timeout)
 
+    def snapshot(self) -> dict:
+        """Counts for a metrics page, safe to read from another thread: each is a plain int or a length, consistent
+        on its own (not with the others: a step may run between two of them)."""
+        pool = self.pool
+        return {"running": len(self.running), "waiting": len(self.waiting) + len(self._incoming),
+                "kv_blocks_used": pool.used_blocks, "kv_blocks_free": pool.free_blocks,
+                "kv_block_tokens": pool.block_size, "prefix_cache_hits": pool.hits,
+                "prefix_cache_lookups": pool.lookups, "preemptions": self.preemptions, "steps": self.steps,
+                "tokens_generated": self.tokens_generated}
+
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._incoming)
 

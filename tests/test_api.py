@@ -279,6 +279,8 @@ def test_keys_routes_methods_sizes_and_hosts(r1):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["last"] is None and _raw(url, "GET", "/health").json()["last"]  # the key shows more
     assert "access-control-allow-origin" not in {k.lower() for k in health.headers}  # no CORS unless listed
+    assert _error(_raw(url, "GET", "/metrics", key=None), 401)["code"] == "invalid_api_key"  # a key guards load
+    assert "r1desk_requests_running 0.0" in _raw(url, "GET", "/metrics").text
 
 
 def test_a_full_queue_gets_429_and_disconnects_cancel(r1):

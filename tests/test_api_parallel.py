@@ -73,3 +73,34 @@ def test_the_cap_bounds_every_request_and_health_counts_replies(server):
     with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as resp:
         health = json.loads(resp.read())
     assert health["running"] == 0 and health["waiting"] == 0 and health["status"] == "ok"
+
+
+def _metrics(url) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics") as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {s.name + ("{%s}" % ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) if s.labels else ""): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_parse_and_move_with_requests(server):
+    model_id, url = server
+    before = _metrics(url)
+    assert before["r1desk_max_parallel"] == 4
+    assert before["r1desk_kv_blocks_used"] + before["r1desk_kv_blocks_free"] > 0
+    prompt = "The same long system of rules. " * 20
+    for _ in range(2):  # the second time, its full blocks come from the prefix cache
+        _ask(server, prompt, max_tokens=7)
+    after = _metrics(url)
+    assert after["r1desk_generation_tokens_total"] - before.get("r1desk_generation_tokens_total", 0) == 14
+    assert after["r1desk_requests_total{client=api,finish_reason=max_new_tokens}"] - \
+        before.get("r1desk_requests_total{client=api,finish_reason=max_new_tokens}", 0) == 2
+    assert after["r1desk_time_to_first_token_seconds_count"] - \
+        before.get("r1desk_time_to_first_token_seconds_count", 0) == 2
+    assert after["r1desk_inter_token_latency_seconds_count"] - \
+        before.get("r1desk_inter_token_latency_seconds_count", 0) == 12
+    assert after["r1desk_prompt_cached_tokens_total"] - before.get("r1desk_prompt_cached_tokens_total", 0) >= 64
+    assert after["r1desk_prefix_cache_hit_ratio"] > 0
+    assert after["r1desk_requests_running"] == 0 and after["r1desk_kv_blocks_used"] == 0

@@ -75,6 +75,9 @@ class ApiServer:
         self.defaults = defaults if defaults is not None else {}  # the app's temperature/top_p, shared, live
         self.runner: web.AppRunner | None = None
         self.started_at = schema.now()
+        from desktop.api.metrics import ServiceMetrics
+
+        self.metrics = ServiceMetrics(service)
 
     # ------------------------------------------------------------------ life
     def make_app(self) -> web.Application:
@@ -82,6 +85,7 @@ class ApiServer:
         # shows a page only "a CORS error" for a response without them, never the message)
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._cors, self._errors, self._guard])
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -207,6 +211,13 @@ class ApiServer:
         last = s.last if not self.api_key or self._key_ok(request) else None
         return web.json_response({"status": "ok" if s.state == "ready" else s.state, "model": self.model_id,
                                   "running": len(s.active), "waiting": len(s.waiting), "last": last})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        """Prometheus' text format; behind the API key where one is set (a shared server's load is its own)."""
+        if self.api_key and not self._key_ok(request):
+            raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         model_id = self._require_model()
