@@ -175,9 +175,11 @@ class EngineService(QObject):
 
     # ------------------------------------------------------------------ requests
     def submit(self, messages: list[dict], settings: dict, client: str = "chat", label: str = "",
-               control=None) -> GenerationRequest:
+               control=None, samples_of: tuple[str, int] | None = None) -> GenerationRequest:
         """Queue a generation. Raises NotReady without a loaded model and QueueFull when `max_waiting`
-        requests already wait. The request's signals fire on this thread, the first ones after this returns."""
+        requests already wait. The request's signals fire on this thread, the first ones after this returns.
+        samples_of: (a name, n) for each of n samples of one prompt submitted together: decoded together, all but
+        the first reuse the first's prefill."""
         from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
 
         refusal = self.refusal()
@@ -186,6 +188,8 @@ class EngineService(QObject):
         if self.max_tokens_cap:
             settings = {**settings, "max_new_tokens": min(int(settings.get("max_new_tokens") or self.max_tokens_cap),
                                                           self.max_tokens_cap)}
+        if samples_of is not None:
+            settings = {**settings, "samples_of": samples_of}
         req = GenerationRequest(self, messages, settings, client, control or GenerationControl(), label)
         self.waiting.append(req)
         self.queue_changed.emit()

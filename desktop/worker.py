@@ -143,6 +143,7 @@ class EngineWorker(QObject):
         self.latest_load = 0
         self._abort_quantize = threading.Event()
         self.scheduler = None  # with max_parallel > 1: the engine's scheduler (model_loader.scheduler)
+        self._samples: dict[str, list] = {}  # samples of one prompt being submitted: name -> [first, still to come]
         self._step_timer: QTimer | None = None  # steps the scheduler while it has work (made on this thread)
 
     # ------------------------------------------------------------------ load
@@ -341,7 +342,7 @@ class EngineWorker(QObject):
         coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
                                    self.delta_interval_s)
         if self.scheduler is not None:
-            self._submit(gen_id, messages, sampling, control, coalescer)
+            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"))
             return
         try:
             for event in self.engine.generate(messages, sampling, control):
@@ -370,8 +371,10 @@ class EngineWorker(QObject):
             self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
 
     # ------------------------------------------------------------------ many replies at once
-    def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer") -> None:
-        """Queue a reply on the scheduler; its events become this worker's signals as the steps make them."""
+    def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
+                samples_of: tuple | None = None) -> None:
+        """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
+        samples_of: (name, n) of n samples of one prompt: all but the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
         from model_loader.events import Delta, Failed, Finished, Started
 
@@ -389,9 +392,18 @@ class EngineWorker(QObject):
                 coalescer.flush()
                 self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
 
+        first = None
+        if samples_of is not None:
+            name, n = samples_of
+            group = self._samples.setdefault(name, [None, n])
+            first, group[1] = group[0], group[1] - 1
+            if group[1] <= 0:
+                del self._samples[name]
         try:
             prompt = self.engine.chat.render(messages)
-            self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink)
+            seq = self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink, after=first)
+            if samples_of is not None and first is None and samples_of[0] in self._samples:
+                self._samples[samples_of[0]][0] = seq
         except ContextFullError as err:
             self.failed.emit(gen_id, "context_full", str(err))
             return

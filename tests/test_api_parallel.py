@@ -104,3 +104,41 @@ def test_metrics_parse_and_move_with_requests(server):
     assert after["r1desk_prompt_cached_tokens_total"] - before.get("r1desk_prompt_cached_tokens_total", 0) >= 64
     assert after["r1desk_prefix_cache_hit_ratio"] > 0
     assert after["r1desk_requests_running"] == 0 and after["r1desk_kv_blocks_used"] == 0
+
+
+def test_n_choices_are_the_seeds_replies_and_share_the_prompt(server):
+    """n = 3 sampled with seed 40: choice i is the reply seed 40 + i gives alone; the choices after the first
+    reuse the first one's prefill; usage counts the prompt once and every choice's tokens; a stream carries all
+    three, each with its index."""
+    model_id, url = server
+    prompt = "Explain the same long question again, please. " * 12
+    kw = dict(max_tokens=10, temperature=0.9)
+    many = _client(url, key="none").chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": prompt}], n=3, seed=40, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    texts = [c.message.model_extra["reasoning_content"] for c in many.choices]
+    alone = [_client(url, key="none").chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": prompt}], seed=40 + i, **kw)
+        .choices[0].message.model_extra["reasoning_content"] for i in range(3)]
+    assert texts == alone and len(set(texts)) > 1
+    assert many.usage.completion_tokens == 30
+    assert many.usage.prompt_tokens == _ask(server, prompt, max_tokens=1).usage.prompt_tokens
+    before = _metrics(url)["r1desk_prompt_cached_tokens_total"]
+    chunks = list(_client(url, key="none").chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": prompt + "!"}], n=3, seed=7, stream=True,
+        stream_options={"include_usage": True}, **kw))
+    streamed = {i: "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks
+                           if c.choices and c.choices[0].index == i) for i in range(3)}
+    assert all(streamed.values())
+    finishes = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finishes == [0, 1, 2]
+    assert chunks[-1].usage.completion_tokens == 30
+    # the two choices after the first found the new prompt's full blocks in the prefix cache
+    assert _metrics(url)["r1desk_prompt_cached_tokens_total"] - before >= 2 * 64
+
+
+def test_n_is_bounded(server):
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match="at most 16"):
+        _ask(server, "hi", max_tokens=2, n=17)

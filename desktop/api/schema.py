@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_N = 16  # choices a request may ask for (each is a reply; with several at once they decode together)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 # engine finish reasons -> OpenAI's. "cancelled" is only seen when a stop string ended the reply ("stop").
@@ -45,6 +46,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
+    n: int = 1  # replies (choices) to sample
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -153,8 +155,8 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
                        param="model", code="model_not_found")
     messages = parse_messages(body.get("messages"))
     n = _integer(body, "n", 1)
-    if n not in (None, 1):
-        raise _bad("n", "'n' must be 1: this server writes one reply per request")
+    if n is not None and n > MAX_N:
+        raise _bad("n", f"'n' must be at most {MAX_N}")
     for name in ("tools", "functions"):
         if body.get(name):
             raise _bad(name, f"'{name}': tool calling is not supported by this server")
@@ -196,7 +198,7 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
     if len(stops) > MAX_STOP_STRINGS:
         raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
     return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
-                       include_usage=include_usage, stop=[s for s in stops if s])
+                       include_usage=include_usage, stop=[s for s in stops if s], n=n or 1)
 
 
 class StopMatcher:
@@ -237,28 +239,37 @@ def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def usage(stats: dict) -> dict:
-    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("completion_tokens", 0))
+def usage(stats: dict | list[dict]) -> dict:
+    """OpenAI's usage of one reply's stats, or of n replies to one prompt (the prompt counted once, as OpenAI
+    does; its cached tokens from the first reply)."""
+    all_stats = stats if isinstance(stats, list) else [stats]
+    first = all_stats[0]
+    prompt = int(first.get("prompt_tokens", 0))
+    completion = sum(int(s.get("completion_tokens", 0)) for s in all_stats)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": int(stats.get("prefix_reused_tokens", 0))},
-            "completion_tokens_details": {"reasoning_tokens": int(stats.get("reasoning_tokens", 0))}}
+            "prompt_tokens_details": {"cached_tokens": int(first.get("prefix_reused_tokens", 0))},
+            "completion_tokens_details": {"reasoning_tokens": sum(int(s.get("reasoning_tokens", 0))
+                                                                  for s in all_stats)}}
 
 
-def completion(cid: str, created: int, model: str, reasoning: str, answer: str, finish: str, stats: dict) -> dict:
+def choice(index: int, reasoning: str, answer: str, finish: str) -> dict:
     message = {"role": "assistant", "content": answer}
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+    return {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
+
+
+def completion(cid: str, created: int, model: str, choices: list[dict], stats: dict | list[dict]) -> dict:
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "usage": usage(stats)}
 
 
-def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, index: int = 0) -> dict:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
 
-def usage_chunk(cid: str, created: int, model: str, stats: dict) -> dict:
+def usage_chunk(cid: str, created: int, model: str, stats: dict | list[dict]) -> dict:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
             "usage": usage(stats)}
 
@@ -280,18 +291,18 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 class SseChunks:
-    """sse(chunk(cid, created, model, delta, finish)) for one stream, with the bytes around the delta built once:
-    the same bytes, without serializing the whole chunk for every token."""
+    """sse(chunk(cid, created, model, delta, finish, index)) for one choice of a stream, with the bytes around the
+    delta built once: the same bytes, without serializing the whole chunk for every token."""
 
-    def __init__(self, cid: str, created: int, model: str):
-        head, _, tail = sse(chunk(cid, created, model, {"@": 0})).rpartition(b'{"@":0}')  # the last field but two
-        self.head = head
+    def __init__(self, cid: str, created: int, model: str, index: int = 0):
+        head, _, tail = sse(chunk(cid, created, model, {"@": 0}, index=index)).rpartition(b'{"@":0}')
+        self.head = head  # the whole chunk up to the delta, the last field but two
         self.tail = tail  # ',"finish_reason":null,"logprobs":null}]}\n\n'
-        self.cid, self.created, self.model = cid, created, model
+        self.cid, self.created, self.model, self.index = cid, created, model, index
 
     def __call__(self, delta: dict, finish: str | None = None) -> bytes:
         if finish is not None:
-            return sse(chunk(self.cid, self.created, self.model, delta, finish))
+            return sse(chunk(self.cid, self.created, self.model, delta, finish, self.index))
         return self.head + json.dumps(delta, ensure_ascii=False, separators=(",", ":")).encode() + self.tail
 
 

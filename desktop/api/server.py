@@ -245,92 +245,115 @@ class ApiServer:
         req = schema.parse_chat_request(body, model_id, self.defaults)
         # No max_tokens: the rest of the context (as vLLM does), so a long chain of thought is never cut short.
         req.settings.setdefault("max_new_tokens", int((self.service.info or {}).get("context_length", 4096)))
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue = asyncio.Queue()  # (choice index, kind, ...) of every choice's reply
+        if req.n > 1 and self.service.state == "ready" and \
+                len(self.service.waiting) + req.n > self.service.max_waiting:
+            raise ApiError(429, f"too many requests are waiting ({len(self.service.waiting)} of "
+                                f"{self.service.max_waiting}, and this one asks for {req.n} replies); retry later",
+                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        cid = schema.completion_id()
+        gens = []
         try:
-            gen = self.service.submit(req.messages, dict(req.settings), client="api", label=_client_label(request))
+            for i in range(req.n):
+                settings = dict(req.settings)
+                if "seed" in settings:  # n samples of one seed: seed, seed + 1, ... (each replays alone)
+                    settings["seed"] = (settings["seed"] + i) % (2 ** 32)
+                gens.append(self.service.submit(req.messages, settings, client="api", label=_client_label(request),
+                                                samples_of=(cid, req.n) if req.n > 1 else None))
+                self._route(gens[-1], i, events)
         except QueueFull as err:
+            for gen in gens:
+                gen.cancel()
             raise ApiError(429, f"too many requests are waiting ({err}); retry later", type_="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except NotReady as err:
             raise ApiError(503, f"{err}; try again when it is ready", type_="server_error", code="model_not_ready",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        gen.started.connect(lambda started: events.put_nowait(("started", started)))
-        gen.delta.connect(lambda text, kind, n: events.put_nowait(("delta", text, kind)))
-        gen.finished.connect(lambda result: events.put_nowait(("finished", result)))
-        gen.failed.connect(lambda kind, message: events.put_nowait(("failed", kind, message)))
         try:
             first = await events.get()  # waits in the queue, then through the prefill
-            if first[0] == "failed":
-                raise _generation_error(first[1], first[2])
+            if first[1] == "failed":
+                raise _generation_error(first[2], first[3])
+            events.put_nowait(first)  # ... and is read again below with the rest
             if req.stream:
-                return await self._stream(request, req, gen, events, model_id)
-            return await self._collect(req, gen, events, model_id)
+                return await self._stream(request, req, gens, events, model_id, cid)
+            return await self._collect(req, gens, events, model_id, cid)
         finally:
-            if gen.state != "done":
-                gen.cancel()  # the client went away (handler cancelled) or the response failed mid-way
+            for gen in gens:
+                if gen.state != "done":
+                    gen.cancel()  # the client went away (handler cancelled) or the response failed mid-way
 
-    async def _collect(self, req, gen, events, model_id) -> web.Response:
-        stop = schema.StopMatcher(req.stop)
-        reasoning, answer = [], []
-        while True:
+    @staticmethod
+    def _route(gen, index: int, events: asyncio.Queue) -> None:
+        gen.started.connect(lambda started: events.put_nowait((index, "started", started)))
+        gen.delta.connect(lambda text, kind, n: events.put_nowait((index, "delta", text, kind)))
+        gen.finished.connect(lambda result: events.put_nowait((index, "finished", result)))
+        gen.failed.connect(lambda kind, message: events.put_nowait((index, "failed", kind, message)))
+
+    async def _collect(self, req, gens, events, model_id, cid) -> web.Response:
+        stops = [schema.StopMatcher(req.stop) for _ in gens]
+        reasoning, answer = [[] for _ in gens], [[] for _ in gens]
+        choices, stats = [None] * len(gens), [None] * len(gens)
+        while any(c is None for c in choices):
             ev = await events.get()
-            if ev[0] == "delta":
-                if ev[2] == "reasoning":
-                    reasoning.append(ev[1])
+            i, kind = ev[0], ev[1]
+            if kind == "delta":
+                if ev[3] == "reasoning":
+                    reasoning[i].append(ev[2])
                 else:
-                    answer.append(stop.feed(ev[1]))
-                    if stop.hit:
-                        gen.cancel()
-            elif ev[0] == "finished":
-                stats = ev[1]["stats"]
-                answer.append(stop.flush())
-                finish = "stop" if stop.hit else schema.FINISH_REASONS.get(stats["finish_reason"], "stop")
-                return web.json_response(schema.completion(
-                    schema.completion_id(), schema.now(), model_id, "".join(reasoning), "".join(answer), finish,
-                    stats), dumps=_dumps)
-            elif ev[0] == "failed":
-                raise _generation_error(ev[1], ev[2], started=True)
+                    answer[i].append(stops[i].feed(ev[2]))
+                    if stops[i].hit:
+                        gens[i].cancel()
+            elif kind == "finished":
+                stats[i] = ev[2]["stats"]
+                answer[i].append(stops[i].flush())
+                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+                choices[i] = schema.choice(i, "".join(reasoning[i]), "".join(answer[i]), finish)
+            elif kind == "failed":
+                raise _generation_error(ev[2], ev[3], started=True)
+        return web.json_response(schema.completion(cid, schema.now(), model_id, choices, stats), dumps=_dumps)
 
-    async def _stream(self, request, req, gen, events, model_id) -> web.StreamResponse:
-        cid, created = schema.completion_id(), schema.now()
-        stop = schema.StopMatcher(req.stop)
-        sse_delta = schema.SseChunks(cid, created, model_id)
+    async def _stream(self, request, req, gens, events, model_id, cid) -> web.StreamResponse:
+        created = schema.now()
+        stops = [schema.StopMatcher(req.stop) for _ in gens]
+        sse_delta = [schema.SseChunks(cid, created, model_id, index=i) for i in range(len(gens))]
         resp = _SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                      "X-Accel-Buffering": "no"})
         origin = self._listed_origin(request)
         if origin:
             resp.headers.update(self._cors_headers(origin))
         await resp.prepare(request)
-        # What is ready goes out in one write: the headers, the role chunk and the first token (the real engine's
+        # What is ready goes out in one write: the headers, the role chunks and the first token (the real engine's
         # Started and first Delta arrive together), and later every delta that queued up during a write.
-        out = [sse_delta({"role": "assistant", "content": ""})]
-        while True:
+        out = [chunks({"role": "assistant", "content": ""}) for chunks in sse_delta]
+        stats: list = [None] * len(gens)
+        while any(s is None for s in stats):
             if out and events.empty():
                 await resp.write(b"".join(out))
                 out.clear()
             ev = await events.get()
-            if ev[0] == "delta":
-                text, kind = ev[1], ev[2]
-                if kind == "answer":
-                    text = stop.feed(text)
-                    if stop.hit:
-                        gen.cancel()
+            i, kind = ev[0], ev[1]
+            if kind == "delta":
+                text, part = ev[2], ev[3]
+                if part == "answer":
+                    text = stops[i].feed(text)
+                    if stops[i].hit:
+                        gens[i].cancel()
                 if text:
-                    out.append(sse_delta(schema.delta_for(kind, text)))
-            elif ev[0] == "finished":
-                stats = ev[1]["stats"]
-                tail = stop.flush()
+                    out.append(sse_delta[i](schema.delta_for(part, text)))
+            elif kind == "finished":
+                stats[i] = ev[2]["stats"]
+                tail = stops[i].flush()
                 if tail:
-                    out.append(sse_delta({"content": tail}))
-                finish = "stop" if stop.hit else schema.FINISH_REASONS.get(stats["finish_reason"], "stop")
-                out.append(sse_delta({}, finish))
-                if req.include_usage:
-                    out.append(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
-                break
-            elif ev[0] == "failed":  # the 200 status is set: the error goes in the stream, as OpenAI's does
-                err = _generation_error(ev[1], ev[2], started=True)
+                    out.append(sse_delta[i]({"content": tail}))
+                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+                out.append(sse_delta[i]({}, finish))
+            elif kind == "failed":  # the 200 status is set: the error goes in the stream, as OpenAI's does
+                err = _generation_error(ev[2], ev[3], started=True)
                 out.append(schema.sse(err.body()))
                 break
+        else:
+            if req.include_usage:
+                out.append(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
         out.append(schema.SSE_DONE)
         await resp.write_eof(b"".join(out))
         return resp
