@@ -274,6 +274,14 @@ def cmd_bench(args) -> int:
 
     if args.batch:
         return _bench_batch(args)
+    if args.scenario == "serve":
+        from model_loader.bench_serve import format_serve, run_serve_scenario
+
+        extra = ["--context", str(args.context)] + (["--dtype", args.dtype] if args.dtype else [])
+        result = run_serve_scenario(args.model, args.device, args.clients, args.requests, args.max_parallel,
+                                    new_tokens=args.new_tokens, extra=extra)
+        print(json.dumps(result, indent=2) if args.json else format_serve(result))
+        return 1 if result["errors"] else 0
     if args.scenario == "chat" or args.depths:
         return _bench_scenario(args)
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
@@ -466,10 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "(e.g. 512,4096,16384,32768); the context is sized to fit")
     bench.add_argument("--batch", type=_counts("sequence counts"), metavar="B1,B2,...",
                        help="aggregate decode tok/s with this many sequences decoding together (continuous batching)")
-    bench.add_argument("--scenario", choices=["headline", "chat"], default="headline",
+    bench.add_argument("--clients", type=_count(1), default=16, help="--scenario serve: concurrent HTTP clients")
+    bench.add_argument("--requests", type=_count(1), default=200, help="--scenario serve: requests in all")
+    bench.add_argument("--max-parallel", type=_count(1), default=32,
+                       help="--scenario serve: the server's --max-parallel")
+    bench.add_argument("--scenario", choices=["headline", "chat", "serve"], default="headline",
                        help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
                             "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
-                            "tok/s per turn")
+                            "tok/s per turn; serve: --clients streaming HTTP clients send --requests requests "
+                            "to `serve --max-parallel`: TTFT and whole-request P50/P90/P95/max, tok/s, errors")
     bench.add_argument("--user-tokens", type=_count(1), default=1024, help="--scenario chat: tokens per user turn")
     bench.add_argument("--reply-tokens", type=_count(1), default=2048, help="--scenario chat: tokens per reply")
     bench.add_argument("--json", action="store_true")

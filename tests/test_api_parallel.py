@@ -142,3 +142,14 @@ def test_n_is_bounded(server):
 
     with pytest.raises(BadRequestError, match="at most 16"):
         _ask(server, "hi", max_tokens=2, n=17)
+
+
+def test_the_serve_benchmark_times_every_request(tiny_model):
+    from test_cli import cli
+
+    out = json.loads(cli("bench", "--model", tiny_model, "--device", "cpu", "--scenario", "serve", "--clients", "3",
+                         "--requests", "5", "--max-parallel", "2", "--new-tokens", "6", "--context", "512",
+                         "--json").stdout)
+    assert out["errors"] == 0 and out["requests"] == 5 and out["tokens"] == 30 and out["max_parallel"] == 2
+    assert 0 < out["ttft_ms_p50"] <= out["ttft_ms_p95"] <= out["ttft_ms_max"]
+    assert out["e2e_s_p50"] <= out["e2e_s_max"] <= out["wall_s"]
