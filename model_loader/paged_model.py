@@ -100,8 +100,8 @@ class PagedForward:
     @torch.inference_mode()
     def step(self, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
         """tokens/positions: [T] new tokens of every sequence, each sequence's rows together (SeqSlice), the
-        decoding ones first. Writes their K/V into the cache and returns fp32 logits [S, V] for the sequences
-        with logits=True, in order."""
+        decoding ones first. Writes their K/V into the cache and returns logits [S, V] for the sequences
+        with logits=True, in order (a decode step's graph returns them in the model's dtype)."""
         if self.graphs and all(seq.rows == 1 for seq in seqs):
             bucket = self._bucket(len(seqs))
             if bucket in self.graphs:
@@ -230,7 +230,7 @@ class PagedForward:
                                      non_blocking=True)
         graph, logits = self.graphs[bucket]
         graph.replay()
-        return logits[:b].float()
+        return logits[:b]  # in the model's dtype: argmax and the sampler take it as it is (no fp32 copy of B rows)
 
     # ---------------------------------------------------------------- attention
     def _kernel_attention(self, tables: torch.Tensor, lengths: torch.Tensor):
