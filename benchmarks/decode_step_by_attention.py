@@ -4,7 +4,7 @@ Inside the step the attention's kernels overlap their neighbours (programmatic d
 alone ranks its shapes differently: this captures one greedy decode graph per configuration (each candidate of
 triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --reduce SxD,...: each also
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
-each depth. The warm-up does the same on a smaller scale (engine.DecodeStep.tune).
+each depth. The warm-up does the same on a smaller scale (decode_graphs.DecodeStep.tune).
 usage: python benchmarks/decode_step_by_attention.py MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
            [--per-sm 3,4] [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--whole-tiles] [--json OUT]
 --kv-cache 8-bit: over the 8-bit cache (its own candidates, triton_ops.KV8_CONFIGS, too).

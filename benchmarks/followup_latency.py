@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model_loader.bench import bench_prompt  # noqa: E402
-from model_loader.engine import STOP_THINKING_TEXT, Engine  # noqa: E402
+from model_loader.chat import STOP_THINKING_TEXT  # noqa: E402
+from model_loader.engine import Engine  # noqa: E402
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings  # noqa: E402
 
 PREFIXES = (512, 4096, 8192)

@@ -35,7 +35,7 @@ def _gib(n: float) -> str:
 
 def kernel_choices_text(info: dict) -> str:
     """What the warm-up measured and chose on this GPU, for the device line's tooltip: the decode attention per
-    context depth (engine.DecodeStep.tune: the whole step timed with each shape; a shape the GPU had no room for
+    context depth (decode_graphs.DecodeStep.tune: the whole step timed with each shape; a shape the GPU had no room for
     shows as the fallback that runs) and, per weight shape, cuBLAS or our single-token kernel."""
     if info.get("kernels") != "triton":
         return "Plain PyTorch operations (no usable Triton here): nothing is tuned."

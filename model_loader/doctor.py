@@ -9,7 +9,7 @@ import sys
 def _gpu_facts() -> dict:
     import torch
 
-    from model_loader.engine import pick_dtype
+    from model_loader.device import pick_dtype
     from model_loader.gpu_support import check_cuda_device, list_gpus
 
     facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
@@ -17,7 +17,7 @@ def _gpu_facts() -> dict:
         facts["why_no_cuda"] = ("this torch is a CPU-only build; install the CUDA build (see README)"
                                 if torch.version.cuda is None else "no NVIDIA GPU or driver visible to torch")
         return facts
-    from model_loader.engine import pick_device
+    from model_loader.device import pick_device
     from model_loader.errors import GpuUnsupportedError
 
     try:
@@ -30,7 +30,7 @@ def _gpu_facts() -> dict:
         "cuda_device": f"cuda:{index}",
         "compute_capability": f"{props.major}.{props.minor}",
         "vram_gib": round(props.total_memory / 2**30, 2),
-        # what r1desk computes in by default (engine.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
+        # what r1desk computes in by default (device.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
         # GPU (it only makes a tensor), while cuBLAS has no bf16 before Turing
         "default_precision": str(pick_dtype(torch.device("cuda", index))).removeprefix("torch."),
         "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
@@ -91,7 +91,7 @@ def collect() -> dict:
         info["triton"] = None
     info["kernels"] = "triton" if triton_available("cuda" if torch.cuda.is_available() else "cpu") else "pytorch"
     from model_loader.awq import int4pack_supported
-    from model_loader.engine import choose_int4_layout
+    from model_loader.variants import choose_int4_layout
 
     gpu = torch.device(info["cuda_device"]) if "cuda_device" in info else None
     path = choose_int4_layout(gpu or torch.device("cpu"), torch.bfloat16, info["kernels"] == "triton", None)

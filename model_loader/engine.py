@@ -21,27 +21,27 @@ from typing import Iterator
 
 import torch
 
-from model_loader.awq import int4pack_supported
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
-from model_loader.chat import (STOP_THINKING_TEXT, AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter,  # noqa: F401
+from model_loader.chat import (STOP_THINKING_TEXT, AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter,
                                StreamingDetokenizer, history_message)
 from model_loader.common_prefix import common_prefix
 from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
-from model_loader.gpu_support import check_cuda_device
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.tokenizer import check_vocabulary, load_tokenizer
-from model_loader.errors import ContextFullError, GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
-from model_loader.forced_tokens import RING, ClosePush, ForcedTokens
+from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+from model_loader.forced_tokens import RING, ClosePush
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
 from model_loader.kernels import precompile, reference
 from model_loader.kernels import triton_available, triton_works
-from model_loader.kernels.side_stream import graph_capture, side_stream
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
 from model_loader.sampling import SamplerParams, greedy, sample
 from model_loader.stats import decode_context, gpu_uuid, memory_stats
 from model_loader.weights import load_peak_bytes, load_weights
+from model_loader.device import pick_device, pick_dtype, use_device
+from model_loader.decode_graphs import DecodeStep, PrefillGraphs
+from model_loader.variants import choose_int4_layout, kernel_variant, quantization_label
 
 log = logging.getLogger(__name__)
 
@@ -54,291 +54,6 @@ log = logging.getLogger(__name__)
 # stop-thinking doesn't: the queued steps take the close tag in place of their samples (forced_tokens).
 QUEUED_STEPS = 4
 OOM_ADVICE = "try a shorter context length or 4-bit (AWQ) weights"
-
-
-def pick_device(requested: str | None) -> torch.device:
-    """The device to run on, always with its index ("cuda" -> "cuda:1"). "auto" and a bare "cuda" take the first
-    GPU, in CUDA's order (fastest first unless CUDA_DEVICE_ORDER says otherwise; CUDA_VISIBLE_DEVICES narrows it),
-    that this torch build has code for: a desktop whose first GPU is too old for it (a GTX 1060 beside an RTX 4070
-    under a CUDA 13 build) runs on the other one instead of offering the CPU. "cuda:N" is that GPU or an error.
-    ModelError for a GPU that can't be used: GpuUnsupportedError where this torch build has no code for any GPU
-    asked for (auto included: the CPU would be a silent slowdown of many times, so the user chooses it)."""
-    if requested in (None, "auto") and not torch.cuda.is_available():
-        return torch.device("cpu")
-    dev = torch.device("cuda" if requested in (None, "auto") else requested)
-    if dev.type != "cuda":
-        return dev
-    if not torch.cuda.is_available():
-        build = "a CPU-only build of torch" if torch.version.cuda is None else "no usable NVIDIA GPU/driver"
-        raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
-    count = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= count:
-        raise GpuMissingError(f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from "
-                              f"cuda:0", dev.index, count)
-    candidates = [dev.index] if dev.index is not None else list(range(count))
-    problems = []
-    for index in candidates:  # before any kernel: an unsupported GPU would fail with "no kernel image"
-        problem = check_cuda_device(index)
-        if problem is None:
-            if problems:
-                log.warning("running on cuda:%d; the GPU(s) before it can't be used: %s", index, " ".join(problems))
-            return torch.device("cuda", index)
-        problems.append(problem)
-    others = len(problems) - 1
-    also = {0: "", 1: " The machine's other GPU is not supported either."}.get(
-        others, f" Nor are the machine's {others} other GPUs.")
-    raise GpuUnsupportedError(problems[0] + also)
-
-
-def use_device(dev: torch.device) -> None:
-    """Make `dev` this thread's current CUDA device. Torch's own ops follow their tensors' device, but Triton
-    launches on the thread's current device and stream, CUDA graphs capture there, and torch.cuda calls without a
-    device (current_stream, synchronize, manual_seed, Event) mean it: on cuda:1 they would all go to cuda:0. The
-    current device is per thread, so every Engine entry point that runs GPU work calls this first."""
-    if dev.type == "cuda" and torch.cuda.current_device() != dev.index:
-        torch.cuda.set_device(dev)
-
-
-def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
-    if requested:
-        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[requested]
-    if device.type == "cuda":
-        # bf16 where the GPU's matrix multiplies take it: natively from compute capability 8.0, emulated by cuBLAS on
-        # Turing (7.5; PyTorch tests it on the T4). Older GPUs (Pascal, Volta: reachable with PyTorch's CUDA 12.6
-        # builds) fail bf16 GEMMs with CUBLAS_STATUS_NOT_SUPPORTED, while torch.cuda.is_bf16_supported() says yes
-        # there (it only checks that a bf16 tensor can be made): fp16 instead, which the warm-up checks for overflow.
-        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (7, 5) else torch.float16
-    return torch.float32
-
-
-class DecodeStep:
-    """Static input/output buffers for one decode step, and its CUDA graphs: one per sampling mode and decode
-    attention configuration. `plan` maps depth buckets to the configuration tuned for them at warm-up (tune());
-    the host knows each step's position, so it picks the graph without asking the GPU anything."""
-
-    TUNE_REPLAYS = 4  # timed replays per configuration, depth and round (after one untimed one)
-    TUNE_ROUNDS = 3
-
-    def __init__(self, model: Qwen2Model, params: SamplerParams, use_graphs: bool, think_close_id: int | None):
-        self.model, self.params, self.use_graphs = model, params, use_graphs
-        self.token = torch.zeros(1, dtype=torch.int64, device=model.device)  # input; the committed token after
-        self.pos = torch.zeros(1, dtype=torch.int32, device=model.device)
-        self.forced = ForcedTokens(model.device, think_close_id, use_triton=model.use_triton)
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # (mode, attention config) -> graph
-        self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
-        self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
-        self.tuned_us: dict = {}  # tune(): {upper depth: {config: us per step}}
-
-    def config_for(self, length: int):
-        """The attention configuration for a step that attends over `length` cached tokens."""
-        return next((config for upper, config in self.plan if length <= upper), self.plan[-1][1])
-
-    def _step(self, mode: str, pos: int, config) -> None:
-        self.model.set_decode_attention_config(config)
-        logits = self.model.decode(self.token, self.pos, pos, float_logits=False)  # no fp32 copy of 152k logits
-        nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
-        self.forced.commit(nxt, self.token, self.pos)  # token <- nxt or a forced token; pos += 1
-
-    def captured(self, mode: str) -> bool:
-        return not self.use_graphs or all((mode, config) in self.graphs for _, config in self.plan)
-
-    def capture(self, mode: str) -> None:
-        """Capture this mode's graph for every configuration in the plan (once each)."""
-        for config in dict.fromkeys(config for _, config in self.plan):
-            if not self.use_graphs or (mode, config) in self.graphs:
-                continue
-            stream = side_stream(self.model.device)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(2):  # warm-up outside the graph: Triton JIT, cuBLAS workspaces
-                    self.pos.zero_()
-                    self._step(mode, 0, config)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            self.pos.zero_()
-            with graph_capture(graph, self.model.device), torch.inference_mode():
-                self._step(mode, 0, config)
-            self.graphs[(mode, config)] = graph
-
-    def tune(self, configs, buckets: list[int]) -> dict:
-        """Choose each depth bucket's decode attention configuration by timing the whole decode step: a greedy
-        graph captured per configuration, replayed at the top of each bucket. Timed alone, the attention ranks
-        its shapes differently than inside the step, where its kernels overlap their neighbours (programmatic
-        dependent launch): on the H200 (2026-12-03) the shape that is fastest alone up to 1k tokens made the bf16
-        step 3% slower than another. The configurations take turns, TUNE_ROUNDS rounds of TUNE_REPLAYS replays
-        each, and each one's median counts, so a passing clock change doesn't pick the winner. Sets `plan`,
-        keeps the chosen graphs and returns {"plan", "timings_us": {upper depth: {config: us per step}}}.
-        Configurations this GPU can't run are skipped."""
-        for config in configs:
-            self.plan = [(self.model.max_ctx, config)]
-            try:
-                self.capture("greedy")
-            except torch.cuda.OutOfMemoryError:
-                raise  # not this configuration's fault: the warm-up reports it
-            except Exception as err:  # e.g. more shared memory than this GPU has: the others still serve
-                log.warning("decode attention %s can't run here: %s", config, err)
-        timings, plan = {}, []
-        for upper in buckets:
-            # replays from `first` on: the last timed one attends over `upper` tokens
-            first = max(0, upper - 1 - self.TUNE_REPLAYS)
-            runs: dict = {config: [] for config in configs if ("greedy", config) in self.graphs}
-            for _ in range(self.TUNE_ROUNDS):
-                for config, times in runs.items():
-                    times.append(self.time_replays(self.graphs[("greedy", config)], first))
-            row = {config: sorted(times)[len(times) // 2] for config, times in runs.items()}
-            # none could run: the default, whose capture below then reports why
-            plan.append((upper, min(row, key=row.get) if row else configs[0]))
-            timings[upper] = {str(config): round(us, 1) for config, us in row.items()}
-        chosen = {config for _, config in plan}
-        for config in configs:
-            if config not in chosen:
-                self.graphs.pop(("greedy", config), None)
-        self.plan, self.tuned_us = plan, timings
-        return {"plan": plan, "timings_us": timings}
-
-    def time_replays(self, graph, first: int, replays: int | None = None) -> float:
-        """GPU microseconds per replay of a decode graph from position `first` (each replay advances it; one
-        untimed replay first). replays: TUNE_REPLAYS unless given (benchmarks time more)."""
-        replays = replays or self.TUNE_REPLAYS
-        self.pos.fill_(first)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1000.0 / replays
-
-    def run(self, mode: str, pos: int) -> None:
-        config = self.config_for(pos + 1)
-        graph = self.graphs.get((mode, config))
-        if graph is not None:
-            graph.replay()
-        else:
-            with torch.inference_mode():
-                self._step(mode, pos, config)
-
-
-class PrefillGraphs:
-    """Prefills by CUDA graphs captured per length bucket: the new tokens are padded to the next bucket, so a
-    512-token prefill is one replay instead of ~450 launches from Python, which made time to first token depend
-    on the host CPU. Two graphs per bucket: fresh prompts (SDPA's causal flash attention) and prompts after a
-    cached prefix (follow-up turns, the stop-thinking injection, regenerate), whose prefix length is a device
-    input read by our Triton attention, so one graph serves any prefix. All are captured at warm-up (nothing is
-    compiled or captured after "ready") and share one memory pool (they never run at once)."""
-
-    BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
-
-    def __init__(self, model: Qwen2Model):
-        self.model = model
-        self.buckets = self.buckets_for(model.max_ctx, model.PREFILL_CHUNK)
-        largest = self.buckets[-1]
-        self.tokens = torch.zeros(largest, dtype=torch.int64, device=model.device)
-        self.staging = torch.zeros(largest, dtype=torch.int64, pin_memory=model.device.type == "cuda")
-        self.staging_np = self.staging.numpy()
-        self.staged = None  # a CUDA event: the last copy out of the staging buffer has run
-        self.last = torch.zeros(1, dtype=torch.int64, device=model.device)
-        self.start = torch.zeros(1, dtype=torch.int32, device=model.device)  # 0 for the fresh graphs
-        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (fresh, bucket) -> graph
-        self.outputs: dict[tuple[bool, int], torch.Tensor] = {}
-        self.pool = None
-
-    @classmethod
-    def buckets_for(cls, max_ctx: int, chunk: int) -> tuple[int, ...]:
-        """The buckets captured for a context of max_ctx tokens (none longer than a prefill chunk)."""
-        return tuple(b for b in cls.BUCKETS if b <= min(max_ctx, chunk)) or cls.BUCKETS[:1]
-
-    def bucket_for(self, n: int, start: int) -> int | None:
-        """The smallest bucket that holds n new tokens and, padded, still ends inside the cache."""
-        return next((b for b in self.buckets if b >= n and start + b <= self.model.max_ctx), None)
-
-    def capture(self, bucket: int) -> None:
-        for fresh in (True, False):
-            key = (fresh, bucket)
-            if key in self.graphs:
-                continue
-            tokens = self.tokens[:bucket]
-            self.start.zero_()
-            stream = side_stream(self.model.device)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.inference_mode():
-                self.model.prefill_static(tokens, self.last, self.start, fresh)  # warm-up outside the graph
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with graph_capture(graph, self.model.device, self.pool), torch.inference_mode():
-                self.outputs[key] = self.model.prefill_static(tokens, self.last, self.start, fresh)
-            self.graphs[key] = graph
-
-    def run(self, ids: list[int], start: int) -> torch.Tensor | None:
-        """Logits [1, V] of the last of `ids` (new tokens at positions start..), or None if no captured bucket
-        fits (then the caller prefills eagerly)."""
-        key = (start == 0, self.bucket_for(len(ids), start))
-        if key not in self.graphs:
-            return None
-        # Through a pinned staging buffer written by numpy: torch.tensor(list) took ~0.1-0.2 ms for 2,048 ids,
-        # all of it ahead of the prefill on a follow-up's time to first token. The copy is queued ahead of the
-        # replay on the same stream; the staging is rewritten only once the last copy out of it has run (it
-        # has, unless a reply was abandoned before its first token was read).
-        if self.staged is not None:
-            self.staged.synchronize()
-        self.staging_np[: len(ids)] = ids
-        self.tokens[: len(ids)].copy_(self.staging[: len(ids)], non_blocking=True)
-        if self.staging.is_pinned():
-            self.staged = self.staged or torch.cuda.Event()
-            self.staged.record()
-        self.last.fill_(len(ids) - 1)
-        self.start.fill_(start)
-        self.graphs[key].replay()
-        return self.outputs[key]
-
-
-INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}
-
-
-def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None,
-                       capability: tuple | None = None) -> str | None:
-    """Which int4 path an AWQ checkpoint runs on. capability: the CUDA GPU's (major, minor), read from dev when
-    not given. By default:
-      - our Triton int4 kernels on Hopper (sm90) where Triton runs: fastest there (H200, 2026-12-02: 970
-        tok/s against 813 for torch's int4 kernel, TTFT 5.1 vs 6.1 ms; docs/BENCHMARKS.md);
-      - torch's int4 kernel on the other sm80+ GPUs in bf16 (what the 4-bit issue specifies; ours is not
-        measured on them yet), its prefill replaced by our dequantiser + cuBLAS where Triton runs (Linears);
-      - our Triton kernels on older GPUs and in fp16; else None: dequantised to dense at load.
-    forced ("torch", "triton", "dequantize") picks one; ModelError if it can't run here."""
-    possible = {"dequantize": None}
-    if triton_ok:
-        possible["triton"] = "triton"
-    if dtype == torch.bfloat16 and int4pack_supported(dev):
-        possible["torch"] = "torch"
-    if forced is not None:
-        if forced not in possible:
-            raise ModelError(f"the {forced} int4 path can't run here (available: {', '.join(possible)})")
-        return possible[forced]
-    if capability is None and dev.type == "cuda":
-        capability = torch.cuda.get_device_capability(dev)
-    if capability is not None and capability[0] == 9 and "triton" in possible:
-        return "triton"
-    return possible.get("torch", possible.get("triton"))
-
-
-def quantization_label(cfg, int4: str | None, dtype: torch.dtype, int4pack_prefill: bool) -> str | None:
-    """How the weights are held, as EngineInfo.quantization says it (None: a dense checkpoint)."""
-    if cfg.awq is None:
-        return None
-    if int4pack_prefill:
-        return "awq-int4 (torch int4 kernel + cuBLAS prefill)"
-    return INT4_LABELS.get(int4, f"awq (dequantized to {str(dtype).replace('torch.', '')})")
-
-
-def kernel_variant(cfg, dtype: torch.dtype, quantization: str | None, kv_cache: str = KV_16BIT) -> str:
-    """What our kernels are compiled for besides the GPU: dtype, head layout, quantization, an 8-bit KV cache
-    (kernel_cache)."""
-    return (f"{str(dtype).replace('torch.', '')}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x"
-            f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}" + ("" if kv_cache == KV_16BIT else f"|kv {kv_cache}"))
 
 
 @dataclass

@@ -172,7 +172,7 @@ def _search_clip(w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int =
 def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None, samples: int = 128,
              seq_len: int = 512, device: str | None = None, clip: bool = True,
              progress: Callable[[int, int, str], None] | None = None) -> QuantizeReport:
-    from model_loader.engine import pick_device, use_device
+    from model_loader.device import pick_device, use_device
     from model_loader.locate import resolve_model
     from model_loader.qwen2 import rope_tables
     from model_loader.tokenizer import load_tokenizer

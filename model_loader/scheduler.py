@@ -39,7 +39,7 @@ import torch
 
 from model_loader.chat import STOP_THINKING_TEXT
 from model_loader.errors import ContextFullError, ModelError
-from model_loader.events import (Delta, Failed, Finished, GenerationControl, GenerationStats, SamplingSettings,
+from model_loader.events import (Failed, Finished, GenerationControl, GenerationStats, SamplingSettings,
                                  Started)
 from model_loader.kv_blocks import BlockPool, BlockTable
 from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice

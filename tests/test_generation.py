@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from model_loader.engine import common_prefix
+from model_loader.common_prefix import common_prefix
 from model_loader.errors import ContextFullError
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings, Started
 

@@ -93,7 +93,7 @@ def gtx_1060_with_cuda13_torch(monkeypatch):
 def test_the_gpu_asked_for_is_the_one_checked(monkeypatch):
     """Two GPUs: an RTX 4070 (cuda:0) and a GTX 1060 (cuda:1) under the CUDA 13 build. Loading on cuda:1 names
     the GTX 1060; a GPU number the machine doesn't have is a clear error too."""
-    from model_loader.engine import pick_device
+    from model_loader.device import pick_device
 
     machine(monkeypatch, [RTX_4070, GTX_1060])
     assert pick_device("cuda:0") == torch.device("cuda:0")
@@ -108,21 +108,21 @@ def test_an_unsupported_first_gpu_is_passed_over_for_one_that_works(monkeypatch,
     """A desktop that kept its GTX 1060 (cuda:0) beside a new RTX 4070 (cuda:1): the default and a bare "cuda"
     run on the RTX 4070 instead of stopping at the first GPU and offering the CPU; the device comes back with
     its number, which the engine makes its threads' current device (Triton and CUDA graphs run there)."""
-    from model_loader.engine import pick_device
+    from model_loader.device import pick_device
 
     machine(monkeypatch, [GTX_1060, RTX_4070])
     assert pick_device(device) == torch.device("cuda", 1)
 
 
 def test_a_bare_cuda_is_numbered(monkeypatch):
-    from model_loader.engine import pick_device
+    from model_loader.device import pick_device
 
     machine(monkeypatch, [RTX_4070, RTX_4070])
     assert pick_device("cuda") == torch.device("cuda", 0)  # CUDA's order: the first that works
 
 
 def test_no_supported_gpu_names_the_first_and_counts_the_rest(monkeypatch):
-    from model_loader.engine import pick_device
+    from model_loader.device import pick_device
 
     machine(monkeypatch, [GTX_1060, ((6, 1), "NVIDIA GeForce GTX 1070")])
     with pytest.raises(GpuUnsupportedError, match="GTX 1060 6GB.*whl/cu126.* other GPU is not supported either"):

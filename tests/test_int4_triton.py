@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from model_loader import awq as fmt
-from model_loader.engine import Engine, choose_int4_layout
+from model_loader.engine import Engine
+from model_loader.variants import choose_int4_layout
 from model_loader.errors import ModelError
 from model_loader.kernels import int4_triton
 from model_loader.quantize import quantize
@@ -109,9 +110,9 @@ def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
 def test_default_int4_path_follows_the_gpu_generation(monkeypatch):
     """Hopper: our Triton kernels (measured fastest there); other sm80+ GPUs: torch's int4 kernel (the issue's
     default, ours unmeasured there); either can be forced; without Triton torch's kernel runs where it can."""
-    import model_loader.engine as engine_module
+    import model_loader.variants as variants
 
-    monkeypatch.setattr(engine_module, "int4pack_supported", lambda dev: True)  # as on any CUDA sm80+ GPU
+    monkeypatch.setattr(variants, "int4pack_supported", lambda dev: True)  # as on any CUDA sm80+ GPU
     gpu, bf16 = torch.device("cuda"), torch.bfloat16
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(9, 0)) == "triton"
     assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(8, 6)) == "torch"

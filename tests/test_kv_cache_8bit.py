@@ -264,7 +264,8 @@ def test_the_engine_on_an_8bit_cache(tiny_model):
     """Load with kv_cache="8-bit": the cache is fp8 with scales (about half the bytes), the info says so, the
     kernels are prepared under their own name, and a follow-up over the cached prefix gives the same tokens as
     the same conversation prefilled afresh."""
-    from model_loader.engine import Engine, kernel_variant
+    from model_loader.engine import Engine
+    from model_loader.variants import kernel_variant
     from model_loader.events import SamplingSettings
 
     engine = Engine.load(tiny_model, device="cpu", context_length=512, kv_cache=KV_8BIT)

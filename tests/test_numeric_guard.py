@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model_loader.engine import Engine, pick_dtype
+from model_loader.device import pick_dtype
+from model_loader.engine import Engine
 from model_loader.errors import ModelError
 
 

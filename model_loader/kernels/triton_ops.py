@@ -195,7 +195,7 @@ class DecodeAttnConfig:
 
 SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per_sm (DecodeAttention resolves it)
 
-# Candidates for each depth bucket, timed at warm-up inside the whole decode step (engine.DecodeStep.tune). The
+# Candidates for each depth bucket, timed at warm-up inside the whole decode step (decode_graphs.DecodeStep.tune). The
 # first is the default where nothing was tuned (CPU interpreter, reference runs). From H200 measurements
 # (2026-12-03): attention alone (benchmarks/decode_attention_depths.py, 108 shapes) gave the first; the whole
 # step (benchmarks/decode_step_by_attention.py) showed it best for 4-bit up to ~1k tokens, and late_launch best
@@ -215,7 +215,7 @@ DECODE_ATTN_CONFIGS = (
 # compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
 # (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
-# Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket (engine.DecodeStep.
+# Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket (decode_graphs.DecodeStep.
 # tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts every fp8 pair to fp16
 # on the way into the dots: with V transposed a 128-token tile takes 762 instructions a warp in the loop at 4 warps
 # against the 16-bit kernel's 618 (sm_90, Triton 3.9: benchmarks/decode_kernel_sass.py), and with one 4-warp
@@ -352,7 +352,7 @@ def _with_splits(config: DecodeAttnConfig, splits: int) -> DecodeAttnConfig:
 class DecodeAttention:
     """Split-K flash decoding with its scratch buffers preallocated (they must outlive graph capture). The
     number of splits follows the depth on the device (_decode_chunk); `config` picks the kernel shape and can be
-    switched between graph captures (one decode graph per depth bucket, engine.DecodeStep)."""
+    switched between graph captures (one decode graph per depth bucket, decode_graphs.DecodeStep)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, dtype,
                  configs=DECODE_ATTN_CONFIGS):
