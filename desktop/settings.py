@@ -28,6 +28,7 @@ class AppSettings:
     precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32" | "awq" (the model folder is the 4-bit one)
     context_length: int = 0  # 0 = auto: from the free VRAM at load, up to 32,768 (model_loader.context)
     kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
+    max_parallel: int = 1  # replies decoded together (model_loader.scheduler); 1: one at a time, the fastest alone
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 0
@@ -40,9 +41,9 @@ class AppSettings:
     api_key: str = ""  # empty: no key asked (the server binds 127.0.0.1 only)
     api_origins: str = ""  # comma-separated web origins allowed through CORS; empty: none
 
-    MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache")
+    MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache", "max_parallel")
     # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
-    RANGES = {"context_length": (0, 131072), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
+    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
               "max_new_tokens": (0, 131072), "font_size": (8, 24), "api_port": (1024, 65535)}
     CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32", "awq"), "kv_cache": ("16-bit", "8-bit"),
                "theme": ("system", "light", "dark")}
@@ -171,6 +172,14 @@ class SettingsDialog(QDialog):
                                  "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
                                  "now, slower replies at long context. Needs an RTX 40-series or newer GPU")
         form.addRow("KV cache", self.kv_cache)
+        self.parallel = self._spin(QSpinBox(), *R["max_parallel"], settings.max_parallel, "Replies at once")
+        self.parallel.setToolTip("How many replies the model writes together: above 1, requests from other apps "
+                                 "(the local API) and your own chats are decoded side by side instead of waiting "
+                                 "in turn, for little more time than one. 1 writes one reply at a time, the "
+                                 "fastest for a single reply. Needs the 16-bit KV cache")
+        form.addRow("Replies at once", self.parallel)
+        self.kv_cache.currentIndexChanged.connect(self._on_kv_cache)
+        self._on_kv_cache()
         self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)
         self.top_p = self._spin(QDoubleSpinBox(), *R["top_p"], settings.top_p, "Top-p", step=0.05)
@@ -213,8 +222,8 @@ class SettingsDialog(QDialog):
             w.setEnabled(settings.api_enabled)
             self.api_enabled.toggled.connect(w.setEnabled)
 
-        note = QLabel("Model folder, device, precision, context length and KV cache take effect after the model "
-                      "reloads.")
+        note = QLabel("Model folder, device, precision, context length, KV cache and replies at once take effect "
+                      "after the model reloads.")
         note.setObjectName("Meta")
         note.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)
@@ -264,6 +273,13 @@ class SettingsDialog(QDialog):
         spin.setAccessibleName(name)
         return spin
 
+    def _on_kv_cache(self) -> None:
+        """Several replies at once run over the paged 16-bit cache only: with 8-bit chosen, one at a time."""
+        sixteen = self.kv_cache.currentData() == "16-bit"
+        if not sixteen:
+            self.parallel.setValue(1)
+        self.parallel.setEnabled(sixteen)
+
     def _browse(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose the model folder", self.model_path.text())
         if path:
@@ -276,6 +292,7 @@ class SettingsDialog(QDialog):
             self.precision.setCurrentIndex(self.precision.findData(d.precision))
         self.context.setValue(d.context_length)
         self.kv_cache.setCurrentIndex(self.kv_cache.findData(d.kv_cache))
+        self.parallel.setValue(d.max_parallel)
         self.temperature.setValue(d.temperature)
         self.top_p.setValue(d.top_p)
         self.top_k.setValue(d.top_k)
@@ -292,7 +309,7 @@ class SettingsDialog(QDialog):
         return AppSettings(
             model_path=self.model_path.text().strip(), device=self.device.currentData(),
             precision=self.precision.currentData(), context_length=self.context.value(),
-            kv_cache=self.kv_cache.currentData(),
+            kv_cache=self.kv_cache.currentData(), max_parallel=self.parallel.value(),
             temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
             top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),
             system_prompt=self.system_prompt.toPlainText(), theme=self.theme.currentData(),

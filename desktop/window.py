@@ -337,6 +337,7 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.chat_page)
         self.engine_state = "loading"
         self._set_status("Starting…", busy=True)
+        self.service.max_parallel = self.settings.max_parallel
         self.service.load(self.settings.model_path, self.settings.device, self.settings.context_length,
                           self.settings.dtype(), self.settings.kv_cache)
 

@@ -139,3 +139,33 @@ def test_requests_before_the_model_is_ready_get_503(qtbot, make_window, running_
     assert isinstance(err, urllib.error.HTTPError) and err.code == 503, err
     assert err.headers["Retry-After"].isdigit()
     assert json.loads(err.read())["error"]["code"] == "model_not_ready"
+
+
+def test_with_two_replies_at_once_a_chat_reply_runs_beside_an_api_request(qtbot, make_window, tiny_model,
+                                                                         running_loop):
+    """Settings → Replies at once 2: the window's reply does not wait for the API's long one; it finishes first,
+    and the API client still gets its whole reply."""
+    win = make_window(model=tiny_model, api_enabled=True, api_port=0, max_new_tokens=20, max_parallel=2)
+    qtbot.waitUntil(lambda: win.api.label.isVisible(), timeout=20000)
+    assert win.service.parallel == 2
+    client = openai.OpenAI(base_url=_serving(win), api_key="unused", max_retries=0, timeout=120)
+    order = []
+
+    def api_call():
+        chunks = list(client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=400,
+                                                     temperature=0, messages=[{"role": "user", "content": "long"}]))
+        order.append("api")
+        return chunks
+
+    call = InThread(api_call)
+    qtbot.waitUntil(lambda: win.service.running is not None and win.service.running.client == "api", timeout=30000)
+    assert win.send("hello")
+    assert win.stream.widget.meta.text() != "waiting for 1 API request…"
+    with qtbot.waitSignal(win.reply_finished, timeout=120000) as done:
+        pass
+    order.append("chat")
+    qtbot.waitUntil(lambda: call.done, timeout=60000)
+    assert call.error is None, call.error
+    assert order == ["chat", "api"]
+    assert done.args[0]["complete"] and done.args[0]["stats"]["completion_tokens"] == 20
+    assert [c for c in call.result if c.choices and c.choices[0].finish_reason][0].choices[0].finish_reason == "length"
