@@ -51,7 +51,7 @@ def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
     row also says what a step reads and at what rate (bytes x tok/s): decode is bound by memory, so a deeper
     step is slower by its extra cache bytes at best, and `vs_first_depth_at_bandwidth` is the share of the
     first depth's speed a step reading every byte at the same rate would keep (the bound a depth ratio is
-    measured against: docs/BENCHMARKS.md, twenty-fourth session)."""
+    measured against: docs/BENCHMARKS.md, "Bounds")."""
     rows = []
     for depth in depths:
         if depth + new_tokens >= engine.info.context_length:

@@ -42,8 +42,8 @@ def enabled() -> bool:
     """Worker processes for compiling: on, unless R1DESK_COMPILE_PROCESSES is 0 / false / no / off, and never in
     a frozen bundle (its spawned children start through the bundle's own executable, not tried with a GPU).
 
-    On since 2026-12-04: on the H200, interleaved with the threads on one machine (docs/BENCHMARKS.md, twelfth
-    session), faster in 8 of 10 pairs, by 0.73 s on average (bf16 and 4-bit; -0.45 to +2.27 s): without the GIL
+    On since 2026-12-04: on the H200, interleaved with the threads on one machine (2026-12-04; docs/BENCHMARKS.md),
+    faster in 8 of 10 pairs, by 0.73 s on average (bf16 and 4-bit; -0.45 to +2.27 s): without the GIL
     contention the twin's walk and the weights finish 1-2 s sooner, while the compiles end a little later (each
     worker pays Triton's start-up). Before that they lost to the threads, as two of the sampler's kernels came
     back from the workers under another cache key and were compiled again on a thread (_source_hash)."""

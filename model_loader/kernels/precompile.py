@@ -5,7 +5,7 @@ after the other on the loading thread (H200, 2026-12-03: 15 variants and 8 C lau
 model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). Compiling on threads overlaps what runs
 without the GIL (ptxas and the C compiler are subprocesses, parts of the MLIR passes are native), but much of a
 compile holds it (code generation in Python, the bindings' calls): one compile beside a single busy Python
-thread took 6x as long in a CPU experiment (seventh session), and 16 threads reach ~5x on the H200.
+thread took 6x as long in a CPU experiment (2026-12-03), and 16 threads reach ~5x on the H200.
 
 How: on a first start the engine walks every path of its warm-up once inside `compile_pool()` (Triton's
 AsyncCompileMode over a thread pool) and `compile_only()`, where `launch(kernel, grid)` only *warms up* each

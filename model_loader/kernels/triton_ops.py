@@ -172,9 +172,9 @@ class DecodeAttnConfig:
     # softmax (m in log2 units, as the prefill). At sm_90 (Triton 3.6, benchmarks/decode_kernel_sass.py) the
     # split-per-SM loop takes 357 instructions a warp a tile instead of 580, the 8-bit cache's (exp2 only) 688
     # instead of 770. For the depth shapes: the 32-token shape that serves short contexts was 0.4-0.9% slower with
-    # it (H100, twenty-fourth session), so it keeps the plain loop (its machine code unchanged). On an H100 the
+    # it (H100, 2026-12-05), so it keeps the plain loop (its machine code unchanged). On an H100 the
     # depth shapes gained 0.3-1.0% at 4k and 0.1-0.4% at 32k, lost 0.4% at 16k in bf16 over the 16-bit cache
-    # (docs/BENCHMARKS.md, twenty-fifth session): even there, where the kernel waits on memory; kept for GPUs with
+    # (H100, 2026-12-05; docs/BENCHMARKS.md): even there, where the kernel waits on memory; kept for GPUs with
     # more bandwidth per SM (the H200), where the loop's instructions bound it.
     whole_tiles: bool = False
 
