@@ -11,7 +11,7 @@ from model_loader.kernels import jit_int4, jit_ops, jit_sampler, precompile
 
 
 def _our_kernels():
-    # every module of ours with kernels: one left out (the sampler's was, until the eleventh session) lets what an
+    # every module of ours with kernels: one left out (the sampler's once was) lets what an
     # earlier test file compiled in this process hide its compiles from the test below
     from triton.runtime.jit import JITFunction
 
