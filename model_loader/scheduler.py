@@ -21,12 +21,13 @@ reuse its full blocks from the prefix cache and compute only the partial last bl
 Sampling is per sequence: its temperature, top-p, top-k, its own random generator seeded from its seed, so a seed
 gives the same text whether the sequence runs alone or beside others.
 
-A step that raises fails no one yet: its sequences are recomputed one at a time up to where it failed, and only
-the one whose step fails alone gets Failed. The others go on.
+A step that raises fails no one yet: every running sequence is set aside, the step's own are recomputed one at a
+time up to where it failed, and only the one whose step fails alone gets Failed. The others go on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -117,8 +118,7 @@ class Scheduler:
         self._incoming: deque[Sequence] = deque()  # submit() from any thread; step() takes them in
         self._solo: deque[Sequence] = deque()  # sequences of a failed step, to run one at a time
         self._ids = 0
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # submit() from several threads: sequence ids
         self._close_tag = chat.encode_plain(STOP_THINKING_TEXT) if chat.think_close_id is not None else []
         self.steps = 0
         self.tokens_generated = 0
@@ -178,7 +178,6 @@ class Scheduler:
             seq = Sequence(self._ids, prompt_ids, settings, control or GenerationControl(), reply,
                            sink or (lambda event: None), seed, after)
             self._incoming.append(seq)
-            self._work.notify_all()
         return seq
 
     def submit_samples(self, prompt_ids: list[int], settings: SamplingSettings, n: int, in_reasoning: bool = False,
@@ -189,15 +188,10 @@ class Scheduler:
         base = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little")
         seqs: list[Sequence] = []
         for i in range(n):
-            s = SamplingSettings(**{**settings.__dict__, "seed": (base + i) % (1 << 63)})
+            s = dataclasses.replace(settings, seed=(base + i) % (1 << 63))
             seqs.append(self.submit(prompt_ids, s, controls[i] if controls else None, in_reasoning,
                                     sinks[i] if sinks else None, after=seqs[0] if seqs else None))
         return seqs
-
-    def wait_for_work(self, timeout: float | None = None) -> bool:
-        """Block until a request is queued or running (the serving thread's idle wait); False on timeout."""
-        with self._work:
-            return self._work.wait_for(self.has_work, timeout)
 
     def snapshot(self) -> dict:
         """Counts for a metrics page, safe to read from another thread: each is a plain int or a length, consistent
@@ -456,8 +450,9 @@ class Scheduler:
             return
         log.warning("a step of %d sequences failed (%s: %s); running them one at a time", len(batch),
                     type(err).__name__, err)
-        for seq, stop in reversed(batch):
+        for seq, stop in batch:
             seq.isolate_until = stop
+        for seq in reversed(self.running):  # all of them: the one running alone must find its blocks free
             self._preempt(seq)
         self._solo.extend(seq for seq, _ in batch)
 
