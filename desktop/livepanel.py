@@ -262,6 +262,8 @@ class LivePanel(QScrollArea):
         ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
                                 ("replies", "Replies")]),
         ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
+        ("batch", "Replies at once", [("running", "Running / waiting"), ("all_rate", "tok/s, all replies"),
+                                      ("blocks", "KV blocks used")]),
         ("memory", "GPU", [("weights", "Weights"), ("kv", "KV cache"), ("other", "Other torch"), ("free", "Free"),
                            ("util", "GPU busy"), ("clock", "SM clock"), ("slowed", "Slowed by")]),
     ]
@@ -288,10 +290,12 @@ class LivePanel(QScrollArea):
         lay.addWidget(title)
         self.values: dict[str, QLabel] = {}
         self.keys: dict[str, QLabel] = {}
+        self.section_heads: dict[str, QLabel] = {}
         for key, section, rows in self.ROWS:
             head = QLabel(section)
             head.setProperty("role", "section")
             lay.addWidget(head)
+            self.section_heads[key] = head
             grid = QGridLayout()
             grid.setHorizontalSpacing(10)
             grid.setVerticalSpacing(3)
@@ -324,6 +328,11 @@ class LivePanel(QScrollArea):
                 lay.insertWidget(lay.count() - 1, self.legend)
         for label in (self.keys["slowed"], self.values["slowed"]):  # shown while something slows the GPU down
             label.hide()
+        self.values["all_rate"].setToolTip("Tokens per second of every reply being written, together")
+        self.values["blocks"].setToolTip("The paged KV cache: blocks of tokens held by the replies being written "
+                                         "(free blocks may still hold a cached prefix, reused when its text "
+                                         "comes back)")
+        self._show_batch(False)  # shown when the engine writes several replies at once
         self.log_head = QLabel("API requests")
         self.log_head.setProperty("role", "section")
         self.log = QListWidget()
@@ -348,7 +357,10 @@ class LivePanel(QScrollArea):
         lay.addStretch(1)
         self.setWidget(inner)
 
-        self.reply: LiveReply | None = None
+        self.reply: LiveReply | None = None  # the reply the panel shows: the newest request's
+        self.replies: dict[int, LiveReply] = {}  # every request in flight, by request id
+        self.all_tokens: deque[tuple[float, int]] = deque()  # (time, tokens) any reply made, over the last second
+        self.service = None
         self.session_ttft: list[float] = []
         self.session_rate: list[float] = []
         self.info: dict | None = None
@@ -394,14 +406,35 @@ class LivePanel(QScrollArea):
 
     # ---- inputs
     def attach(self, service) -> None:
-        """Count every request the engine runs, whoever asked (the chat, the local API)."""
-        service.request_started.connect(lambda req: self.start_reply())
-        service.request_first.connect(lambda req, started: self.on_started(started))
-        service.request_progress.connect(lambda req, kind, n: self.on_delta(kind, n))
+        """Count every request the engine runs, whoever asked (the chat, the local API). With several replies at
+        once each has its own timings; "This reply" shows the newest."""
+        self.service = service
+        service.request_started.connect(self._on_request_started)
+        service.request_first.connect(self._on_request_first)
+        service.request_progress.connect(self._on_request_progress)
         service.request_ended.connect(self._on_request_ended)
 
+    def _on_request_started(self, req) -> None:
+        self.replies[req.id] = self.start_reply()
+
+    def _on_request_first(self, req, started: dict) -> None:
+        reply = self.replies.get(req.id)
+        if reply is not None:
+            reply.on_started(started)
+            if reply is self.reply:
+                self.refresh()  # show context use now, not at the next tick
+
+    def _on_request_progress(self, req, kind: str, token_count: int) -> None:
+        reply = self.replies.get(req.id)
+        if reply is not None:
+            before = reply.count
+            reply.on_delta(kind, token_count)
+            self.all_tokens.append((time.monotonic(), reply.count - before))
+
     def _on_request_ended(self, req, stats: dict | None) -> None:
-        self.finish_reply(stats)
+        reply = self.replies.pop(req.id, None)
+        if reply is not None:
+            self.finish_reply(stats, reply)
         if req.client == "api":
             self.log_request(req.label, stats)
 
@@ -450,11 +483,13 @@ class LivePanel(QScrollArea):
         if self.reply is not None:
             self.reply.on_delta(kind, token_count)
 
-    def finish_reply(self, stats: dict | None) -> None:
-        if self.reply is None:
+    def finish_reply(self, stats: dict | None, reply: LiveReply | None = None) -> None:
+        """A reply ended (stats None: it failed); `reply`: which one (default: the one shown)."""
+        reply = reply or self.reply
+        if reply is None:
             return
-        self.reply.done_stats = stats
-        self.reply.failed = not stats
+        reply.done_stats = stats
+        reply.failed = not stats
         if stats:
             if stats.get("ttft_ms") is not None:
                 self.session_ttft.append(stats["ttft_ms"])
@@ -465,7 +500,7 @@ class LivePanel(QScrollArea):
             lat = stats.get("token_latencies_ms") or []
             if lat:  # tok/s over windows of 16 tokens: the shape of the reply's speed
                 w = 16
-                self.reply.rate_series = [1000.0 * len(lat[i:i + w]) / max(sum(lat[i:i + w]), 1e-6)
+                reply.rate_series = [1000.0 * len(lat[i:i + w]) / max(sum(lat[i:i + w]), 1e-6)
                                           for i in range(0, len(lat), w)]
         self.refresh()
 
@@ -527,7 +562,34 @@ class LivePanel(QScrollArea):
         v["rate_p"].setText(f"{q50:.0f} / {q95:.0f}" if self.session_rate else "—")
         v["replies"].setText(str(len(self.session_ttft)))
         self.latency_plot.set_values(self.session_ttft)
+        self._refresh_batch()
         self._refresh_memory()
+
+    def _show_batch(self, shown: bool) -> None:
+        self.section_heads["batch"].setVisible(shown)
+        for name in ("running", "all_rate", "blocks"):
+            self.keys[name].setVisible(shown)
+            self.values[name].setVisible(shown)
+
+    def _refresh_batch(self) -> None:
+        """Replies at once: how many run and wait, their tokens per second together, the KV blocks they hold
+        (the worker's scheduler: plain counts, read on this thread)."""
+        service = self.service
+        parallel = service.parallel if service is not None else 1
+        self._show_batch(parallel > 1)
+        if parallel <= 1:
+            return
+        v, now = self.values, time.monotonic()
+        while self.all_tokens and now - self.all_tokens[0][0] > 1.0:
+            self.all_tokens.popleft()
+        v["running"].setText(f"{len(service.active)} of {parallel} / {len(service.waiting)}")
+        v["all_rate"].setText(f"{sum(n for _, n in self.all_tokens):,.0f}" if service.active else "—")
+        scheduler = getattr(service.host.worker, "scheduler", None)
+        if scheduler is not None:
+            snap = scheduler.snapshot()
+            total = snap["kv_blocks_used"] + snap["kv_blocks_free"]
+            v["blocks"].setText(f"{snap['kv_blocks_used']:,} / {total:,} ({100 * snap['kv_blocks_used'] / total:.0f}%)"
+                                if total else "—")
 
     def _show_read(self, read: str, rate: str, tip: str) -> None:
         for key, text in (("read", read), ("read_rate", rate)):

@@ -169,3 +169,13 @@ def test_with_two_replies_at_once_a_chat_reply_runs_beside_an_api_request(qtbot,
     assert order == ["chat", "api"]
     assert done.args[0]["complete"] and done.args[0]["stats"]["completion_tokens"] == 20
     assert [c for c in call.result if c.choices and c.choices[0].finish_reason][0].choices[0].finish_reason == "length"
+    # the live panel: its "Replies at once" rows, and "This reply" is the chat's own (the newest request), not a
+    # mix of the two replies' tokens
+    live = win.live
+    live.show()
+    live.refresh()
+    assert live.section_heads["batch"].isVisible()
+    assert live.values["running"].text() == "0 of 2 / 0"
+    assert live.values["blocks"].text().startswith("0 / ")
+    reasoning, answer = (int(x) for x in live.values["tokens"].text().split(" + "))
+    assert reasoning + answer == 20
