@@ -433,6 +433,9 @@ class EngineWorker(QObject):
         what they wrote, so their clients can keep it (EngineService.deliver_pending)."""
         if self.scheduler is not None:
             self.scheduler.end_all("cancelled")
+        if self._step_timer is not None:  # a timer must be stopped and destroyed on its own thread: this one
+            self._step_timer.stop()
+            self._step_timer = None
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

@@ -38,7 +38,9 @@ def wait_until(pred, timeout_ms=30000):
         raise TimeoutError("condition not reached")
 
 
-def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live=True, **settings):
+def make_window(theme: str, tmp: Path, engine: FakeEngine | None, with_model=True, live=True, model=None,
+                **settings):
+    """engine None: the real engine, loading `model` (a folder)."""
     from desktop.store import Store
     from desktop.window import MainWindow
 
@@ -48,8 +50,8 @@ def make_window(theme: str, tmp: Path, engine: FakeEngine, with_model=True, live
     for key, value in settings.items():
         qs.setValue(f"settings/{key}", value)
     store = Store(tmp / f"{theme}.sqlite3")
-    win = MainWindow(qs, store, model="/models/DeepSeek-R1-Distill-Qwen-1.5B" if with_model else None)
-    win.engine_factory = factory(engine)
+    win = MainWindow(qs, store, model=model or ("/models/DeepSeek-R1-Distill-Qwen-1.5B" if with_model else None))
+    win.engine_factory = factory(engine) if engine is not None else None
     win.resize(1440, 900)
     win.show()
     return win
@@ -71,7 +73,8 @@ def main(out: str, only: str | None = None) -> None:
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841
     tmp = Path(tempfile.mkdtemp())
     if only is not None:
-        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot}[only](out_dir, tmp)
+        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot, "api": api_shots, "batch": batch_shot}[only](
+            out_dir, tmp)
         return
     for theme in ("light", "dark"):
         engine = FakeEngine(token_s=0.002)
@@ -287,11 +290,48 @@ def api_shots(out_dir: Path, tmp: Path) -> None:
     win.close()
 
 
+def batch_shot(out_dir: Path, tmp: Path) -> None:
+    """The live panel while the real engine (the tiny random model, on the CPU) writes four replies at once: three
+    API requests and a chat reply (Settings → Replies at once 4)."""
+    import asyncio
+    import threading
+
+    import openai
+    import qasync
+
+    from model_loader.testmodel import make_test_model
+
+    loop = qasync.QEventLoop(QApplication.instance(), already_running=True)
+    asyncio.set_event_loop(loop)
+    model = make_test_model(tmp / "tiny-r1", preset="tiny", seed=0)
+    (tmp / "batch").mkdir(exist_ok=True)
+    win = make_window("dark", tmp / "batch", None, model=str(model), api_enabled="true", api_port=0,
+                      device="cpu", max_parallel=4, context_length=2048, max_new_tokens=1500)
+    win.start_engine()
+    wait_until(lambda: win.engine_state == "ready" and win.api.label.isVisible(), 60000)
+    client = openai.OpenAI(base_url=win.api.url, api_key="none", max_retries=0)
+
+    def request(q):
+        list(client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=1500,
+                                            messages=[{"role": "user", "content": q}]))
+
+    for q in ("Summarize this commit message.", "Is 2027 prime?", "Write a haiku about lighthouses."):
+        threading.Thread(target=request, args=(q,), daemon=True).start()
+    wait_until(lambda: len(win.service.active) == 3)
+    win.send("What is the sum of the first n odd numbers?")
+    wait_until(lambda: len(win.service.active) == 4 and win.live.reply is not None and win.live.reply.count > 200
+               and len(win.live.all_tokens) > 20, 60000)
+    win.live.refresh()
+    shoot(win.live, out_dir / "screenshot-live-batch.png")
+    win.stop()
+    win.close()
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
     parser.add_argument("out", nargs="?", default="docs")
-    parser.add_argument("--only", choices=["live-clock", "gpus"], help="make this one shot alone")
+    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch"], help="make these shots alone")
     cli = parser.parse_args()
     main(cli.out, cli.only)
