@@ -197,7 +197,7 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
     assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"{not json"), 400)["message"]
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body={"model": model_id}), 400)["param"] == "messages"
-    for field, value in [("temperature", 3), ("temperature", "hot"), ("n", 2), ("max_tokens", 0), ("stop", 5),
+    for field, value in [("temperature", 3), ("temperature", "hot"), ("n", 17), ("max_tokens", 0), ("stop", 5),
                          ("stream", "yes"), ("top_p", 0), ("seed", 1.5)]:
         err = _error(_raw(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
         assert err["param"] == field and field in err["message"], (field, err)
