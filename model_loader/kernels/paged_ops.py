@@ -167,8 +167,11 @@ class PagedDecodeAttention:
         self.out = torch.empty((max_batch, num_heads, head_dim), device=device, dtype=dtype)
 
     def splits_for(self, batch: int) -> int:
-        """Splits of each sequence's context: enough programs to fill the GPU's SMs about twice, at most 32."""
-        return max(1, min(32, 2 * self.sms // (batch * self.num_kv_heads)))
+        """Splits of each sequence's context: enough programs to fill the GPU's SMs about twice, at most 32, and a
+        power of two: SPLITS is compiled in, so any batch size takes one of six kernels (all compiled when the
+        decode graphs are captured), not a compile the first time a step has, say, 5 decoding sequences."""
+        fill = max(1, 2 * self.sms // (batch * self.num_kv_heads))
+        return min(32, 1 << (fill.bit_length() - 1))
 
     def __call__(self, q, k_cache, v_cache, tables, lengths, scale):
         """q [B, Hq, D]; k_cache/v_cache [Hkv, S, D]; tables [B, W] int32 block ids; lengths [B] int32
