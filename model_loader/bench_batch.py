@@ -3,8 +3,9 @@
 Like llama.cpp's llama-batched-bench: B sequences, each a different prompt of `prompt_tokens` tokens, each
 decoding `new_tokens` tokens greedily, through the scheduler (continuous batching). The decode rate counts only the
 steps where all B sequences decode and none prefills (the steady state); the prompts' prefill is timed apart (the
-time until the last sequence's first token). Also reports how many leading tokens of the first sequence match
-the same prompt run alone (batch 1): identical on the CPU, equal to rounding on a GPU (paged_model).
+time until the last sequence's first token). Every run starts with an empty prefix cache. Also reports, for each
+sequence, how many leading tokens match the same prompt decoded alone: identical on the CPU, equal to rounding on
+a GPU (paged_model).
 """
 
 from __future__ import annotations
@@ -42,22 +43,19 @@ def run_batch(engine, sizes: list[int], prompt_tokens: int = 512, new_tokens: in
                              block_size=block_size)
     scheduler = Scheduler(engine.model, engine.chat, num_blocks=largest * per_seq + 1, config=config)
     prompts = batch_prompts(engine, largest, prompt_tokens)
-    rows, alone_ids = [], None
+    rows = []
     for size in [sizes[0]] + sizes:  # the first size once more, untimed: the warm-up
-        result = _one_batch(scheduler, prompts[:size], new_tokens)
-        if size == 1 and alone_ids is None:
-            alone_ids = result.pop("first_ids")
-        elif alone_ids is not None:
-            result["first_matches_alone"] = common_prefix(alone_ids, result.pop("first_ids"), new_tokens)
-        else:
-            result.pop("first_ids")
-        rows.append(result)
+        rows.append(_one_batch(scheduler, prompts[:size], new_tokens))
+    alone = [_one_batch(scheduler, [p], new_tokens)["ids"][0] for p in prompts]
+    for row in rows:
+        row["matches_alone"] = [common_prefix(a, b, new_tokens) for a, b in zip(alone, row.pop("ids"))]
     return {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "block_size": block_size,
             "kv_blocks": scheduler.pool.num_blocks, "kv_cache_bytes": scheduler.cache.nbytes,
             "batches": rows[1:]}
 
 
 def _one_batch(scheduler: Scheduler, prompts: list[list[int]], new_tokens: int) -> dict:
+    scheduler.pool.forget_cached()  # every prompt is prefilled in full, as in the run it is compared with
     finals: dict[int, Finished] = {}
     settings = SamplingSettings(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
     size = len(prompts)
@@ -90,7 +88,7 @@ def _one_batch(scheduler: Scheduler, prompts: list[list[int]], new_tokens: int) 
         "prefill_all_s": (first_tokens_at - t0) if first_tokens_at else None,
         "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_max": max(ttft),
         "total_s": total, "tok_s_overall": sum(len(f.token_ids) for f in finals.values()) / total,
-        "first_ids": finals[0].token_ids,
+        "ids": [finals[i].token_ids for i in range(size)],
     }
 
 
@@ -98,9 +96,10 @@ def format_batch(r: dict, single_tok_s: float | None = None) -> str:
     lines = [f"batched decode, {r['prompt_tokens']}-token prompts, {r['new_tokens']} new tokens each, greedy "
              f"({r['kv_blocks']} KV blocks of {r['block_size']} tokens, {r['kv_cache_bytes'] / 2**20:,.0f} MiB)"]
     for row in r["batches"]:
-        match = row.get("first_matches_alone")
+        match = row["matches_alone"]
+        same = sum(m == r["new_tokens"] for m in match)
         lines.append(f"  {row['sequences']:>3} sequences: {row['decode_tok_s']:>9,.1f} tok/s decoding "
                      f"({row['decode_step_ms']:.2f} ms a step), TTFT p50 {row['ttft_ms_p50']:,.1f} ms "
-                     f"max {row['ttft_ms_max']:,.1f} ms"
-                     + ("" if match is None else f", first sequence = alone for {match} tokens"))
+                     f"max {row['ttft_ms_max']:,.1f} ms; {same} of {len(match)} texts = alone "
+                     f"(leading tokens equal: min {min(match)}, median {sorted(match)[len(match) // 2]})")
     return "\n".join(lines)

@@ -149,6 +149,13 @@ class BlockPool:
         table.blocks = []
         table.registered, table.last_hash = 0, None
 
+    def forget_cached(self) -> None:
+        """Drop every cached prefix (benchmarks: each run computes its whole prompt). Blocks held by sequences keep
+        their K/V; only the index of what text they hold goes."""
+        self.index.clear()
+        for block in self.blocks:
+            block.hash, block.token_ids = None, ()
+
     def _hold(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:

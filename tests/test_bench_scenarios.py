@@ -155,3 +155,14 @@ def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_othe
             "shape A 1,200.0)") in capsys.readouterr().out
     assert main(args + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {"1024": {"shape A": 1200.0, "shape B": 1150.5}}
+
+
+def test_the_batch_bench_times_steady_decoding_and_compares_every_text_with_it_alone(cpu_engine):
+    from model_loader.bench_batch import run_batch
+
+    r = run_batch(cpu_engine, [1, 3], prompt_tokens=40, new_tokens=12, block_size=16)
+    rows = r["batches"]
+    assert [row["sequences"] for row in rows] == [1, 3]
+    assert all(row["decode_tok_s"] > 0 and row["steps"] >= 12 for row in rows)
+    # the CPU is batch-invariant: every text equals its prompt decoded alone, with an empty prefix cache each time
+    assert [row["matches_alone"] for row in rows] == [[12], [12, 12, 12]]
