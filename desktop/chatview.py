@@ -405,6 +405,18 @@ class MessageWidget(QFrame):
             self.stream_body = StreamingText()
             self.stream_body.hide()
             outer.addWidget(self.stream_body)
+            vote_row = QHBoxLayout()
+            vote_row.setSpacing(6)
+            self.vote_label = QLabel()
+            self.vote_label.setObjectName("Meta")
+            self.vote_label.setAccessibleName("Vote")
+            self.vote_btn = _tool("Chains…", "Show every chain of this answer")
+            self.vote_btn.clicked.connect(self._show_chains)
+            vote_row.addWidget(self.vote_label)
+            vote_row.addWidget(self.vote_btn)
+            vote_row.addStretch(1)
+            outer.addLayout(vote_row)
+            self.vote_stats: dict | None = None
         foot = QHBoxLayout()
         foot.setSpacing(2)
         if self.role == "user":
@@ -449,6 +461,16 @@ class MessageWidget(QFrame):
             self.reasoning_block.set_expanded(not answer)  # no answer: the reasoning is all there is to read
         self.set_answer(answer)
         self.meta.setText(meta_text(stats, msg.get("complete", True)))
+        self.vote_stats = stats.get("vote")  # Ask ×N: the majority of several chains (desktop.vote)
+        self.vote_label.setText(self.vote_stats["summary"] if self.vote_stats else "")
+        self.vote_label.setVisible(self.vote_stats is not None)
+        self.vote_btn.setVisible(self.vote_stats is not None)
+
+    def _show_chains(self) -> None:
+        from desktop.vote import ChainsDialog
+
+        if self.vote_stats:
+            ChainsDialog(self.vote_stats, self.window()).exec()
 
     def set_answer(self, answer: str) -> None:
         self.answer = answer

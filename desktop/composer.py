@@ -1,4 +1,4 @@
-"""The composer (input box, Stop thinking, Send/Stop) and the banner that carries the window's messages."""
+"""The composer (input box, Stop thinking, Ask ×N, Send/Stop) and the banner that carries the window's messages."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ PLACEHOLDER_SHORT = "Message the model"
 
 
 class Composer(QFrame):
-    """Input box + Stop thinking + Send/Stop. Enter sends, Shift+Enter inserts a new line."""
+    """Input box + Stop thinking + Ask ×N (a majority of N chains: desktop.vote) + Send/Stop. Enter sends,
+    Shift+Enter inserts a new line."""
 
     send_requested = Signal()
 
@@ -40,6 +41,9 @@ class Composer(QFrame):
         self.stop_thinking_btn.setToolTip("Close the reasoning and make the model answer now")
         self.stop_thinking_btn.hide()
         row.addWidget(self.stop_thinking_btn, 0, Qt.AlignBottom)
+        self.vote_btn = QPushButton("Ask ×8")
+        self.vote_btn.setAccessibleName("Ask several chains and answer with their majority")
+        row.addWidget(self.vote_btn, 0, Qt.AlignBottom)
         self.send_btn = QPushButton("Send")
         self.send_btn.setProperty("primary", True)
         self.send_btn.setAccessibleName("Send")
@@ -87,7 +91,12 @@ class Composer(QFrame):
         self.send_btn.style().unpolish(self.send_btn)
         self.send_btn.style().polish(self.send_btn)
         self.stop_thinking_btn.setVisible(on and thinking)
+        self.vote_btn.setVisible(not on)
 
+    def set_vote_chains(self, n: int) -> None:
+        self.vote_btn.setText(f"Ask ×{n}")
+        self.vote_btn.setToolTip(f"Sample {n} reasoning chains and answer with their majority (Settings: Chains "
+                                 "for Ask ×N)")
 
 class Banner(QFrame):
     """A dismissable message with up to a few actions; the app stays usable under it."""

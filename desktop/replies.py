@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from desktop.chatview import ReplyStream
 from desktop.service import NotReady, QueueFull
 from desktop.store import Store, store_problem
+from desktop.vote import VoteRequest
 
 
 def content_of(reasoning: str, answer: str) -> str:
@@ -38,7 +39,7 @@ class ReplyController(QObject):
     def __init__(self, win):
         super().__init__(win)
         self.win = win
-        self.request = None  # the GenerationRequest in flight (desktop.service)
+        self.request = None  # the GenerationRequest (desktop.service) or VoteRequest (desktop.vote) in flight
         self.stream: ReplyStream | None = None
         self.msg_id: int | None = None
         self.conv_id: int | None = None
@@ -61,7 +62,8 @@ class ReplyController(QObject):
         return self.win.banner
 
     # ------------------------------------------------------------------ start / stop
-    def start(self, conv_id: int, history: list[dict], settings: dict) -> bool:
+    def start(self, conv_id: int, history: list[dict], settings: dict, chains: int = 1) -> bool:
+        """chains > 1: Ask ×N, the majority of that many chains (desktop.vote.VoteRequest) as the reply."""
         try:
             self.msg_id = self.store.add_message(conv_id, "assistant", "", complete=False, settings=settings)
         except sqlite3.Error as err:
@@ -69,7 +71,10 @@ class ReplyController(QObject):
                                                      "Then use Regenerate or send again.")
             return False
         try:
-            req = self.win.service.submit(history, settings, client="chat")
+            if chains > 1:
+                req = VoteRequest(self.win.service, history, settings, chains)
+            else:
+                req = self.win.service.submit(history, settings, client="chat")
         except (NotReady, QueueFull) as err:
             self._drop_row()
             self.banner.show_message("generate", f"The reply could not start: {err}.")

@@ -29,6 +29,7 @@ class AppSettings:
     context_length: int = 0  # 0 = auto: from the free VRAM at load, up to 32,768 (model_loader.context)
     kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
     max_parallel: int = 1  # replies decoded together (model_loader.scheduler); 1: one at a time, the fastest alone
+    vote_chains: int = 8  # Ask ×N: reasoning chains sampled for a majority answer (desktop.vote)
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 0
@@ -43,7 +44,7 @@ class AppSettings:
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache", "max_parallel")
     # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
-    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
+    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "vote_chains": (2, 64), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
               "max_new_tokens": (0, 131072), "font_size": (8, 24), "api_port": (1024, 65535)}
     CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32", "awq"), "kv_cache": ("16-bit", "8-bit"),
                "theme": ("system", "light", "dark")}
@@ -180,6 +181,12 @@ class SettingsDialog(QDialog):
         form.addRow("Replies at once", self.parallel)
         self.kv_cache.currentIndexChanged.connect(self._on_kv_cache)
         self._on_kv_cache()
+        self.vote = self._spin(QSpinBox(), *R["vote_chains"], settings.vote_chains, "Chains for Ask ×N")
+        self.vote.setToolTip("Ask ×N samples this many reasoning chains and answers with their majority (DeepSeek's "
+                             "R1 report: the 1.5B model scores 28.9% on AIME 2024 with one chain, 52.7% with a vote "
+                             "over 64). With Replies at once at least as large they are written together, in little "
+                             "more time than one; otherwise one after another")
+        form.addRow("Chains for Ask ×N", self.vote)
         self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature", step=0.05)
         form.addRow("Temperature", self.temperature)
         self.top_p = self._spin(QDoubleSpinBox(), *R["top_p"], settings.top_p, "Top-p", step=0.05)
@@ -293,6 +300,7 @@ class SettingsDialog(QDialog):
         self.context.setValue(d.context_length)
         self.kv_cache.setCurrentIndex(self.kv_cache.findData(d.kv_cache))
         self.parallel.setValue(d.max_parallel)
+        self.vote.setValue(d.vote_chains)
         self.temperature.setValue(d.temperature)
         self.top_p.setValue(d.top_p)
         self.top_k.setValue(d.top_k)
@@ -309,7 +317,7 @@ class SettingsDialog(QDialog):
         return AppSettings(
             model_path=self.model_path.text().strip(), device=self.device.currentData(),
             precision=self.precision.currentData(), context_length=self.context.value(),
-            kv_cache=self.kv_cache.currentData(), max_parallel=self.parallel.value(),
+            kv_cache=self.kv_cache.currentData(), max_parallel=self.parallel.value(), vote_chains=self.vote.value(),
             temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
             top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),
             system_prompt=self.system_prompt.toPlainText(), theme=self.theme.currentData(),

@@ -228,6 +228,8 @@ class MainWindow(QMainWindow):
         self.composer.send_requested.connect(self.send)
         self.composer.send_btn.clicked.connect(self.send_or_stop)
         self.composer.stop_thinking_btn.clicked.connect(self.stop_thinking)
+        self.composer.vote_btn.clicked.connect(lambda: self.send(chains=self.settings.vote_chains))
+        self.composer.set_vote_chains(self.settings.vote_chains)
         comp_row = QHBoxLayout()
         comp_row.setContentsMargins(24, 8, 24, 16)
         comp_row.addStretch(1)
@@ -573,7 +575,8 @@ class MainWindow(QMainWindow):
         else:
             self.send()
 
-    def send(self, text: str | None = None) -> bool:
+    def send(self, text: str | None = None, chains: int = 1) -> bool:
+        """Send the composer's text (or `text`); chains > 1: Ask ×N, the reply is the majority of that many."""
         text = (self.composer.text() if text is None else text).strip()
         if not text or self.stream is not None:
             return False
@@ -602,7 +605,7 @@ class MainWindow(QMainWindow):
         self.chat.add_message(self.store.message(msg_id))
         self.composer.edit.clear()
         self.refresh_list()
-        self._start_reply()
+        self._start_reply(chains)
         return True
 
     def _history(self) -> list[dict]:
@@ -626,8 +629,8 @@ class MainWindow(QMainWindow):
             s["seed"] = self.seed_override
         return s
 
-    def _start_reply(self) -> None:
-        if self.replies.start(self.conv_id, self._history(), self.sampling()):
+    def _start_reply(self, chains: int = 1) -> None:
+        if self.replies.start(self.conv_id, self._history(), self.sampling(), chains):
             self._update_composer()
 
     def stop(self) -> None:
@@ -749,6 +752,7 @@ class MainWindow(QMainWindow):
         thinking = generating and bool(self.stream.reasoning) and not self.stream.answer
         self.composer.set_generating(generating, thinking)
         self.composer.send_btn.setEnabled(generating or self.engine_state == "ready")
+        self.composer.vote_btn.setEnabled(self.engine_state == "ready")
         self.new_btn.setEnabled(not generating)
         self.chat.set_history_actions(not generating)  # editing history mid-reply would change its prompt
 
@@ -831,6 +835,7 @@ class MainWindow(QMainWindow):
         old = self.settings
         self.settings = new
         new.save(self.qs)
+        self.composer.set_vote_chains(new.vote_chains)
         if (new.theme, new.font_size) != (old.theme, old.font_size):
             self.apply_theme()
         self.api.apply(new)

@@ -73,7 +73,8 @@ def main(out: str, only: str | None = None) -> None:
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841
     tmp = Path(tempfile.mkdtemp())
     if only is not None:
-        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot, "api": api_shots, "batch": batch_shot}[only](
+        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot, "api": api_shots, "batch": batch_shot,
+         "vote": vote_shots}[only](
             out_dir, tmp)
         return
     for theme in ("light", "dark"):
@@ -290,6 +291,42 @@ def api_shots(out_dir: Path, tmp: Path) -> None:
     win.close()
 
 
+def vote_shots(out_dir: Path, tmp: Path) -> None:
+    """Ask ×8: a reply that is the majority of eight chains (one in four of the scripted chains slips to another
+    answer), and its chains."""
+    from dataclasses import dataclass
+
+    from desktop.vote import ChainsDialog
+
+    @dataclass
+    class Slipping(FakeEngine):
+        def generate(self, messages, settings=None, control=None):
+            slip = settings is not None and settings.seed % 4 == 3
+            self.answer = ANSWER.replace("\\boxed{10000}", "\\boxed{9999}") if slip else ANSWER
+            yield from super().generate(messages, settings, control)
+
+    from fakes import ANSWER
+
+    engine = Slipping(token_s=0.0005)
+    (tmp / "vote").mkdir(exist_ok=True)
+    win = make_window("light", tmp / "vote", engine, vote_chains=8, seed=1)
+    win.start_engine()
+    wait_until(lambda: win.engine_state == "ready")
+    win.seed_override = 1
+    win.composer.set_text("What is the sum of the first 100 odd numbers? Put the answer in \\boxed{}.")
+    win.composer.vote_btn.click()
+    wait_until(lambda: win.stream is None and win.engine_state == "ready", 60000)
+    win.chat.scroll_to_bottom()
+    shoot(win, out_dir / "screenshot-vote.png")
+    msg = win.store.messages(win.conv_id)[-1]
+    dlg = ChainsDialog(msg["stats"]["vote"], win)
+    dlg.show()
+    dlg.list.setCurrentRow(3)
+    shoot(dlg, out_dir / "screenshot-vote-chains.png")
+    dlg.close()
+    win.close()
+
+
 def batch_shot(out_dir: Path, tmp: Path) -> None:
     """The live panel while the real engine (the tiny random model, on the CPU) writes four replies at once: three
     API requests and a chat reply (Settings → Replies at once 4)."""
@@ -332,6 +369,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
     parser.add_argument("out", nargs="?", default="docs")
-    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch"], help="make these shots alone")
+    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch", "vote"],
+                        help="make these shots alone")
     cli = parser.parse_args()
     main(cli.out, cli.only)
