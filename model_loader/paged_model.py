@@ -209,8 +209,7 @@ class PagedForward:
     def _static_step(self, bucket: int) -> torch.Tensor:
         st = self._static
         attend = self._kernel_attention(st["tables"][:bucket], st["lengths"][:bucket])
-        h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket],
-                                   lambda q, layer: attend(q, layer))
+        h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket], attend)
         return self._logits(h, residual)
 
     def _replay(self, bucket: int, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
