@@ -408,6 +408,10 @@ def cmd_serve(args) -> int:
     # command loads the desktop package; everything else here stays free of Qt.
     from desktop.serve import run
 
+    if args.max_parallel > 1 and args.kv_cache != KV_16BIT:
+        print("r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
+              "yet): drop --kv-cache 8-bit, or serve one reply at a time", file=sys.stderr)
+        return 2
     return run(args)
 
 

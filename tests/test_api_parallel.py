@@ -153,3 +153,11 @@ def test_the_serve_benchmark_times_every_request(tiny_model):
     assert out["errors"] == 0 and out["requests"] == 5 and out["tokens"] == 30 and out["max_parallel"] == 2
     assert 0 < out["ttft_ms_p50"] <= out["ttft_ms_p95"] <= out["ttft_ms_max"]
     assert out["e2e_s_p50"] <= out["e2e_s_max"] <= out["wall_s"]
+
+
+def test_several_replies_over_an_8bit_cache_are_refused_before_loading(tiny_model):
+    from test_cli import cli
+
+    proc = cli("serve", "--model", tiny_model, "--device", "cpu", "--max-parallel", "2", "--kv-cache", "8-bit",
+               check=False)
+    assert proc.returncode == 2 and "needs the 16-bit KV cache" in proc.stderr
