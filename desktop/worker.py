@@ -143,7 +143,7 @@ class EngineWorker(QObject):
         self.latest_load = 0
         self._abort_quantize = threading.Event()
         self.scheduler = None  # with max_parallel > 1: the engine's scheduler (model_loader.scheduler)
-        self._samples: dict[str, list] = {}  # samples of one prompt being submitted: name -> [first, still to come]
+        self._samples: dict[str, object] = {}  # samples of one prompt: name -> the first's Sequence, while it runs
         self._step_timer: QTimer | None = None  # steps the scheduler while it has work (made on this thread)
 
     # ------------------------------------------------------------------ load
@@ -374,42 +374,42 @@ class EngineWorker(QObject):
     def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
                 samples_of: tuple | None = None) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
-        samples_of: (name, n) of n samples of one prompt: all but the first wait for its prefill and reuse it."""
+        samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
         from model_loader.events import Delta, Failed, Finished, Started
+
+        name = samples_of[0] if samples_of is not None else None
+        first = self._samples.get(name) if name is not None else None
+        seq = None
 
         def sink(event) -> None:
             if isinstance(event, Delta):
                 coalescer.add(event.text, event.kind, int(event.token_count))
-            elif isinstance(event, Started):
+                return
+            if isinstance(event, Started):
                 self.started.emit(gen_id, _asdict(event))
-            elif isinstance(event, Finished):
-                coalescer.flush()
+                return
+            coalescer.flush()
+            if name is not None and self._samples.get(name) is seq:  # the first sample has ended: the rest reuse
+                del self._samples[name]  # its prompt from the prefix cache, if any still comes
+            if isinstance(event, Finished):
                 result = _asdict(event)
                 result.pop("token_ids", None)
                 self.finished.emit(gen_id, result)
             elif isinstance(event, Failed):
-                coalescer.flush()
                 self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
 
-        first = None
-        if samples_of is not None:
-            name, n = samples_of
-            group = self._samples.setdefault(name, [None, n])
-            first, group[1] = group[0], group[1] - 1
-            if group[1] <= 0:
-                del self._samples[name]
         try:
             prompt = self.engine.chat.render(messages)
             seq = self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink, after=first)
-            if samples_of is not None and first is None and samples_of[0] in self._samples:
-                self._samples[samples_of[0]][0] = seq
         except ContextFullError as err:
             self.failed.emit(gen_id, "context_full", str(err))
             return
         except ModelError as err:
             self.failed.emit(gen_id, "generate", str(err))
             return
+        if name is not None and first is None:
+            self._samples[name] = seq
         if self._step_timer is None:  # made here, on this thread, which its timeouts run on
             self._step_timer = QTimer()
             self._step_timer.setInterval(0)  # a step per pass of the event loop: queued requests join between
