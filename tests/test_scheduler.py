@@ -162,6 +162,7 @@ def test_requests_wait_for_blocks_and_a_running_reply_is_never_dropped(engine, p
         peak = max(peak, scheduler.pool.used_blocks)
         scheduler.pool.check([s.table for s in scheduler.running])
     assert peak <= 30
+    assert scheduler.preemptions > 0, "the schedule must have run out of blocks mid-reply"
     for sink in sinks:
         assert isinstance(sink.final, Finished) and len(sink.final.token_ids) == 40
         assert sum(isinstance(e, Started) for e in sink.events) == 1
@@ -353,3 +354,49 @@ def test_an_engine_hands_its_memory_to_a_scheduler(tiny_model, prompts):
     scheduler.submit(prompts[1], GREEDY, sink=waiting)
     engine.close()
     assert isinstance(waiting.final, Failed) and waiting.final.kind == "unloaded"
+
+
+@pytest.fixture(scope="module")
+def stems(engine):
+    """Prompt stems that share prefixes (a system prompt, a conversation and its follow-up), so arrivals hit the
+    prefix cache, and a cache small enough that they also run out of blocks."""
+    chat = engine.chat
+    system = {"role": "system", "content": "You are a careful assistant. " * 8}
+    first = [system, {"role": "user", "content": "Tell me about the sea. " * 4}]
+    follow = first + [{"role": "assistant", "content": "The sea is large."}, {"role": "user", "content": "More?"}]
+    other = [system, {"role": "user", "content": "Count to ten."}]
+    return [chat.render(m).ids for m in (first, follow, other)]
+
+
+from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st  # noqa: E402
+
+
+@hyp_settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["submit", "cancel", "step"]), st.integers(0, 7), st.integers(1, 12)),
+                min_size=1, max_size=30))
+def test_random_arrivals_and_cancels_keep_the_block_accounting_exact(engine, stems, schedule):
+    """Through the real scheduler: arrivals sharing prefixes, cancels of waiting and running sequences, and a cache
+    too small for all of them (waiting, preemption). After every step each block's count equals the tables that
+    list it, the free list holds exactly the unheld blocks; every request ends exactly once; at the end every
+    block is free."""
+    scheduler = make(engine, blocks=9, max_seqs=3)  # 144 tokens: prompts of 58-89 tokens wait and get preempted
+    ended: dict[int, int] = {}
+    seqs = []
+    schedule = [("submit", pick, 12) for pick in (1, 0, 1, 2)] + schedule  # enough at once to run out of blocks
+    for op, pick, n in schedule:
+        if op == "submit":
+            seq = scheduler.submit(stems[pick % 3], SamplingSettings(temperature=0.7, max_new_tokens=n, seed=pick,
+                                                                     ignore_eos=True),
+                                   sink=lambda ev, i=len(seqs): ended.__setitem__(i, ended.get(i, 0) + 1)
+                                   if isinstance(ev, (Finished, Failed)) else None)
+            seqs.append(seq)
+        elif op == "cancel" and seqs:
+            seqs[pick % len(seqs)].control.cancel()
+        else:
+            for _ in range(n):
+                scheduler.step()
+                scheduler.pool.check([s.table for s in scheduler.running])
+    scheduler.run_until_idle()
+    scheduler.pool.check([])
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+    assert ended == {i: 1 for i in range(len(seqs))}
