@@ -371,7 +371,7 @@ def stems(engine):
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st  # noqa: E402
 
 
-@hyp_settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["submit", "cancel", "step"]), st.integers(0, 7), st.integers(1, 12)),
                 min_size=1, max_size=30))
 def test_random_arrivals_and_cancels_keep_the_block_accounting_exact(engine, stems, schedule):
