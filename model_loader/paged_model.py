@@ -213,7 +213,7 @@ class PagedForward:
         return self._logits(h, residual)
 
     def _replay(self, bucket: int, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
-        st, b, dev = self._static, len(seqs), self.model.device
+        st, b = self._static, len(seqs)
         pad = bucket - b
         slots = [seq.blocks[(seq.context - 1) // self.cache.block_size] * self.cache.block_size
                  + (seq.context - 1) % self.cache.block_size for seq in seqs]

@@ -239,13 +239,14 @@ def test_out_of_gpu_memory_while_generating_is_reported_and_the_engine_stays_usa
 def test_out_of_gpu_memory_while_loading_gives_advice(tiny_model, monkeypatch):
     import torch
 
-    from model_loader import engine as engine_module
+    from model_loader import loading
+    from model_loader.engine import Engine
     from model_loader.errors import OutOfMemoryError
 
     def exhausted(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(engine_module, "load_weights", exhausted)
+    monkeypatch.setattr(loading, "load_weights", exhausted)
     with pytest.raises(OutOfMemoryError, match="out of GPU memory while loading tiny-r1; try a shorter context "
                                                "length or 4-bit"):
-        engine_module.Engine.load(tiny_model, device="cpu")
+        Engine.load(tiny_model, device="cpu")
