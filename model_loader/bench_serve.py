@@ -43,12 +43,12 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def _one(session, url: str, model: str, prompt: str, new_tokens: int) -> dict:
+async def _one(http, url: str, model: str, prompt: str, new_tokens: int) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": new_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, tokens = None, 0
-    async with session.post(url + "/chat/completions", json=body) as resp:
+    async with http.post(url + "/chat/completions", json=body) as resp:
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
         async for raw in resp.content:
@@ -80,17 +80,17 @@ async def run_clients(url: str, model: str, clients: int, requests: int, prompt_
     results: list[dict] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
 
-    async def client(session):
+    async def client(http):
         while not queue.empty():
             prompt = queue.get_nowait()
             try:
-                results.append(await _one(session, url, model, prompt, new_tokens))
+                results.append(await _one(http, url, model, prompt, new_tokens))
             except (aiohttp.ClientError, asyncio.TimeoutError) as err:
                 results.append({"error": f"{type(err).__name__}: {err}"})
 
     t0 = time.perf_counter()
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
     wall = time.perf_counter() - t0
     ok = [r for r in results if "error" not in r]
     ttft = [r["ttft_s"] * 1000.0 for r in ok]
