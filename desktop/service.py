@@ -43,6 +43,7 @@ class GenerationRequest(QObject):
     started = Signal(object)  # dict(prompt_tokens, prefix_reused_tokens, context_length)
     delta = Signal(str, str, int)  # text, "reasoning" | "answer", tokens so far in this reply
     finished = Signal(object)  # dict(text, reasoning, answer, stats=dict)
+    logprobs = Signal(object)  # a token's log-probabilities (model_loader.events.TokenLogprobs as a dict)
     failed = Signal(str, str)  # kind (the worker's kinds, or "cancelled" before it started, "unloaded"), message
 
     def __init__(self, service: "EngineService", messages: list[dict], settings: dict, client: str,
@@ -124,6 +125,7 @@ class EngineService(QObject):
         w.started.connect(self._on_started, q)
         w.delta.connect(self._on_delta, q)
         w.finished.connect(self._on_finished, q)
+        w.logprobs.connect(self._on_logprobs, q)
         w.failed.connect(self._on_failed, q)
         w.quantize_progress.connect(self.quantize_progress, q)
         w.quantized.connect(self.quantized, q)
@@ -300,6 +302,11 @@ class EngineService(QObject):
         if req is not None:
             req.delta.emit(text, kind, token_count)
             self.request_progress.emit(req, kind, token_count)
+
+    def _on_logprobs(self, gen_id: int, scored: dict) -> None:
+        req = self._current(gen_id)
+        if req is not None:
+            req.logprobs.emit(scored)
 
     def _on_finished(self, gen_id: int, result: dict) -> None:
         req = self._current(gen_id)

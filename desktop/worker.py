@@ -127,6 +127,7 @@ class EngineWorker(QObject):
     started = Signal(int, object)  # generation id, dict(prompt_tokens, prefix_reused_tokens, context_length)
     delta = Signal(int, str, str, int)  # generation id, text, "reasoning" | "answer", tokens so far in this reply
     finished = Signal(int, object)  # generation id, dict(text, reasoning, answer, stats=dict)
+    logprobs = Signal(int, object)  # generation id, a TokenLogprobs dict (a request that asked for them)
     failed = Signal(int, str, str)  # generation id (0 = load), error kind, one-line message
     quantize_progress = Signal(int, int, str)  # layer index, layers, what ("searching scales", ...)
     quantized = Signal(str)  # the new 4-bit model folder
@@ -332,7 +333,7 @@ class EngineWorker(QObject):
     @Slot(int, object, object, object)
     def generate(self, gen_id: int, messages: list, settings: dict, control) -> None:
         from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
-        from model_loader.events import Delta, Finished, SamplingSettings, Started
+        from model_loader.events import Delta, Finished, SamplingSettings, Started, TokenLogprobs
 
         if self.engine is None:
             self.failed.emit(gen_id, "not_ready", "the model is not loaded yet")
@@ -348,6 +349,8 @@ class EngineWorker(QObject):
             for event in self.engine.generate(messages, sampling, control):
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
+                elif isinstance(event, TokenLogprobs):
+                    self._send_logprobs(gen_id, event, coalescer)
                 elif isinstance(event, Started):  # the prompt is prefilled: context use is known before token 1
                     self.started.emit(gen_id, _asdict(event))
                 elif isinstance(event, Finished):
@@ -370,13 +373,19 @@ class EngineWorker(QObject):
             traceback.print_exc()
             self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
 
+    def _send_logprobs(self, gen_id: int, event, coalescer: "DeltaCoalescer") -> None:
+        """A token's log-probabilities go out after the text before it and ahead of its own: a stream puts
+        them in the chunk that carries the token's text."""
+        coalescer.flush()
+        self.logprobs.emit(gen_id, _asdict(event))
+
     # ------------------------------------------------------------------ many replies at once
     def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
                 samples_of: tuple | None = None) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
         samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
-        from model_loader.events import Delta, Failed, Finished, Started
+        from model_loader.events import Delta, Failed, Finished, Started, TokenLogprobs
 
         name = samples_of[0] if samples_of is not None else None
         first = self._samples.get(name) if name is not None else None
@@ -388,6 +397,9 @@ class EngineWorker(QObject):
                 return
             if isinstance(event, Started):
                 self.started.emit(gen_id, _asdict(event))
+                return
+            if isinstance(event, TokenLogprobs):
+                self._send_logprobs(gen_id, event, coalescer)
                 return
             coalescer.flush()
             if name is not None and self._samples.get(name) is seq:  # the first sample has ended: the rest reuse

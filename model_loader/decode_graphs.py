@@ -30,6 +30,7 @@ class DecodeStep:
         self.pos = torch.zeros(1, dtype=torch.int32, device=model.device)
         self.forced = ForcedTokens(model.device, think_close_id, use_triton=model.use_triton)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # (mode, attention config) -> graph
+        self.outputs: dict[tuple, torch.Tensor] = {}  # (mode, attention config) -> the graph's logits [1, V]
         self.plan: list[tuple[int, object]] = [(model.max_ctx, None)]  # (largest depth, config); None = default
         self.generator: torch.Generator | None = None  # CPU only; CUDA uses the graph-safe default generator
         self.tuned_us: dict = {}  # tune(): {upper depth: {config: us per step}}
@@ -38,11 +39,20 @@ class DecodeStep:
         """The attention configuration for a step that attends over `length` cached tokens."""
         return next((config for upper, config in self.plan if length <= upper), self.plan[-1][1])
 
-    def _step(self, mode: str, pos: int, config) -> None:
+    def _step(self, mode: str, pos: int, config) -> torch.Tensor:
+        """mode: "greedy" or "sample" (the step chooses and commits the next token), or "logits" (it stops at
+        the logits [1, V]: the host's logits_processing chooses, then commit() takes it)."""
         self.model.set_decode_attention_config(config)
         logits = self.model.decode(self.token, self.pos, pos, float_logits=False)  # no fp32 copy of 152k logits
+        if mode == "logits":
+            return logits
         nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
         self.forced.commit(nxt, self.token, self.pos)  # token <- nxt or a forced token; pos += 1
+        return logits
+
+    def commit(self, nxt: torch.Tensor) -> None:
+        """After a "logits" step: the chosen token [1] (or a forced one) becomes the next step's input."""
+        self.forced.commit(nxt, self.token, self.pos)
 
     def captured(self, mode: str) -> bool:
         return not self.use_graphs or all((mode, config) in self.graphs for _, config in self.plan)
@@ -62,7 +72,7 @@ class DecodeStep:
             graph = torch.cuda.CUDAGraph()
             self.pos.zero_()
             with graph_capture(graph, self.model.device), torch.inference_mode():
-                self._step(mode, 0, config)
+                self.outputs[(mode, config)] = self._step(mode, 0, config)
             self.graphs[(mode, config)] = graph
 
     def tune(self, configs, buckets: list[int]) -> dict:
@@ -98,6 +108,7 @@ class DecodeStep:
         for config in configs:
             if config not in chosen:
                 self.graphs.pop(("greedy", config), None)
+                self.outputs.pop(("greedy", config), None)
         self.plan, self.tuned_us = plan, timings
         return {"plan": plan, "timings_us": timings}
 
@@ -115,14 +126,15 @@ class DecodeStep:
         end.synchronize()
         return start.elapsed_time(end) * 1000.0 / replays
 
-    def run(self, mode: str, pos: int) -> None:
+    def run(self, mode: str, pos: int) -> torch.Tensor:
+        """One step; returns its logits [1, V] (a graph's own buffer: read it before the next replay)."""
         config = self.config_for(pos + 1)
         graph = self.graphs.get((mode, config))
         if graph is not None:
             graph.replay()
-        else:
-            with torch.inference_mode():
-                self._step(mode, pos, config)
+            return self.outputs[(mode, config)]
+        with torch.inference_mode():
+            return self._step(mode, pos, config)
 
 
 class PrefillGraphs:

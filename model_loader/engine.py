@@ -31,6 +31,7 @@ from model_loader import kernel_cache
 from model_loader.kernels import precompile
 from model_loader.locate import ModelFolder
 from model_loader.qwen2 import Qwen2Model
+from model_loader.logits_processing import LogitsPipeline
 from model_loader.sampling import SamplerParams, greedy, sample
 from model_loader.stats import decode_context, memory_stats
 from model_loader.device import use_device
@@ -226,6 +227,7 @@ class Engine:
             self.scheduler.close()
             self.scheduler = None
         self.step.graphs.clear()
+        self.step.outputs.clear()
         if self.prefill_graphs is not None:
             self.prefill_graphs.graphs.clear()
             self.prefill_graphs.outputs.clear()
@@ -264,6 +266,7 @@ class Engine:
                              "format yet): choose the 16-bit KV cache, or one reply at a time")
         use_device(self.model.device)
         self.step.graphs.clear()
+        self.step.outputs.clear()
         if self.prefill_graphs is not None:
             self.prefill_graphs.graphs.clear()
             self.prefill_graphs.outputs.clear()
@@ -349,11 +352,16 @@ class Engine:
         if n_prompt >= ctx:
             raise ContextFullError(f"the conversation is {n_prompt} tokens and the context holds {ctx}; "
                                    "start a new chat or raise the context length")
-        mode = "greedy" if s.temperature <= 0 else "sample"
+        greedy_mode = s.temperature <= 0
+        # Options past temperature/top-p/top-k: the step stops at the logits and logits_processing chooses
+        pipeline = None if s.plain else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids)
+        mode = "logits" if pipeline is not None else "greedy" if greedy_mode else "sample"
         seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
         if not self.step.captured(mode):
             self.step.capture(mode)
             self._cache_tokens = []  # capturing ran steps that wrote into the cache
+        # the processed path's own random stream on the device, seeded per reply (the graphs' stays as it is)
+        host_gen = torch.Generator(self.model.device).manual_seed(seed) if pipeline is not None else None
         if mode == "sample":  # seeded after any capture above, whose steps draw noise too
             self.params.set(s.temperature, s.top_p, s.top_k, self.model.cfg.vocab_size)
             self.params.reseed(seed)  # the fused sampler's noise (16-bit logits on a GPU)
@@ -381,6 +389,12 @@ class Engine:
             times.append(time.perf_counter())
             if splitter.in_reasoning:
                 reasoning_tokens += 1
+            if pipeline is not None:
+                pipeline.accept(tok)
+                scored = pipeline.take_logprobs(tok, self.tokenizer, "reasoning" if splitter.in_reasoning
+                                                else "answer")
+                if scored is not None:
+                    yield scored
             if tok in stop_ids:
                 return
             was_reasoning = splitter.in_reasoning
@@ -415,8 +429,12 @@ class Engine:
             # Sampled in the model's dtype, as the decode step does (exact: the fp32 logits were 16-bit values),
             # so the first token takes the sampler the warm-up ran: a sampler first used here cost the first
             # reply 45 ms (the sort's lazy set-up, H200).
-            first = (greedy(logits) if mode == "greedy"
-                     else sample(logits.to(self.model.dtype), self.params, self.step.generator))
+            if pipeline is not None:
+                first = pipeline.choose(logits, host_gen)
+                pipeline.observe(first)
+            else:
+                first = (greedy(logits) if mode == "greedy"
+                         else sample(logits.to(self.model.dtype), self.params, self.step.generator))
         yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
         first_id = int(first.item())
         yield from emit(first_id)
@@ -437,7 +455,11 @@ class Engine:
         def launch():
             nonlocal launched
             slot = launched % ring_size
-            self.step.run(mode, n_prompt + launched)
+            logits = self.step.run(mode, n_prompt + launched)
+            if pipeline is not None:
+                with torch.inference_mode():
+                    self.step.commit(pipeline.choose(logits, host_gen))
+                    pipeline.observe(self.step.token)
             if ring is not None:
                 ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
             if on_cuda:
@@ -451,6 +473,9 @@ class Engine:
         # another thread (the GUI), the push happens there at once; the GPU ignores it if the model has closed
         # its reasoning by itself meanwhile (which only a single-token close tag lets it see).
         close_push = ClosePush(self.step.forced, self._close_tag)
+        # A grammar's mask for the next token needs this one read first: one step at a time (its mask is made
+        # on the host while the GPU runs the step's forward)
+        queued_steps = 1 if pipeline is not None and pipeline.needs_each_token else QUEUED_STEPS
         if splitter.in_reasoning and self.chat.think_close_id is not None:
             control.act_on_stop_thinking(close_push)
         try:
@@ -463,7 +488,7 @@ class Engine:
                 if splitter.in_reasoning and control.take_stop_thinking():
                     close_push()
                 # Keep steps queued beyond the one we wait for, so the GPU never waits on the host.
-                while launched < limit and len(pending) < QUEUED_STEPS:
+                while launched < limit and len(pending) < queued_steps:
                     launch()
                 if not pending:
                     finish = "context_full" if n_prompt + len(tokens) >= ctx - 1 else "max_new_tokens"
@@ -509,7 +534,7 @@ class Engine:
             decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=t_end - t0,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped_thinking, seed=seed if mode == "sample" else None,
+            memory=self.memory(), stopped_thinking=stopped_thinking, seed=None if greedy_mode else seed,
             decode_read_bytes=self.info.decode_weight_bytes + cache_read if len(tokens) > 1 else 0.0,
             decode_cache_read_bytes=cache_read,
         )

@@ -23,6 +23,22 @@ class SamplingSettings:
     max_new_tokens: int = 4096
     seed: int | None = None
     ignore_eos: bool = False  # benchmarks only: always decode max_new_tokens
+    # Options for API clients (model_loader.logits_processing applies them); at their defaults a reply takes the
+    # fused sampler inside the decode graph, otherwise the step stops at the logits and they are applied after it.
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest (after the temperature)
+    frequency_penalty: float = 0.0  # OpenAI's: minus penalty x times the token was generated so far
+    presence_penalty: float = 0.0  # OpenAI's: minus penalty once the token was generated at all
+    repetition_penalty: float = 1.0  # CTRL's (HF, vLLM): logits of tokens in the prompt or output divided by it
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI: -100..100)
+    logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k likeliest
+    constraint: object | None = None  # a grammar (model_loader.grammar) the reply must follow after its reasoning
+
+    @property
+    def plain(self) -> bool:
+        """Nothing beyond temperature, top-p and top-k: the in-graph sampler does all of it."""
+        return (self.min_p <= 0 and not self.frequency_penalty and not self.presence_penalty
+                and self.repetition_penalty == 1.0 and not self.logit_bias and self.logprobs is None
+                and self.constraint is None)
 
 
 class GenerationControl:
@@ -80,6 +96,21 @@ class Delta:
     text: str
     kind: Kind
     token_count: int = 0  # tokens generated so far in this reply, including the ones behind this text
+
+
+@dataclass
+class TokenLogprobs:
+    """One generated token's log-probability under the model (log-softmax of its logits at temperature 1, before
+    any penalty, bias or constraint: what vLLM reports by default) and the `top` likeliest alternatives, sent
+    before the text the token belongs to. token: its text (a piece of a character shows as U+FFFD);
+    bytes: its UTF-8 bytes exactly."""
+
+    token_id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[dict]  # [{"token_id", "token", "bytes", "logprob"}], likeliest first
+    kind: Kind  # the part of the reply it belongs to (the closing </think> counts as reasoning)
 
 
 @dataclass

@@ -73,7 +73,8 @@ def _fused_sampler():
 
 
 def sort_sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus) over the sorted distribution; [1, V] -> [1] int64.
+    """Temperature, then top-k (and min-p where params has it), then top-p (nucleus) over the sorted distribution;
+    [1, V] -> [1] int64.
     The logits may be in the model's dtype: they are sorted as they are (a radix sort of 16-bit keys makes half
     the passes of one of 32-bit keys, and dividing by the temperature keeps the order), then scaled in fp32."""
     sorted_keys, order = torch.sort(logits, dim=-1, descending=True)
@@ -82,6 +83,9 @@ def sort_sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Ge
     weights = torch.exp((sorted_keys.float() - sorted_keys[..., :1].float()) / params.temperature)
     ranks = torch.arange(weights.shape[-1], device=logits.device)
     weights = weights.masked_fill(ranks >= params.top_k, 0.0)
+    min_p = getattr(params, "min_p", 0.0)  # host-side settings only (logits_processing.HostSampler)
+    if min_p > 0:  # a weight is the token's probability over the likeliest one's
+        weights = weights.masked_fill(weights < min_p, 0.0)
     # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does
     # (the mass is relative to the total, the last running sum).
     running = torch.cumsum(weights, dim=-1)

@@ -45,6 +45,7 @@ from model_loader.events import (Failed, Finished, GenerationControl, Generation
 from model_loader.kv_blocks import BlockPool, BlockTable
 from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
 from model_loader.reply_text import ReplyText
+from model_loader.logits_processing import LogitsPipeline
 from model_loader.sampling import SamplerParams, sort_sample
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Sequence:
         self.first_answer_at: float | None = None
         self.generator: torch.Generator | None = None
         self.params: SamplerParams | None = None
+        self.pipeline: LogitsPipeline | None = None  # settings past temperature/top-p/top-k (API clients)
 
     @property
     def output(self) -> list[int]:
@@ -316,6 +318,9 @@ class Scheduler:
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status = "running"
+        if seq.pipeline is None and not seq.settings.plain:
+            seq.pipeline = LogitsPipeline(seq.settings, self.model.cfg.vocab_size, self.model.device,
+                                          seq.tokens[:seq.n_prompt])
         if seq.generator is None and not seq.greedy:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(seq.seed)
             seq.params = SamplerParams(self.model.device)
@@ -352,14 +357,16 @@ class Scheduler:
         """Each sequence's next token from its row of logits, by its own settings and random stream."""
         if not seqs:
             return []
-        greedy_rows = [i for i, seq in enumerate(seqs) if seq.greedy]
+        greedy_rows = [i for i, seq in enumerate(seqs) if seq.greedy and seq.pipeline is None]
         picks: list = [None] * len(seqs)
         if greedy_rows:
             rows = torch.tensor(greedy_rows, device=logits.device)
             for i, tok in zip(greedy_rows, torch.argmax(logits.index_select(0, rows), dim=-1).tolist()):
                 picks[i] = tok
         for i, seq in enumerate(seqs):
-            if not seq.greedy:
+            if seq.pipeline is not None:
+                picks[i] = seq.pipeline.choose(logits[i:i + 1], seq.generator)
+            elif not seq.greedy:
                 picks[i] = sort_sample(logits[i:i + 1], seq.params, seq.generator)
         return [(seq, int(tok)) for seq, tok in zip(seqs, picks)]
 
@@ -374,6 +381,13 @@ class Scheduler:
         if len(seq.times) == 1:
             self._send(seq, Started(prompt_tokens=seq.n_prompt, prefix_reused_tokens=seq.reused or 0,
                                     context_length=self.max_ctx))
+        if seq.pipeline is not None:
+            seq.pipeline.observe(token)
+            seq.pipeline.accept(token)
+            scored = seq.pipeline.take_logprobs(token, self.chat.tokenizer,
+                                                "reasoning" if seq.reply.in_reasoning else "answer")
+            if scored is not None:
+                self._send(seq, scored)
         was_reasoning = seq.reply.in_reasoning
         deltas = seq.reply.add(token)
         if was_reasoning and not seq.reply.in_reasoning and not forced:

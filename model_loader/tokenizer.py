@@ -67,6 +67,7 @@ class FolderTokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self._env = None
+        self._added: frozenset[int] | None = None
         self._compiled: dict[str, object] = {}  # template source -> compiled template
 
     def __len__(self) -> int:
@@ -74,6 +75,16 @@ class FolderTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's string for an id (byte-level characters for BPE pieces)."""
+        return self._tok.id_to_token(token_id)
+
+    def added_token_ids(self) -> frozenset[int]:
+        """Ids of the added tokens (control tokens and the like), whose strings are their text as written."""
+        if self._added is None:
+            self._added = frozenset(self._tok.get_added_tokens_decoder())
+        return self._added
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids

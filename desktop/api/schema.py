@@ -136,9 +136,10 @@ def parse_messages(value) -> list[dict]:
     return out
 
 
-def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) -> ChatRequest:
+def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None, vocab_size: int = 0) -> ChatRequest:
     """defaults: temperature and top_p for a request that leaves them out (the app's settings: DeepSeek's
-    advice for R1, 0.6 and 0.95, as vLLM takes them from the model's generation_config)."""
+    advice for R1, 0.6 and 0.95, as vLLM takes them from the model's generation_config). vocab_size: the
+    model's (token ids in logit_bias must be below it; 0: not checked here)."""
     defaults = defaults or {}
     try:
         body = json.loads(raw)
@@ -147,6 +148,7 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     _check_unicode(body)
+    _check_fields(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required: the id of the loaded model (GET /v1/models lists it)")
@@ -157,9 +159,6 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
     n = _integer(body, "n", 1)
     if n is not None and n > MAX_N:
         raise _bad("n", f"'n' must be at most {MAX_N}")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise _bad(name, f"'{name}': tool calling is not supported by this server")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -181,6 +180,9 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
                 "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95))}
     if settings["top_p"] <= 0:
         raise _bad("top_p", "'top_p' must be greater than 0")
+    settings.update(sampler_options(body, vocab_size))
+    _check_tools(body)
+    _response_format(body)
     seed = _integer(body, "seed", -(2 ** 63))
     if seed is not None:
         settings["seed"] = seed % (2 ** 32)  # the engine's generator takes 32 bits; equal seeds replay equal
@@ -199,6 +201,127 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None) 
         raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
     return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
                        include_usage=include_usage, stop=[s for s in stops if s], n=n or 1)
+
+
+# ------------------------------------------------------------------------------------------ field policy
+# Every field of OpenAI's chat-completions request is honoured, accepted because it changes nothing about the
+# output (bookkeeping fields), or refused with a 400 that names it; a field OpenAI doesn't know is refused as
+# OpenAI refuses it ("Unrecognized request argument"). The extensions that vLLM and llama.cpp accept for
+# sampling (top_k, min_p, repetition_penalty) are honoured too.
+HONOURED = {"model", "messages", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+            "temperature", "top_p", "top_k", "min_p", "seed", "stop", "frequency_penalty", "presence_penalty",
+            "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
+            "tool_choice", "parallel_tool_calls"}
+BOOKKEEPING = {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "store"}
+# OpenAI's fields this server can't honour, with why
+REFUSED = {
+    "reasoning_effort": "this model's reasoning length can't be set; use max_tokens to bound the reply",
+    "verbosity": "this model's answer length can't be set; use max_tokens to bound the reply",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy 'functions' field is not supported; send 'tools'",
+    "function_call": "the legacy 'function_call' field is not supported; send 'tool_choice'",
+}
+MAX_LOGIT_BIAS = 300  # entries in logit_bias (OpenAI's limit)
+
+
+def _check_fields(body: dict) -> None:
+    for name, value in body.items():
+        if name in HONOURED or name in BOOKKEEPING:
+            continue
+        if name in REFUSED:
+            if value is None:
+                continue
+            raise _bad(name, f"'{name}' is not supported: {REFUSED[name]}")
+        if name == "modalities":
+            if value is None or value == ["text"]:
+                continue
+            raise _bad(name, "'modalities': only [\"text\"] is supported")
+        if name == "chat_template_kwargs":
+            if not value:
+                continue
+            raise _bad(name, "'chat_template_kwargs' is not supported: this server renders the model's own chat "
+                             "template as it is")
+        raise _bad(name, f"Unrecognized request argument supplied: {name}")
+    if body.get("store") not in (None, False):
+        raise _bad("store", "'store': this server keeps no completions; send false or leave it out")
+
+
+def _check_tools(body: dict) -> None:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools:
+        raise _bad("tools", "'tools': tool calling is not supported by this server")
+    if choice not in (None, "none", "auto"):
+        raise _bad("tool_choice", "'tool_choice' needs 'tools', which this server does not support")
+    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+        raise _bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+
+
+def _response_format(body: dict) -> dict | None:
+    """None for plain text; else the validated response_format object."""
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _bad("response_format", "'response_format' must be an object with a 'type'")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind in ("json_object", "json_schema"):
+        raise _bad("response_format", f"'response_format' {kind!r} is not supported by this server yet")
+    raise _bad("response_format.type", f"'response_format.type' must be text, json_object or json_schema "
+                                       f"(got {kind!r})")
+
+
+def sampler_options(body: dict, vocab_size: int = 0) -> dict:
+    """The SamplingSettings fields past temperature and top-p that the request sets (validated)."""
+    out: dict = {}
+    top_k = _integer(body, "top_k", -1)
+    if top_k is not None and top_k > 0:  # 0 and -1: off (vLLM's and llama.cpp's spellings)
+        out["top_k"] = top_k
+    min_p = _number(body, "min_p", 0.0, 1.0, 0.0)
+    if min_p > 0:
+        out["min_p"] = min_p
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = _number(body, name, -2.0, 2.0, 0.0)
+        if value:
+            out[name] = value
+    repetition = _number(body, "repetition_penalty", 0.0, 2.0, 1.0)
+    if repetition <= 0:
+        raise _bad("repetition_penalty", "'repetition_penalty' must be greater than 0")
+    if repetition != 1.0:
+        out["repetition_penalty"] = repetition
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _bad("logit_bias", "'logit_bias' must be an object mapping token ids to numbers")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise _bad("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens")
+        parsed = {}
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise _bad("logit_bias", f"'logit_bias': {key!r} is not a token id") from None
+            if token < 0 or (vocab_size and token >= vocab_size):
+                raise _bad("logit_bias", f"'logit_bias': token id {token} is outside the model's vocabulary "
+                                         f"(0..{vocab_size - 1})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise _bad("logit_bias", f"'logit_bias[{key}]' must be a number between -100 and 100")
+            if value:
+                parsed[token] = float(value)
+        if parsed:
+            out["logit_bias"] = parsed
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise _bad("logprobs", "'logprobs' must be true or false")
+    top = _integer(body, "top_logprobs", 0, 20)
+    if top is not None and not want:
+        raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    if want:
+        out["logprobs"] = top or 0
+    return out
 
 
 class StopMatcher:
@@ -252,11 +375,42 @@ def usage(stats: dict | list[dict]) -> dict:
                                                                   for s in all_stats)}}
 
 
-def choice(index: int, reasoning: str, answer: str, finish: str) -> dict:
+def choice(index: int, reasoning: str, answer: str, finish: str, logprobs: dict | None = None) -> dict:
     message = {"role": "assistant", "content": answer}
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
-    return {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
+    return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+
+
+def logprob_entry(scored: dict) -> dict:
+    """OpenAI's shape of one token's log-probabilities (model_loader.events.TokenLogprobs as a dict)."""
+    return {"token": scored["token"], "logprob": scored["logprob"], "bytes": scored["bytes"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                             for t in scored["top"]]}
+
+
+class LogprobsBuffer:
+    """One choice's token log-probabilities until the text they belong to goes out. OpenAI's `content` list
+    holds the answer's tokens; the reasoning's go in `reasoning_content` beside it (as its text does)."""
+
+    def __init__(self):
+        self.parts: dict[str, list] = {"answer": [], "reasoning": []}
+
+    def add(self, scored: dict) -> None:
+        self.parts[scored["kind"]].append(logprob_entry(scored))
+
+    def take(self, kind: str | None = None) -> dict | None:
+        """What has gathered (of one kind, or all): OpenAI's logprobs object, or None if nothing has."""
+        kinds = [kind] if kind else list(self.parts)
+        out = {}
+        for k in kinds:
+            if self.parts[k]:
+                out["content" if k == "answer" else "reasoning_content"] = self.parts[k]
+                self.parts[k] = []
+        if not out:
+            return None
+        out.setdefault("content", [])
+        return out
 
 
 def completion(cid: str, created: int, model: str, choices: list[dict], stats: dict | list[dict]) -> dict:
@@ -264,9 +418,10 @@ def completion(cid: str, created: int, model: str, choices: list[dict], stats: d
             "usage": usage(stats)}
 
 
-def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, index: int = 0) -> dict:
+def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, index: int = 0,
+          logprobs: dict | None = None) -> dict:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
 
 
 def usage_chunk(cid: str, created: int, model: str, stats: dict | list[dict]) -> dict:
@@ -300,9 +455,9 @@ class SseChunks:
         self.tail = tail  # ',"finish_reason":null,"logprobs":null}]}\n\n'
         self.cid, self.created, self.model, self.index = cid, created, model, index
 
-    def __call__(self, delta: dict, finish: str | None = None) -> bytes:
-        if finish is not None:
-            return sse(chunk(self.cid, self.created, self.model, delta, finish, self.index))
+    def __call__(self, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
+        if finish is not None or logprobs is not None:
+            return sse(chunk(self.cid, self.created, self.model, delta, finish, self.index, logprobs))
         return self.head + json.dumps(delta, ensure_ascii=False, separators=(",", ":")).encode() + self.tail
 
 

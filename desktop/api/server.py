@@ -242,7 +242,8 @@ class ApiServer:
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
         body = await request.read()
-        req = schema.parse_chat_request(body, model_id, self.defaults)
+        req = schema.parse_chat_request(body, model_id, self.defaults,
+                                        int((self.service.info or {}).get("vocab_size") or 0))
         # No max_tokens: the rest of the context (as vLLM does), so a long chain of thought is never cut short.
         req.settings.setdefault("max_new_tokens", int((self.service.info or {}).get("context_length", 4096)))
         events: asyncio.Queue = asyncio.Queue()  # (choice index, kind, ...) of every choice's reply
@@ -288,15 +289,20 @@ class ApiServer:
         gen.delta.connect(lambda text, kind, n: events.put_nowait((index, "delta", text, kind)))
         gen.finished.connect(lambda result: events.put_nowait((index, "finished", result)))
         gen.failed.connect(lambda kind, message: events.put_nowait((index, "failed", kind, message)))
+        gen.logprobs.connect(lambda scored: events.put_nowait((index, "logprobs", scored)))
 
     async def _collect(self, req, gens, events, model_id, cid) -> web.Response:
         stops = [schema.StopMatcher(req.stop) for _ in gens]
         reasoning, answer = [[] for _ in gens], [[] for _ in gens]
         choices, stats = [None] * len(gens), [None] * len(gens)
+        scored = [schema.LogprobsBuffer() for _ in gens]
         while any(c is None for c in choices):
             ev = await events.get()
             i, kind = ev[0], ev[1]
-            if kind == "delta":
+            if kind == "logprobs":
+                if not stops[i].hit:  # tokens past a stop string are not part of the reply
+                    scored[i].add(ev[2])
+            elif kind == "delta":
                 if ev[3] == "reasoning":
                     reasoning[i].append(ev[2])
                 else:
@@ -307,7 +313,9 @@ class ApiServer:
                 stats[i] = ev[2]["stats"]
                 answer[i].append(stops[i].flush())
                 finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
-                choices[i] = schema.choice(i, "".join(reasoning[i]), "".join(answer[i]), finish)
+                logprobs = scored[i].take() if "logprobs" in req.settings else None
+                choices[i] = schema.choice(i, "".join(reasoning[i]), "".join(answer[i]), finish,
+                                           logprobs or ({"content": []} if "logprobs" in req.settings else None))
             elif kind == "failed":
                 raise _generation_error(ev[2], ev[3], started=True)
         return web.json_response(schema.completion(cid, schema.now(), model_id, choices, stats), dumps=_dumps)
@@ -326,27 +334,31 @@ class ApiServer:
         # Started and first Delta arrive together), and later every delta that queued up during a write.
         out = [chunks({"role": "assistant", "content": ""}) for chunks in sse_delta]
         stats: list = [None] * len(gens)
+        scored = [schema.LogprobsBuffer() for _ in gens]
         while any(s is None for s in stats):
             if out and events.empty():
                 await resp.write(b"".join(out))
                 out.clear()
             ev = await events.get()
             i, kind = ev[0], ev[1]
-            if kind == "delta":
+            if kind == "logprobs":
+                if not stops[i].hit:
+                    scored[i].add(ev[2])
+            elif kind == "delta":
                 text, part = ev[2], ev[3]
                 if part == "answer":
                     text = stops[i].feed(text)
                     if stops[i].hit:
                         gens[i].cancel()
-                if text:
-                    out.append(sse_delta[i](schema.delta_for(part, text)))
+                if text:  # the tokens scored so far go with the text they wrote
+                    out.append(sse_delta[i](schema.delta_for(part, text), logprobs=scored[i].take(part)))
             elif kind == "finished":
                 stats[i] = ev[2]["stats"]
                 tail = stops[i].flush()
                 if tail:
-                    out.append(sse_delta[i]({"content": tail}))
+                    out.append(sse_delta[i]({"content": tail}, logprobs=scored[i].take("answer")))
                 finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
-                out.append(sse_delta[i]({}, finish))
+                out.append(sse_delta[i]({}, finish, logprobs=scored[i].take()))
             elif kind == "failed":  # the 200 status is set: the error goes in the stream, as OpenAI's does
                 err = _generation_error(ev[2], ev[3], started=True)
                 out.append(schema.sse(err.body()))
