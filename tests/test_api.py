@@ -54,9 +54,14 @@ def r1(tiny_model):
 
 @pytest.fixture(scope="module")
 def plain(tiny_model, tmp_path_factory):
+    proc, model_id, url = _serve(make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain"))
+    yield model_id, url
+    _stop(proc)
+
+
+def make_plain_model(tiny_model, folder):
     """The tiny model as a non-reasoning model (Qwen2.5-style: no <think> tags in the vocabulary or the
     template): everything it writes is answer."""
-    folder = tmp_path_factory.mktemp("plain") / "tiny-plain"
     shutil.copytree(tiny_model, folder)
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     assert "<｜Assistant｜><think>\\n" in cfg["chat_template"]
@@ -71,9 +76,7 @@ def plain(tiny_model, tmp_path_factory):
         cfg["added_tokens_decoder"] = {k: v for k, v in decoder.items() if v.get("content") not in ("<think>",
                                                                                                    "</think>")}
         (folder / name).write_text(json.dumps(cfg))
-    proc, model_id, url = _serve(folder)
-    yield model_id, url
-    _stop(proc)
+    return folder
 
 
 def _client(url, key=KEY):
