@@ -33,7 +33,7 @@ def run(args) -> int:
     service = EngineService(app, max_waiting=args.max_waiting, max_parallel=args.max_parallel,
                             max_tokens_cap=args.max_tokens_cap)
     server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
-                       allowed_origins=args.allow_origin,
+                       allowed_origins=args.allow_origin, served_names=args.served_model_name or (),
                        defaults={"temperature": args.temperature, "top_p": args.top_p})
     loop = qt_event_loop(app)  # as the app's (qasync's, with cheaper callbacks: desktop/fastloop.py)
     asyncio.set_event_loop(loop)

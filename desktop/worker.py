@@ -371,7 +371,7 @@ class EngineWorker(QObject):
         except Exception as err:
             coalescer.flush()
             traceback.print_exc()
-            self.failed.emit(gen_id, "generate", f"generation failed: {type(err).__name__}: {err}")
+            self.failed.emit(gen_id, "internal", f"generation failed: {type(err).__name__}: {err}")
 
     def _send_logprobs(self, gen_id: int, event, coalescer: "DeltaCoalescer") -> None:
         """A token's log-probabilities go out after the text before it and ahead of its own: a stream puts
@@ -438,7 +438,7 @@ class EngineWorker(QObject):
             scheduler.step()  # a failing step isolates the failing sequence itself (Scheduler._step_failed)
         except Exception as err:  # a bug in the scheduler: end every reply with it rather than loop on it
             traceback.print_exc()
-            scheduler.end_all("generate", f"generation failed: {type(err).__name__}: {err}")
+            scheduler.end_all("internal", f"generation failed: {type(err).__name__}: {err}")
 
     def drain(self) -> None:
         """The thread's loop has stopped (the app is closing): end the replies still decoding as cancelled, with

@@ -7,11 +7,17 @@ whether or not the tokenizer would add one itself.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import re
 from dataclasses import dataclass
 
 from model_loader.chat_template import R1_CHAT_TEMPLATE
 from model_loader.errors import ModelError
+from model_loader.tokenizer import encode_text_only
+
+log = logging.getLogger(__name__)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -44,6 +50,27 @@ def answer_only(content: str) -> str:
     return content
 
 
+def _history_answer(content: str) -> str:
+    """What a reasoning model's template keeps of an earlier reply: its answer, and of an answer that itself
+    holds "</think>" only the text after the last one (R1's templates split there). Cut here already, the text
+    the template inserts is the text given to it, so message text can be tokenized as text (_encode_guarded)."""
+    answer = answer_only(content)
+    if THINK_CLOSE in answer:
+        answer = answer.rpartition(THINK_CLOSE)[2].lstrip("\n")
+    return answer
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Text as text, with no added token matched (see FolderTokenizer.encode_text); a transformers tokenizer
+    through its fast backend, else its own switch for it."""
+    if hasattr(tokenizer, "encode_text"):
+        return tokenizer.encode_text(text)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return encode_text_only(backend, text)
+    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
 @dataclass
 class RenderedPrompt:
     text: str
@@ -72,15 +99,19 @@ class ChatFormat:
         make_encoder = getattr(tokenizer, "prompt_encoder", None)
         self.prompt_encoder = make_encoder() if make_encoder is not None else None
 
-    def _template_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _clean(self, messages: list[dict]) -> list[dict]:
         # Only a model that reasons has reasoning to cut from its earlier replies: a Qwen2.5's answer that
         # mentions </think> goes back whole, as its own template would send it.
-        clean = [
-            {"role": m["role"], "content": answer_only(m["content"])
+        return [
+            {"role": m["role"], "content": _history_answer(m["content"])
              if m["role"] == "assistant" and self.reasons and not m.get(ANSWER_ONLY) else m["content"]}
             for m in messages
             if m.get("content") is not None
         ]
+
+    def _template_text(self, messages: list[dict], add_generation_prompt: bool, clean: list[dict] | None = None
+                       ) -> str:
+        clean = self._clean(messages) if clean is None else clean
         try:
             return self.tokenizer.apply_chat_template(clean, chat_template=self.template,
                                                       add_generation_prompt=add_generation_prompt, tokenize=False)
@@ -106,11 +137,48 @@ class ChatFormat:
                 # Older R1 templates stop at <｜Assistant｜>; DeepSeek advises forcing the reasoning open.
                 text += THINK_OPEN + "\n"
                 in_reasoning = True
-        if self.prompt_encoder is not None:
-            ids = self.prompt_encoder.encode(text)
-        else:
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = self._encode_guarded(messages, text)
+        if ids is None:  # the usual case: no message holds a control token's text
+            if self.prompt_encoder is not None:
+                ids = self.prompt_encoder.encode(text)
+            else:
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
+
+    def _encode_guarded(self, messages: list[dict], text: str) -> list[int] | None:
+        """The prompt's ids with each message's text tokenized as text, where a message holds a control token's
+        text ("<｜Assistant｜>" typed or pasted would otherwise become the real token and forge a turn); None
+        where none does. The template is rendered with a placeholder per message to find where each message's
+        text lies; a template that changes the text it inserts (trims it, say) can't be split that way, and the
+        prompt is then tokenized whole, as before, with a warning in the log."""
+        clean = self._clean(messages)
+        controls = self.control_strings
+        if not any(c in m["content"] for m in clean if isinstance(m["content"], str) for c in controls):
+            return None
+        marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(clean)]
+        skeleton = self._template_text(messages, add_generation_prompt=True, clean=marked)
+        parts = re.split("\ue000(\\d+)\ue001", skeleton + text[len(self._template_text(
+            messages, add_generation_prompt=True, clean=clean)):])  # + a reasoning tag render() appended
+        rebuilt = "".join(clean[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts))
+        if rebuilt != text:
+            log.warning("this chat template changes message text as it inserts it; control-token text typed in "
+                        "a message can't be kept as text")
+            return None
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                ids += encode_text(self.tokenizer, clean[int(part)]["content"])
+            elif part:
+                ids += self.tokenizer.encode(part, add_special_tokens=False)
+        return ids
+
+    @functools.cached_property
+    def control_strings(self) -> list[str]:
+        """The text of the tokenizer's added tokens (control tokens)."""
+        strings = getattr(self.tokenizer, "control_strings", None)
+        if strings is not None:
+            return strings()
+        return [t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values() if t.content]
 
     def _generation_prompt(self, messages: list[dict], text: str) -> str:
         """What the template adds for the reply (the text past the same messages rendered without it): where a

@@ -403,11 +403,34 @@ def cmd_make_test_model(args) -> int:
     return 0
 
 
+def api_key_of(args) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $R1DESK_API_KEY; None: no key. ValueError for a
+    file that can't be read or holds no key (a server meant to be guarded must not start open)."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"could not read the API key file {args.api_key_file}: "
+                             f"{getattr(err, 'strerror', None) or err}") from None
+        if not key:
+            raise ValueError(f"the API key file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("R1DESK_API_KEY", "").strip() or None
+
+
 def cmd_serve(args) -> int:
     # The server is the app's own (its engine service and the Qt/asyncio event loop, QtCore only), so this one
     # command loads the desktop package; everything else here stays free of Qt.
     from desktop.serve import run
 
+    try:
+        args.api_key = api_key_of(args)
+    except ValueError as err:
+        print(f"r1desk serve: {err}", file=sys.stderr)
+        return 2
     if args.max_parallel > 1 and args.kv_cache != KV_16BIT:
         print("r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
               "yet): drop --kv-cache 8-bit, or serve one reply at a time", file=sys.stderr)
@@ -449,7 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default 127.0.0.1: this computer only); another needs --api-key")
     serve.add_argument("--port", type=_port, default=8089, help="port; 0 picks a free one (default 8089)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 requests (other users can read a command "
+                            "line: prefer --api-key-file or R1DESK_API_KEY)")
+    serve.add_argument("--api-key-file", default=None, metavar="FILE",
+                       help="read the API key from FILE (its first line)")
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the model ids clients use (several allowed; default: the model folder's name)")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="a web page origin allowed to call the API from a browser (CORS), e.g. "
                             "http://localhost:3000; repeatable; none by default")

@@ -24,7 +24,7 @@ from model_loader.chat import (STOP_THINKING_TEXT, AnswerNewlineTrimmer, ChatFor
                                StreamingDetokenizer, history_message)
 from model_loader.common_prefix import common_prefix
 from model_loader.kv_cache import KV_16BIT
-from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
+from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError, check_room
 from model_loader.forced_tokens import RING, ClosePush
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
@@ -352,6 +352,7 @@ class Engine:
         if n_prompt >= ctx:
             raise ContextFullError(f"the conversation is {n_prompt} tokens and the context holds {ctx}; "
                                    "start a new chat or raise the context length")
+        check_room(n_prompt, s, ctx)
         greedy_mode = s.temperature <= 0
         # Options past temperature/top-p/top-k: the step stops at the logits and logits_processing chooses
         pipeline = None if s.plain else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids)
@@ -423,6 +424,8 @@ class Engine:
             return None
 
         seq = list(prompt_ids)
+        # made before the first token, which may itself close the reasoning (emit closes the push then)
+        close_push = ClosePush(self.step.forced, self._close_tag)
         self.step.forced.reset()  # before the prefill: it has run by the time a step could take a forced token
         with torch.inference_mode():
             logits, reused = self._prefill(seq)
@@ -472,7 +475,6 @@ class Engine:
         # any token, so the answer starts a few steps later with no prefill and nothing waiting. Asked from
         # another thread (the GUI), the push happens there at once; the GPU ignores it if the model has closed
         # its reasoning by itself meanwhile (which only a single-token close tag lets it see).
-        close_push = ClosePush(self.step.forced, self._close_tag)
         # A grammar's mask for the next token needs this one read first: one step at a time (its mask is made
         # on the host while the GPU runs the step's forward)
         queued_steps = 1 if pipeline is not None and pipeline.needs_each_token else QUEUED_STEPS

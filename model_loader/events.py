@@ -23,6 +23,9 @@ class SamplingSettings:
     max_new_tokens: int = 4096
     seed: int | None = None
     ignore_eos: bool = False  # benchmarks only: always decode max_new_tokens
+    # max_new_tokens was asked for (an API client's max_tokens): a prompt that leaves less room than that in the
+    # context is refused (ContextFullError) rather than cut short at the context's end
+    length_strict: bool = False
     # Options for API clients (model_loader.logits_processing applies them); at their defaults a reply takes the
     # fused sampler inside the decode graph, otherwise the step stops at the logits and they are applied after it.
     min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest (after the temperature)

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 
 from model_loader.chat import STOP_THINKING_TEXT
-from model_loader.errors import ContextFullError, ModelError
+from model_loader.errors import ContextFullError, ModelError, check_room
 from model_loader.events import (Failed, Finished, GenerationControl, GenerationStats, SamplingSettings,
                                  Started)
 from model_loader.kv_blocks import BlockPool, BlockTable
@@ -166,6 +166,7 @@ class Scheduler:
         if n >= self.max_ctx:
             raise ContextFullError(f"the conversation is {n} tokens and the context holds {self.max_ctx}; "
                                    "start a new chat or raise the context length")
+        check_room(n, settings, self.max_ctx)
         if self.pool.blocks_for(n + 1) > self.pool.num_blocks:
             raise ContextFullError(f"the conversation is {n} tokens and the KV cache holds "
                                    f"{self.pool.num_blocks * self.pool.block_size}; start a new chat")
@@ -460,7 +461,7 @@ class Scheduler:
             seq = batch[0][0]
             log.error("sequence %d failed: %s: %s", seq.id, type(err).__name__, err)
             self._leave(seq)
-            self._send(seq, Failed(_failure_message(err)))
+            self._send(seq, Failed(*_failure(err)))
             return
         log.warning("a step of %d sequences failed (%s: %s); running them one at a time", len(batch),
                     type(err).__name__, err)
@@ -478,9 +479,11 @@ class Scheduler:
             seq.control.cancel()
 
 
-def _failure_message(err: Exception) -> str:
+def _failure(err: Exception) -> tuple[str, str]:
+    """(message, kind) of a sequence's failure: "oom", "error" (a ModelError: its message is for the user) or
+    "internal" (a bug: its text is for logs, which _step_failed wrote)."""
     if isinstance(err, torch.cuda.OutOfMemoryError):
-        return "out of GPU memory while generating; try a shorter context length or 4-bit (AWQ) weights"
+        return "out of GPU memory while generating; try a shorter context length or 4-bit (AWQ) weights", "oom"
     if isinstance(err, ModelError):
-        return str(err)
-    return f"generation failed inside the engine ({type(err).__name__})"
+        return str(err), "error"
+    return f"generation failed inside the engine ({type(err).__name__}: {err})", "internal"

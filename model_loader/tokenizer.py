@@ -86,6 +86,16 @@ class FolderTokenizer:
             self._added = frozenset(self._tok.get_added_tokens_decoder())
         return self._added
 
+    def control_strings(self) -> list[str]:
+        """The text of every added token (<｜User｜>, <think>, ...): what typed into a message would become a
+        control token if the prompt were tokenized as one string."""
+        return [t.content for t in self._tok.get_added_tokens_decoder().values() if t.content]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text as text: the ids the tokenizer gives it with no added tokens matched (typed "<｜Assistant｜>"
+        stays those characters), as llama.cpp tokenizes user text (parse_special off)."""
+        return encode_text_only(self._tok, text)
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -109,6 +119,13 @@ class FolderTokenizer:
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         return self.encode(text) if tokenize else text
+
+
+def encode_text_only(tok, text: str) -> list[int]:
+    """A `tokenizers.Tokenizer`'s own steps (normalizer, pre-tokenizer, model) without its added-token pass."""
+    normalized = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
+    pieces = tok.pre_tokenizer.pre_tokenize_str(normalized) if tok.pre_tokenizer is not None else [(normalized, None)]
+    return [t.id for piece, _ in pieces for t in tok.model.tokenize(piece)]
 
 
 def check_vocabulary(tokenizer, cfg, folder: Path) -> None:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -120,9 +121,31 @@ def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
     assert text == extra["reasoning_content"]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert all(d.model_extra.get("reasoning") == d.model_extra.get("reasoning_content") for d in deltas)
+    assert "".join(d.content or "" for d in deltas) == ""  # reasoning never goes out as content too
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: its prefix reused
+
+
+def test_reasoning_tokens_count_only_the_reasoning(r1):
+    # the bias makes the model close its reasoning at once: one reasoning token (the tag), the rest answer
+    model_id, url = r1
+    r = _client(url).chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=6, temperature=0, logit_bias={"151649": 100})
+    details = r.usage.completion_tokens_details
+    assert (r.usage.completion_tokens, details.reasoning_tokens) == (6, 1)
+    assert r.choices[0].message.content  # the rest is answer
+
+
+def test_a_stop_string_ends_the_generation_not_just_the_text(plain):
+    full = _ask(plain, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
+    stop = full[8:12]
+    stopped = _ask(plain, "Tell me something.", max_tokens=400, temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    # the engine was told to stop when the string appeared: it wrote a few tokens past it, not 400
+    assert stopped.usage.completion_tokens < 100
 
 
 def test_answer_goes_to_content_and_stop_strings_cut_it(plain):
@@ -234,7 +257,7 @@ def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(r
 def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflights(r1):
     """A browser shows a page only "a CORS error" for a response without Access-Control-Allow-Origin, so errors
     carry it too; a preflight that asks for the OpenAI JavaScript SDK's own x-stainless-* headers gets them
-    allowed (else the browser never sends the request). Other origins get none."""
+    allowed (else the browser never sends the request). Other origins get a 403 without them."""
     model_id, url = r1
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     origin = {"Origin": ORIGIN}
@@ -251,9 +274,8 @@ def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflig
     assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == ORIGIN
     assert pre.headers["access-control-allow-headers"] == asked
     assert "Access-Control-Request-Headers" in pre.headers["vary"]
-    other = _raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9},
-                 headers={"Origin": "http://evil.example"})
-    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    other = _raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Origin": "http://evil.example"})
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 def test_a_prompt_longer_than_the_context_is_refused(r1):
@@ -317,7 +339,9 @@ def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
     full = asyncio.run(scenario())
     assert _error(full, 429)["code"] == "queue_full"
     assert full.headers["retry-after"].isdigit()
+    deadline = time.monotonic() + 60
     while True:  # the server notices each hang-up and ends its request
+        assert time.monotonic() < deadline, "the hung-up requests were never ended"
         health = _raw(url, "GET", "/health").json()
         if not health["running"] and health["waiting"] == 0:
             break

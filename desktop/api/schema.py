@@ -136,8 +136,9 @@ def parse_messages(value) -> list[dict]:
     return out
 
 
-def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None, vocab_size: int = 0) -> ChatRequest:
-    """defaults: temperature and top_p for a request that leaves them out (the app's settings: DeepSeek's
+def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, vocab_size: int = 0) -> ChatRequest:
+    """model_ids: the names the loaded model answers to (a str: one). defaults: temperature and top_p for a
+    request that leaves them out (the app's settings: DeepSeek's
     advice for R1, 0.6 and 0.95, as vLLM takes them from the model's generation_config). vocab_size: the
     model's (token ids in logit_bias must be below it; 0: not checked here)."""
     defaults = defaults or {}
@@ -152,8 +153,10 @@ def parse_chat_request(raw: bytes, model_id: str, defaults: dict | None = None, 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required: the id of the loaded model (GET /v1/models lists it)")
-    if model != model_id:
-        raise ApiError(404, f"The model '{model}' does not exist; this server has '{model_id}' loaded",
+    model_ids = (model_ids,) if isinstance(model_ids, str) else tuple(model_ids)
+    if model not in model_ids:
+        names = " or ".join(f"'{m}'" for m in model_ids)
+        raise ApiError(404, f"The model '{model}' does not exist; this server has {names} loaded",
                        param="model", code="model_not_found")
     messages = parse_messages(body.get("messages"))
     n = _integer(body, "n", 1)
@@ -433,9 +436,11 @@ def delta_for(kind: str, text: str) -> dict:
     return {"reasoning_content": text, "reasoning": text} if kind == "reasoning" else {"content": text}
 
 
-def models_list(model_id: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                        "owned_by": "r1desk"}]}
+def models_list(model_ids, created: int) -> dict:
+    """model_ids: the names of the loaded model (a str: one)."""
+    model_ids = (model_ids,) if isinstance(model_ids, str) else model_ids
+    return {"object": "list", "data": [{"id": m, "object": "model", "created": created, "owned_by": "r1desk"}
+                                       for m in model_ids]}
 
 
 def sse(obj) -> bytes:

@@ -30,6 +30,11 @@ RETRY_AFTER_S = 5
 # x-stainless-* headers with every request) gets them back: the origin is listed, so its headers are welcome.
 PREFLIGHT_HEADERS = "Authorization, Content-Type"
 
+SHUTDOWN_GRACE_S = 1.0  # what a closing server gives its connections once every handler was told to end
+# The body of every 500: what went wrong is in the server's log, never in an answer (it can name files, paths)
+INTERNAL_ERROR = ApiError(500, "the server failed to answer this request; its log has the details",
+                          type_="server_error", code="internal_error")
+
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +68,10 @@ class ApiServer:
     (requests in flight are cancelled through their disconnect)."""
 
     def __init__(self, service, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 allowed_origins: list[str] | tuple = (), defaults: dict | None = None):
+                 allowed_origins: list[str] | tuple = (), defaults: dict | None = None,
+                 served_names: list[str] | tuple = ()):
+        """served_names: the model ids clients may ask for (the first is the one /v1/models lists first);
+        none: the loaded folder's name."""
         if not is_loopback(host) and not api_key:
             raise ValueError(f"serving on {host} (reachable from other computers) needs an API key")
         self.service = service
@@ -73,8 +81,11 @@ class ApiServer:
         self.api_key = api_key or None
         self.allowed_origins = normalize_origins(allowed_origins)
         self.defaults = defaults if defaults is not None else {}  # the app's temperature/top_p, shared, live
+        self.served_names = tuple(dict.fromkeys(n for n in served_names if n))
         self.runner: web.AppRunner | None = None
         self.started_at = schema.now()
+        self.closing = False
+        self._open: set[asyncio.Queue] = set()  # the events queue of each request being answered
         from desktop.api.metrics import ServiceMetrics
 
         self.metrics = ServiceMetrics(service)
@@ -93,7 +104,8 @@ class ApiServer:
 
     async def start(self) -> int:
         # handler_cancellation: a client that hangs up cancels its handler, which cancels its generation.
-        self.runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
+        self.runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=SHUTDOWN_GRACE_S)
         await self.runner.setup()
         # reuse_address left to asyncio: on POSIX it is on (a restart rebinds a port still in TIME_WAIT); on
         # Windows SO_REUSEADDR would let another program bind the same port beside us
@@ -103,6 +115,11 @@ class ApiServer:
         return self.port
 
     async def stop(self) -> None:
+        """Every request being answered ends now: a stream gets a last error event and [DONE], a request still
+        waiting for its answer a 503, and their generations are cancelled. Then the connections close."""
+        self.closing = True
+        for events in list(self._open):
+            events.put_nowait((-1, "shutdown"))
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()
@@ -114,11 +131,19 @@ class ApiServer:
 
     @property
     def model_id(self) -> str | None:
-        """The loaded model's id: its folder (or HF repo) name. None while nothing is loaded."""
+        """The loaded model's id: the first served name, else its folder (or HF repo) name. None while nothing
+        is loaded."""
+        ids = self.model_ids
+        return ids[0] if ids else None
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Every id the loaded model answers to (--served-model-name, several allowed); none while nothing is
+        loaded."""
         info = self.service.info
         if not info:
-            return None
-        return info.get("model_name") or Path(info.get("model_path", "model")).name
+            return ()
+        return self.served_names or (info.get("model_name") or Path(info.get("model_path", "model")).name,)
 
     # ------------------------------------------------------------------ middlewares
     @web.middleware
@@ -156,8 +181,7 @@ class ApiServer:
             raise
         except Exception as exc:  # not a client's fault: said as OpenAI says it, and logged with its traceback
             log.exception("API request %s %s failed", request.method, request.path)
-            return _error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                            type_="server_error", code="internal_error"))
+            return _error_response(INTERNAL_ERROR)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
@@ -167,9 +191,19 @@ class ApiServer:
                                 "another name are refused: DNS-rebinding protection)", type_="permission_error",
                            code="forbidden_host")
         origin = self._listed_origin(request)
+        if "Origin" in request.headers and origin is None:
+            # A web page's request (a browser always names the page's origin; programs send none): a page not
+            # listed gets nothing done. Without this, a form-like POST (text/plain needs no preflight) from any
+            # site the user visits would make this computer generate, key or no key when none is set.
+            raise ApiError(403, f"requests from the web page origin {request.headers['Origin']!r} are not allowed "
+                                "(list it with --allow-origin, or in Settings, to let that page use the API)",
+                           type_="permission_error", code="forbidden_origin")
         if request.method == "OPTIONS" and origin:  # a browser's preflight for a listed origin
             asked = request.headers.get("Access-Control-Request-Headers", "").strip()
             return web.Response(status=204, headers=self._cors_headers(origin, preflight=asked or PREFLIGHT_HEADERS))
+        if request.method == "POST" and request.content_type != "application/json":
+            raise ApiError(415, f"the request body must be JSON sent as 'Content-Type: application/json' (got "
+                                f"{request.headers.get('Content-Type', 'none')!r})", code="unsupported_media_type")
         if request.path.startswith("/v1/") and self.api_key and not self._key_ok(request):
             raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
@@ -220,18 +254,20 @@ class ApiServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def models(self, request: web.Request) -> web.Response:
-        model_id = self._require_model()
-        return web.json_response(schema.models_list(model_id, self.started_at))
+        self._require_model()
+        return web.json_response(schema.models_list(self.model_ids, self.started_at))
 
     async def model(self, request: web.Request) -> web.Response:
-        model_id = self._require_model()
-        if request.match_info["model"] != model_id:
-            raise ApiError(404, f"The model '{request.match_info['model']}' does not exist", param="model",
-                           code="model_not_found")
-        return web.json_response(schema.models_list(model_id, self.started_at)["data"][0])
+        self._require_model()
+        name = request.match_info["model"]
+        if name not in self.model_ids:
+            raise ApiError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+        return web.json_response(schema.models_list((name,), self.started_at)["data"][0])
 
     def _require_model(self) -> str:
         model_id = self.model_id
+        if self.closing:
+            raise ApiError(503, "the server is shutting down", type_="server_error", code="server_shutdown")
         if self.service.state != "ready" or model_id is None:
             raise ApiError(503, "the model is not loaded yet; try again when it is ready", type_="server_error",
                            code="model_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -242,10 +278,13 @@ class ApiServer:
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
         body = await request.read()
-        req = schema.parse_chat_request(body, model_id, self.defaults,
+        req = schema.parse_chat_request(body, self.model_ids, self.defaults,
                                         int((self.service.info or {}).get("vocab_size") or 0))
-        # No max_tokens: the rest of the context (as vLLM does), so a long chain of thought is never cut short.
-        req.settings.setdefault("max_new_tokens", int((self.service.info or {}).get("context_length", 4096)))
+        model_id = req.model  # the name it asked for, of those it may (--served-model-name)
+        if "max_new_tokens" in req.settings:  # asked for: prompt + max_tokens past the context is a 400
+            req.settings["length_strict"] = True
+        else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
+            req.settings["max_new_tokens"] = int((self.service.info or {}).get("context_length", 4096))
         events: asyncio.Queue = asyncio.Queue()  # (choice index, kind, ...) of every choice's reply
         if req.n > 1 and self.service.state == "ready" and \
                 len(self.service.waiting) + req.n > self.service.max_waiting:
@@ -270,18 +309,23 @@ class ApiServer:
         except NotReady as err:
             raise ApiError(503, f"{err}; try again when it is ready", type_="server_error", code="model_not_ready",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        self._open.add(events)
         try:
             first = await events.get()  # waits in the queue, then through the prefill
             if first[1] == "failed":
                 raise _generation_error(first[2], first[3])
+            if first[1] == "shutdown":
+                raise SHUTTING_DOWN
             events.put_nowait(first)  # ... and is read again below with the rest
             if req.stream:
                 return await self._stream(request, req, gens, events, model_id, cid)
             return await self._collect(req, gens, events, model_id, cid)
         finally:
+            self._open.discard(events)
             for gen in gens:
                 if gen.state != "done":
-                    gen.cancel()  # the client went away (handler cancelled) or the response failed mid-way
+                    gen.cancel()  # the client went away (handler cancelled), the server is closing, or the
+                    # response failed mid-way
 
     @staticmethod
     def _route(gen, index: int, events: asyncio.Queue) -> None:
@@ -318,6 +362,8 @@ class ApiServer:
                                            logprobs or ({"content": []} if "logprobs" in req.settings else None))
             elif kind == "failed":
                 raise _generation_error(ev[2], ev[3], started=True)
+            elif kind == "shutdown":
+                raise SHUTTING_DOWN
         return web.json_response(schema.completion(cid, schema.now(), model_id, choices, stats), dumps=_dumps)
 
     async def _stream(self, request, req, gens, events, model_id, cid) -> web.StreamResponse:
@@ -363,6 +409,9 @@ class ApiServer:
                 err = _generation_error(ev[2], ev[3], started=True)
                 out.append(schema.sse(err.body()))
                 break
+            elif kind == "shutdown":
+                out.append(schema.sse(SHUTTING_DOWN.body()))
+                break
         else:
             if req.include_usage:
                 out.append(schema.sse(schema.usage_chunk(cid, created, model_id, stats)))
@@ -376,6 +425,10 @@ class _SseResponse(web.StreamResponse):
     than on their own at prepare(), as aiohttp's web.Response already does."""
 
     _send_headers_immediately = False
+
+
+SHUTTING_DOWN = ApiError(503, "the server is shutting down; the reply was ended", type_="server_error",
+                         code="server_shutdown")
 
 
 def _dumps(obj) -> str:
@@ -397,6 +450,9 @@ def _generation_error(kind: str, message: str, started: bool = False) -> ApiErro
         return ApiError(503, f"the request was cancelled: {message}", type_="server_error", code="cancelled")
     if kind == "oom":
         return ApiError(500, f"out of GPU memory: {message}", type_="server_error", code="out_of_memory")
+    if kind == "internal":  # a bug, not the request's fault: its text is for the log only
+        log.error("a generation failed: %s", message)
+        return INTERNAL_ERROR
     return ApiError(500, message, type_="server_error", code=kind or None)
 
 
