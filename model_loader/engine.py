@@ -355,7 +355,8 @@ class Engine:
         check_room(n_prompt, s, ctx)
         greedy_mode = s.temperature <= 0
         # Options past temperature/top-p/top-k: the step stops at the logits and logits_processing chooses
-        pipeline = None if s.plain else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids)
+        pipeline = None if s.plain else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids,
+                                                       in_reasoning)
         mode = "logits" if pipeline is not None else "greedy" if greedy_mode else "sample"
         seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
         if not self.step.captured(mode):
@@ -391,7 +392,6 @@ class Engine:
             if splitter.in_reasoning:
                 reasoning_tokens += 1
             if pipeline is not None:
-                pipeline.accept(tok)
                 scored = pipeline.take_logprobs(tok, self.tokenizer, "reasoning" if splitter.in_reasoning
                                                 else "answer")
                 if scored is not None:
@@ -400,6 +400,8 @@ class Engine:
                 return
             was_reasoning = splitter.in_reasoning
             parts = splitter.feed(detok.add(tok))
+            if pipeline is not None:
+                pipeline.accept(tok, splitter.in_reasoning)
             if was_reasoning and not splitter.in_reasoning:
                 # The reasoning has closed (the model's tag, perhaps spelled in several tokens the GPU doesn't
                 # know as the close, or ours): a Stop thinking now would push the tag into the answer.

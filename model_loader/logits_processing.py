@@ -36,7 +36,8 @@ class LogitsPipeline:
     """Per sequence: its penalty counts and bias on the device, its grammar matcher on the host, the log-
     probabilities of the tokens chosen but not yet read."""
 
-    def __init__(self, settings: SamplingSettings, vocab_size: int, device, prompt_ids: list[int]):
+    def __init__(self, settings: SamplingSettings, vocab_size: int, device, prompt_ids: list[int],
+                 in_reasoning: bool = False):
         s = settings
         self.settings = s
         self.vocab_size = vocab_size
@@ -58,7 +59,12 @@ class LogitsPipeline:
             for token, value in s.logit_bias.items():
                 bias[int(token)] = float(value)
             self.bias = bias.to(self.device)
-        self.matcher = s.constraint.matcher() if s.constraint is not None else None
+        self.matcher = None  # a grammar's (model_loader.grammar): the allowed next tokens as a host bitmask
+        if s.constraint is not None:
+            self.matcher = s.constraint.matcher(in_reasoning)
+            words = self.matcher.mask_words
+            self.mask = torch.zeros(words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            self.bit = torch.arange(32, dtype=torch.int32, device=self.device)
         self.top = min(int(s.logprobs), MAX_TOP_LOGPROBS) if s.logprobs is not None else None
         self.pending: deque = deque()  # (token [1], its logprob [1], top values [k], top ids [k]) on the device
 
@@ -70,10 +76,13 @@ class LogitsPipeline:
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """[1, V] logits (any float dtype) -> [1, V] float32 after the grammar mask, bias and penalties."""
         x = logits.float()
-        if self.matcher is not None:
-            allowed = self.matcher.allowed(self.vocab_size)
-            if allowed is not None:  # None: anything goes (still in the reasoning)
-                x = x.masked_fill(~allowed.to(self.device, non_blocking=True), float("-inf"))
+        if self.matcher is not None and self.matcher.active:  # inactive: still in the reasoning, anything goes
+            # The host computes the mask while the GPU runs the step; a single host buffer is safe because a
+            # grammar's reply reads each token (so the last copy out of it has run) before the next step
+            self.matcher.fill_mask(self.mask.data_ptr(), self.mask.numel() * 4)
+            words = self.mask.to(self.device, non_blocking=True)
+            allowed = ((words.view(-1, 1) >> self.bit) & 1).view(-1)[:x.shape[-1]].bool()
+            x = x.masked_fill(~allowed, float("-inf"))
         if self.bias is not None:
             x = x + self.bias
         if self.counts is not None:
@@ -104,10 +113,11 @@ class LogitsPipeline:
         if self.seen is not None:
             self.seen.index_fill_(0, token.view(1), True)
 
-    def accept(self, token_id: int) -> None:
-        """The host has read the token: the grammar moves on."""
+    def accept(self, token_id: int, in_reasoning: bool) -> None:
+        """The host has read the token (in_reasoning: whether the reply is still in its reasoning after it): the
+        grammar moves on."""
         if self.matcher is not None:
-            self.matcher.accept(token_id)
+            self.matcher.accept(token_id, in_reasoning)
 
     def take_logprobs(self, token_id: int, tokenizer, kind: str) -> TokenLogprobs | None:
         """The oldest chosen token's log-probabilities, read (its step has run). token_id: the token the

@@ -321,7 +321,7 @@ class Scheduler:
         seq.status = "running"
         if seq.pipeline is None and not seq.settings.plain:
             seq.pipeline = LogitsPipeline(seq.settings, self.model.cfg.vocab_size, self.model.device,
-                                          seq.tokens[:seq.n_prompt])
+                                          seq.tokens[:seq.n_prompt], seq.reply.in_reasoning)
         if seq.generator is None and not seq.greedy:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(seq.seed)
             seq.params = SamplerParams(self.model.device)
@@ -384,13 +384,14 @@ class Scheduler:
                                     context_length=self.max_ctx))
         if seq.pipeline is not None:
             seq.pipeline.observe(token)
-            seq.pipeline.accept(token)
             scored = seq.pipeline.take_logprobs(token, self.chat.tokenizer,
                                                 "reasoning" if seq.reply.in_reasoning else "answer")
             if scored is not None:
                 self._send(seq, scored)
         was_reasoning = seq.reply.in_reasoning
         deltas = seq.reply.add(token)
+        if seq.pipeline is not None:
+            seq.pipeline.accept(token, seq.reply.in_reasoning)
         if was_reasoning and not seq.reply.in_reasoning and not forced:
             seq.forced.clear()  # the model closed its reasoning itself: no tag goes into its answer
         if seq.first_answer_at is None and any(d.kind == "answer" for d in deltas):

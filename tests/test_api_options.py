@@ -6,6 +6,8 @@ and for bad values. The options' effect on the logits themselves is checked in t
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
@@ -120,3 +122,45 @@ def test_the_logprobs_buffer_sends_each_part_with_its_own_text():
     assert buf.take("answer") == {"content": [{"token": "b", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]}
     assert buf.take("answer") is None
     assert buf.take() == {"reasoning_content": [schema.logprob_entry(tok)], "content": []}
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "rank"], "additionalProperties": False}
+
+
+def test_json_schema_output_parses_and_validates_streamed_or_not(plain):
+    import jsonschema
+
+    model, url = plain
+    client = _client(url)
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
+    for seed in (1, 2):
+        r = client.chat.completions.create(model=model, messages=HELLO, max_tokens=200, temperature=1.0, seed=seed,
+                                           response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=HELLO, max_tokens=200, temperature=0, response_format=fmt, stream=True) if c.choices)
+    jsonschema.validate(json.loads(streamed), SCHEMA)
+
+
+def test_json_object_output_is_an_object(plain):
+    model, url = plain
+    r = _client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=20, temperature=0,
+                                             response_format={"type": "json_object"}, logit_bias={"6257": 50})
+    assert json.loads(r.choices[0].message.content) == {}  # "{}" pulled by the bias, then only the end
+
+
+@pytest.mark.parametrize("fmt,param,code", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}},
+     "response_format.json_schema.schema", "invalid_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "response_format.json_schema", None),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}, "response_format.json_schema.schema",
+     None),
+])
+def test_a_schema_it_cant_use_is_a_400_with_the_reason(plain, fmt, param, code):
+    model, url = plain
+    with pytest.raises(openai.BadRequestError) as err:
+        _client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=2, response_format=fmt)
+    assert err.value.body["param"] == param and err.value.body["code"] == code

@@ -47,6 +47,8 @@ class ChatRequest:
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
     n: int = 1  # replies (choices) to sample
+    # structured output: {"schema": a JSON Schema, or None for any JSON object (json_object)}; None: free text
+    response_format: dict | None = None
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -185,7 +187,7 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
         raise _bad("top_p", "'top_p' must be greater than 0")
     settings.update(sampler_options(body, vocab_size))
     _check_tools(body)
-    _response_format(body)
+    response_format = _response_format(body)
     seed = _integer(body, "seed", -(2 ** 63))
     if seed is not None:
         settings["seed"] = seed % (2 ** 32)  # the engine's generator takes 32 bits; equal seeds replay equal
@@ -203,7 +205,8 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     if len(stops) > MAX_STOP_STRINGS:
         raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
     return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
-                       include_usage=include_usage, stop=[s for s in stops if s], n=n or 1)
+                       include_usage=include_usage, stop=[s for s in stops if s], n=n or 1,
+                       response_format=response_format)
 
 
 # ------------------------------------------------------------------------------------------ field policy
@@ -262,7 +265,7 @@ def _check_tools(body: dict) -> None:
 
 
 def _response_format(body: dict) -> dict | None:
-    """None for plain text; else the validated response_format object."""
+    """None for free text; {"schema": ..., "param": where it came from} for JSON (schema None: any object)."""
     value = body.get("response_format")
     if value is None:
         return None
@@ -271,8 +274,22 @@ def _response_format(body: dict) -> dict | None:
     kind = value["type"]
     if kind == "text":
         return None
-    if kind in ("json_object", "json_schema"):
-        raise _bad("response_format", f"'response_format' {kind!r} is not supported by this server yet")
+    if kind == "json_object":
+        return {"schema": None, "param": "response_format"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _bad("response_format.json_schema", "'response_format.json_schema' must be an object with a "
+                                                      "'name' and a 'schema'")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a "
+                                                             "JSON Schema object")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise _bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be true "
+                                                             "or false")
+        # strict or not, the output follows the schema: decoding is constrained either way
+        return {"schema": schema, "param": "response_format.json_schema.schema"}
     raise _bad("response_format.type", f"'response_format.type' must be text, json_object or json_schema "
                                        f"(got {kind!r})")
 

@@ -281,6 +281,8 @@ class ApiServer:
         req = schema.parse_chat_request(body, self.model_ids, self.defaults,
                                         int((self.service.info or {}).get("vocab_size") or 0))
         model_id = req.model  # the name it asked for, of those it may (--served-model-name)
+        if req.response_format is not None:
+            req.settings["constraint"] = await self._constraint(req.response_format)
         if "max_new_tokens" in req.settings:  # asked for: prompt + max_tokens past the context is a 400
             req.settings["length_strict"] = True
         else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
@@ -326,6 +328,20 @@ class ApiServer:
                 if gen.state != "done":
                     gen.cancel()  # the client went away (handler cancelled), the server is closing, or the
                     # response failed mid-way
+
+    async def _constraint(self, response_format: dict):
+        """The grammar of a structured output, compiled off the event loop (the first one also builds the
+        grammar library's view of the tokenizer: about a second); 400 for a schema it can't compile."""
+        from model_loader.grammar import GrammarError, compile_json
+
+        info = self.service.info or {}
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, compile_json, info.get("model_path"), int(info.get("vocab_size") or 0),
+                response_format["schema"])
+        except GrammarError as err:
+            raise ApiError(400, f"'{response_format['param']}' can't be used: {err}",
+                           param=response_format["param"], code="invalid_schema") from None
 
     @staticmethod
     def _route(gen, index: int, events: asyncio.Queue) -> None:
