@@ -284,12 +284,35 @@ def cmd_bench(args) -> int:
         return 1 if result["errors"] else 0
     if args.scenario == "chat" or args.depths:
         return _bench_scenario(args)
+    if args.scenario == "structured":
+        return _bench_structured(args)
     result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
                        device=args.device, context=args.context, compare=args.compare,
                        temperature=args.temperature, dtype=args.dtype, awq=args.awq,
                        use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel,
                        kv_cache=args.kv_cache)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
+    return 0
+
+
+def _bench_structured(args) -> int:
+    from model_loader.bench_structured import format_structured, run_structured
+    from model_loader.engine import Engine
+
+    schema = None
+    if args.json_schema:
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                schema = json.load(f)
+        except (OSError, ValueError) as err:
+            print(f"r1desk bench: could not read the schema {args.json_schema}: {err}", file=sys.stderr)
+            return 2
+    engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
+                         kv_cache=args.kv_cache)
+    engine.warm_up()
+    result = run_structured(engine, args.prompt_tokens, args.new_tokens, args.runs, schema)
+    result["device"] = engine.info.device_name
+    print(json.dumps(result, indent=2) if args.json else format_structured(result))
     return 0
 
 
@@ -511,11 +534,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=_count(1), default=200, help="--scenario serve: requests in all")
     bench.add_argument("--max-parallel", type=_count(1), default=32,
                        help="--scenario serve: the server's --max-parallel")
-    bench.add_argument("--scenario", choices=["headline", "chat", "serve"], default="headline",
+    bench.add_argument("--json-schema", metavar="FILE",
+                       help="--scenario structured: the schema (default: eight records of a typical form)")
+    bench.add_argument("--scenario", choices=["headline", "chat", "serve", "structured"], default="headline",
                        help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
                             "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
                             "tok/s per turn; serve: --clients streaming HTTP clients send --requests requests "
-                            "to `serve --max-parallel`: TTFT and whole-request P50/P90/P95/max, tok/s, errors")
+                            "to `serve --max-parallel`: TTFT and whole-request P50/P90/P95/max, tok/s, errors; "
+                            "structured: decode tok/s of the fast path, with logprobs and under a JSON schema")
     bench.add_argument("--user-tokens", type=_count(1), default=1024, help="--scenario chat: tokens per user turn")
     bench.add_argument("--reply-tokens", type=_count(1), default=2048, help="--scenario chat: tokens per reply")
     bench.add_argument("--json", action="store_true")

@@ -457,10 +457,19 @@ class Engine:
         assert ring_size <= RING, "the commit's ring must outlast the steps queued"
         events = [torch.cuda.Event() for _ in range(ring_size)] if on_cuda else []
 
+        # A grammar's reply reads each token before choosing the next (its mask depends on it), one step at a
+        # time; so that the GPU doesn't wait on the host meanwhile, each step's forward pass is queued as soon as
+        # its input token is committed, before the host reads that token: the forward runs while the host reads
+        # it and computes the next mask.
+        ahead = pipeline is not None and pipeline.needs_each_token
+        queued_steps = 1 if ahead else QUEUED_STEPS
+        forward = [None]  # ahead: the logits of the forward pass already queued
+
         def launch():
             nonlocal launched
             slot = launched % ring_size
-            logits = self.step.run(mode, n_prompt + launched)
+            logits = forward[0] if forward[0] is not None else self.step.run(mode, n_prompt + launched)
+            forward[0] = None
             if pipeline is not None:
                 with torch.inference_mode():
                     self.step.commit(pipeline.choose(logits, host_gen))
@@ -469,6 +478,8 @@ class Engine:
                 ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
             if on_cuda:
                 events[slot].record()
+            if ahead and launched + 1 < limit:
+                forward[0] = self.step.run(mode, n_prompt + launched + 1)
             pending.append((slot, n_prompt + launched))
             launched += 1
 
@@ -477,9 +488,6 @@ class Engine:
         # any token, so the answer starts a few steps later with no prefill and nothing waiting. Asked from
         # another thread (the GUI), the push happens there at once; the GPU ignores it if the model has closed
         # its reasoning by itself meanwhile (which only a single-token close tag lets it see).
-        # A grammar's mask for the next token needs this one read first: one step at a time (its mask is made
-        # on the host while the GPU runs the step's forward)
-        queued_steps = 1 if pipeline is not None and pipeline.needs_each_token else QUEUED_STEPS
         if splitter.in_reasoning and self.chat.think_close_id is not None:
             control.act_on_stop_thinking(close_push)
         try:
