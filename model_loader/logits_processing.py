@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from model_loader.events import SamplingSettings, TokenLogprobs
@@ -62,11 +63,13 @@ class LogitsPipeline:
         self.matcher = None  # a grammar's (model_loader.grammar): the allowed next tokens as a host bitmask
         if s.constraint is not None:
             self.matcher = s.constraint.matcher(in_reasoning)
-            words = self.matcher.mask_words
-            self.mask = torch.zeros(words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
-            self.bit = torch.arange(32, dtype=torch.int32, device=self.device)
+            self.words = np.zeros(self.matcher.mask_words, dtype=np.int32)  # the bitmask, as the library writes it
+            # the tokens it rules out, one byte each, where the device copies them from (pinned: asynchronously)
+            self.blocked = torch.zeros(vocab_size, dtype=torch.bool, pin_memory=self.device.type == "cuda")
+            self.blocked_np = self.blocked.numpy()
         self.top = min(int(s.logprobs), MAX_TOP_LOGPROBS) if s.logprobs is not None else None
-        self.pending: deque = deque()  # (token [1], its logprob [1], top values [k], top ids [k]) on the device
+        # per token chosen and not yet read: [token, its logprob, top values..., top ids...] on its way to the host
+        self.pending: deque = deque()
 
     @property
     def needs_each_token(self) -> bool:
@@ -74,15 +77,19 @@ class LogitsPipeline:
         return self.matcher is not None
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """[1, V] logits (any float dtype) -> [1, V] float32 after the grammar mask, bias and penalties."""
-        x = logits.float()
+        """[1, V] logits -> [1, V] after the grammar mask, bias and penalties: in float32 where bias or penalties
+        apply, else in the logits' own dtype (the mask alone changes no value: no copy to float32)."""
+        x = logits
         if self.matcher is not None and self.matcher.active:  # inactive: still in the reasoning, anything goes
-            # The host computes the mask while the GPU runs the step; a single host buffer is safe because a
-            # grammar's reply reads each token (so the last copy out of it has run) before the next step
-            self.matcher.fill_mask(self.mask.data_ptr(), self.mask.numel() * 4)
-            words = self.mask.to(self.device, non_blocking=True)
-            allowed = ((words.view(-1, 1) >> self.bit) & 1).view(-1)[:x.shape[-1]].bool()
-            x = x.masked_fill(~allowed, float("-inf"))
+            # The host computes the mask while the GPU runs the step's forward pass and unpacks it to a byte per
+            # token (cheap on the host; one copy and one kernel on the device). One host buffer is enough: a
+            # grammar's reply reads each token (after which the last copy out of it has run) before the next.
+            self.matcher.fill_mask(self.words.ctypes.data, self.words.nbytes)
+            bits = np.unpackbits(self.words.view(np.uint8), bitorder="little")[:self.vocab_size]
+            np.logical_not(bits, out=self.blocked_np)
+            x = x.masked_fill(self.blocked.to(self.device, non_blocking=True), float("-inf"))
+        if self.bias is not None or self.counts is not None or self.seen is not None:
+            x = x.float()
         if self.bias is not None:
             x = x + self.bias
         if self.counts is not None:
@@ -101,7 +108,10 @@ class LogitsPipeline:
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             chosen = logprobs.gather(-1, token.view(1, 1)).view(1)
             values, ids = torch.topk(logprobs[0], self.top) if self.top else (logprobs[0, :0], token[:0])
-            self.pending.append((token, chosen, values, ids))
+            # ids < 2**24 are exact in float32; the copy to the host is queued behind the step (pinned memory):
+            # read after the step's event, it needs no sync of its own, which would wait for the steps queued since
+            packed = torch.cat([token.float(), chosen, values, ids.float()])
+            self.pending.append(packed.to("cpu", non_blocking=True) if packed.is_cuda else packed)
         return token
 
     def observe(self, token: torch.Tensor | int) -> None:
@@ -124,13 +134,12 @@ class LogitsPipeline:
         sequence took, which differs from the one chosen where stop thinking forced its close tag."""
         if self.top is None or not self.pending:
             return None
-        chosen_id, chosen, values, ids = self.pending.popleft()
-        if int(chosen_id.item()) != token_id:  # a forced token: its own log-probability under the same logits
+        packed = self.pending.popleft().tolist()
+        if int(packed[0]) != token_id:  # a forced token (stop thinking's close tag): not chosen here, not scored
             return None
-        top_ids = ids.tolist()
-        top_values = values.tolist()
+        top_values, top_ids = packed[2:2 + self.top], [int(t) for t in packed[2 + self.top:]]
         text, raw = token_text(tokenizer, token_id)
-        return TokenLogprobs(token_id=token_id, token=text, bytes=list(raw), logprob=float(chosen.item()),
+        return TokenLogprobs(token_id=token_id, token=text, bytes=list(raw), logprob=packed[1],
                              top=[_entry(tokenizer, t, v) for t, v in zip(top_ids, top_values)], kind=kind)
 
 
