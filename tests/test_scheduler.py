@@ -200,6 +200,27 @@ def test_a_long_prompt_pauses_the_others_by_one_chunk_at_a_time(engine, prompts)
     assert all(a - b == len(rows) for a, b in zip(after, before)), "the decoders advanced every step"
 
 
+def test_prompts_that_arrive_together_are_read_together_up_to_the_step_budget(engine):
+    """Four short prompts at once: one step reads them all when the budget holds them (their first tokens come
+    together), one a step when it holds one. Each sequence still feeds at most one chunk a step."""
+    short = [engine.chat.render([{"role": "user", "content": f"Question {i}: why?"}]).ids for i in range(4)]
+    long = engine.chat.render([{"role": "user", "content": "Tell me a long story about a cat. " * 20}]).ids
+    assert all(len(ids) <= 64 for ids in short) and len(long) > 128
+
+    def first_steps(prefill_tokens):
+        scheduler = make(engine, prefill_tokens=prefill_tokens)
+        rows = []
+        real_step = scheduler.forward.step
+        scheduler.forward.step = lambda t, p, s: rows.append([x.rows for x in s]) or real_step(t, p, s)
+        for ids in [long, *short]:
+            scheduler.submit(ids, GREEDY)
+        scheduler.step()
+        return rows[0]
+
+    assert first_steps(64 * 5) == [64] + [len(ids) for ids in short]
+    assert first_steps(64) == [64]
+
+
 def test_a_failing_sequence_fails_alone_and_the_others_finish(engine, prompts):
     """A step that raises is retried one sequence at a time: the sequence that fails alone gets Failed, the ones
     beside and behind it finish as they would have."""
