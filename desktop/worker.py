@@ -342,11 +342,12 @@ class EngineWorker(QObject):
         sampling = SamplingSettings(**{k: v for k, v in settings.items() if k in fields})
         coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
                                    self.delta_interval_s)
+        tools = settings.get("tools")  # an API client's tool definitions, for the chat template
         if self.scheduler is not None:
-            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"))
+            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools)
             return
         try:
-            for event in self.engine.generate(messages, sampling, control):
+            for event in self.engine.generate(messages, sampling, control, tools=tools):
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
                 elif isinstance(event, TokenLogprobs):
@@ -381,7 +382,7 @@ class EngineWorker(QObject):
 
     # ------------------------------------------------------------------ many replies at once
     def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
-                samples_of: tuple | None = None) -> None:
+                samples_of: tuple | None = None, tools: list | None = None) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
         samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
@@ -412,7 +413,7 @@ class EngineWorker(QObject):
                 self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
 
         try:
-            prompt = self.engine.chat.render(messages)
+            prompt = self.engine.chat.render(messages, tools)
             seq = self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink, after=first)
         except ContextFullError as err:
             self.failed.emit(gen_id, "context_full", str(err))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from model_loader.chat_template import R1_CHAT_TEMPLATE
 from model_loader.errors import ModelError
 from model_loader.tokenizer import encode_text_only
+from model_loader.tool_calls import template_messages, template_supports_tools
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ STOP_THINKING_TEXT = "\n</think>\n\n"
 
 # A message key: its content is the reply's answer already (history_content), not the raw text to cut.
 ANSWER_ONLY = "answer_only"
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")  # a message's fields a tool-aware template reads
 
 
 def history_content(text: str, reasoning: str, answer: str) -> str:
@@ -98,23 +100,33 @@ class ChatFormat:
         # model_loader.prompt_encoding), not the whole history again before the follow-up's first token.
         make_encoder = getattr(tokenizer, "prompt_encoder", None)
         self.prompt_encoder = make_encoder() if make_encoder is not None else None
+        self.tools_supported = template_supports_tools(self.template)  # its template renders `tools`
 
     def _clean(self, messages: list[dict]) -> list[dict]:
         # Only a model that reasons has reasoning to cut from its earlier replies: a Qwen2.5's answer that
         # mentions </think> goes back whole, as its own template would send it.
-        return [
-            {"role": m["role"], "content": _history_answer(m["content"])
-             if m["role"] == "assistant" and self.reasons and not m.get(ANSWER_ONLY) else m["content"]}
-            for m in messages
-            if m.get("content") is not None
-        ]
+        # A tool-calling turn (an assistant's calls, a tool's result) keeps the fields its template reads.
+        out = []
+        for m in messages:
+            content = m.get("content")
+            if content is None:
+                if not m.get("tool_calls"):
+                    continue
+                content = ""
+            elif m["role"] == "assistant" and self.reasons and not m.get(ANSWER_ONLY):
+                content = _history_answer(content)
+            out.append({"role": m["role"], "content": content,
+                        **{k: m[k] for k in TOOL_FIELDS if m.get(k) is not None}})
+        return template_messages(out) if any("tool_calls" in m for m in out) else out
 
-    def _template_text(self, messages: list[dict], add_generation_prompt: bool, clean: list[dict] | None = None
-                       ) -> str:
+    def _template_text(self, messages: list[dict], add_generation_prompt: bool, clean: list[dict] | None = None,
+                       tools: list[dict] | None = None) -> str:
         clean = self._clean(messages) if clean is None else clean
+        extra = {"tools": tools} if tools else {}  # only where asked: a template may test `tools is defined`
         try:
             return self.tokenizer.apply_chat_template(clean, chat_template=self.template,
-                                                      add_generation_prompt=add_generation_prompt, tokenize=False)
+                                                      add_generation_prompt=add_generation_prompt, tokenize=False,
+                                                      **extra)
         except Exception as err:
             raise ModelError(f"chat template failed: {err}") from err
 
@@ -126,18 +138,19 @@ class ChatFormat:
         if self.prompt_encoder is not None:
             self.prompt_encoder.encode(self._template_text(messages, add_generation_prompt=False))
 
-    def render(self, messages: list[dict]) -> RenderedPrompt:
-        text = self._template_text(messages, add_generation_prompt=True)
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> RenderedPrompt:
+        """tools: OpenAI's tool definitions, for a template that renders them (tools_supported)."""
+        text = self._template_text(messages, add_generation_prompt=True, tools=tools)
         in_reasoning = False
         if self.reasons:
             stripped = text.rstrip()
             if stripped.endswith(THINK_OPEN):
                 in_reasoning = True
-            elif THINK_OPEN not in self._generation_prompt(messages, text):
+            elif THINK_OPEN not in self._generation_prompt(messages, text, tools):
                 # Older R1 templates stop at <｜Assistant｜>; DeepSeek advises forcing the reasoning open.
                 text += THINK_OPEN + "\n"
                 in_reasoning = True
-        ids = self._encode_guarded(messages, text)
+        ids = self._encode_guarded(messages, text, tools)
         if ids is None:  # the usual case: no message holds a control token's text
             if self.prompt_encoder is not None:
                 ids = self.prompt_encoder.encode(text)
@@ -145,7 +158,7 @@ class ChatFormat:
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
 
-    def _encode_guarded(self, messages: list[dict], text: str) -> list[int] | None:
+    def _encode_guarded(self, messages: list[dict], text: str, tools: list[dict] | None = None) -> list[int] | None:
         """The prompt's ids with each message's text tokenized as text, where a message holds a control token's
         text ("<｜Assistant｜>" typed or pasted would otherwise become the real token and forge a turn); None
         where none does. The template is rendered with a placeholder per message to find where each message's
@@ -156,9 +169,9 @@ class ChatFormat:
         if not any(c in m["content"] for m in clean if isinstance(m["content"], str) for c in controls):
             return None
         marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(clean)]
-        skeleton = self._template_text(messages, add_generation_prompt=True, clean=marked)
+        skeleton = self._template_text(messages, add_generation_prompt=True, clean=marked, tools=tools)
         parts = re.split("\ue000(\\d+)\ue001", skeleton + text[len(self._template_text(
-            messages, add_generation_prompt=True, clean=clean)):])  # + a reasoning tag render() appended
+            messages, add_generation_prompt=True, clean=clean, tools=tools)):])  # + a reasoning tag render() added
         rebuilt = "".join(clean[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts))
         if rebuilt != text:
             log.warning("this chat template changes message text as it inserts it; control-token text typed in "
@@ -180,11 +193,11 @@ class ChatFormat:
             return strings()
         return [t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values() if t.content]
 
-    def _generation_prompt(self, messages: list[dict], text: str) -> str:
+    def _generation_prompt(self, messages: list[dict], text: str, tools: list[dict] | None = None) -> str:
         """What the template adds for the reply (the text past the same messages rendered without it): where a
         template that opens or closes the reasoning itself says so. Not the prompt's last characters, which a
         message mentioning <think> can hold."""
-        bare = self._template_text(messages, add_generation_prompt=False)
+        bare = self._template_text(messages, add_generation_prompt=False, tools=tools)
         if text.startswith(bare):  # the usual case: the generation prompt is appended
             return text[len(bare):]
         n = len(os.path.commonprefix([bare, text]))

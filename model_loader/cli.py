@@ -421,7 +421,7 @@ def cmd_make_test_model(args) -> int:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):  # never random weights over a model
         print(f"error: {target} exists and is not an empty folder; give a new one", file=sys.stderr)
         return 2
-    out = make_test_model(args.dir, preset=args.preset, seed=args.seed)
+    out = make_test_model(args.dir, preset=args.preset, seed=args.seed, chat=args.chat)
     print(out)
     return 0
 
@@ -564,6 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("dir")
     make.add_argument("--preset", choices=["tiny", "full"], default="tiny")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--chat", choices=["r1", "qwen2.5"], default="r1",
+                      help="tokenizer and chat template: DeepSeek-R1-Distill's (default) or Qwen2.5-Instruct's")
     make.set_defaults(func=cmd_make_test_model)
 
     doctor = sub.add_parser("doctor", help="report the OS, torch, GPU, CUDA graphs and models found")

@@ -290,9 +290,11 @@ class Engine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
-                 control: GenerationControl | None = None) -> Iterator[Started | Delta | Finished]:
+                 control: GenerationControl | None = None, tools: list[dict] | None = None
+                 ) -> Iterator[Started | Delta | Finished]:
+        """tools: tool definitions for the chat template (an API client's; model_loader.tool_calls)."""
         t0 = time.perf_counter()  # the first token waits for the prompt's rendering too: TTFT counts it
-        prompt = self.chat.render(messages)
+        prompt = self.chat.render(messages, tools)
         final = None
         for event in self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning,
                                        started_at=t0):

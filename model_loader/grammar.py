@@ -44,6 +44,7 @@ class GrammarTokenizer:
         tokenizer = FolderTokenizer(folder)
         stops = sorted(ChatFormat(tokenizer, []).stop_ids)
         self.ll = llguidance.LLTokenizer(tokenizer._tok.to_str(), n_vocab=vocab_size, eos_token=stops)
+        self.vocab = tokenizer.get_vocab()  # text -> id, added tokens included (a grammar names some by id)
         self.vocab_size = vocab_size
         self.mask_words = (vocab_size + 31) // 32
 
@@ -111,8 +112,6 @@ class GrammarMatcher:
 def compile_json(folder, vocab_size: int, schema: dict | None) -> JsonConstraint:
     """A constraint for JSON valid for `schema`; None: any JSON object (OpenAI's json_object). GrammarError
     for a schema that can't be compiled, with the library's reason."""
-    import llguidance
-
     body = {"type": "object"} if schema is None else schema
     if not isinstance(body, dict):
         raise GrammarError("the schema must be a JSON object")
@@ -121,9 +120,31 @@ def compile_json(folder, vocab_size: int, schema: dict | None) -> JsonConstraint
         encoded = json.dumps(body)
     except (TypeError, ValueError) as err:
         raise GrammarError(f"the schema can't be encoded: {err}") from None
-    grammar = llguidance.LLMatcher.grammar_from_lark(f"start: {LEADING_BLANK} answer\nanswer: %json {encoded}")
+    return compile_lark(folder, vocab_size, f"start: {LEADING_BLANK} answer\nanswer: %json {encoded}",
+                        "JSON object" if schema is None else "JSON schema")
+
+
+def compile_tool_calls(folder, vocab_size: int, tools: list[dict], names: list[str], parallel: bool
+                       ) -> JsonConstraint:
+    """A constraint that makes the reply a call (or calls) to the named tools (model_loader.tool_calls)."""
+    from model_loader.tool_calls import CLOSE, OPEN, tool_call_lark
+
+    tokenizer = grammar_tokenizer(folder, vocab_size)
+    try:
+        lark = tool_call_lark(tools, names, parallel, JSON_OPTIONS,
+                              (tokenizer.vocab.get(OPEN), tokenizer.vocab.get(CLOSE)))
+    except (TypeError, ValueError) as err:
+        raise GrammarError(f"the tools' parameters can't be encoded: {err}") from None
+    body = lark.replace("start: ", f"start: {LEADING_BLANK} ", 1)
+    return compile_lark(folder, vocab_size, body, "tool call")
+
+
+def compile_lark(folder, vocab_size: int, lark: str, description: str) -> JsonConstraint:
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     tokenizer = grammar_tokenizer(folder, vocab_size)
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer.ll)
     if failed:
         raise GrammarError((messages[0].splitlines() or ["invalid schema"])[0][:500])
-    return JsonConstraint(tokenizer, grammar, "JSON object" if schema is None else "JSON schema")
+    return JsonConstraint(tokenizer, grammar, description)

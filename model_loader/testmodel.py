@@ -12,7 +12,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-from model_loader.chat_template import R1_ADDED_TOKENS, R1_CHAT_TEMPLATE, R1_FIRST_ADDED_ID
+from model_loader.chat_template import QWEN25_CHAT_TEMPLATE, R1_ADDED_TOKENS, R1_CHAT_TEMPLATE, R1_FIRST_ADDED_ID
+
+QWEN25_LAST_ADDED_ID = 151664  # <|file_sep|>: Qwen2.5's added tokens end there (the package's later ones are Qwen3's)
+CHATS = ("r1", "qwen2.5")
 
 PRESETS = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -53,6 +56,19 @@ def r1_tokenizer_files() -> dict[str, dict]:
         "tokenizer_class": "LlamaTokenizerFast",
         "use_default_system_prompt": False,
         "chat_template": R1_CHAT_TEMPLATE,
+    }
+    return {"tokenizer.json": tok, "tokenizer_config.json": config}
+
+
+def qwen25_tokenizer_files() -> dict[str, dict]:
+    """tokenizer.json + tokenizer_config.json as Qwen2.5-Instruct ships them: ChatML turns, tool calls, FIM."""
+    tok = qwen_tokenizer_json()
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] <= QWEN25_LAST_ADDED_ID]
+    config = {
+        "add_bos_token": False, "add_prefix_space": False, "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False, "errors": "replace",
+        "model_max_length": 131072, "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None, "chat_template": QWEN25_CHAT_TEMPLATE,
     }
     return {"tokenizer.json": tok, "tokenizer_config.json": config}
 
@@ -118,12 +134,17 @@ def random_weights(cfg: dict, seed: int, device: str = "cpu") -> dict:
     return t
 
 
-def make_test_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, device: str | None = None) -> Path:
+def make_test_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, device: str | None = None,
+                    chat: str = "r1") -> Path:
+    """chat: "r1" (DeepSeek-R1-Distill-Qwen's tokenizer and template: a reasoning model) or "qwen2.5"
+    (Qwen2.5-Instruct's: ChatML, tool calls, fill-in-the-middle tokens)."""
     import torch
     from safetensors.torch import save_file
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if chat not in CHATS:
+        raise ValueError(f"unknown chat format {chat!r}; choose from {', '.join(CHATS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model_config(preset)
@@ -135,7 +156,11 @@ def make_test_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, de
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 151646, "eos_token_id": 151643, "do_sample": True, "temperature": 0.6, "top_p": 0.95},
         indent=2), encoding="utf-8")
-    for name, content in r1_tokenizer_files().items():
+    if chat == "qwen2.5":
+        cfg.update(bos_token_id=151643, eos_token_id=151645)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    files = r1_tokenizer_files() if chat == "r1" else qwen25_tokenizer_files()
+    for name, content in files.items():
         (out / name).write_text(json.dumps(content, ensure_ascii=False, indent=1 if name != "tokenizer.json" else None),
                                 encoding="utf-8")
     return out

@@ -109,7 +109,9 @@ class FolderTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=False, tokenize=False):
+    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=False, tokenize=False,
+                            **variables):
+        """variables: more the template may read (tools)."""
         source = chat_template or self.chat_template
         template = self._compiled.get(source)
         if template is None:  # compiling costs ~6 ms a call (parse + codegen): once per template, not per reply
@@ -117,7 +119,7 @@ class FolderTokenizer:
                 self._env = _jinja_env()
             template = self._compiled[source] = self._env.from_string(source)
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
         return self.encode(text) if tokenize else text
 
 

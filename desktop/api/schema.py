@@ -8,13 +8,18 @@ R1's reasoning goes in `reasoning_content` (DeepSeek's own API) and `reasoning` 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
 
+from model_loader.tool_calls import ToolCallParser
+
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16  # choices a request may ask for (each is a reply; with several at once they decode together)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_TOOLS = 128  # OpenAI's limit
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 # engine finish reasons -> OpenAI's. "cancelled" is only seen when a stop string ended the reply ("stop").
 FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length", "cancelled": "stop"}
@@ -49,6 +54,10 @@ class ChatRequest:
     n: int = 1  # replies (choices) to sample
     # structured output: {"schema": a JSON Schema, or None for any JSON object (json_object)}; None: free text
     response_format: dict | None = None
+    tools: list[dict] | None = None  # for the chat template; None: no tools (or tool_choice "none")
+    tool_choice: str = "none"  # auto | none | required | function (a named one: tool_names)
+    tool_names: list[str] = field(default_factory=list)  # what a call may name
+    parallel_tool_calls: bool = True
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -127,15 +136,42 @@ def parse_messages(value) -> list[dict]:
             raise _bad(where, f"'{where}' must be an object with 'role' and 'content'")
         role = m.get("role")
         if role not in ROLES:
-            raise _bad(f"{where}.role", f"'{where}.role' must be one of system, developer, user, assistant "
-                                        f"(got {role!r}); tool messages are not supported")
+            raise _bad(f"{where}.role", f"'{where}.role' must be one of system, developer, user, assistant, tool "
+                                        f"(got {role!r})")
         if "content" not in m and role != "assistant":
             raise _bad(f"{where}.content", f"'{where}.content' is required")
         # Earlier assistant reasoning is dropped by the chat template (only the text after </think> goes back);
         # a client's reasoning_content field is not part of the prompt either.
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), f"{where}.content",
-                                                              allow_none=role == "assistant")})
+        message = {"role": ROLES[role], "content": _content(m.get("content"), f"{where}.content",
+                                                             allow_none=role == "assistant")}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise _bad(f"{where}.tool_call_id", f"'{where}.tool_call_id' is required: the id of the call this "
+                                                    "is the result of")
+            message["tool_call_id"] = call_id
+        out.append(message)
     return out
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    """An assistant message's calls, as OpenAI sends them back: [{id, type: function, function: {name,
+    arguments: a JSON string}}]."""
+    if not isinstance(value, list):
+        raise _bad(where, f"'{where}' must be a list of tool calls")
+    calls = []
+    for j, call in enumerate(value):
+        here = f"{where}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(fn.get("arguments", ""), str):
+            raise _bad(here, f"'{here}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                             f"\"arguments\": a JSON string}}}}")
+        calls.append({"id": str(call.get("id") or ""), "type": "function",
+                      "function": {"name": fn["name"], "arguments": fn.get("arguments") or "{}"}})
+    return calls
 
 
 def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, vocab_size: int = 0) -> ChatRequest:
@@ -186,8 +222,10 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     if settings["top_p"] <= 0:
         raise _bad("top_p", "'top_p' must be greater than 0")
     settings.update(sampler_options(body, vocab_size))
-    _check_tools(body)
+    tools, tool_choice, tool_names, parallel = _tools(body)
     response_format = _response_format(body)
+    if response_format is not None and tool_choice in ("required", "function"):
+        raise _bad("response_format", "'response_format' can't be combined with a required tool call")
     seed = _integer(body, "seed", -(2 ** 63))
     if seed is not None:
         settings["seed"] = seed % (2 ** 32)  # the engine's generator takes 32 bits; equal seeds replay equal
@@ -206,7 +244,8 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
         raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
     return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
                        include_usage=include_usage, stop=[s for s in stops if s], n=n or 1,
-                       response_format=response_format)
+                       response_format=response_format, tools=tools, tool_choice=tool_choice,
+                       tool_names=tool_names, parallel_tool_calls=parallel)
 
 
 # ------------------------------------------------------------------------------------------ field policy
@@ -254,14 +293,46 @@ def _check_fields(body: dict) -> None:
         raise _bad("store", "'store': this server keeps no completions; send false or leave it out")
 
 
-def _check_tools(body: dict) -> None:
+def _tools(body: dict) -> tuple[list[dict] | None, str, list[str], bool]:
+    """(tools, choice, names, parallel): the tool definitions (None: none, or tool_choice "none"); the choice
+    ("auto", "none", "required" or "function"); the tools a call may name (required: any; a named function: that
+    one); whether several calls may come in one reply."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools:
-        raise _bad("tools", "'tools': tool calling is not supported by this server")
-    if choice not in (None, "none", "auto"):
-        raise _bad("tool_choice", "'tool_choice' needs 'tools', which this server does not support")
-    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+    if tools is not None:
+        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+            raise _bad("tools", f"'tools' must be a list of at most {MAX_TOOLS} tools")
+        for i, tool in enumerate(tools):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+                raise _bad(f"tools[{i}]", f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{...}}}}")
+            if not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+                raise _bad(f"tools[{i}].function.name", f"'tools[{i}].function.name' must be 1 to 64 letters, "
+                                                         "digits, underscores or dashes")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                raise _bad(f"tools[{i}].function.parameters", f"'tools[{i}].function.parameters' must be a JSON "
+                                                               "Schema object")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise _bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                                      "\"function\": {\"name\": ...}}")
+        if name not in names:
+            raise _bad("tool_choice", f"'tool_choice' names the function {name!r}, which is not in 'tools'")
+        return tools, "function", [name], False
+    if choice not in ("auto", "none", "required"):
+        raise _bad("tool_choice", "'tool_choice' must be none, auto, required or a named function")
+    if choice == "required" and not names:
+        raise _bad("tool_choice", "'tool_choice' required needs 'tools'")
+    if choice == "none" or not names:
+        return None, "none", [], False
+    return tools, choice, names, parallel is not False
 
 
 def _response_format(body: dict) -> dict | None:
@@ -395,11 +466,60 @@ def usage(stats: dict | list[dict]) -> dict:
                                                                   for s in all_stats)}}
 
 
-def choice(index: int, reasoning: str, answer: str, finish: str, logprobs: dict | None = None) -> dict:
+def choice(index: int, reasoning: str, answer: str | None, finish: str, logprobs: dict | None = None,
+           tool_calls: list[dict] | None = None) -> dict:
     message = {"role": "assistant", "content": answer}
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+
+
+def tool_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def split_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """A whole reply's content (None where it is only calls, as OpenAI sends it) and its calls in OpenAI's
+    shape."""
+    parser = ToolCallParser()
+    items = parser.feed(text) + parser.flush()
+    content = "".join(x for kind, x in items if kind == "content")
+    calls = [{"id": tool_call_id(), "type": "function", "function": x} for kind, x in items if kind == "call"]
+    return (content.strip() or None) if calls else content, calls
+
+
+class StreamedToolCalls:
+    """One streamed choice's answer through the tool-call parser: content deltas as the text settles, and each
+    call as OpenAI streams one: its index, id, type and name first, then its arguments."""
+
+    def __init__(self, chunks: "SseChunks"):
+        self.chunks, self.parser, self.count = chunks, ToolCallParser(), 0
+
+    def feed(self, text: str, logprobs: dict | None = None) -> list[bytes]:
+        return self._out(self.parser.feed(text), logprobs)
+
+    def flush(self) -> list[bytes]:
+        return self._out(self.parser.flush(), None)
+
+    def _out(self, items, logprobs) -> list[bytes]:
+        out = []
+        for kind, x in items:
+            if kind == "content":
+                if x:
+                    out.append(self.chunks({"content": x}, logprobs=logprobs))
+                    logprobs = None
+                continue
+            head = {"index": self.count, "id": tool_call_id(), "type": "function",
+                    "function": {"name": x["name"], "arguments": ""}}
+            out.append(self.chunks({"tool_calls": [head]}, logprobs=logprobs))
+            logprobs = None
+            out.append(self.chunks({"tool_calls": [{"index": self.count, "function": {"arguments": x["arguments"]}}]}))
+            self.count += 1
+        if logprobs is not None:  # tokens of text still held (a tag's start): with the next chunk that goes out
+            out.append(self.chunks({}, logprobs=logprobs))
+        return out
 
 
 def logprob_entry(scored: dict) -> dict:

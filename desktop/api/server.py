@@ -281,8 +281,16 @@ class ApiServer:
         req = schema.parse_chat_request(body, self.model_ids, self.defaults,
                                         int((self.service.info or {}).get("vocab_size") or 0))
         model_id = req.model  # the name it asked for, of those it may (--served-model-name)
+        if req.tools is not None:
+            if not (self.service.info or {}).get("tools"):
+                raise ApiError(400, "'tools': this model's chat template has no tool support (it doesn't render "
+                                    "tool definitions: the DeepSeek-R1 distills' doesn't); send the request without "
+                                    "tools, or with tool_choice none", param="tools", code="tools_not_supported")
+            req.settings["tools"] = req.tools
         if req.response_format is not None:
             req.settings["constraint"] = await self._constraint(req.response_format)
+        elif req.tool_choice in ("required", "function"):  # the reply must be a call: a grammar makes it one
+            req.settings["constraint"] = await self._tool_constraint(req)
         if "max_new_tokens" in req.settings:  # asked for: prompt + max_tokens past the context is a 400
             req.settings["length_strict"] = True
         else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
@@ -343,6 +351,18 @@ class ApiServer:
             raise ApiError(400, f"'{response_format['param']}' can't be used: {err}",
                            param=response_format["param"], code="invalid_schema") from None
 
+    async def _tool_constraint(self, req):
+        from model_loader.grammar import GrammarError, compile_tool_calls
+
+        info = self.service.info or {}
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, compile_tool_calls, info.get("model_path"), int(info.get("vocab_size") or 0), req.tools,
+                req.tool_names, req.parallel_tool_calls)
+        except GrammarError as err:
+            raise ApiError(400, f"'tools': the parameters can't be used: {err}", param="tools",
+                           code="invalid_schema") from None
+
     @staticmethod
     def _route(gen, index: int, events: asyncio.Queue) -> None:
         gen.started.connect(lambda started: events.put_nowait((index, "started", started)))
@@ -374,8 +394,14 @@ class ApiServer:
                 answer[i].append(stops[i].flush())
                 finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
                 logprobs = scored[i].take() if "logprobs" in req.settings else None
-                choices[i] = schema.choice(i, "".join(reasoning[i]), "".join(answer[i]), finish,
-                                           logprobs or ({"content": []} if "logprobs" in req.settings else None))
+                logprobs = logprobs or ({"content": []} if "logprobs" in req.settings else None)
+                text = "".join(answer[i])
+                if req.tools is not None:
+                    content, calls = schema.split_tool_calls(text)
+                    choices[i] = schema.choice(i, "".join(reasoning[i]), content, "tool_calls" if calls else finish,
+                                               logprobs, calls)
+                else:
+                    choices[i] = schema.choice(i, "".join(reasoning[i]), text, finish, logprobs)
             elif kind == "failed":
                 raise _generation_error(ev[2], ev[3], started=True)
             elif kind == "shutdown":
@@ -397,6 +423,7 @@ class ApiServer:
         out = [chunks({"role": "assistant", "content": ""}) for chunks in sse_delta]
         stats: list = [None] * len(gens)
         scored = [schema.LogprobsBuffer() for _ in gens]
+        calls = [schema.StreamedToolCalls(sse_delta[i]) if req.tools is not None else None for i in range(len(gens))]
         while any(s is None for s in stats):
             if out and events.empty():
                 await resp.write(b"".join(out))
@@ -412,14 +439,20 @@ class ApiServer:
                     text = stops[i].feed(text)
                     if stops[i].hit:
                         gens[i].cancel()
-                if text:  # the tokens scored so far go with the text they wrote
+                if text and part == "answer" and calls[i] is not None:  # content, and tool calls as deltas
+                    out += calls[i].feed(text, scored[i].take(part))
+                elif text:  # the tokens scored so far go with the text they wrote
                     out.append(sse_delta[i](schema.delta_for(part, text), logprobs=scored[i].take(part)))
             elif kind == "finished":
                 stats[i] = ev[2]["stats"]
                 tail = stops[i].flush()
-                if tail:
+                if calls[i] is not None:
+                    out += calls[i].feed(tail, scored[i].take("answer")) + calls[i].flush()
+                elif tail:
                     out.append(sse_delta[i]({"content": tail}, logprobs=scored[i].take("answer")))
                 finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+                if calls[i] is not None and calls[i].count:
+                    finish = "tool_calls"
                 out.append(sse_delta[i]({}, finish, logprobs=scored[i].take()))
             elif kind == "failed":  # the 200 status is set: the error goes in the stream, as OpenAI's does
                 err = _generation_error(ev[2], ev[3], started=True)
