@@ -343,11 +343,14 @@ class EngineWorker(QObject):
         coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
                                    self.delta_interval_s)
         tools = settings.get("tools")  # an API client's tool definitions, for the chat template
+        raw = settings.get("raw_prompt")  # a completions request's prompt (text or token ids): no chat template
         if self.scheduler is not None:
-            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools)
+            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw)
             return
         try:
-            for event in self.engine.generate(messages, sampling, control, tools=tools):
+            events = (self.engine.generate_ids(self._raw_ids(raw), sampling, control) if raw is not None
+                      else self.engine.generate(messages, sampling, control, tools=tools))
+            for event in events:
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
                 elif isinstance(event, TokenLogprobs):
@@ -381,8 +384,13 @@ class EngineWorker(QObject):
         self.logprobs.emit(gen_id, _asdict(event))
 
     # ------------------------------------------------------------------ many replies at once
+    def _raw_ids(self, raw) -> list[int]:
+        """A raw prompt's ids: given, or its text tokenized as written (control tokens included: the client
+        writes the whole prompt, template and all)."""
+        return list(raw) if isinstance(raw, list) else self.engine.tokenizer.encode(raw)
+
     def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
-                samples_of: tuple | None = None, tools: list | None = None) -> None:
+                samples_of: tuple | None = None, tools: list | None = None, raw=None) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
         samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
@@ -413,8 +421,12 @@ class EngineWorker(QObject):
                 self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
 
         try:
-            prompt = self.engine.chat.render(messages, tools)
-            seq = self.scheduler.submit(prompt.ids, sampling, control, prompt.starts_in_reasoning, sink, after=first)
+            if raw is not None:
+                ids, in_reasoning = self._raw_ids(raw), False
+            else:
+                prompt = self.engine.chat.render(messages, tools)
+                ids, in_reasoning = prompt.ids, prompt.starts_in_reasoning
+            seq = self.scheduler.submit(ids, sampling, control, in_reasoning, sink, after=first)
         except ContextFullError as err:
             self.failed.emit(gen_id, "context_full", str(err))
             return

@@ -29,6 +29,7 @@ STOP_THINKING_TEXT = "\n</think>\n\n"
 # A message key: its content is the reply's answer already (history_content), not the raw text to cut.
 ANSWER_ONLY = "answer_only"
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")  # a message's fields a tool-aware template reads
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # fill-in-the-middle (Qwen2.5-Coder's order)
 
 
 def history_content(text: str, reasoning: str, answer: str) -> str:
@@ -101,6 +102,7 @@ class ChatFormat:
         make_encoder = getattr(tokenizer, "prompt_encoder", None)
         self.prompt_encoder = make_encoder() if make_encoder is not None else None
         self.tools_supported = template_supports_tools(self.template)  # its template renders `tools`
+        self.fim = all(t in vocab for t in FIM_TOKENS)  # its tokenizer can frame a fill-in-the-middle prompt
 
     def _clean(self, messages: list[dict]) -> list[dict]:
         # Only a model that reasons has reasoning to cut from its earlier replies: a Qwen2.5's answer that

@@ -378,7 +378,7 @@ class Engine:
 
         detok = StreamingDetokenizer(self.tokenizer)
         splitter = ReasoningSplitter(in_reasoning)
-        trim = AnswerNewlineTrimmer()
+        trim = AnswerNewlineTrimmer() if not s.verbatim else (lambda kind, text: text)
         reasoning_parts: list[str] = []
         answer_parts: list[str] = []
         tokens: list[int] = []

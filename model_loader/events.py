@@ -26,6 +26,7 @@ class SamplingSettings:
     # max_new_tokens was asked for (an API client's max_tokens): a prompt that leaves less room than that in the
     # context is refused (ContextFullError) rather than cut short at the context's end
     length_strict: bool = False
+    verbatim: bool = False  # a raw completion: the text exactly as decoded (no leading newlines trimmed)
     # Options for API clients (model_loader.logits_processing applies them); at their defaults a reply takes the
     # fused sampler inside the decode graph, otherwise the step stops at the logits and they are applied after it.
     min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest (after the temperature)

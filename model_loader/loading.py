@@ -61,6 +61,7 @@ class EngineInfo:
     gpu_uuid: str | None = None  # NVML's name for the GPU (stats.gpu_uuid): its numbering is not CUDA's
     vocab_size: int = 0  # rows of the embedding: token ids a request may name (logit_bias) are below it
     tools: bool = False  # the chat template renders tool definitions (model_loader.tool_calls)
+    fim: bool = False  # the tokenizer has fill-in-the-middle tokens (completions' suffix)
 
 
 
@@ -206,7 +207,7 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
             embed_on_host=model.embed_on_host, load_s=time.perf_counter() - t0, load_breakdown=breakdown,
             weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes, kv_cache=kv_cache,
             decode_weight_bytes=model.decode_weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
-            vocab_size=cfg.vocab_size, tools=chat.tools_supported,
+            vocab_size=cfg.vocab_size, tools=chat.tools_supported, fim=chat.fim,
         )
     except BaseException:
         if ahead is not None:  # the compiles it began end before the error is reported

@@ -13,12 +13,12 @@ from model_loader.events import Delta
 
 
 class ReplyText:
-    def __init__(self, tokenizer, stop_ids, in_reasoning: bool):
+    def __init__(self, tokenizer, stop_ids, in_reasoning: bool, verbatim: bool = False):
         self.stop_ids = stop_ids
         self.in_reasoning_at_start = in_reasoning
         self.detok = StreamingDetokenizer(tokenizer)
         self.splitter = ReasoningSplitter(in_reasoning)
-        self.trim = AnswerNewlineTrimmer()
+        self.trim = AnswerNewlineTrimmer() if not verbatim else _as_is
         self.reasoning_parts: list[str] = []
         self.answer_parts: list[str] = []
         self.tokens = 0
@@ -66,3 +66,7 @@ class ReplyText:
             return self.answer
         closed = self.answer or not self.splitter.in_reasoning
         return self.reasoning + (f"{THINK_CLOSE}\n\n" + self.answer if closed else "")
+
+
+def _as_is(kind: str, text: str) -> str:
+    return text

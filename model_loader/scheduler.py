@@ -180,7 +180,7 @@ class Scheduler:
             raise ModelError(f"the prompt holds a token id outside the model's vocabulary (0..{vocab - 1})")
         seed = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little")
         stop_ids = frozenset() if settings.ignore_eos else self.chat.stop_ids
-        reply = ReplyText(self.chat.tokenizer, stop_ids, in_reasoning)
+        reply = ReplyText(self.chat.tokenizer, stop_ids, in_reasoning, settings.verbatim)
         with self._lock:
             self._ids += 1
             seq = Sequence(self._ids, prompt_ids, settings, control or GenerationControl(), reply,

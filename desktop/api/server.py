@@ -11,6 +11,7 @@ Nothing in a request can name a file or a model path: the model is whatever the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -100,6 +101,7 @@ class ApiServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
         return app
 
     async def start(self) -> int:
@@ -273,11 +275,14 @@ class ApiServer:
                            code="model_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
         return model_id
 
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        from desktop.api import completions_route
+
+        return await completions_route.handle(self, request)
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         model_id = self._require_model()
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
-        body = await request.read()
+        body = await self._body(request)
         req = schema.parse_chat_request(body, self.model_ids, self.defaults,
                                         int((self.service.info or {}).get("vocab_size") or 0))
         model_id = req.model  # the name it asked for, of those it may (--served-model-name)
@@ -291,32 +296,55 @@ class ApiServer:
             req.settings["constraint"] = await self._constraint(req.response_format)
         elif req.tool_choice in ("required", "function"):  # the reply must be a call: a grammar makes it one
             req.settings["constraint"] = await self._tool_constraint(req)
-        if "max_new_tokens" in req.settings:  # asked for: prompt + max_tokens past the context is a 400
-            req.settings["length_strict"] = True
-        else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
-            req.settings["max_new_tokens"] = int((self.service.info or {}).get("context_length", 4096))
-        events: asyncio.Queue = asyncio.Queue()  # (choice index, kind, ...) of every choice's reply
-        if req.n > 1 and self.service.state == "ready" and \
-                len(self.service.waiting) + req.n > self.service.max_waiting:
-            raise ApiError(429, f"too many requests are waiting ({len(self.service.waiting)} of "
-                                f"{self.service.max_waiting}, and this one asks for {req.n} replies); retry later",
-                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self._limit_tokens(req.settings)
         cid = schema.completion_id()
+        async with self.generations(request, [(req.messages, req.settings)], req.n, cid) as (gens, events):
+            if req.stream:
+                return await self._stream(request, req, gens, events, model_id, cid)
+            return await self._collect(req, gens, events, model_id, cid)
+
+    async def _body(self, request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length)
+        return await request.read()
+
+    def _limit_tokens(self, settings: dict) -> None:
+        if "max_new_tokens" in settings:  # asked for: prompt + max_tokens past the context is a 400
+            settings["length_strict"] = True
+        else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
+            settings["max_new_tokens"] = int((self.service.info or {}).get("context_length", 4096))
+
+    @contextlib.asynccontextmanager
+    async def generations(self, request: web.Request, prompts: list[tuple], n: int, name: str):
+        """Submit n replies to each of prompts ((messages, settings) pairs) and wait for the first event; yields
+        (generations, events): reply i * n + j is the j-th sample of prompt i, and its events come on the queue as
+        (index, kind, ...). The n samples of a prompt decode together and share its prefill. Whatever ends the
+        block (the answer sent, the client gone, the server closing), replies still running are cancelled."""
+        events: asyncio.Queue = asyncio.Queue()
+        total = n * len(prompts)
+        if total > 1 and self.service.state == "ready" and \
+                len(self.service.waiting) + total > self.service.max_waiting:
+            raise ApiError(429, f"too many requests are waiting ({len(self.service.waiting)} of "
+                                f"{self.service.max_waiting}, and this one asks for {total} replies); retry later",
+                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
         gens = []
         try:
-            for i in range(req.n):
-                settings = dict(req.settings)
-                if "seed" in settings:  # n samples of one seed: seed, seed + 1, ... (each replays alone)
-                    settings["seed"] = (settings["seed"] + i) % (2 ** 32)
-                gens.append(self.service.submit(req.messages, settings, client="api", label=_client_label(request),
-                                                samples_of=(cid, req.n) if req.n > 1 else None))
-                self._route(gens[-1], i, events)
+            for p, (messages, base) in enumerate(prompts):
+                for j in range(n):
+                    settings = dict(base)
+                    if "seed" in settings:  # n samples of one seed: seed, seed + 1, ... (each replays alone)
+                        settings["seed"] = (settings["seed"] + j) % (2 ** 32)
+                    gens.append(self.service.submit(messages, settings, client="api", label=_client_label(request),
+                                                    samples_of=(f"{name}/{p}", n) if n > 1 else None))
+                    self._route(gens[-1], len(gens) - 1, events)
         except QueueFull as err:
             for gen in gens:
                 gen.cancel()
             raise ApiError(429, f"too many requests are waiting ({err}); retry later", type_="rate_limit_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except NotReady as err:
+            for gen in gens:
+                gen.cancel()
             raise ApiError(503, f"{err}; try again when it is ready", type_="server_error", code="model_not_ready",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         self._open.add(events)
@@ -326,16 +354,13 @@ class ApiServer:
                 raise _generation_error(first[2], first[3])
             if first[1] == "shutdown":
                 raise SHUTTING_DOWN
-            events.put_nowait(first)  # ... and is read again below with the rest
-            if req.stream:
-                return await self._stream(request, req, gens, events, model_id, cid)
-            return await self._collect(req, gens, events, model_id, cid)
+            events.put_nowait(first)  # ... and is read again with the rest
+            yield gens, events
         finally:
             self._open.discard(events)
             for gen in gens:
                 if gen.state != "done":
-                    gen.cancel()  # the client went away (handler cancelled), the server is closing, or the
-                    # response failed mid-way
+                    gen.cancel()
 
     async def _constraint(self, response_format: dict):
         """The grammar of a structured output, compiled off the event loop (the first one also builds the
