@@ -102,6 +102,10 @@ class ApiServer:
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        from desktop.api import ollama_route
+
+        ollama_route.add_routes(app, self)
+        app.router.add_get("/", self.root)
         return app
 
     async def start(self) -> int:
@@ -163,7 +167,7 @@ class ApiServer:
         try:
             return await handler(request)
         except ApiError as err:
-            return _error_response(err)
+            return _error_response(err, request.path)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -178,12 +182,12 @@ class ApiServer:
                                code="request_too_large")
             else:
                 err = ApiError(status, exc.reason or str(exc))
-            return _error_response(err)
+            return _error_response(err, request.path)
         except ConnectionError:  # the client went away mid-answer: nobody to answer; aiohttp closes it
             raise
         except Exception as exc:  # not a client's fault: said as OpenAI says it, and logged with its traceback
             log.exception("API request %s %s failed", request.method, request.path)
-            return _error_response(INTERNAL_ERROR)
+            return _error_response(INTERNAL_ERROR, request.path)
 
     @web.middleware
     async def _guard(self, request: web.Request, handler):
@@ -206,7 +210,7 @@ class ApiServer:
         if request.method == "POST" and request.content_type != "application/json":
             raise ApiError(415, f"the request body must be JSON sent as 'Content-Type: application/json' (got "
                                 f"{request.headers.get('Content-Type', 'none')!r})", code="unsupported_media_type")
-        if request.path.startswith("/v1/") and self.api_key and not self._key_ok(request):
+        if request.path.startswith(("/v1/", "/api/")) and self.api_key and not self._key_ok(request):
             raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
         return await handler(request)
@@ -241,6 +245,10 @@ class ApiServer:
         return h
 
     # ------------------------------------------------------------------ routes
+    async def root(self, request: web.Request) -> web.Response:
+        """What a client probing the port reads (Ollama's clients check that something answers here)."""
+        return web.Response(text="r1desk is running: OpenAI's API at /v1, Ollama's at /api\n")
+
     async def health(self, request: web.Request) -> web.Response:
         s = self.service
         # Open without a key (a liveness probe), but what the last request was is for key holders only.
@@ -509,8 +517,10 @@ def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _error_response(err: ApiError) -> web.Response:
-    return web.json_response(err.body(), status=err.status, headers=err.headers, dumps=_dumps)
+def _error_response(err: ApiError, path: str = "") -> web.Response:
+    """OpenAI's error shape; Ollama's ({"error": message}) on its routes."""
+    body = {"error": err.message} if path.startswith("/api/") else err.body()
+    return web.json_response(body, status=err.status, headers=err.headers, dumps=_dumps)
 
 
 def _generation_error(kind: str, message: str, started: bool = False) -> ApiError:
