@@ -229,8 +229,11 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
         assert err["param"] == field and field in err["message"], (field, err)
     both = {**ok, "max_completion_tokens": 5, "max_tokens": -1}  # an invalid one beside a valid one
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=both), 400)["param"] == "max_tokens"
-    bad_role = {**ok, "messages": [{"role": "tool", "content": "x"}]}
+    bad_role = {**ok, "messages": [{"role": "function", "content": "x"}]}
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"] == "messages[0].role"
+    no_call_id = {**ok, "messages": [{"role": "tool", "content": "x"}]}
+    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=no_call_id), 400)["param"] == \
+        "messages[0].tool_call_id"
     image = {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=image), 400)["param"] == "messages[0].content[0]"
     with pytest.raises(openai.NotFoundError) as nf:
