@@ -277,8 +277,10 @@ class Engine:
             torch.cuda.empty_cache()
         try:
             blocks = Scheduler.blocks_for_device(self.model, block_size, max_seqs)
-            self.scheduler = Scheduler(self.model, self.chat, blocks, SchedulerConfig(max_seqs=max_seqs,
-                                                                                     block_size=block_size))
+            config = SchedulerConfig(max_seqs=max_seqs, block_size=block_size)
+            if os.environ.get("R1DESK_PREFILL_TOKENS"):  # an A/B switch (docs/BENCHMARKS.md)
+                config.prefill_tokens = int(os.environ["R1DESK_PREFILL_TOKENS"])
+            self.scheduler = Scheduler(self.model, self.chat, blocks, config)
         except torch.cuda.OutOfMemoryError as err:
             torch.cuda.empty_cache()
             raise OutOfMemoryError(f"out of GPU memory for {max_seqs} replies at once; {OOM_ADVICE}") from err
