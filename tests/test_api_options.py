@@ -84,6 +84,10 @@ def test_logit_bias_forces_a_token(plain):
     ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"web_search_options": {}}, "web_search_options"),
     ({"store": True}, "store"),
     ({"ignore_eos": True}, "ignore_eos"),  # not OpenAI's: refused as OpenAI refuses what it doesn't know
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs

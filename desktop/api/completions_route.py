@@ -66,15 +66,10 @@ async def _collect(req, gens, events, cid) -> web.Response:
 
 
 async def _stream(server, request, req, gens, events, cid) -> web.StreamResponse:
-    from desktop.api.server import SHUTTING_DOWN, _generation_error, _SseResponse
+    from desktop.api.server import SHUTTING_DOWN, _generation_error
 
     created = schema.now()
-    resp = _SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                 "X-Accel-Buffering": "no"})
-    origin = server._listed_origin(request)
-    if origin:
-        resp.headers.update(server._cors_headers(origin))
-    await resp.prepare(request)
+    resp = await server.open_stream(request)
     stops = [schema.StopMatcher(req.stop) for _ in gens]
     scored = [cmp.LegacyLogprobs(len(_echo(req, i))) for i in range(len(gens))]
 

@@ -102,11 +102,7 @@ async def _answer(server, request, req: ollama.OllamaRequest, shape: str) -> web
             while not reply.done:
                 reply.take(await events.get(), gens[0])
             return web.json_response(reply.whole(), dumps=lambda o: json.dumps(o, ensure_ascii=False))
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-        origin = server._listed_origin(request)
-        if origin:
-            resp.headers.update(server._cors_headers(origin))
-        await resp.prepare(request)
+        resp = await server.open_stream(request, "application/x-ndjson")
         out: list[bytes] = []
         while not reply.done:
             if out and events.empty():

@@ -185,7 +185,7 @@ class ApiServer:
             return _error_response(err, request.path)
         except ConnectionError:  # the client went away mid-answer: nobody to answer; aiohttp closes it
             raise
-        except Exception as exc:  # not a client's fault: said as OpenAI says it, and logged with its traceback
+        except Exception:  # not a client's fault: a generic answer; the traceback goes to the log
             log.exception("API request %s %s failed", request.method, request.path)
             return _error_response(INTERNAL_ERROR, request.path)
 
@@ -396,6 +396,17 @@ class ApiServer:
             raise ApiError(400, f"'tools': the parameters can't be used: {err}", param="tools",
                            code="invalid_schema") from None
 
+    async def open_stream(self, request: web.Request, content_type: str = "text/event-stream") -> web.StreamResponse:
+        """A streamed answer's response, prepared (its headers go out with the first write), with the CORS
+        headers a listed origin gets."""
+        resp = _SseResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache",
+                                     "X-Accel-Buffering": "no"})
+        origin = self._listed_origin(request)
+        if origin:
+            resp.headers.update(self._cors_headers(origin))
+        await resp.prepare(request)
+        return resp
+
     @staticmethod
     def _route(gen, index: int, events: asyncio.Queue) -> None:
         gen.started.connect(lambda started: events.put_nowait((index, "started", started)))
@@ -445,12 +456,7 @@ class ApiServer:
         created = schema.now()
         stops = [schema.StopMatcher(req.stop) for _ in gens]
         sse_delta = [schema.SseChunks(cid, created, model_id, index=i) for i in range(len(gens))]
-        resp = _SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                     "X-Accel-Buffering": "no"})
-        origin = self._listed_origin(request)
-        if origin:
-            resp.headers.update(self._cors_headers(origin))
-        await resp.prepare(request)
+        resp = await self.open_stream(request)
         # What is ready goes out in one write: the headers, the role chunks and the first token (the real engine's
         # Started and first Delta arrive together), and later every delta that queued up during a write.
         out = [chunks({"role": "assistant", "content": ""}) for chunks in sse_delta]
