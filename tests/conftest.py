@@ -70,6 +70,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen_model(tmp_path_factory):
+    """The tiny random model with Qwen2.5-Instruct's tokenizer and chat template (tools, fill-in-the-middle)."""
+    from model_loader.testmodel import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5", preset="tiny", seed=0, chat="qwen2.5")
+
+
+@pytest.fixture(scope="session")
 def awq_model(tiny_model, tmp_path_factory):
     """The tiny model quantized to AWQ 4-bit (group 32), once per test session."""
     from model_loader.quantize import quantize

@@ -12,13 +12,6 @@ from test_api import _client, _serve, _stop
 
 
 @pytest.fixture(scope="module")
-def qwen_model(tmp_path_factory):
-    from model_loader.testmodel import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5", preset="tiny", seed=0, chat="qwen2.5")
-
-
-@pytest.fixture(scope="module")
 def server(qwen_model):
     proc, model_id, url = _serve(qwen_model)
     yield model_id, url

@@ -22,11 +22,8 @@ def r1(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    from model_loader.testmodel import make_test_model
-
-    folder = make_test_model(tmp_path_factory.mktemp("qwen") / "tiny-qwen2.5", preset="tiny", seed=0, chat="qwen2.5")
-    proc, model_id, url = _serve(folder)
+def qwen(qwen_model):
+    proc, model_id, url = _serve(qwen_model)
     yield model_id, url.removesuffix("/v1")
     _stop(proc)
 
