@@ -108,7 +108,7 @@ def through_api(model: str, context: int, max_tokens: int, texts: list[str], con
                 raw_texts: list[str] = ()) -> dict:
     import openai
 
-    proc = subprocess.Popen([sys.executable, "-m", "model_loader.cli", "serve", "--model", model, "--context",
+    proc = subprocess.Popen([sys.executable, "-m", "desktop.cli", "serve", "--model", model, "--context",
                              str(context), "--port", "0"], stdout=subprocess.PIPE, text=True,
                             env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
     try:

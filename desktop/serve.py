@@ -14,7 +14,7 @@ import sys
 
 
 def run(args) -> int:
-    """args: `r1desk-cli serve`'s options (model_loader.cli)."""
+    """args: `r1desk-cli serve`'s options (desktop/cli.py)."""
     from PySide6.QtCore import QCoreApplication, QTimer
 
     from desktop.api.server import ApiServer, is_loopback

@@ -23,7 +23,7 @@ from model_loader.stats import percentile
 
 def start_server(model: str, device: str, max_parallel: int, extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
     """`r1desk-cli serve` on a free port: (its process, its /v1 URL) once it says it is serving."""
-    cmd = [sys.executable, "-m", "model_loader.cli", "serve", "--model", model, "--device", device, "--port", "0",
+    cmd = [sys.executable, "-m", "desktop.cli", "serve", "--model", model, "--device", device, "--port", "0",
            "--max-parallel", str(max_parallel), "--max-waiting", "1024", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))

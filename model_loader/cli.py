@@ -1,4 +1,6 @@
-"""r1desk-cli: chat, serve, bench, quantize, make-test-model, doctor."""
+"""r1desk-cli's commands that need no Qt: chat, bench, quantize, make-test-model, doctor. `r1desk-cli` itself is
+desktop/cli.py, which adds `serve` (the app's own server: Qt's event loop); `python -m model_loader.cli` runs these
+alone, where PySide6 isn't installed (a GPU machine for benchmarks)."""
 
 from __future__ import annotations
 
@@ -426,41 +428,6 @@ def cmd_make_test_model(args) -> int:
     return 0
 
 
-def api_key_of(args) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $R1DESK_API_KEY; None: no key. ValueError for a
-    file that can't be read or holds no key (a server meant to be guarded must not start open)."""
-    if args.api_key:
-        return args.api_key
-    if args.api_key_file:
-        try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                key = f.readline().strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"could not read the API key file {args.api_key_file}: "
-                             f"{getattr(err, 'strerror', None) or err}") from None
-        if not key:
-            raise ValueError(f"the API key file {args.api_key_file} is empty")
-        return key
-    return os.environ.get("R1DESK_API_KEY", "").strip() or None
-
-
-def cmd_serve(args) -> int:
-    # The server is the app's own (its engine service and the Qt/asyncio event loop, QtCore only), so this one
-    # command loads the desktop package; everything else here stays free of Qt.
-    from desktop.serve import run
-
-    try:
-        args.api_key = api_key_of(args)
-    except ValueError as err:
-        print(f"r1desk serve: {err}", file=sys.stderr)
-        return 2
-    if args.max_parallel > 1 and args.kv_cache != KV_16BIT:
-        print("r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
-              "yet): drop --kv-cache 8-bit, or serve one reply at a time", file=sys.stderr)
-        return 2
-    return run(args)
-
-
 def cmd_doctor(args) -> int:
     from model_loader.doctor import collect, format_report
 
@@ -469,7 +436,9 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(add_commands=None) -> argparse.ArgumentParser:
+    """add_commands(subparsers): more commands (desktop.cli adds `serve`, which needs Qt: this module doesn't
+    import desktop)."""
     parser = argparse.ArgumentParser(prog="r1desk-cli", description="Run DeepSeek-R1-Distill-Qwen models locally.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -490,30 +459,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "first, else each answer's last line)")
     chat.set_defaults(func=cmd_chat)
 
-    serve = sub.add_parser("serve", help="serve the model through a local OpenAI-compatible API")
-    _add_model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1: this computer only); another needs --api-key")
-    serve.add_argument("--port", type=_port, default=8089, help="port; 0 picks a free one (default 8089)")
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on /v1 requests (other users can read a command "
-                            "line: prefer --api-key-file or R1DESK_API_KEY)")
-    serve.add_argument("--api-key-file", default=None, metavar="FILE",
-                       help="read the API key from FILE (its first line)")
-    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                       help="the model ids clients use (several allowed; default: the model folder's name)")
-    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                       help="a web page origin allowed to call the API from a browser (CORS), e.g. "
-                            "http://localhost:3000; repeatable; none by default")
-    serve.add_argument("--max-waiting", type=_count(1), default=16, help="requests that may wait; more get 429")
-    serve.add_argument("--max-parallel", type=_count(1), default=1, metavar="N",
-                       help="replies decoded together (continuous batching over a paged KV cache sized from the "
-                            "free memory); 1 (default): one at a time, the fastest single reply")
-    serve.add_argument("--max-tokens-cap", type=_count(1), default=None, metavar="N",
-                       help="the most new tokens any request may have (default: up to the context)")
-    serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
-    serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
-    serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
     _add_model_args(bench, context_default=4096)  # fixed, so runs on different GPUs compare
@@ -571,11 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="report the OS, torch, GPU, CUDA graphs and models found")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
+    if add_commands is not None:
+        add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, add_commands=None) -> int:
+    """`python -m model_loader.cli`: every command but `serve` (the whole CLI, `r1desk-cli`, is desktop.cli)."""
+    parser = build_parser(add_commands)
     args = parser.parse_args(argv)
     if args.command == "chat" and args.json and args.prompt is None:
         parser.error("chat --json prints one reply as one JSON object: give the turn with --prompt")

@@ -25,7 +25,7 @@ ORIGIN = "http://app.example"  # a web app's origin the r1 server lets in (given
 
 
 def _serve(model, *extra):
-    proc = subprocess.Popen([sys.executable, "-m", "model_loader.cli", "serve", "--model", str(model), "--device",
+    proc = subprocess.Popen([sys.executable, "-m", "desktop.cli", "serve", "--model", str(model), "--device",
                              "cpu", "--context", "512", "--port", "0", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
@@ -369,6 +369,6 @@ def test_four_concurrent_clients_each_get_their_own_whole_answer(plain):
 
 
 def test_serve_refuses_another_host_without_a_key(tiny_model):
-    out = subprocess.run([sys.executable, "-m", "model_loader.cli", "serve", "--model", str(tiny_model),
+    out = subprocess.run([sys.executable, "-m", "desktop.cli", "serve", "--model", str(tiny_model),
                           "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--api-key" in out.stderr
