@@ -61,3 +61,26 @@ def test_engine_load_auto_on_the_cpu(tiny_model):
     assert engine.model.k_cache.shape[2] == engine.info.context_length
     explicit = Engine.load(tiny_model, device="cpu", context_length=1024)
     assert (explicit.info.context_length, explicit.info.context_auto) == (1024, False)
+
+
+def test_exactly_the_minimum_context_loads_and_one_granule_less_does_not(monkeypatch):
+    """The boundary itself: room for MIN_CONTEXT tokens is enough; room for one granule (256) fewer is not."""
+    import torch
+
+    from model_loader.context import GRANULE, HEADROOM_MIN_BYTES
+
+    token = per_token_bytes(Cfg(), 2)
+    total = 6 * GiB  # a tenth is under the 1 GiB minimum headroom: the headroom is 1 GiB
+
+    def room_for(tokens):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (HEADROOM_MIN_BYTES + tokens * token, total))
+
+    room_for(MIN_CONTEXT)
+    assert auto_context(torch.device("cuda"), Cfg(), 2) == MIN_CONTEXT
+    room_for(MIN_CONTEXT - 1)  # rounds down to the granule below
+    with pytest.raises(NoRoomForContext) as err:
+        auto_context(torch.device("cuda"), Cfg(), 2)
+    assert err.value.tokens == MIN_CONTEXT - GRANULE
+    # a model that positions fewer than MIN_CONTEXT tokens at all gets all it can, however little room is left
+    room_for(300)
+    assert auto_context(torch.device("cuda"), Cfg(max_position_embeddings=256), 2) == 256

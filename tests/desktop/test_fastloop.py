@@ -236,3 +236,75 @@ def test_the_app_runs_on_this_loop_unless_told_to_use_qasyncs(qapp, monkeypatch)
     loop = qt_event_loop(qapp)
     assert type(loop) is qasync.QEventLoop
     loop.close()
+
+
+def _stop_after(loop, ms: int):
+    """A Qt timer that stops the loop: a test whose loop stops waking fails in `ms`, not at the 20 s watchdog."""
+    from PySide6.QtCore import QTimer
+
+    timer = QTimer()
+    timer.setSingleShot(True)
+    timer.timeout.connect(loop.stop)
+    timer.start(ms)
+    return timer
+
+
+def test_no_timer_runs_before_its_deadline(loop):
+    """Every callback records when it ran against when it was due, for deadlines 0.5-12 ms away, armed in a
+    shuffled order."""
+    late = []
+
+    async def main():
+        done = loop.create_future()
+        delays = [0.0005 * k for k in range(1, 25)]
+        delays = delays[::2] + delays[1::2][::-1]
+        for i, delay in enumerate(delays):
+            when = loop.time() + delay
+            loop.call_at(when, lambda when=when: late.append(loop.time() - when))
+        loop.call_later(0.02, done.set_result, None)
+        await done
+
+    guard = _stop_after(loop, 3000)
+    loop.run_until_complete(main())
+    guard.stop()
+    assert len(late) == 24
+    assert min(late) >= -loop._clock_resolution, f"a timer ran {-min(late) * 1000:.2f} ms early"
+
+
+def test_timers_armed_latest_first_run_earliest_first_and_promptly(loop):
+    """Deadlines armed in descending order: only a heap gives the earliest first (a list would wait for the
+    first one armed, the latest)."""
+    seen = []
+
+    async def main():
+        done = loop.create_future()
+        for k in range(20, 0, -1):
+            loop.call_later(0.001 * k, seen.append, k)
+        loop.call_later(0.03, done.set_result, None)
+        await done
+
+    guard = _stop_after(loop, 3000)
+    loop.run_until_complete(main())
+    guard.stop()
+    assert seen == list(range(1, 21))
+
+
+def test_a_cancelled_callback_never_reaches_the_exception_handler(loop):
+    """A cancelled Handle has no callback left: running it anyway would hand a TypeError to the handler."""
+    caught = []
+    loop.set_exception_handler(lambda lp, ctx: caught.append(ctx))
+
+    async def main():
+        done = loop.create_future()
+        for _ in range(10):
+            loop.call_soon(print, "never").cancel()
+        threaded = []
+        worker = threading.Thread(target=lambda: threaded.append(loop.call_soon_threadsafe(print, "never")))
+        worker.start()
+        worker.join()
+        threaded[0].cancel()
+        loop.call_soon(lambda: loop.call_soon(done.set_result, None))
+        await done
+
+    loop.run_until_complete(main())
+    assert caught == []
