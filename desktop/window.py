@@ -623,8 +623,8 @@ class MainWindow(QMainWindow):
         s = self.settings.sampling()
         if self.max_new_override:
             s["max_new_tokens"] = self.max_new_override
-        elif not s["max_new_tokens"]:  # auto: the whole context (the engine stops when it is full)
-            s["max_new_tokens"] = (self.engine_info or {}).get("context_length") or 4096
+        elif not s["max_new_tokens"]:  # auto: the whole context (SamplingSettings' None)
+            s["max_new_tokens"] = None
         if self.seed_override is not None:
             s["seed"] = self.seed_override
         return s

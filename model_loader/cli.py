@@ -140,7 +140,7 @@ def cmd_chat(args) -> int:
                          kv_cache=args.kv_cache)
     engine.warm_up()
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_new_tokens=args.max_new_tokens or engine.info.context_length, seed=args.seed)
+                                max_new_tokens=args.max_new_tokens, seed=args.seed)
     tty = sys.stdout.isatty()
     dim, reset = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
     messages: list[dict] = []

@@ -423,7 +423,7 @@ class Engine:
         def done(tok: int):
             if tok in stop_ids:
                 return "eos"
-            if len(tokens) >= s.max_new_tokens:
+            if s.max_new_tokens is not None and len(tokens) >= s.max_new_tokens:
                 return "max_new_tokens"
             if n_prompt + len(tokens) >= ctx:
                 return "context_full"
@@ -448,7 +448,7 @@ class Engine:
         first_id = int(first.item())
         yield from emit(first_id)
         finish = done(first_id)
-        limit = min(s.max_new_tokens - 1, ctx - n_prompt - 1)  # decode steps allowed
+        limit = s.new_tokens_within(ctx - n_prompt) - 1  # decode steps allowed
         self.step.token.copy_(first)
         self.step.pos.fill_(n_prompt)
         launched = 0

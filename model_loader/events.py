@@ -20,7 +20,7 @@ class SamplingSettings:
     temperature: float = 0.6  # 0 = greedy
     top_p: float = 0.95
     top_k: int = 0  # 0 = off
-    max_new_tokens: int = 4096
+    max_new_tokens: int | None = None  # None: until the context is full (a long chain of thought is never cut)
     seed: int | None = None
     ignore_eos: bool = False  # benchmarks only: always decode max_new_tokens
     # max_new_tokens was asked for (an API client's max_tokens): a prompt that leaves less room than that in the
@@ -36,6 +36,10 @@ class SamplingSettings:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI: -100..100)
     logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k likeliest
     constraint: object | None = None  # a grammar (model_loader.grammar) the reply must follow after its reasoning
+
+    def new_tokens_within(self, room: int) -> int:
+        """The most tokens this reply may add where `room` more fit in the context."""
+        return room if self.max_new_tokens is None else min(self.max_new_tokens, room)
 
     @property
     def plain(self) -> bool:

@@ -29,7 +29,8 @@ def sample_chains(engine, messages: list[dict], settings: SamplingSettings, n: i
     prompt = engine.chat.render(messages)
     config = SchedulerConfig(max_seqs=n)
     context = engine.info.context_length
-    tokens_each = min(context, len(prompt.ids) + settings.max_new_tokens + 1)
+    tokens_each = len(prompt.ids) + settings.new_tokens_within(context - len(prompt.ids)) + 1
+    tokens_each = min(context, tokens_each)
     scheduler = Scheduler(engine.model, engine.chat, kv_blocks_for(engine, n, tokens_each, config.block_size),
                           config)
     scheduler.max_ctx = min(scheduler.max_ctx, context)

@@ -410,7 +410,7 @@ class Scheduler:
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.reply.stop_ids:
             return "eos"
-        if len(seq.output) >= seq.settings.max_new_tokens:
+        if seq.settings.max_new_tokens is not None and len(seq.output) >= seq.settings.max_new_tokens:
             return "max_new_tokens"
         if len(seq.tokens) >= self.max_ctx:
             return "context_full"

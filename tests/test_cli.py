@@ -8,7 +8,7 @@ import pytest
 
 
 def cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "model_loader.cli", *map(str, args)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "desktop.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr

@@ -93,8 +93,6 @@ async def _answer(server, request, req: ollama.OllamaRequest, shape: str) -> web
         req.settings["tools"] = req.tools
     if req.response_format is not None:
         req.settings["constraint"] = await server._constraint(req.response_format)
-    if "max_new_tokens" not in req.settings:
-        req.settings["max_new_tokens"] = int((server.service.info or {}).get("context_length", 4096))
     async with server.generations(request, [(req.messages, req.settings)], 1, schema.completion_id()) as (gens,
                                                                                                           events):
         reply = _Reply(req, shape)

@@ -317,10 +317,9 @@ class ApiServer:
         return await request.read()
 
     def _limit_tokens(self, settings: dict) -> None:
-        if "max_new_tokens" in settings:  # asked for: prompt + max_tokens past the context is a 400
+        # asked for: prompt + max_tokens past the context is a 400; not: the rest of the context (as vLLM does)
+        if "max_new_tokens" in settings:
             settings["length_strict"] = True
-        else:  # the rest of the context (as vLLM does), so a long chain of thought is never cut short
-            settings["max_new_tokens"] = int((self.service.info or {}).get("context_length", 4096))
 
     @contextlib.asynccontextmanager
     async def generations(self, request: web.Request, prompts: list[tuple], n: int, name: str):

@@ -108,7 +108,7 @@ class FakeEngine:
         parts = {"reasoning": [], "answer": []}
         n_kind = {"reasoning": 0, "answer": 0}
         finish, stopped, first_answer = "eos", False, None
-        limit = settings.max_new_tokens if settings else 4096
+        limit = settings.max_new_tokens if settings and settings.max_new_tokens is not None else 4096
         plan = [("reasoning", t) for t in tokens(self.reasoning)]
         if self.max_reasoning_tokens is not None:
             plan = plan[: self.max_reasoning_tokens]

@@ -43,7 +43,7 @@ def test_reply_is_written_as_it_grows(qtbot, make_window, profile):
     assert row["complete"] == 1 and row["answer"] == ANSWER
     stats, settings = json.loads(row["stats"]), json.loads(row["settings"])
     assert stats["finish_reason"] == "eos" and stats["completion_tokens"] > 0 and stats["model"]
-    assert settings == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 4096}
+    assert settings == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": None}
 
 
 def test_restart_restores_conversations_geometry_and_last_chat(qtbot, make_window):
