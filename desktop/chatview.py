@@ -121,8 +121,9 @@ class StreamingText(QWidget):
     again; only the last, still-growing piece is re-rendered. A block that keeps growing (a long code block, a
     paragraph with no blank line) is cut anyway at a line or word boundary once it passes TAIL_MAX_CHARS
     (soft_cut), closing and reopening a code fence across the cut: PySide holds the GIL for the whole of a
-    setHtml call, so a long re-render per frame would stall the engine thread's decode loop with it. When the reply is finished the owner replaces
-    this with one RichText of the whole text (one document: selection across blocks, exact spacing)."""
+    setHtml call, so a long re-render per frame would stall the engine thread's decode loop with it. When the
+    reply is finished the owner replaces this with one RichText of the whole text (one document: selection across
+    blocks, exact spacing)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)

@@ -67,8 +67,8 @@ class ReplyController(QObject):
         try:
             self.msg_id = self.store.add_message(conv_id, "assistant", "", complete=False, settings=settings)
         except sqlite3.Error as err:
-            self.banner.show_message("save_failed", f"Could not start the reply: saving it failed: {store_problem(err)} "
-                                                     "Then use Regenerate or send again.")
+            self.banner.show_message("save_failed", "Could not start the reply: saving it failed: "
+                                                    f"{store_problem(err)} Then use Regenerate or send again.")
             return False
         try:
             if chains > 1:

@@ -1,8 +1,9 @@
 """`r1desk-cli serve`: the local OpenAI-compatible API without a window.
 
 The same EngineService and ApiServer the window uses, on a QCoreApplication (QtCore only: no display needed)
-whose event loop is the asyncio loop (qasync), exactly as in the app. It listens at once
-(requests get 503 while the model loads) and prints `serving MODEL on http://HOST:PORT/v1` once it is ready; Ctrl+C or SIGTERM stops it cleanly.
+whose event loop is the asyncio loop (qasync), exactly as in the app. It listens at once (requests get 503 while
+the model loads) and prints `serving MODEL on http://HOST:PORT/v1` once it is ready; Ctrl+C or SIGTERM ends the
+replies running (their streams get a last error event) and stops it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
+                               QFormLayout,
                                QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
                                QWidget)
 
@@ -44,8 +45,9 @@ class AppSettings:
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache", "max_parallel")
     # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
-    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "vote_chains": (2, 64), "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000),
-              "max_new_tokens": (0, 131072), "font_size": (8, 24), "api_port": (1024, 65535)}
+    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "vote_chains": (2, 64),
+              "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000), "max_new_tokens": (0, 131072),
+              "font_size": (8, 24), "api_port": (1024, 65535)}
     CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32", "awq"), "kv_cache": ("16-bit", "8-bit"),
                "theme": ("system", "light", "dark")}
     VERSION = 2  # 2: context and max new tokens default to auto (0); version 1 stored 4096 for both
@@ -162,7 +164,8 @@ class SettingsDialog(QDialog):
                                   "it is offered when a 4-bit copy of this model is on this computer")
         self.precision.currentIndexChanged.connect(self._on_precision)
         form.addRow("Precision", self.precision)
-        self.context = self._spin(QSpinBox(), *R["context_length"], settings.context_length, "Context length", step=1024)
+        self.context = self._spin(QSpinBox(), *R["context_length"], settings.context_length, "Context length",
+                                  step=1024)
         self.context.setSpecialValueText(f"Auto: {auto_context:,}" if auto_context else "Auto")
         self.context.setToolTip("Auto: as much as the GPU has room for after the model, up to 32,768 tokens "
                                 "(DeepSeek advises allowing R1 that much)")
@@ -187,7 +190,8 @@ class SettingsDialog(QDialog):
                              "over 64). With Replies at once at least as large they are written together, in little "
                              "more time than one; otherwise one after another")
         form.addRow("Chains for Ask ×N", self.vote)
-        self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature", step=0.05)
+        self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature",
+                                      step=0.05)
         form.addRow("Temperature", self.temperature)
         self.top_p = self._spin(QDoubleSpinBox(), *R["top_p"], settings.top_p, "Top-p", step=0.05)
         form.addRow("Top-p", self.top_p)

@@ -169,7 +169,8 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
     mem = engine.memory()
     result = {
         "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
-        "quantization": engine.info.quantization, "kv_cache": engine.info.kv_cache, "embed_on_host": engine.info.embed_on_host,
+        "quantization": engine.info.quantization, "kv_cache": engine.info.kv_cache,
+        "embed_on_host": engine.info.embed_on_host,
         "gemv": engine.info.gemv, "decode_attention": engine.info.decode_attention,
         "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
         "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
@@ -242,7 +243,8 @@ def format_bench(r: dict) -> str:
         if "ours_vs_fp32_max_abs_diff" in hf:
             for name in ("ours", "hf"):
                 lines.append(f"  {name:>4} {r['dtype']} vs transformers fp32: max |diff| "
-                             f"{hf[name + '_vs_fp32_max_abs_diff']:.4f}, mean {hf[name + '_vs_fp32_mean_abs_diff']:.5f}, "
+                             f"{hf[name + '_vs_fp32_max_abs_diff']:.4f}, "
+                             f"mean {hf[name + '_vs_fp32_mean_abs_diff']:.5f}, "
                              f"top-1 agreement {hf[name + '_vs_fp32_top1_agreement']:.4f}")
         for name in ("hf_eager", "hf_static"):
             h = hf[name]

@@ -75,9 +75,9 @@ class Engine:
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
         window that closes mid-load stops it). context_length "auto" (or 0) takes as much context as the device
-        has room for after the weights, up to 32,768 tokens (model_loader.context). int4_kernel forces an AWQ path ("triton", "torch" or
-        "dequantize"; by default the fastest that runs here). on_compiling() is called from this thread when a
-        first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead).
+        has room for after the weights, up to 32,768 tokens (model_loader.context). int4_kernel forces an AWQ path
+        ("triton", "torch" or "dequantize"; by default the fastest that runs here). on_compiling() is called from this
+        thread when a first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead).
         kv_cache: "16-bit" (the model's dtype) or "8-bit" (fp8 with a scale per row: model_loader.kv_cache).
         Raises ModelError (one-line message) for anything unusable."""
         loaded = load_model(spec, device, context_length, dtype, progress, use_triton, use_cuda_graphs, embed_on_host,

@@ -7,9 +7,10 @@ then one Finished (or one Failed). Sequences join and leave between steps (itera
 vLLM and nano-vllm). Knows nothing about Qt or HTTP: the CLI, the local server and the window drive it.
 
 A step holds every decoding sequence (one token each) and prefill chunks of the sequences still reading their
-prompts: at most `chunk` tokens of each, `prefill_tokens` in all, so a long prompt that arrives pauses the others
-for about one chunk's prefill, not its whole prompt, and prompts that arrive together are read together. Chunks end at multiples of `chunk` (or at the prompt's end), whatever else runs:
-with paged_model's batch-invariant rows, a greedy sequence's text is the same alone or in any batch on the CPU.
+prompts: at most `chunk` tokens of each, `prefill_tokens` in all, so a long prompt that arrives pauses the others for
+about one chunk's prefill, not its whole prompt, and prompts that arrive together are read together. Chunks end at
+multiples of `chunk` (or at the prompt's end), whatever else runs: with paged_model's batch-invariant rows, a greedy
+sequence's text is the same alone or in any batch on the CPU.
 
 Memory: a sequence holds KV blocks (kv_blocks.BlockPool) for its text. It is admitted when blocks for its whole
 prompt are free (after reusing the prompt's cached prefix); each decode step that crosses a block boundary takes

@@ -40,5 +40,6 @@ def version_info(root: Path):
     return VSVersionInfo(
         ffi=FixedFileInfo(filevers=nums, prodvers=nums, mask=0x3F, flags=0x0, OS=0x40004, fileType=0x1,
                           subtype=0x0, date=(0, 0)),
-        kids=[StringFileInfo([StringTable("040904B0", strings)]), VarFileInfo([VarStruct("Translation", [1033, 1200])])],
+        kids=[StringFileInfo([StringTable("040904B0", strings)]),
+              VarFileInfo([VarStruct("Translation", [1033, 1200])])],
     )

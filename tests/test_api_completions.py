@@ -86,14 +86,14 @@ def test_legacy_logprobs(server):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(5)]
-    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert len(top) == 2 and max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the likeliest
 
 
 def test_suffix_frames_the_prompt_with_the_fill_in_the_middle_tokens(server, engine):
     model, url = server
-    r = _client(url).completions.create(model=model, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))",
-                                        max_tokens=8, temperature=0)
+    r = _client(url).completions.create(model=model, prompt="def add(a, b):\n    return ",
+                                        suffix="\n\nprint(add(1, 2))", max_tokens=8, temperature=0)
     framed = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n\nprint(add(1, 2))<|fim_middle|>"
     ids = engine.tokenizer.encode(framed)
     assert ids.count(engine.tokenizer.get_vocab()["<|fim_middle|>"]) == 1

@@ -149,12 +149,14 @@ def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_othe
         self.info.decode_attention = {"<=1024": "shape B"}
 
     monkeypatch.setattr(Engine, "warm_up", warm_up)
-    args = ["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16", "--new-tokens", "2", "--runs", "1"]
+    args = ["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16", "--new-tokens", "2",
+            "--runs", "1"]
     assert main(args) == 0
     assert ("decode attention for depth <=1024: shape B (the warm-up's us per step: shape B 1,150.5; "
             "shape A 1,200.0)") in capsys.readouterr().out
     assert main(args + ["--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {"1024": {"shape A": 1200.0, "shape B": 1150.5}}
+    assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {"1024": {"shape A": 1200.0,
+                                                                                    "shape B": 1150.5}}
 
 
 def test_the_batch_bench_times_steady_decoding_and_compares_every_text_with_it_alone(cpu_engine):

@@ -42,7 +42,8 @@ def test_the_twin_has_one_layer_laid_out_as_every_layer_of_the_model(kind, tiny_
     assert {k: _layout(v) for k, v in twin["layers"][0].items()} == expected
     assert all({k: _layout(v) for k, v in layer.items()} == expected for layer in real["layers"])
     if kind == "awq-triton":
-        assert isinstance(twin["layers"][0]["gate_up_w"], RowPackedInt4) and twin["layers"][0]["gate_up_w"].gate_up_pairs
+        gate_up = twin["layers"][0]["gate_up_w"]
+        assert isinstance(gate_up, RowPackedInt4) and gate_up.gate_up_pairs
     assert twin["embed"].shape == (TWIN_VOCAB, cfg.hidden_size) and twin["embed"].dtype == real["embed"].dtype
     assert _layout(twin["norm"]) == _layout(real["norm"])
 

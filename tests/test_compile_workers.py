@@ -59,7 +59,8 @@ def main():
     for booted in pool.workers.booted:  # every worker warmed its compiler for the target before any job
         booted.result()
     silu = (jit_ops._silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "BLOCK": "constexpr",
-                                       "PAIRED": "constexpr", "PDL": "constexpr"}, {(3,): 8192, (4,): False, (5,): False},
+                                       "PAIRED": "constexpr", "PDL": "constexpr"},
+            {(3,): 8192, (4,): False, (5,): False},
             {(0,): ALIGNED, (1,): ALIGNED})
     caches = [
         compile_through_triton(*silu),

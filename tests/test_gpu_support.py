@@ -181,7 +181,8 @@ def test_doctor_reports_the_gpu_a_load_would_take_and_the_others(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(
         name=gpus[index][1], major=gpus[index][0][0], minor=gpus[index][0][1], total_memory=12 * 2**30))
     info = doctor.collect()
-    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == ("NVIDIA GeForce RTX 4070", "cuda:1", "8.9")
+    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == ("NVIDIA GeForce RTX 4070", "cuda:1",
+                                                                              "8.9")
     assert info["default_precision"] == "bfloat16" and "gpu_problem" not in info
     assert info["other_gpus"] == ["cuda:0 NVIDIA GeForce GTX 1060 6GB (not supported by this torch)"]
     assert "cuda:0 NVIDIA GeForce GTX 1060" in doctor.format_report(info)

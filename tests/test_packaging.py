@@ -448,8 +448,8 @@ def test_stub_libraries_keep_the_name_and_versions_and_only_what_their_users_imp
     # linked as torch's libraries are: the C++ runtime first, so operator delete binds to it, not to libbig
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(user), str(tmp_path / "user.c"), "-l:libstdc++.so.6",
                     f"-L{real_dir}", "-l:libbig.so.7"], check=True)
-    stub = stubs.make_stub(real_dir / "libbig.so.7", stub_dir / "libbig.so.7", stubs.consumers_of(real_dir / "libbig.so.7",
-                                                                                                 real_dir))
+    real = real_dir / "libbig.so.7"
+    stub = stubs.make_stub(real, stub_dir / "libbig.so.7", stubs.consumers_of(real, real_dir))
     assert stubs.soname(stub) == "libbig.so.7" and stubs.version_nodes(stub) == ["libbig.so.7"]
     assert {name for name, _, _ in stubs.exported(stub)} == {"big_used", "big_table"}
     script = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "

@@ -83,7 +83,8 @@ def test_follow_ups_tokenize_only_what_is_new(chat):
 def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
     """An added token that eats the whitespace beside it (lstrip/rstrip) or only matches whole words depends on
     the text around it: never a cut. Added tokens that overlap ("<P>" inside "b<P>", "<P>x" and "a<P>b") make a
-    token that the new text completes take a cut token's place ("a<P>" then "b"): the ids still equal a full tokenization."""
+    token that the new text completes take a cut token's place ("a<P>" then "b"): the ids still equal a full
+    tokenization."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate(sorted(set("abc xyz\n ")))}

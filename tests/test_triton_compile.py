@@ -112,7 +112,7 @@ def _compile_all(launches) -> dict[str, int]:
     (PDL / TRIGGER, what the app does on Hopper) and the fused sampler's GPU fence (FENCE) for sm_90; {kernel name:
     the most shared memory any of its launches asks for}, or AssertionError with the compiler's message."""
     launches = dict(launches)
-    for key, spec in list(launches.items()):
+    for spec in list(launches.values()):
         flags = {k: True for k in ("PDL", "TRIGGER", "FENCE") if k in spec["constexprs"]}
         if flags:
             hopper = dict(spec, constexprs={**spec["constexprs"], **flags}, arch=90)

@@ -311,7 +311,8 @@ def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_c
 
     assert triton_works(device)  # GPU, or the interpreter on a CPU machine
     # a Triton that cannot build its launcher (no C compiler, no Python headers) raises at first launch
-    monkeypatch.setattr(triton_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError("Failed to find C compiler")))
+    no_compiler = RuntimeError("Failed to find C compiler")
+    monkeypatch.setattr(triton_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(no_compiler))
     assert not triton_works(device)
 
 

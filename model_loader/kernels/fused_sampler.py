@@ -32,7 +32,8 @@ class SamplerScratch:
         self.block = min(block, max(32, triton.next_power_of_2(vocab)))  # a small vocabulary: one small program
         self.n_programs = triton.cdiv(vocab, self.block)
         n = self.n_programs
-        self.istate = torch.zeros(rows, jit_sampler.I_SLOTS.value, dtype=torch.int32, device=device)  # tickets must start at 0
+        # tickets must start at 0
+        self.istate = torch.zeros(rows, jit_sampler.I_SLOTS.value, dtype=torch.int32, device=device)
         self.fstate = torch.zeros(rows, jit_sampler.F_SLOTS.value, dtype=torch.float32, device=device)
         self.lstate = torch.zeros(rows, jit_sampler.L_SLOTS.value, dtype=torch.int64, device=device)
         self.part_f = torch.zeros(rows, n, dtype=torch.float32, device=device)

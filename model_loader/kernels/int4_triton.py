@@ -7,8 +7,8 @@ Decoding reads every weight once per token, so a single-token GEMV on packed int
                  doesn't cover it (fp32 partials, summed by the last split to finish). At batch 1 on a big GPU
                  the time goes on latency and instruction issue, so the arithmetic is cut to a shift per two
                  weights, an and-or and an FMA per weight (3.5-4.2 instructions per weight in all by config,
-                 against 7.0 for the previous version; Nsight Compute, H200). For the MLP's gate/up weight (rows stored in
-                 pairs) it outputs SiLU(gate) * up directly.
+                 against 7.0 for the previous version; Nsight Compute, H200). For the MLP's gate/up weight
+                 (rows stored in pairs) it outputs SiLU(gate) * up directly.
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; a packed block lies inside one group, so scales and zeros
                  are read once per row and block.

@@ -79,7 +79,8 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
     half = tl.arange(0, D // 2)[None, :]
     row = qkv_ptr + tok[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
     x1 = tl.load(row + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
-    x2 = tl.load(row + D // 2 + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32)
+    x2 = (tl.load(row + D // 2 + half, mask=live).to(tl.float32)
+          + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32))
     if head < NUM_HEADS + NUM_KV:
         c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live)
         s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)

@@ -89,7 +89,8 @@ def rms_norm(x, weight, eps):
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
     launch(_add_rms_norm_kernel, (x.shape[0],))(x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
-                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4, **pdl_launch_args(x.device))
+                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4,
+                                        **pdl_launch_args(x.device))
     return out
 
 
@@ -215,11 +216,11 @@ DECODE_ATTN_CONFIGS = (
 # compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
 # (by 0.2-1.2%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
-# Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket (decode_graphs.DecodeStep.
-# tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts every fp8 pair to fp16
-# on the way into the dots: with V transposed a 128-token tile takes 762 instructions a warp in the loop at 4 warps
-# against the 16-bit kernel's 618 (sm_90, Triton 3.9: benchmarks/decode_kernel_sass.py), and with one 4-warp
-# program an SM each scheduler has one warp, which waits out every dependent instruction. Hence more warps to
+# Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket
+# (decode_graphs.DecodeStep.tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts
+# every fp8 pair to fp16 on the way into the dots: with V transposed a 128-token tile takes 762 instructions a warp in
+# the loop at 4 warps against the 16-bit kernel's 618 (sm_90, Triton 3.9: benchmarks/decode_kernel_sass.py), and with
+# one 4-warp program an SM each scheduler has one warp, which waits out every dependent instruction. Hence more warps to
 # switch between: 8 warps a program (H200, V row-major: AWQ 3-5% faster a step at 4k-32k; H100, V transposed: AWQ's
 # winner from 4k on), or two programs an SM.
 # 2026-12-05, an H100, V transposed (benchmarks/decode_step_by_attention.py --kv-cache 8-bit --sm-fill, bf16, us a
@@ -283,11 +284,15 @@ def for_value_layout(config: DecodeAttnConfig, transposed: bool) -> DecodeAttnCo
     return dataclasses.replace(config, chunk_align=16)
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def decode_splits(config: DecodeAttnConfig, length: int) -> int:
     """How many splits the kernels use at this depth (what _decode_chunk computes on the device), for a config
     whose max_splits is resolved (DecodeAttention.resolve)."""
     assert config.max_splits > 0, "resolve SM_SPLITS first (DecodeAttention.resolve)"
-    chunk = -(-(-(-length // config.max_splits)) // config.align) * config.align
+    chunk = _ceil_div(_ceil_div(length, config.max_splits), config.align) * config.align
     chunk = max(chunk, config.min_chunk)
     return -(-length // chunk)
 
@@ -370,13 +375,13 @@ class DecodeAttention:
 
     def candidates(self, config: DecodeAttnConfig, cache_bytes: int) -> list[DecodeAttnConfig]:
         """config and its fallbacks in the order they are tried, less those this GPU refuses for certain
-        (decode_pipeline_bytes over its limit; the last is always kept), for a cache of cache_bytes a value: a shape that can't run is then neither
-        compiled ahead on a first start nor compiled just to be refused at the warm-up's launch. On an RTX
-        30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead instead (they
-        fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal (1-2 s).
-        Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all take 73,728
-        bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now none of them
-        is (the bound counts the query tile too), and the 64-token shape is the first tried."""
+        (decode_pipeline_bytes over its limit; the last is always kept), for a cache of cache_bytes a value: a shape
+        that can't run is then neither compiled ahead on a first start nor compiled just to be refused at the warm-up's
+        launch. On an RTX 30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead
+        instead (they fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal
+        (1-2 s). Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all
+        take 73,728 bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now
+        none of them is (the bound counts the query tile too), and the 64-token shape is the first tried."""
         # cache_bytes: 2 for a 16-bit cache; an 8-bit cache's row-major tiles are upcast to fp16 on their way into
         # the dots, through shared memory: they count as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an
         # RTX 40's 99 KB); with V transposed (the model's) they don't: 1 (73,728 bytes at sm_90, Triton 3.6)

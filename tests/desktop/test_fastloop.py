@@ -258,7 +258,7 @@ def test_no_timer_runs_before_its_deadline(loop):
         done = loop.create_future()
         delays = [0.0005 * k for k in range(1, 25)]
         delays = delays[::2] + delays[1::2][::-1]
-        for i, delay in enumerate(delays):
+        for delay in delays:
             when = loop.time() + delay
             loop.call_at(when, lambda when=when: late.append(loop.time() - when))
         loop.call_later(0.02, done.set_result, None)

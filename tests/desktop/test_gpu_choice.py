@@ -43,7 +43,8 @@ def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_mo
 
 
 def test_one_gpu_and_a_saved_gpu_not_listed():
-    assert device_choices([RTX_4070 | {"device": "cuda:0"}], "cuda") == [("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")]
+    assert device_choices([RTX_4070 | {"device": "cuda:0"}], "cuda") == [("GPU (NVIDIA)", "cuda"),
+                                                                        ("CPU (slow)", "cpu")]
     assert device_choices(None, "cpu") == [("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")]
     # chosen earlier, before a model loaded this time (or the card was removed): kept, so OK changes nothing
     assert device_choices(None, "cuda:1") == [("GPU (NVIDIA)", "cuda"), ("GPU 1", "cuda:1"), ("CPU (slow)", "cpu")]

@@ -19,7 +19,8 @@ def renderer(qapp):
 
 
 def test_math_is_cut_out_of_prose_but_not_code_or_prices():
-    text = "Cost $5 and $10. Area $\\pi r^2$, \\(a+b\\), `$x$` and\n```\n$y$\n```\n$$\\int_0^1 x\\,dx$$ \\[e^x\\] \\boxed{42}"
+    text = ("Cost $5 and $10. Area $\\pi r^2$, \\(a+b\\), `$x$` and\n```\n$y$\n```\n$$\\int_0^1 x\\,dx$$ "
+            "\\[e^x\\] \\boxed{42}")
     body, formulas = split_math(text)
     assert [f for f, _ in formulas] == ["\\pi r^2", "a+b", "\\int_0^1 x\\,dx", "e^x", "\\boxed{42}"]
     assert [d for _, d in formulas] == [False, False, True, True, False]

@@ -110,7 +110,7 @@ def test_ended_requests_are_not_kept_by_the_service(qtbot, service):
     reqs = [svc.submit([{"role": "user", "content": "x" * 100_000}], {"max_new_tokens": 5}) for _ in range(3)]
     recs = [Recorder(r) for r in reqs]
     reqs[2].cancel()  # still waiting: dropped at once
-    qtbot.waitUntil(lambda: all(r.done for r in recs), timeout=20000)
+    qtbot.waitUntil(lambda recs=recs: all(r.done for r in recs), timeout=20000)  # (recs is deleted below)
     assert [r.events[-1][0] for r in recs] == ["finished", "finished", "failed"]
     assert svc.findChildren(GenerationRequest) == []
     gone = [weakref.ref(r) for r in reqs]

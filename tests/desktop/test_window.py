@@ -163,7 +163,8 @@ def test_a_store_that_refuses_a_change_is_said_and_nothing_is_lost(qtbot, make_w
         win.banner.hide()
         act()
         assert win.banner.isVisible() and win.banner.kind == "save_failed", what
-        assert win.banner.label.text().startswith(f"Could not {what}: ") and "another program" in win.banner.label.text()
+        text = win.banner.label.text()
+        assert text.startswith(f"Could not {what}: ") and "another program" in text
     qtbot.mouseClick(user_w.buttons["edit"], Qt.LeftButton)
     win.composer.edit.setPlainText("edited")
     assert not win.send()
