@@ -344,12 +344,13 @@ class EngineWorker(QObject):
                                    self.delta_interval_s)
         tools = settings.get("tools")  # an API client's tool definitions, for the chat template
         raw = settings.get("raw_prompt")  # a completions request's prompt (text or token ids): no chat template
+        cont = bool(settings.get("continue_final"))  # the last message is the reply so far, to continue
         if self.scheduler is not None:
-            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw)
+            self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw, cont)
             return
         try:
             events = (self.engine.generate_ids(self._raw_ids(raw), sampling, control) if raw is not None
-                      else self.engine.generate(messages, sampling, control, tools=tools))
+                      else self.engine.generate(messages, sampling, control, tools=tools, continue_final=cont))
             for event in events:
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
@@ -390,7 +391,7 @@ class EngineWorker(QObject):
         return list(raw) if isinstance(raw, list) else self.engine.tokenizer.encode(raw)
 
     def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
-                samples_of: tuple | None = None, tools: list | None = None, raw=None) -> None:
+                samples_of: tuple | None = None, tools: list | None = None, raw=None, cont: bool = False) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
         samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
@@ -424,7 +425,7 @@ class EngineWorker(QObject):
             if raw is not None:
                 ids, in_reasoning = self._raw_ids(raw), False
             else:
-                prompt = self.engine.chat.render(messages, tools)
+                prompt = self.engine.chat.render(messages, tools, cont)
                 ids, in_reasoning = prompt.ids, prompt.starts_in_reasoning
             seq = self.scheduler.submit(ids, sampling, control, in_reasoning, sink, after=first)
         except ContextFullError as err:

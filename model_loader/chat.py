@@ -140,8 +140,12 @@ class ChatFormat:
         if self.prompt_encoder is not None:
             self.prompt_encoder.encode(self._template_text(messages, add_generation_prompt=False))
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> RenderedPrompt:
-        """tools: OpenAI's tool definitions, for a template that renders them (tools_supported)."""
+    def render(self, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False
+               ) -> RenderedPrompt:
+        """tools: OpenAI's tool definitions, for a template that renders them (tools_supported). continue_final:
+        the last message is the start of the reply (an assistant message), which the model continues."""
+        if continue_final:
+            return self._continuation(messages, tools)
         text = self._template_text(messages, add_generation_prompt=True, tools=tools)
         in_reasoning = False
         if self.reasons:
@@ -159,6 +163,22 @@ class ChatFormat:
             else:
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return RenderedPrompt(text=text, ids=ids, starts_in_reasoning=in_reasoning)
+
+    def _continuation(self, messages: list[dict], tools: list[dict] | None) -> RenderedPrompt:
+        """The prompt for the messages before the last, then the last (the reply so far) as the model wrote it:
+        its reasoning kept and its tags as the model's own tokens (the template would cut an earlier reply's
+        reasoning, and an assistant turn would end). How a client closes the reasoning of a reply it stopped
+        ("stop thinking" over the API): the reasoning so far, then "</think>", continued as the answer."""
+        last = messages[-1] if messages else {}
+        if last.get("role") != "assistant" or not isinstance(last.get("content"), str) or len(messages) < 2:
+            raise ModelError("continuing a reply needs an assistant message last, after the messages it answers")
+        head = self.render(messages[:-1], tools)
+        reply = last["content"]
+        if head.starts_in_reasoning and reply.lstrip().startswith(THINK_OPEN):  # the prompt opened it already
+            reply = reply.lstrip()[len(THINK_OPEN):].lstrip("\n")
+        ids = head.ids + list(self.tokenizer.encode(reply, add_special_tokens=False))
+        in_reasoning = head.starts_in_reasoning and THINK_CLOSE not in reply
+        return RenderedPrompt(text=head.text + reply, ids=ids, starts_in_reasoning=in_reasoning)
 
     def _encode_guarded(self, messages: list[dict], text: str, tools: list[dict] | None = None) -> list[int] | None:
         """The prompt's ids with each message's text tokenized as text, where a message holds a control token's

@@ -292,11 +292,12 @@ class Engine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
-                 control: GenerationControl | None = None, tools: list[dict] | None = None
-                 ) -> Iterator[Started | Delta | Finished]:
-        """tools: tool definitions for the chat template (an API client's; model_loader.tool_calls)."""
+                 control: GenerationControl | None = None, tools: list[dict] | None = None,
+                 continue_final: bool = False) -> Iterator[Started | Delta | Finished]:
+        """tools: tool definitions for the chat template (an API client's; model_loader.tool_calls).
+        continue_final: the last message is an assistant's reply so far, to continue (ChatFormat.render)."""
         t0 = time.perf_counter()  # the first token waits for the prompt's rendering too: TTFT counts it
-        prompt = self.chat.render(messages, tools)
+        prompt = self.chat.render(messages, tools, continue_final)
         final = None
         for event in self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning,
                                        started_at=t0):

@@ -13,6 +13,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from model_loader.chat import STOP_THINKING_TEXT, THINK_OPEN
 from model_loader.tool_calls import ToolCallParser
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -58,6 +59,7 @@ class ChatRequest:
     tool_choice: str = "none"  # auto | none | required | function (a named one: tool_names)
     tool_names: list[str] = field(default_factory=list)  # what a call may name
     parallel_tool_calls: bool = True
+    continue_final: bool = False  # continue_final_message: the last (assistant) message is the reply so far
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -222,6 +224,7 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     if settings["top_p"] <= 0:
         raise _bad("top_p", "'top_p' must be greater than 0")
     settings.update(sampler_options(body, vocab_size))
+    continue_final = _continuation(body, messages)
     tools, tool_choice, tool_names, parallel = _tools(body)
     response_format = _response_format(body)
     if response_format is not None and tool_choice in ("required", "function"):
@@ -245,7 +248,7 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
                        include_usage=include_usage, stop=[s for s in stops if s], n=n or 1,
                        response_format=response_format, tools=tools, tool_choice=tool_choice,
-                       tool_names=tool_names, parallel_tool_calls=parallel)
+                       tool_names=tool_names, parallel_tool_calls=parallel, continue_final=continue_final)
 
 
 # ------------------------------------------------------------------------------------------ field policy
@@ -256,7 +259,7 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
 HONOURED = {"model", "messages", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens",
             "temperature", "top_p", "top_k", "min_p", "seed", "stop", "frequency_penalty", "presence_penalty",
             "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
-            "tool_choice", "parallel_tool_calls"}
+            "tool_choice", "parallel_tool_calls", "continue_final_message", "add_generation_prompt"}
 BOOKKEEPING = {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "store"}
 # OpenAI's fields this server can't honour, with why
 REFUSED = {
@@ -291,6 +294,36 @@ def _check_fields(body: dict) -> None:
         raise _bad(name, f"Unrecognized request argument supplied: {name}")
     if body.get("store") not in (None, False):
         raise _bad("store", "'store': this server keeps no completions; send false or leave it out")
+
+
+def _continuation(body: dict, messages: list[dict]) -> bool:
+    """vLLM's continue_final_message (and add_generation_prompt): the last message, an assistant's, is the start of
+    the reply, which the model continues. Its reasoning, where sent apart (reasoning_content or reasoning), is
+    taken as finished: the reply so far is that reasoning closed by </think>, then the content. (Sent inside
+    `content` without a </think>, the reasoning goes on.) This is how a client stops a reply's thinking: it
+    cancels the stream and continues with the reasoning it has."""
+    cont, gen = body.get("continue_final_message"), body.get("add_generation_prompt")
+    for name, value in (("continue_final_message", cont), ("add_generation_prompt", gen)):
+        if value is not None and not isinstance(value, bool):
+            raise _bad(name, f"'{name}' must be true or false")
+    if not cont:
+        if gen is False:
+            raise _bad("add_generation_prompt", "'add_generation_prompt': false is supported only with "
+                                                "continue_final_message: true")
+        return False
+    if gen:
+        raise _bad("add_generation_prompt", "'add_generation_prompt' and 'continue_final_message' can't both be "
+                                            "true")
+    raw = body["messages"][-1]
+    if messages[-1]["role"] != "assistant" or len(messages) < 2:
+        raise _bad("messages", "'continue_final_message' needs an assistant message last (the reply so far), after "
+                               "the messages it answers")
+    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise _bad(f"messages[{len(messages) - 1}].reasoning_content", "the reasoning must be a string")
+        messages[-1]["content"] = f"{THINK_OPEN}\n{reasoning}{STOP_THINKING_TEXT}{messages[-1]['content']}"
+    return True
 
 
 def _tools(body: dict) -> tuple[list[dict] | None, str, list[str], bool]:

@@ -305,6 +305,8 @@ class ApiServer:
         elif req.tool_choice in ("required", "function"):  # the reply must be a call: a grammar makes it one
             req.settings["constraint"] = await self._tool_constraint(req)
         self._limit_tokens(req.settings)
+        if req.continue_final:
+            req.settings["continue_final"] = True
         cid = schema.completion_id()
         async with self.generations(request, [(req.messages, req.settings)], req.n, cid) as (gens, events):
             if req.stream:

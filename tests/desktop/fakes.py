@@ -98,7 +98,7 @@ class FakeEngine:
     def warm_up(self, progress=None) -> None:
         pass
 
-    def generate(self, messages, settings=None, control=None, tools=None):
+    def generate(self, messages, settings=None, control=None, tools=None, continue_final=False):
         self.prompts.append(messages)
         self.settings_seen.append(settings)
         if self.fail_generate is not None:

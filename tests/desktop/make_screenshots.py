@@ -300,7 +300,7 @@ def vote_shots(out_dir: Path, tmp: Path) -> None:
 
     @dataclass
     class Slipping(FakeEngine):
-        def generate(self, messages, settings=None, control=None, tools=None):
+        def generate(self, messages, settings=None, control=None, tools=None, continue_final=False):
             slip = settings is not None and settings.seed % 4 == 3
             self.answer = ANSWER.replace("\\boxed{10000}", "\\boxed{9999}") if slip else ANSWER
             yield from super().generate(messages, settings, control)

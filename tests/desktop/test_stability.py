@@ -197,7 +197,7 @@ class StressEngine:
     def warm_up(self, progress=None) -> None:
         pass
 
-    def generate(self, messages, settings=None, control=None, tools=None):
+    def generate(self, messages, settings=None, control=None, tools=None, continue_final=False):
         seed = len(self.replies)
         pieces = _stress_text(seed, self.per_reply)
         split = self.per_reply // 2

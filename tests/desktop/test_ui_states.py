@@ -18,7 +18,7 @@ def _reply(qtbot, win, text):
 class MidFailEngine(FakeEngine):
     """Streams some reasoning, then runs out of GPU memory mid-reply."""
 
-    def generate(self, messages, settings=None, control=None, tools=None):
+    def generate(self, messages, settings=None, control=None, tools=None, continue_final=False):
         for i, event in enumerate(FakeEngine.generate(self, messages, settings, control)):
             if i > 12:
                 raise OutOfMemoryError("out of GPU memory while generating")
