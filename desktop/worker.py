@@ -349,8 +349,10 @@ class EngineWorker(QObject):
             self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw, cont)
             return
         try:
+            # the API's prompt options only where given: an engine stand-in (tests, benchmarks) needs none of them
+            extra = {k: v for k, v in (("tools", tools), ("continue_final", cont)) if v}
             events = (self.engine.generate_ids(self._raw_ids(raw), sampling, control) if raw is not None
-                      else self.engine.generate(messages, sampling, control, tools=tools, continue_final=cont))
+                      else self.engine.generate(messages, sampling, control, **extra))
             for event in events:
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
