@@ -3,10 +3,9 @@ the app's own EngineService and ApiServer on Qt's event loop (desktop/serve.py),
 
 from __future__ import annotations
 
-import os
 import sys
 
-from model_loader.cli import TEMPERATURE, TOP_P, _add_model_args, _count, _port
+from model_loader.cli import TEMPERATURE, TOP_P, _add_model_args, _count, _port, api_key_of
 from model_loader.cli import main as model_loader_main
 from model_loader.kv_cache import KV_16BIT
 
@@ -36,24 +35,6 @@ def add_serve(sub) -> None:
     serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
     serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
     serve.set_defaults(func=cmd_serve)
-
-
-def api_key_of(args) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $R1DESK_API_KEY; None: no key. ValueError for a
-    file that can't be read or holds no key (a server meant to be guarded must not start open)."""
-    if args.api_key:
-        return args.api_key
-    if args.api_key_file:
-        try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                key = f.readline().strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"could not read the API key file {args.api_key_file}: "
-                             f"{getattr(err, 'strerror', None) or err}") from None
-        if not key:
-            raise ValueError(f"the API key file {args.api_key_file} is empty")
-        return key
-    return os.environ.get("R1DESK_API_KEY", "").strip() or None
 
 
 def cmd_serve(args) -> int:

@@ -130,15 +130,42 @@ def _utf8(text: str) -> str:
                          "terminal's or the file's encoding") from None
 
 
+def api_key_of(args) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $R1DESK_API_KEY; None: no key. ValueError for a
+    file that can't be read or holds no key (a server meant to be guarded must not start open)."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"could not read the API key file {args.api_key_file}: "
+                             f"{getattr(err, 'strerror', None) or err}") from None
+        if not key:
+            raise ValueError(f"the API key file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("R1DESK_API_KEY", "").strip() or None
+
+
 def cmd_chat(args) -> int:
     from model_loader.engine import Engine
     from model_loader.errors import ModelError
     from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 
-    engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
-                         progress=None if args.json else _progress_bar(sys.stderr), int4_kernel=args.int4_kernel,
-                         kv_cache=args.kv_cache)
-    engine.warm_up()
+    if args.remote:
+        from model_loader.remote import RemoteEngine
+
+        if args.vote:
+            print("error: --vote samples its chains on this machine's GPU; it can't run with --remote", file=sys.stderr)
+            return 2
+        args.api_key = None
+        engine = RemoteEngine(args.remote, args.model, api_key_of(args))
+    else:
+        engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
+                             progress=None if args.json else _progress_bar(sys.stderr), int4_kernel=args.int4_kernel,
+                             kv_cache=args.kv_cache)
+        engine.warm_up()
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed)
     tty = sys.stdout.isatty()
@@ -454,6 +481,10 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
     chat.add_argument("--top-k", type=_count(0), default=0, help="0 = off")
     chat.add_argument("--seed", type=_seed, default=None)
     chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
+    chat.add_argument("--remote", metavar="URL",
+                      help="chat with MODEL on an OpenAI-compatible server instead (e.g. http://gpu-box:8089/v1; "
+                           "the key from --api-key-file or $R1DESK_API_KEY)")
+    chat.add_argument("--api-key-file", default=None, metavar="FILE", help="--remote: the server's key (first line)")
     chat.add_argument("--vote", type=_count(2), default=None, metavar="N",
                       help="sample N reasoning chains in parallel and answer with their majority (\\boxed{} answers "
                            "first, else each answer's last line)")

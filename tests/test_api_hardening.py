@@ -73,7 +73,7 @@ def test_the_key_from_a_file_guards_the_api(server):
 
 
 def test_api_key_sources_in_order_and_a_bad_file_is_an_error(tmp_path, monkeypatch):
-    from desktop.cli import api_key_of
+    from model_loader.cli import api_key_of
 
     def args(**kw):
         return argparse.Namespace(**{"api_key": None, "api_key_file": None, **kw})

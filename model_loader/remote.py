@@ -1,0 +1,204 @@
+"""A model on another server: any OpenAI-compatible chat-completions endpoint (r1desk's own `serve`, vLLM, SGLang,
+llama.cpp's server, Ollama's /v1, LM Studio) driven like the local engine. RemoteEngine.generate() yields the same
+Started, Delta and Finished events as Engine.generate(), so a consumer of one serves the other (`r1desk-cli chat
+--remote URL`).
+
+The reasoning is recognised in each dialect such servers use: `reasoning_content` (DeepSeek's API, r1desk, vLLM's
+reasoning parser), `reasoning` (newer vLLM, OpenRouter), or `<think>...</think>` inside `content` (a server without
+a reasoning parser). Only the standard library: nothing here opens a connection until generate() or models() is
+called for the server the user named. TLS is verified.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from urllib.parse import urlsplit
+
+from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter
+from model_loader.errors import ModelError
+from model_loader.events import (Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started)
+
+FINISH = {"stop": "eos", "length": "max_new_tokens", "tool_calls": "eos", "content_filter": "eos"}
+
+
+class RemoteError(ModelError):
+    """The server could not be reached, refused the request, or dropped the reply (the message says which)."""
+
+
+class ContentThinkSplitter:
+    """Text of a server that leaves R1's reasoning in `content`: reasoning where the content opens with <think>
+    (or, as R1's own template makes it, holds a </think> with no opening: the prompt opened it), else answer.
+    Undecided text is held until it can't be the opening tag any more."""
+
+    def __init__(self):
+        self.inner: ReasoningSplitter | None = None
+        self.held = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if self.inner is not None:
+            return self.inner.feed(text)
+        self.held += text
+        stripped = self.held.lstrip()
+        if stripped.startswith(THINK_OPEN) or THINK_CLOSE in self.held:
+            self.inner = ReasoningSplitter(in_reasoning=True)
+        elif stripped and not THINK_OPEN.startswith(stripped[:len(THINK_OPEN)]):
+            self.inner = ReasoningSplitter(in_reasoning=False)
+        else:
+            return []
+        held, self.held = self.held, ""
+        return self.inner.feed(held)
+
+    def flush(self) -> list[tuple[str, str]]:
+        if self.inner is None:
+            held, self.held = self.held, ""
+            return [("answer", held)] if held else []
+        return self.inner.flush()
+
+
+class RemoteEngine:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 120.0):
+        """base_url: the server's OpenAI root, e.g. http://gpu-box:8089/v1."""
+        parts = urlsplit(base_url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RemoteError(f"{base_url!r} is not an http(s) URL of a server (e.g. http://127.0.0.1:8089/v1)")
+        self.base_url, self.parts, self.model = base_url.rstrip("/"), parts, model
+        self.api_key, self.timeout = api_key, timeout
+        self.info = SimpleNamespace(model_name=model, device_name=self.base_url)  # what `chat` says it talks to
+
+    def _connection(self) -> http.client.HTTPConnection:
+        host, port = self.parts.hostname, self.parts.port
+        if self.parts.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=self.timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(host, port, timeout=self.timeout)
+
+    def _request(self, method: str, path: str, body: dict | None = None):
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        conn = self._connection()
+        try:
+            conn.request(method, self.parts.path + path, body=json.dumps(body) if body is not None else None,
+                         headers=headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            raise RemoteError(f"could not reach {self.base_url}: {getattr(err, 'strerror', None) or err}") from None
+        if resp.status >= 400:
+            detail = _error_text(resp.read())
+            conn.close()
+            why = {401: "the server refused the API key", 403: "the server refused the request",
+                   404: f"the server has no model {self.model!r} (or no such endpoint)"}.get(resp.status, "")
+            raise RemoteError(f"{self.base_url} answered {resp.status}: {why + ': ' if why else ''}{detail}")
+        return conn, resp
+
+    def models(self) -> list[str]:
+        """The model ids the server lists (GET /models)."""
+        conn, resp = self._request("GET", "/models")
+        try:
+            data = json.loads(resp.read())
+        except ValueError:
+            raise RemoteError(f"{self.base_url}/models did not answer JSON") from None
+        finally:
+            conn.close()
+        return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+
+    def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
+                 control: GenerationControl | None = None) -> Iterator[Started | Delta | Finished]:
+        s = settings or SamplingSettings()
+        control = control or GenerationControl()
+        body = {"model": self.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
+                "temperature": s.temperature, "top_p": s.top_p}
+        if s.top_k:
+            body["top_k"] = s.top_k
+        if s.max_new_tokens is not None:
+            body["max_tokens"] = s.max_new_tokens
+        if s.seed is not None:
+            body["seed"] = s.seed
+        t0 = time.perf_counter()
+        conn, resp = self._request("POST", "/chat/completions", body)
+        parts = {"reasoning": [], "answer": []}
+        content = ContentThinkSplitter()
+        times: list[float] = []
+        usage: dict = {}
+        finish = None
+        try:
+            for line in _lines(resp):
+                if control.cancelled:
+                    finish = "cancelled"
+                    break
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RemoteError(f"{self.base_url} ended the reply with an error: {_error_text(data)}")
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    pieces = []
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    if reasoning:
+                        pieces.append(("reasoning", reasoning))
+                    if delta.get("content"):
+                        pieces += content.feed(delta["content"])
+                    for kind, text in pieces:
+                        if not text:
+                            continue
+                        times.append(time.perf_counter())
+                        if len(times) == 1:
+                            yield Started(prompt_tokens=0, prefix_reused_tokens=0, context_length=0)
+                        parts[kind].append(text)
+                        yield Delta(text, kind, len(times))
+                    finish = FINISH.get(choice.get("finish_reason") or "", finish)
+            else:
+                raise RemoteError(f"{self.base_url} closed the connection before the reply's end")
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            raise RemoteError(f"the connection to {self.base_url} dropped mid-reply ({err}); what came so far is "
+                              "kept above") from None
+        finally:
+            conn.close()
+        for kind, text in content.flush():
+            parts[kind].append(text)
+            yield Delta(text, kind, len(times))
+        end = time.perf_counter()
+        reasoning, answer = "".join(parts["reasoning"]), "".join(parts["answer"])
+        completion = int(usage.get("completion_tokens") or len(times))
+        decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+        stats = GenerationStats(
+            finish_reason=finish or "eos", prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=completion,
+            reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
+            prefix_reused_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+            context_length=0, ttft_ms=((times[0] if times else end) - t0) * 1000.0, first_answer_ms=None,
+            decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0, total_s=end - t0)
+        text = reasoning + (THINK_CLOSE + "\n\n" + answer if reasoning else answer)
+        yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=[], stats=stats)
+
+
+def _lines(resp) -> Iterator[bytes]:
+    """The response's lines as they arrive (an SSE stream: one event a `data:` line)."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        yield line.rstrip(b"\r\n")
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()[:300] or "(no message)"
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err or body)[:300]

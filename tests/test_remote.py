@@ -1,0 +1,145 @@
+"""A model on another server (model_loader.remote.RemoteEngine, `r1desk-cli chat --remote`): against a real
+`serve` (the same reply as the local engine), and against a scripted server that speaks the other dialects a
+server may use for R1's reasoning (`reasoning`, `<think>` inside `content`), sends no usage, refuses the key,
+errs mid-stream or drops the connection."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+
+import pytest
+
+from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
+from model_loader.remote import RemoteEngine, RemoteError
+from test_api import _serve, _stop
+from test_cli import cli
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    proc, model_id, url = _serve(tiny_model)
+    yield model_id, url
+    _stop(proc)
+
+
+def test_chat_remote_gives_the_reply_the_local_engine_gives(server, tiny_model):
+    model, url = server
+    args = ["chat", "--prompt", "Why is the sky blue?", "--json", "--temperature", "0", "--max-new-tokens", "12"]
+    remote = json.loads(cli(*args, "--model", model, "--remote", url).stdout)
+    local = json.loads(cli(*args, "--model", tiny_model, "--device", "cpu", "--context", "512").stdout)
+    assert remote["reasoning"] == local["reasoning"] and remote["reasoning"]
+    assert remote["completion_tokens"] == 12 and remote["finish_reason"] == "max_new_tokens"
+
+
+def test_cancel_ends_the_remote_reply_with_what_came(server):
+    model, url = server
+    engine = RemoteEngine(url, model)
+    control = GenerationControl()
+    texts = []
+    for ev in engine.generate([{"role": "user", "content": "hi"}], SamplingSettings(temperature=0,
+                                                                                  max_new_tokens=300), control):
+        if isinstance(ev, Delta):
+            texts.append(ev.text)
+            if len(texts) == 3:
+                control.cancel()
+        elif isinstance(ev, Finished):
+            done = ev
+    assert done.stats.finish_reason == "cancelled" and done.reasoning == "".join(texts)
+    assert engine.models() == [model]
+
+
+# ---------------------------------------------------------------------------------------------- scripted
+class Script(http.server.BaseHTTPRequestHandler):
+    """Answers each POST with the SSE lines (or the status) the test put in `script`."""
+
+    script: dict = {}
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status, lines = self.script["status"], self.script["lines"]
+        self.send_response(status)
+        self.send_header("Content-Type", "text/event-stream" if status == 200 else "application/json")
+        self.end_headers()
+        for line in lines:
+            self.wfile.write(line.encode() + b"\n\n")
+            self.wfile.flush()
+        if self.script.get("drop"):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scripted():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Script)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", Script.script
+    httpd.shutdown()
+
+
+def _chunk(**delta):
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+
+
+def _run(url):
+    events = list(RemoteEngine(url, "m").generate([{"role": "user", "content": "q"}]))
+    return events[-1], [e for e in events if isinstance(e, Delta)]
+
+
+def test_reasoning_in_its_own_field_under_either_name(scripted):
+    url, script = scripted
+    script.update(status=200, drop=False, lines=[_chunk(role="assistant", content=""), _chunk(reasoning="thinking "),
+                                                 _chunk(reasoning_content="hard"), _chunk(content="42"),
+                                                 "data: [DONE]"])
+    done, deltas = _run(url)
+    assert (done.reasoning, done.answer) == ("thinking hard", "42")
+    assert [d.kind for d in deltas] == ["reasoning", "reasoning", "answer"]
+    assert done.stats.completion_tokens == 3  # no usage sent: counted from the deltas
+
+
+def test_think_tags_inside_content(scripted):
+    url, script = scripted
+    script.update(status=200, drop=False, lines=[_chunk(content="<thi"), _chunk(content="nk>\nstep one"),
+                                                 _chunk(content=" done</think>\n\nThe answer"), "data: [DONE]"])
+    done, _ = _run(url)
+    assert (done.reasoning, done.answer) == ("\nstep one done", "\n\nThe answer")
+    script.update(lines=[_chunk(content="<b>bold</b> plain answer"), "data: [DONE]"])  # not a think tag
+    done, _ = _run(url)
+    assert (done.reasoning, done.answer) == ("", "<b>bold</b> plain answer")
+
+
+@pytest.mark.parametrize("status,words", [(401, "API key"), (404, "no model"), (500, "500")])
+def test_refusals_say_what_the_server_said(scripted, status, words):
+    url, script = scripted
+    script.update(status=status, drop=False, lines=[json.dumps({"error": {"message": "nope"}})])
+    with pytest.raises(RemoteError) as err:
+        _run(url)
+    assert words in str(err.value) and "nope" in str(err.value)
+
+
+def test_an_error_mid_stream_and_a_dropped_connection_keep_what_came(scripted):
+    url, script = scripted
+    script.update(status=200, drop=False, lines=[_chunk(content="partial"), 'data: {"error": {"message": "boom"}}'])
+    seen = []
+    with pytest.raises(RemoteError, match="boom"):
+        for ev in RemoteEngine(url, "m").generate([{"role": "user", "content": "q"}]):
+            seen.append(ev)
+    assert [e.text for e in seen if isinstance(e, Delta)] == ["partial"]
+    script.update(lines=[_chunk(content="half a rep")], drop=True)
+    with pytest.raises(RemoteError, match="before the reply's end|dropped"):
+        _run(url)
+
+
+def test_a_server_that_is_not_there():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(RemoteError, match="could not reach"):
+        _run(f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(RemoteError, match="not an http"):
+        RemoteEngine("ftp://x/v1", "m")
