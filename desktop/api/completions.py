@@ -57,7 +57,7 @@ def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: 
     model_ids = (model_ids,) if isinstance(model_ids, str) else tuple(model_ids)
     if model not in model_ids:
         raise ApiError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
-    prompts = _prompts(body.get("prompt"), vocab_size)
+    prompts = given = _prompts(body.get("prompt"), vocab_size)  # given: before any fill-in-the-middle framing
     suffix = body.get("suffix")
     if suffix is not None:
         if not isinstance(suffix, str):
@@ -85,7 +85,7 @@ def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: 
     if echo and logprobs is not None:
         raise _bad("echo", "'echo' with 'logprobs' (the prompt's own log-probabilities) is not supported; ask for "
                            "one or the other")
-    if echo and any(not isinstance(p, str) for p in body_prompts(body)):
+    if echo and any(not isinstance(p, str) for p in given):
         raise _bad("echo", "'echo' goes with a text prompt, not token ids")
     settings = {"temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
                 "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95)),
@@ -105,13 +105,7 @@ def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: 
         raise _bad("stop", f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings")
     return CompletionRequest(model=model, prompts=prompts, settings=settings, stream=stream,
                              include_usage=options.get("include_usage", False), stop=[s for s in stops if s], n=n,
-                             echo_texts=list(body_prompts(body)) if echo else None, logprobs=logprobs)
-
-
-def body_prompts(body: dict) -> list:
-    value = body.get("prompt")
-    return [value] if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)) \
-        else value
+                             echo_texts=list(given) if echo else None, logprobs=logprobs)
 
 
 def _prompts(value, vocab_size: int) -> list:

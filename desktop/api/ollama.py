@@ -279,10 +279,11 @@ def tags(names, info: dict, modified: str) -> dict:
                         "digest": digest(info), "details": details(info)} for n in names]}
 
 
-def show(info: dict, template: str | None, modified: str) -> dict:
+def show(info: dict, modified: str) -> dict:
     capabilities = ["completion"] + (["tools"] if info.get("tools") else []) + \
         (["thinking"] if info.get("reasons") else []) + (["insert"] if info.get("fim") else [])
-    return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
+    # no template: Ollama's are Go templates, and the model's own (Jinja) would mislead a client that reads it
+    return {"modelfile": "", "parameters": "", "template": "", "details": details(info),
             "model_info": {"general.architecture": "qwen2", "qwen2.context_length": int(info.get("context_length",
                                                                                                  0))},
             "capabilities": capabilities, "modified_at": modified}

@@ -56,7 +56,7 @@ async def show(server, request: web.Request) -> web.Response:
     server._require_model()
     body = ollama._json(await server._body(request))
     ollama._model(body, server.model_ids)
-    return web.json_response(ollama.show(server.service.info, None, _modified(server)))
+    return web.json_response(ollama.show(server.service.info, _modified(server)))
 
 
 def _modified(server) -> str:
