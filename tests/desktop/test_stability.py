@@ -94,7 +94,9 @@ _REFCOUNT_CHECK = textwrap.dedent("""
 
     def on_payload(i, p):
         if i == -1:
-            app.quit()
+            # Queued to the application: PySide may call a plain function from the emitting thread, and there a
+            # quit() that comes before app.exec() has started is dropped (Qt 6) and exec() would never return.
+            QMetaObject.invokeMethod(app, "quit", Qt.QueuedConnection)
         else:
             counts[1] += 1
 
@@ -144,7 +146,7 @@ def test_emitting_signals_leaves_reference_counts_alone(tmp_path):
     emits). 40,000 emits of each payload shape the worker uses, direct and queued across threads, must leave
     every object's reference count where it was (True/False/None only before 3.12: immortal from 3.12 on).
     In a child process: a broken PySide aborts it, and this test reports that instead of dying with it."""
-    out = subprocess.run([sys.executable, "-c", _REFCOUNT_CHECK], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", _REFCOUNT_CHECK], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "delivered [40400, 40400]" in out.stdout, out.stdout  # every emit reached its slot
