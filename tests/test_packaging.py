@@ -59,7 +59,7 @@ def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory, request):
     work = tmp_path_factory.mktemp("pyinstaller")
-    # The README's build command, with the output moved out of the checkout.
+    # docs/packaging.md's build command, with the output moved out of the checkout.
     cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",
            "--distpath", str(work / "dist"), "--workpath", str(work / "build"), str(SPEC)]
     t0 = time.monotonic()
