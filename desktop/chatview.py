@@ -21,9 +21,9 @@ from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
-import re
 
 from desktop.markdown import MarkdownRenderer, Rendered
+from desktop.message_text import format_seconds, meta_text, next_pieces, reasoning_label
 
 FRAME_MS = 16
 
@@ -155,67 +155,20 @@ class StreamingText(QWidget):
         return w
 
     def stream_to(self, text: str, render, css: str, palette=None) -> None:
-        cut = block_cut(text, self._done)
-        if cut > self._done:  # the tail widget becomes a finished piece; a new one takes the tail
-            self._finish_piece(self._reopen + text[self._done:cut].strip("\n"), render, css, palette)
-            self._done, self._reopen = cut, ""
-        rest = text[self._done:].strip("\n")
-        if len(rest) > (TAIL_MAX_CODE_CHARS if _open_fence(text, len(text)) else TAIL_MAX_CHARS):
-            cut = soft_cut(text, self._done)
-            if cut > self._done:
-                fence = _open_fence(text, cut)
-                piece = self._reopen + text[self._done:cut].strip("\n") + ("\n```" if fence else "")
-                self._finish_piece(piece, render, css, palette)
-                self._done, self._reopen = cut, (fence + "\n" if fence else "")
-                rest = text[self._done:].strip("\n")
-        if rest:
+        cuts = next_pieces(text, self._done, self._reopen)
+        for piece in cuts.finished:  # the tail widget becomes a finished piece; a new one takes the tail
+            self._finish_piece(piece, render, css, palette)
+        self._done, self._reopen = cuts.done, cuts.reopen
+        if cuts.tail:
             if self.tail is None:
                 self.tail = self._piece(palette)
-            text = self._reopen + rest
-            self.tail.set_rendered(render(text), css, lambda: render(text))
+            tail = cuts.tail
+            self.tail.set_rendered(render(tail), css, lambda: render(tail))
 
     def _finish_piece(self, piece: str, render, css: str, palette) -> None:
         stable = self.tail or self._piece(palette)
         stable.set_rendered(render(piece), css, lambda: render(piece))
         self.tail = None
-
-
-# The growing piece is re-rendered every frame; past these sizes it is cut (see soft_cut). Rendering ~1,500
-# characters of text or ~600 of highlighted code takes about 2-3 ms on a laptop CPU.
-TAIL_MAX_CHARS = 1500
-TAIL_MAX_CODE_CHARS = 600
-
-
-def _open_fence(text: str, end: int) -> str | None:
-    """The opening line of a code fence still open at `end` ("```python"), or None."""
-    if text.count("```", 0, end) % 2 == 0:
-        return None
-    start = text.rfind("```", 0, end)
-    line_end = text.find("\n", start, end)
-    return text[start:line_end] if line_end != -1 else None
-
-
-def soft_cut(text: str, start: int) -> int:
-    """Where to cut a long growing block after `start` (index into text; `start` if nowhere): the last line
-    break that starts an unindented, non-table line (any line break inside a code fence), else the last space.
-    Never inside display math, whose halves would not render. O(len(text)) string scans, no copies."""
-    end = len(text) - 1
-    if text.count("$$", 0, end) % 2 or text.count("\\[", 0, end) != text.count("\\]", 0, end):
-        return start
-    fences_before = text.count("```", 0, start)
-    pos = text.rfind("\n", start + 1, end)
-    for _ in range(50):
-        if pos <= start:
-            break
-        in_fence = (fences_before + text.count("```", start, pos + 1)) % 2 == 1
-        nxt = text[pos + 1:pos + 2]
-        if in_fence or (nxt and nxt not in " \t|\n"):
-            return pos + 1
-        pos = text.rfind("\n", start + 1, pos)
-    if (fences_before + text.count("```", start)) % 2:
-        return start  # one long code line: leave it whole
-    space = text.rfind(" ", start + 1, end)
-    return space + 1 if space > start else start
 
 
 def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
@@ -227,28 +180,6 @@ def _tool(text: str, accessible: str, tip: str | None = None) -> QToolButton:
     b.setFocusPolicy(Qt.TabFocus)
     b.setProperty("msgaction", True)
     return b
-
-
-_LIST_OR_INDENT = re.compile(r"[ \t]|\d+[.)][ \t]|[-*+][ \t]")
-
-
-def block_cut(text: str, start: int) -> int:
-    """End of the last finished top-level markdown block after `start`: a blank line followed by an unindented
-    line that doesn't continue a list, with no code fence or display formula left open before it. Text up to
-    the cut can be rendered once and never again; `start` if there is no such boundary yet."""
-    cut = text.rfind("\n\n", start)
-    while cut > start:
-        nxt = text[cut + 2:cut + 6].lstrip("\n")
-        chunk = text[:cut]
-        if (nxt and not _LIST_OR_INDENT.match(nxt) and chunk.count("```") % 2 == 0
-                and chunk.count("$$") % 2 == 0 and chunk.count("\\[") == chunk.count("\\]")):
-            return cut + 2
-        cut = text.rfind("\n\n", start, cut)
-    return start
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 class ReasoningBlock(QWidget):
@@ -505,44 +436,6 @@ class MessageWidget(QFrame):
         return self.answer if self.answer else (self.reasoning_block.reasoning if self.reasoning_block else "")
 
 
-def reasoning_label(stats: dict, has_answer: bool, complete: bool) -> str:
-    thinking = stats.get("thinking_s")
-    if has_answer:
-        return f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Thoughts"
-    reason = stats.get("finish_reason")
-    why = {"max_new_tokens": "hit the token limit", "context_full": "the context is full",
-           "cancelled": "stopped", "eos": "ended", "error": "stopped by an error"}.get(
-        reason, "interrupted" if not complete else "")
-    head = f"Thought for {_fmt_s(thinking)}" if thinking is not None else "Reasoning"
-    return f"{head} · no answer ({why} while thinking)" if why else f"{head} · no answer"
-
-
-def meta_text(stats: dict, complete: bool) -> str:
-    if not stats:
-        return "" if complete else "interrupted"
-    parts = []
-    if stats.get("total_s") is not None:
-        parts.append(_fmt_s(stats["total_s"]))
-    if stats.get("completion_tokens"):
-        parts.append(f"{stats['completion_tokens']} tokens")
-    if stats.get("decode_tok_s"):
-        parts.append(f"{stats['decode_tok_s']:.0f} tok/s")
-    reason = stats.get("finish_reason")
-    if reason == "cancelled":
-        parts.append("stopped")
-    elif reason == "max_new_tokens":
-        parts.append("token limit reached")
-    elif reason == "context_full":
-        parts.append("context full")
-    elif reason == "error":  # kept as far as it got; the banner that said why is gone after a restart
-        parts.append("stopped by an error")
-    if stats.get("stopped_thinking"):
-        parts.append("thinking cut short")
-    if not complete:
-        parts.append("interrupted")
-    return " · ".join(parts)
-
-
 class ChatView(QScrollArea):
     """A column of MessageWidgets (centred, with a comfortable reading width) that sticks to the bottom."""
 
@@ -704,7 +597,7 @@ class ReplyStream:
     def _update_label(self) -> None:
         block = self.widget.reasoning_block
         if self.first_answer_t is None and self.reasoning:
-            block.set_label(f"Thinking… {_fmt_s(self.thinking_s() or 0.0)}")
+            block.set_label(f"Thinking… {format_seconds(self.thinking_s() or 0.0)}")
 
     def flush(self) -> None:
         t0 = time.perf_counter()
@@ -718,7 +611,7 @@ class ReplyStream:
             if block.streaming:  # the answer started: fold the reasoning away
                 block.finish_stream()
                 self.label_timer.stop()
-                block.set_label(f"Thought for {_fmt_s(self.thinking_s() or 0.0)}")
+                block.set_label(f"Thought for {format_seconds(self.thinking_s() or 0.0)}")
                 block.set_expanded(False)
             self.widget.stream_answer(self.answer.lstrip("\n"))
         self.frames += 1

@@ -131,7 +131,7 @@ class ReplyController(QObject):
         was_thinking = self.stream.answer == ""
         self.stream.feed(text, kind)
         if was_thinking and (kind == "answer" or self.stream.reasoning == text):
-            self.win._update_composer()
+            self.win.update_composer()
 
     def _on_finished(self, result: dict) -> None:
         if self.stream is None:

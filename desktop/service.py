@@ -107,7 +107,9 @@ class EngineService(QObject):
         self.max_waiting = max_waiting
         self.max_parallel = max_parallel
         self.max_tokens_cap = max_tokens_cap
-        self.state = "none"  # none | loading | ready | failed
+        # none | loading | warming | ready | failed: the one record of where the engine is (the window and the API
+        # read it here)
+        self.state = "none"
         self.info: dict | None = None
         self.waiting: deque[GenerationRequest] = deque()
         self.active: dict[int, GenerationRequest] = {}  # generation id -> request the worker has, oldest first
@@ -275,7 +277,8 @@ class EngineService(QObject):
         return self.active.get(gen_id) if gen_id else None
 
     def _on_stage(self, stage: str) -> None:
-        self.state = "loading"
+        latest = self._loads_pending <= 1  # loads run in order: with more pending, this step is a superseded one's
+        self.state = "warming" if latest and stage in ("warming", "preparing") else "loading"
         self.stage.emit(stage)
 
     def _load_ended(self) -> bool:

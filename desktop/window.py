@@ -1,9 +1,14 @@
 """The main window: layout, conversation list, composer, engine state, settings and closing.
 
-The engine belongs to an EngineService (desktop.service): the window asks it for replies like any other client
-(the local API server is the other one) and never touches the worker. Its parts each have one job elsewhere:
-a reply's life and its saving (desktop.replies), the live panel, which listens to the service so it counts every
-request (desktop.livepanel), and the API server's switch and address (desktop.apicontrol).
+The window composes its parts and decides what a user's action does; each part has one job elsewhere: the
+sidebar and its conversation list (desktop.sidebar), renaming, deleting and exporting a chat
+(desktop.conversations), the top bar (desktop.topbar) and what it says about the engine (desktop.engine_status),
+the chat page (desktop.chatpage), a reply's life and its saving (desktop.replies), the live panel, which listens to
+the service so it counts every request (desktop.livepanel), the API server's switch and address
+(desktop.apicontrol), and what a start found (desktop.start_notices).
+
+The engine belongs to an EngineService (desktop.service), which also keeps its state: the window asks it for
+replies like any other client (the local API server is the other one) and never touches the worker.
 
 See desktop.replies for a reply's lifecycle.
 """
@@ -14,39 +19,29 @@ import os
 import sqlite3
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
-                               QProgressBar, QPushButton, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import QByteArray, QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QVBoxLayout, QWidget
 
 from desktop import theme as themes
-from desktop.elidedlabel import ElidedLabel
 from desktop.apicontrol import ApiControl
-from desktop.chatview import ChatView
-from desktop.composer import Banner, Composer
+from desktop.chatpage import ChatPage
+from desktop.conversations import ConversationActions
+from desktop.engine_status import EngineStatus, model_title
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
-from desktop.settings import AppSettings, SettingsDialog
-from desktop.store import Store, store_problem
-from desktop.welcome import WelcomePage
-from model_loader.chat import history_message  # plain text rules: no torch
 from desktop.replies import ReplyController
 from desktop.service import EngineService
+from desktop.settings import AppSettings, SettingsDialog
+from desktop.sidebar import Sidebar
+from desktop.start_notices import start_notice
+from desktop.store import Store, store_problem
+from desktop.topbar import TopBar
+from desktop.welcome import WelcomePage
+from model_loader.chat import history_message  # plain text rules: no torch
 
 
 MIN_WIDTH, MIN_HEIGHT = 760, 520  # the smallest window; wider while the live panel is open (_fit_minimum_size)
-
-
-def device_title(info: dict) -> str:
-    """The device a model runs on, for the status line: the GPU's name, and its number where the machine has
-    several (two of the same card would read alike)."""
-    device = info.get("device") or ""
-    if device == "cpu":
-        return "CPU"
-    name = info.get("device_name", "GPU")
-    return f"{name} (GPU {device.removeprefix('cuda:')})" if len(info.get("gpus") or []) > 1 else name
 
 
 class MainWindow(QMainWindow):
@@ -78,9 +73,6 @@ class MainWindow(QMainWindow):
         self.service: EngineService | None = None
         self.engine_factory = None  # tests: a callable(request, progress, on_compiling) -> engine, not Engine.load
         self.quantize_options = dict(group_size=128)  # the 4-bit copy; tests use 32 (the tiny model is 64 wide)
-        self.engine_state = "none"  # none | loading | warming | ready | failed
-        self._warmup_text = ""
-        self._load_note = ""  # said after the load's progress (a first start compiling beside it)
         self.engine_info: dict | None = None
         self.conv_id: int | None = None
         self.editing_msg_id: int | None = None
@@ -113,95 +105,32 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
+        """Sidebar | top bar over the welcome page or the chat page | live panel, in a splitter."""
         splitter = QSplitter(Qt.Horizontal)
         splitter.setHandleWidth(1)
         splitter.setChildrenCollapsible(False)
         self.splitter = splitter
 
-        side = QWidget()
-        side.setObjectName("Sidebar")
-        side.setMinimumWidth(200)
-        side.setMaximumWidth(360)
-        s_lay = QVBoxLayout(side)
-        s_lay.setContentsMargins(10, 12, 10, 10)
-        s_lay.setSpacing(8)
-        brand = QLabel("r1desk")
-        themes.make_heading(brand, 1.25)
-        s_lay.addWidget(brand)
-        self.new_btn = QPushButton("＋  New chat")
-        self.new_btn.setAccessibleName("New chat")
-        self.new_btn.setToolTip("New chat (Ctrl+N)")
-        self.new_btn.clicked.connect(self.new_chat)
-        s_lay.addWidget(self.new_btn)
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search chats  (Ctrl+K)")
-        self.search.setAccessibleName("Search conversations")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _t: self.refresh_list())
-        s_lay.addWidget(self.search)
-        self.conv_list = QListWidget()
-        self.conv_list.setAccessibleName("Conversations")
-        self.conv_list.setToolTip("Double-click or F2 to rename; right-click for export and delete")
-        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._list_menu)
-        self.conv_list.itemSelectionChanged.connect(self._on_list_selection)
-        self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.UserRole)))
-        self.conv_list.setTextElideMode(Qt.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.conv_list.setWordWrap(False)
-        self.conv_list.setUniformItemSizes(True)
-        s_lay.addWidget(self.conv_list, 1)
-        splitter.addWidget(side)
+        self.sidebar = Sidebar()
+        self.sidebar.new_chat_requested.connect(self.new_chat)
+        self.sidebar.query_changed.connect(lambda _q: self.refresh_list())
+        self.sidebar.opened.connect(self._on_list_opened)
+        self.sidebar.rename_requested.connect(self.rename_conversation)
+        self.sidebar.export_requested.connect(self.export_conversation)
+        self.sidebar.delete_requested.connect(self.delete_conversation)
+        splitter.addWidget(self.sidebar)
 
         center = QWidget()
         c_lay = QVBoxLayout(center)
         c_lay.setContentsMargins(0, 0, 0, 0)
         c_lay.setSpacing(0)
-        top = QFrame()
-        top.setObjectName("TopBar")
-        t_lay = QHBoxLayout(top)
-        t_lay.setContentsMargins(16, 8, 10, 8)
-        # Both labels end in "…" when the bar is short of room (a long chat title, a long load or warm-up line)
-        # rather than push the buttons over each other; the status takes the room left, its text on the right.
-        self.title_label = ElidedLabel("New chat", widest=360)
-        self.title_label.setObjectName("ChatTitle")
-        t_lay.addWidget(self.title_label)
-        self.status_label = ElidedLabel("No model")
-        self.status_label.setObjectName("Meta")
-        self.status_label.setAccessibleName("Model status")
-        self.status_label.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
-        t_lay.addWidget(self.status_label, 1)
-        t_lay.addWidget(self.api.label)
-        self.progress = QProgressBar()
-        self.progress.setAccessibleName("Loading progress")
-        self.progress.setMinimumWidth(48)  # narrows in a narrow window rather than cover the buttons
-        self.progress.setMaximumWidth(160)
-        self.progress.setTextVisible(False)
-        self.progress.hide()
-        t_lay.addWidget(self.progress)
-        self.menu_btn = QToolButton()
-        self.menu_btn.setText("Export ▾")
-        self.menu_btn.setAccessibleName("Export conversation")
-        self.menu_btn.setPopupMode(QToolButton.InstantPopup)
-        export_menu = QMenu(self.menu_btn)
-        export_menu.addAction("Export as Markdown…", lambda: self.export_current("md"))
-        export_menu.addAction("Export as JSON…", lambda: self.export_current("json"))
-        self.menu_btn.setMenu(export_menu)
-        t_lay.addWidget(self.menu_btn)
-        self.live_btn = QToolButton()
-        self.live_btn.setText("Live panel")
-        self.live_btn.setCheckable(True)
-        self.live_btn.setAccessibleName("Show live panel")
-        self.live_btn.setToolTip("Timings, speed, context and GPU memory (Ctrl+I)")
-        self.live_btn.toggled.connect(self.set_live_visible)
-        t_lay.addWidget(self.live_btn)
-        self.settings_btn = QToolButton()
-        self.settings_btn.setText("Settings")
-        self.settings_btn.setAccessibleName("Settings")
-        self.settings_btn.setToolTip("Settings (Ctrl+,)")
-        self.settings_btn.clicked.connect(self.open_settings)
-        t_lay.addWidget(self.settings_btn)
-        c_lay.addWidget(top)
+        self.topbar = TopBar(self.api.label)
+        self.topbar.export_requested.connect(self.export_current)
+        self.topbar.live_btn.toggled.connect(self.set_live_visible)
+        self.topbar.settings_requested.connect(self.open_settings)
+        c_lay.addWidget(self.topbar)
+        self.engine_status = EngineStatus(self.topbar, self)
+        self.engine_status.changed.connect(self.update_composer)
 
         self.stack = QStackedWidget()
         self.welcome = WelcomePage()
@@ -209,38 +138,18 @@ class MainWindow(QMainWindow):
         self.welcome.quantize_requested.connect(self.quantize_model)
         self.welcome.quantize_cancel_requested.connect(self.cancel_quantize)
         self.stack.addWidget(self.welcome)
-        chat_page = QWidget()
-        chat_page.setObjectName("ChatPage")
-        chat_page.setAttribute(Qt.WA_StyledBackground, True)
-        p_lay = QVBoxLayout(chat_page)
-        p_lay.setContentsMargins(0, 0, 0, 0)
-        p_lay.setSpacing(0)
-        self.banner = Banner()
-        banner_wrap = QVBoxLayout()
-        banner_wrap.setContentsMargins(16, 10, 16, 0)
-        banner_wrap.addWidget(self.banner)
-        p_lay.addLayout(banner_wrap)
-        self.chat = ChatView(self.renderer, self.theme)
+        self.chat_page = ChatPage(self.renderer, self.theme, self.settings.vote_chains)
+        self.banner, self.chat, self.composer = self.chat_page.banner, self.chat_page.chat, self.chat_page.composer
         self.chat.message_action.connect(self._on_message_action)
-        p_lay.addWidget(self.chat, 1)
-        self.composer = Composer()
         # Enter only ever sends (typing the next message during a reply must not stop it); the button toggles.
         self.composer.send_requested.connect(self.send)
         self.composer.send_btn.clicked.connect(self.send_or_stop)
         self.composer.stop_thinking_btn.clicked.connect(self.stop_thinking)
         self.composer.vote_btn.clicked.connect(lambda: self.send(chains=self.settings.vote_chains))
-        self.composer.set_vote_chains(self.settings.vote_chains)
-        comp_row = QHBoxLayout()
-        comp_row.setContentsMargins(24, 8, 24, 16)
-        comp_row.addStretch(1)
-        comp_row.addWidget(self.composer, 100)
-        self.composer.setMaximumWidth(900)
-        comp_row.addStretch(1)
-        p_lay.addLayout(comp_row)
-        self.stack.addWidget(chat_page)
-        self.chat_page = chat_page
+        self.stack.addWidget(self.chat_page)
         c_lay.addWidget(self.stack, 1)
         splitter.addWidget(center)
+        self.conversations = ConversationActions(self.store, self, self.banner.show_message)
 
         self.live = LivePanel(self.theme)
         self.live.hide()
@@ -265,7 +174,7 @@ class MainWindow(QMainWindow):
         sc("Ctrl+K", self.focus_search)
         sc("Ctrl+F", self.focus_search)
         sc("Ctrl+,", self.open_settings)
-        sc("Ctrl+I", lambda: self.live_btn.toggle())
+        sc("Ctrl+I", lambda: self.topbar.live_btn.toggle())
         sc("F2", lambda: self.rename_conversation(self.conv_id) if self.conv_id is not None else None)
         sc("Escape", self.escape)
 
@@ -282,7 +191,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(QByteArray(geo))
         else:
             self.resize(1280, 820)
-        self.live_btn.setChecked(self.qs.value("window/live_panel", "false") in (True, "true"))
+        self.topbar.live_btn.setChecked(self.qs.value("window/live_panel", "false") in (True, "true"))
         self.refresh_list()
         last = self.qs.value("window/last_conversation")
         try:
@@ -325,6 +234,11 @@ class MainWindow(QMainWindow):
         return self.replies.unsaved
 
     @property
+    def engine_state(self) -> str:
+        """none | loading | warming | ready | failed: the service's (none before the first load or 4-bit copy)."""
+        return self.service.state if self.service is not None else "none"
+
+    @property
     def host(self):
         """The engine worker's host (tests reach the worker's signals through it)."""
         return self.service.host if self.service is not None else None
@@ -337,18 +251,15 @@ class MainWindow(QMainWindow):
             self.welcome.scan()
             return
         self.stack.setCurrentWidget(self.chat_page)
-        self.engine_state = "loading"
-        self._set_status("Starting…", busy=True)
         self.service.max_parallel = self.settings.max_parallel
         self.service.load(self.settings.model_path, self.settings.device, self.settings.context_length,
                           self.settings.dtype(), self.settings.kv_cache)
+        self.engine_status.starting()
 
     def _ensure_service(self) -> None:
         if self.service is None:
             svc = self.service = EngineService(self, engine_factory=self.engine_factory)
-            svc.stage.connect(self._on_stage)
-            svc.progress.connect(self._on_progress)
-            svc.warmup_progress.connect(self._on_warmup_progress)
+            self.engine_status.attach(svc)
             svc.ready.connect(self._on_ready)
             svc.load_failed.connect(self._on_load_failed)
             svc.quantize_progress.connect(self.welcome.on_quantize_progress)
@@ -391,82 +302,29 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.start_engine()
 
-    STAGE_TEXT = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…",
-                  "preparing": "Preparing GPU kernels (first start only)…"}
-    # a first start compiles the GPU kernels while the weights load: said beside the load's progress
-    COMPILING_NOTE = " · preparing GPU kernels alongside (first start only)"
-
-    def _on_stage(self, stage: str) -> None:
-        if stage == "compiling":
-            self._load_note = self.COMPILING_NOTE
-            self.status_label.setText(self.STAGE_TEXT["loading"] + self._load_note)
-            return
-        if stage in ("importing", "loading"):
-            self._load_note = ""
-        self.engine_state = "warming" if stage in ("warming", "preparing") else "loading"
-        self._warmup_text = self.STAGE_TEXT[stage]
-        self._set_status(self.STAGE_TEXT[stage], busy=True)
-
-    def _on_warmup_progress(self, done: int, total: int, what: str) -> None:
-        # "Preparing GPU kernels (first start only)… 3/14: timing the attention kernels"
-        if self.engine_state != "warming" or not total:
-            return
-        self.progress.setRange(0, total)
-        self.progress.setValue(done)
-        self.status_label.setText(f"{self._warmup_text} {min(done + 1, total)}/{total}: {what}")
-
-    def _on_progress(self, done: int, total: int) -> None:
-        self.progress.setRange(0, 1000)
-        self.progress.setValue(int(1000 * done / total) if total else 0)
-        self.status_label.setText(f"Loading model… {done / 2**30:.2f} / {total / 2**30:.2f} GB"
-                                  + self._load_note)
-
     def _on_ready(self, info: dict) -> None:
-        self.engine_state = "ready"
         self.engine_info = info
         quantized = bool(info.get("quantization"))
         if quantized != (self.settings.precision == "awq"):  # keep Precision true to the folder in use
             self.settings.precision = "awq" if quantized else "auto"
             self.settings.save(self.qs)
-        self.chat.assistant_name = _model_title(info.get("model_name", "Assistant"))
-        self._set_status(f"Ready · {self.chat.assistant_name} · {device_title(info)}", busy=False)
+        self.chat.assistant_name = model_title(info.get("model_name", "Assistant"))
+        self.engine_status.ready(self.chat.assistant_name, info)
         self.live.set_engine(info)
         if self.banner.kind in ("load", "no_gpu", "gpu_missing", "oom_load"):
             self.banner.hide()
         if info.get("device") == "cpu" and self.settings.device == "cpu":
             self.banner.show_message("cpu", "Running on the CPU: replies will be much slower than on an NVIDIA GPU.")
-        self._update_composer()
         self.engine_ready.emit(info)
-
-    def _set_status(self, text: str, busy: bool) -> None:
-        self.status_label.setText(text)
-        self.progress.setVisible(busy)
-        if busy:
-            self.progress.setRange(0, 0)
-        self._update_composer()
 
     # ------------------------------------------------------------------ conversations
     def refresh_list(self) -> None:
-        self.menu_btn.setEnabled(self.conv_id is not None)  # nothing to export in an empty new chat
-        query = self.search.text()
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        for c in self.store.conversations(query):
-            item = QListWidgetItem(c["title"])
-            item.setData(Qt.UserRole, c["id"])
-            item.setToolTip(c["title"])
-            self.conv_list.addItem(item)
-            if c["id"] == self.conv_id:
-                item.setSelected(True)
-                self.conv_list.setCurrentItem(item)
-        self.conv_list.blockSignals(False)
+        self.topbar.menu_btn.setEnabled(self.conv_id is not None)  # nothing to export in an empty new chat
+        self.sidebar.show_conversations(self.store.conversations(self.sidebar.query()), self.conv_id)
 
-    def _on_list_selection(self) -> None:
-        items = self.conv_list.selectedItems()
-        if items:
-            cid = items[0].data(Qt.UserRole)
-            if cid != self.conv_id:
-                self.open_conversation(cid)
+    def _on_list_opened(self, conv_id: int) -> None:
+        if conv_id != self.conv_id:
+            self.open_conversation(conv_id)
 
     def new_chat(self) -> None:
         if self.stream is not None:
@@ -474,8 +332,8 @@ class MainWindow(QMainWindow):
         self.conv_id = None
         self._set_editing(None)  # an edit belongs to its chat (the text stays in the box)
         self.chat.clear()
-        self.title_label.setText("New chat")
-        self.conv_list.clearSelection()
+        self.topbar.set_title("New chat")
+        self.sidebar.clear_selection()
         if self.banner.kind == "context_full":  # a new chat is the answer to a full context
             self.banner.hide()
         self.composer.edit.setFocus()
@@ -491,7 +349,7 @@ class MainWindow(QMainWindow):
         if conv_id != self.conv_id:
             self._set_editing(None)  # an edit belongs to its chat (the text stays in the box)
         self.conv_id = conv_id
-        self.title_label.setText(conv["title"])
+        self.topbar.set_title(conv["title"])
         self.chat.clear()
         for m in self.store.messages(conv_id):
             if m["role"] != "system":
@@ -501,72 +359,35 @@ class MainWindow(QMainWindow):
         else:
             self.chat.scroll_to_bottom()
         self.qs.setValue("window/last_conversation", conv_id)
-        if self.conv_list.currentItem() is None or self.conv_list.currentItem().data(Qt.UserRole) != conv_id:
+        if self.sidebar.current_id() != conv_id:
             self.refresh_list()
 
     def rename_conversation(self, conv_id: int) -> None:
-        conv = self.store.conversation(conv_id)
-        if not conv:
+        title = self.conversations.rename(conv_id)
+        if title is None:
             return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=conv["title"])
-        if ok and title.strip():
-            if not self._write("rename the chat", lambda: self.store.rename(conv_id, title)):
-                return
-            if conv_id == self.conv_id:
-                self.title_label.setText(title.strip())
-            self.refresh_list()
+        if conv_id == self.conv_id:
+            self.topbar.set_title(title)
+        self.refresh_list()
 
     def delete_conversation(self, conv_id: int, confirm: bool = True) -> None:
         if self.stream is not None and conv_id == self.conv_id:
             return
-        if confirm and QMessageBox.question(self, "Delete chat", "Delete this chat? This cannot be undone.") \
-                != QMessageBox.Yes:
-            return
-        if not self._write("delete the chat", lambda: self.store.delete_conversation(conv_id)):
+        if not self.conversations.delete(conv_id, confirm):
             return
         if conv_id == self.conv_id:
             self.new_chat()
         self.refresh_list()
-
-    def _list_menu(self, pos) -> None:
-        item = self.conv_list.itemAt(pos)
-        if item is None:
-            return
-        cid = item.data(Qt.UserRole)
-        menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self.rename_conversation(cid))
-        menu.addAction("Export as Markdown…", lambda: self.export_conversation(cid, "md"))
-        menu.addAction("Export as JSON…", lambda: self.export_conversation(cid, "json"))
-        menu.addSeparator()
-        menu.addAction("Delete…", lambda: self.delete_conversation(cid))
-        menu.exec(self.conv_list.mapToGlobal(pos))
 
     def export_current(self, fmt: str) -> None:
         if self.conv_id is not None:
             self.export_conversation(self.conv_id, fmt)
 
     def export_conversation(self, conv_id: int, fmt: str, path: str | None = None) -> str | None:
-        conv = self.store.conversation(conv_id)
-        if conv is None:
-            return None
-        if path is None:
-            safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv["title"]).strip() or "chat"
-            filt = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe}.{fmt}", filt)
-            if not path:
-                return None
-        text = self.store.export_markdown(conv_id) if fmt == "md" else self.store.export_json(conv_id)
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as err:  # a read-only folder, a full disk: the chat itself is untouched
-            self.banner.show_message("save_failed", f"Could not export the chat to {path}: {err.strerror or err}.")
-            return None
-        return path
+        return self.conversations.export(conv_id, fmt, path)
 
     def focus_search(self) -> None:
-        self.search.setFocus()
-        self.search.selectAll()
+        self.sidebar.focus_search()
 
     # ------------------------------------------------------------------ sending
     def send_or_stop(self) -> None:
@@ -586,7 +407,8 @@ class MainWindow(QMainWindow):
             self._set_editing(None)  # deleted since (a regenerate before it): this is a new message
         if self.editing_msg_id is not None and self.conv_id is not None and self.editing_conv_id == self.conv_id:
             edited = self.editing_msg_id  # edit & resend replaces it and everything after it
-            if not self._write("replace the edited message", lambda: self.store.delete_from(self.conv_id, edited)):
+            if not self.conversations.write("replace the edited message",
+                                            lambda: self.store.delete_from(self.conv_id, edited)):
                 return False
             self.chat.remove_from(edited)
             self._set_editing(None)
@@ -594,7 +416,7 @@ class MainWindow(QMainWindow):
             if self.conv_id is None:
                 title = " ".join(text.split())[:48] + ("…" if len(text) > 48 else "")
                 self.conv_id = self.store.create_conversation(title)
-                self.title_label.setText(title)
+                self.topbar.set_title(title)
                 self.qs.setValue("window/last_conversation", self.conv_id)
             msg_id = self.store.add_message(self.conv_id, "user", text)
         except sqlite3.Error as err:  # a full disk, a read-only folder: nothing is lost, nothing is sent
@@ -631,7 +453,7 @@ class MainWindow(QMainWindow):
 
     def _start_reply(self, chains: int = 1) -> None:
         if self.replies.start(self.conv_id, self._history(), self.sampling(), chains):
-            self._update_composer()
+            self.update_composer()
 
     def stop(self) -> None:
         self.replies.stop()
@@ -641,8 +463,7 @@ class MainWindow(QMainWindow):
             self.composer.stop_thinking_btn.setEnabled(False)
 
     def escape(self) -> None:
-        if self.search.hasFocus() and self.search.text():  # Esc in the search box clears it, as anywhere else:
-            self.search.clear()  # it must not stop the reply being written
+        if self.sidebar.clear_search_if_focused():
             return
         if self.stream is not None:
             self.stop()
@@ -670,32 +491,10 @@ class MainWindow(QMainWindow):
         return answer == QMessageBox.Close
 
     def show_start_notices(self, crash=None, moved_aside: Path | None = None, unavailable=None) -> None:
-        """What the start found, in one banner (it holds one message): the conversations database that could
-        not be opened at all (unavailable: (its path, the error); the chats of this run are then not kept),
-        the one that was damaged and moved aside, and a last run that ended without closing (desktop.crashlog)."""
-        parts, actions = [], []
-        if unavailable is not None:
-            path, err = unavailable
-            problem = store_problem(err) if isinstance(err, sqlite3.Error) else f"{err}."
-            parts.append(f"Your conversations at {path} could not be opened: {problem} r1desk works, but keeps "
-                         "nothing from this session; the file was not changed.")
-            actions.append(("Open folder", lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(path.parent)))))
-        if moved_aside is not None:
-            parts.append(f"The conversations database was damaged, so r1desk started a new one. The old file is "
-                         f"kept at {moved_aside}.")
-            actions.append(("Open folder",
-                            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(moved_aside.parent)))))
-        if crash is not None:
-            how = "crashed" if crash.fatal else "closed unexpectedly"
-            # (the store writes a reply as it grows: what was written survives)
-            kept = "" if parts else " Your conversations were kept, including the reply that was being written."
-            parts.append(f"r1desk {how} last time ({crash.when.strftime('%Y-%m-%d %H:%M')}).{kept} The crash "
-                         f"log is at {crash.log_path}.")
-            actions.append(("Open log folder",
-                            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(crash.log_path.parent)))))
-        if parts:
-            kind = "database" if unavailable is not None or moved_aside is not None else "crash"
-            self.banner.show_message(kind, " ".join(parts), actions)
+        """What the start found, in the banner (desktop.start_notices)."""
+        notice = start_notice(crash, moved_aside, unavailable)
+        if notice is not None:
+            self.banner.show_message(*notice)
 
     def context_full_banner(self, text: str) -> None:
         self.banner.show_message("context_full", text + " Start a new chat to continue.",
@@ -703,7 +502,7 @@ class MainWindow(QMainWindow):
 
     def _on_reply_ended(self) -> None:
         self.composer.stop_thinking_btn.setEnabled(True)
-        self._update_composer()
+        self.update_composer()
         self.refresh_list()
         if self._restyle_after_reply and self.conv_id is not None and not self._closing:
             self._restyle_after_reply = False
@@ -713,9 +512,8 @@ class MainWindow(QMainWindow):
             self.start_engine()
 
     def _on_load_failed(self, kind: str, message: str) -> None:
-        self.engine_state = "failed"
         self.live.clear_engine()  # the worker dropped the last model before this load
-        self._set_status("Model not loaded", busy=False)
+        self.engine_status.not_loaded()
         if kind == "no_gpu":
             text = f"{message} r1desk can run on the CPU instead, but replies will be many times slower."
             self.banner.show_message("no_gpu", text, [("Use CPU (slow)", self.use_cpu),
@@ -747,14 +545,12 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.welcome)
         self.welcome.scan()
 
-    def _update_composer(self) -> None:
+    def update_composer(self) -> None:
+        """Buttons as the engine and the reply in flight allow (a reply's stages call it too: desktop.replies)."""
         generating = self.stream is not None
         thinking = generating and bool(self.stream.reasoning) and not self.stream.answer
-        self.composer.set_generating(generating, thinking)
-        self.composer.send_btn.setEnabled(generating or self.engine_state == "ready")
-        self.composer.vote_btn.setEnabled(self.engine_state == "ready")
-        self.new_btn.setEnabled(not generating)
-        self.chat.set_history_actions(not generating)  # editing history mid-reply would change its prompt
+        self.chat_page.show_state(generating, thinking, ready=self.engine_state == "ready")
+        self.sidebar.new_btn.setEnabled(not generating)
 
     # ------------------------------------------------------------------ per-message actions
     def _on_message_action(self, action: str, msg_id: int) -> None:
@@ -768,7 +564,7 @@ class MainWindow(QMainWindow):
         if self.stream is not None:
             return  # editing history mid-reply would change the reply's prompt under it
         if action == "delete":
-            if not self._write("delete the message", lambda: self.store.delete_message(msg_id)):
+            if not self.conversations.write("delete the message", lambda: self.store.delete_message(msg_id)):
                 return
             self.chat.remove(msg_id)
             if msg_id == self.editing_msg_id:
@@ -786,7 +582,8 @@ class MainWindow(QMainWindow):
                 self.banner.show_message("generate", f"The reply could not start: {refusal}; the old reply is "
                                                      "kept.")
                 return
-            if not self._write("regenerate the reply", lambda: self.store.delete_from(self.conv_id, msg_id)):
+            if not self.conversations.write("regenerate the reply",
+                                            lambda: self.store.delete_from(self.conv_id, msg_id)):
                 return
             self.chat.remove_from(msg_id)
             if self.editing_msg_id is not None and self.editing_msg_id >= msg_id:
@@ -803,22 +600,10 @@ class MainWindow(QMainWindow):
         self.banner.show_message("not_ready", "The model is not ready yet." + kept)
         return False
 
-    def _write(self, what: str, write) -> bool:
-        """A change to the chat store from a user's action; where the store refuses it (a read-only folder, a
-        full disk, another program holding the file), a banner says what was not done and why: False."""
-        try:
-            write()
-            return True
-        except sqlite3.Error as err:
-            self.banner.show_message("save_failed", f"Could not {what}: {store_problem(err)}")
-            return False
-
     def _set_editing(self, msg_id: int | None) -> None:
         self.editing_msg_id = msg_id
         self.editing_conv_id = self.conv_id if msg_id is not None else None
-        self.composer.editing_label.setVisible(msg_id is not None)
-        self.composer.editing_label.setText("Editing a message: sending replaces it and everything after it "
-                                            "(Esc to cancel)")
+        self.chat_page.show_editing(msg_id is not None)
 
     # ------------------------------------------------------------------ settings / panel
     def open_settings(self) -> None:
@@ -863,7 +648,7 @@ class MainWindow(QMainWindow):
     def set_live_visible(self, on: bool) -> None:
         self.live.setVisible(on)
         self._fit_minimum_size()
-        self.live_btn.setAccessibleName("Hide live panel" if on else "Show live panel")
+        self.topbar.set_live_shown(on)
         self.qs.setValue("window/live_panel", "true" if on else "false")
         if on:
             self.live.refresh()
@@ -907,7 +692,3 @@ class MainWindow(QMainWindow):
             if self.crash_log is not None:
                 self.crash_log.stop()  # this is a deliberate exit, not a crash
             os._exit(0)
-
-
-def _model_title(name: str) -> str:
-    return name.replace("-", " ").replace("_", " ") if len(name) < 48 else name[:45] + "…"

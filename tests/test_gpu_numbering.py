@@ -53,7 +53,7 @@ def test_a_gpu_nvml_does_not_know_shows_nothing_rather_than_another(two_gpus, mo
 
 
 def test_the_live_panel_watches_the_gpu_it_is_told(two_gpus):
-    from desktop.livepanel import GpuMonitor
+    from desktop.gpu_monitor import GpuMonitor
 
     monitor = GpuMonitor()
     assert monitor.poll() == (None, None, None, None)  # no model on a GPU yet

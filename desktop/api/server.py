@@ -253,7 +253,8 @@ class ApiServer:
         s = self.service
         # Open without a key (a liveness probe), but what the last request was is for key holders only.
         last = s.last if not self.api_key or self._key_ok(request) else None
-        return web.json_response({"status": "ok" if s.state == "ready" else s.state, "model": self.model_id,
+        status = {"ready": "ok", "warming": "loading"}.get(s.state, s.state)  # to a probe, warming up is loading
+        return web.json_response({"status": status, "model": self.model_id,
                                   "running": len(s.active), "waiting": len(s.waiting), "last": last})
 
     async def metrics_page(self, request: web.Request) -> web.Response:

@@ -103,7 +103,7 @@ def main(out: str, only: str | None = None) -> None:
 
             log = Path.home() / ".local/share/r1desk/r1desk/logs/crash-20261203-101542.log"
             win.show_start_notices(PreviousCrash(log, datetime.datetime(2026, 12, 3, 10, 15), fatal=True))
-            win.live_btn.setChecked(False)
+            win.topbar.live_btn.setChecked(False)
             shoot(win, out_dir / "screenshot-crash-notice.png")
         win.close()
     for var in ("R1DESK_DATA_DIR",):
@@ -241,9 +241,9 @@ def first_start_shot(out_dir: Path, tmp: Path) -> None:
         except (IndexError, ValueError, ZeroDivisionError):
             return 0.0
 
-    wait_until(lambda: "alongside" in win.status_label.text() and loaded(win.status_label.text()) > 0.4)
+    wait_until(lambda: "alongside" in win.topbar.status_label.text() and loaded(win.topbar.status_label.text()) > 0.4)
     shoot(win, out_dir / "screenshot-first-start-loading.png")
-    wait_until(lambda: "1/16" in win.status_label.text())
+    wait_until(lambda: "1/16" in win.topbar.status_label.text())
     shoot(win, out_dir / "screenshot-first-start.png")
     engine.release.set()
     wait_until(lambda: win.engine_state == "ready")

@@ -54,7 +54,7 @@ def test_the_device_line_tells_which_kernels_the_warm_up_chose(qtbot, make_windo
     the GPU (EngineInfo.decode_attention / gemv); on this CPU, that nothing was tuned."""
     import html
 
-    from desktop.livepanel import kernel_choices_text
+    from desktop.live_figures import kernel_choices_text
 
     win = make_window(model=tiny_model)
     win.set_live_visible(True)

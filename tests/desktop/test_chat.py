@@ -174,9 +174,9 @@ def test_ui_keeps_up_and_stays_responsive_at_hundreds_of_tokens_per_second(qtbot
 
 def test_loading_shows_progress_and_closing_mid_load_exits_quickly(qtbot, make_window):
     win = make_window(engine=FakeEngine(), wait_ready=False, load_chunk_s=0.05)  # a 10 s load
-    qtbot.waitUntil(lambda: win.progress.isVisible() and win.progress.maximum() == 1000 and
-                    win.progress.value() > 0, timeout=10000)
-    assert win.status_label.text().startswith("Loading model…") and "GB" in win.status_label.text()
+    qtbot.waitUntil(lambda: win.topbar.progress.isVisible() and win.topbar.progress.maximum() == 1000 and
+                    win.topbar.progress.value() > 0, timeout=10000)
+    assert win.topbar.status_label.text().startswith("Loading model…") and "GB" in win.topbar.status_label.text()
     assert not win.composer.send_btn.isEnabled()  # nothing to send to yet
     t0 = time.monotonic()
     win.close()

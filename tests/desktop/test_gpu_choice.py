@@ -85,7 +85,7 @@ def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot
 
 
 def test_the_status_line_numbers_the_gpu_only_where_there_are_several():
-    from desktop.window import device_title
+    from desktop.engine_status import device_title
 
     two = [GTX_1060, RTX_4070]
     assert device_title({"device": "cuda:1", "device_name": "NVIDIA GeForce RTX 4070", "gpus": two}) == \

@@ -59,7 +59,7 @@ def test_restart_restores_conversations_geometry_and_last_chat(qtbot, make_windo
         win.send("Second chat")
     second = win.conv_id
     win.open_conversation(first)  # the last one looked at is the one to reopen
-    win.live_btn.setChecked(True)
+    win.topbar.live_btn.setChecked(True)
     win.close()
 
     again = make_window(engine=FakeEngine(token_s=0.0), size=None)
@@ -68,9 +68,9 @@ def test_restart_restores_conversations_geometry_and_last_chat(qtbot, make_windo
     assert again.chat.widgets[1].answer == ANSWER
     assert (again.width(), again.height()) == (800, 560)
     assert again.live.isVisible()
-    titles = [again.conv_list.item(i).text() for i in range(again.conv_list.count())]
+    titles = [again.sidebar.conv_list.item(i).text() for i in range(again.sidebar.conv_list.count())]
     assert titles == ["Second chat", "First chat"]  # newest first
-    assert {second, first} == {again.conv_list.item(i).data(256) for i in range(2)}
+    assert {second, first} == {again.sidebar.conv_list.item(i).data(256) for i in range(2)}
 
 
 CHILD = r"""

@@ -91,7 +91,7 @@ def test_precision_offers_4bit_only_when_a_4bit_copy_exists_and_switches_to_it(q
     info = blocker.args[0]
     assert info["model_path"] == str(awq) and info["quantization"].startswith("awq")
     assert win.settings.model_path == str(awq) and win.settings.precision == "awq"
-    win.live_btn.setChecked(True)
+    win.topbar.live_btn.setChecked(True)
     assert f"4-bit {info['quantization']}" in win.live.device_label.text()  # which AWQ path is in use
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as reply:
         win.send("Hello")

@@ -240,9 +240,9 @@ def test_window_survives_20000_fast_deltas_while_switching_chats_then_closes_cle
     clicks = [0]
 
     def click_another_chat():  # what a restless user does: select other chats, mid-reply and as it ends
-        row = clicks[0] % win.conv_list.count()
+        row = clicks[0] % win.sidebar.conv_list.count()
         clicks[0] += 1
-        win.conv_list.setCurrentRow(row)
+        win.sidebar.conv_list.setCurrentRow(row)
 
     switcher.timeout.connect(click_another_chat)
     replies = []

@@ -145,8 +145,8 @@ def test_esc_in_the_search_box_clears_the_search_and_leaves_the_reply(qtbot, mak
     win.send("again")
     qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=10000)
     win.focus_search()
-    qtbot.keyClicks(win.search, "ques")
-    qtbot.keyClick(win.search, Qt.Key_Escape)
-    assert win.search.text() == "" and win.stream is not None  # the reply goes on
+    qtbot.keyClicks(win.sidebar.search, "ques")
+    qtbot.keyClick(win.sidebar.search, Qt.Key_Escape)
+    assert win.sidebar.search.text() == "" and win.stream is not None  # the reply goes on
     with qtbot.waitSignal(win.reply_finished, timeout=10000):
-        qtbot.keyClick(win.search, Qt.Key_Escape)  # a second Esc, with nothing to clear, stops it
+        qtbot.keyClick(win.sidebar.search, Qt.Key_Escape)  # a second Esc, with nothing to clear, stops it

@@ -9,7 +9,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QAbstractButton, QApplication, QInputDialog, QLineEdit, QListWidget, QPlainTextEdit,
                                QWidget)
 
-from desktop.livepanel import memory_read
+from desktop.live_figures import memory_read
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.theme import DARK
 from fakes import ANSWER, FAKE_KV_TOKEN, FAKE_WEIGHT_READ, FakeEngine
@@ -41,7 +41,7 @@ def test_keyboard(qtbot, make_window):
     for key in (Qt.Key_K, Qt.Key_F):
         edit.setFocus()
         qtbot.keyClick(win, key, Qt.ControlModifier)
-        assert QApplication.focusWidget() is win.search
+        assert QApplication.focusWidget() is win.sidebar.search
     opened = []
 
     def close_dialog():
@@ -60,20 +60,20 @@ def test_conversation_list_search_rename_delete(qtbot, make_window, monkeypatch)
     pelicans = win.conv_id
     win.new_chat()
     _reply(qtbot, win, "Integrate x squared")
-    assert win.conv_list.count() == 2
-    win.search.setText("PELICAN")  # search by message text, case-insensitive
-    assert win.conv_list.count() == 1 and win.conv_list.item(0).data(Qt.UserRole) == pelicans
-    win.search.setText("perfect square")  # matches reply text too (both replies contain it)
-    assert win.conv_list.count() == 2
-    win.search.clear()
-    win.conv_list.setCurrentRow(1)  # clicking a chat opens it
+    assert win.sidebar.conv_list.count() == 2
+    win.sidebar.search.setText("PELICAN")  # search by message text, case-insensitive
+    assert win.sidebar.conv_list.count() == 1 and win.sidebar.conv_list.item(0).data(Qt.UserRole) == pelicans
+    win.sidebar.search.setText("perfect square")  # matches reply text too (both replies contain it)
+    assert win.sidebar.conv_list.count() == 2
+    win.sidebar.search.clear()
+    win.sidebar.conv_list.setCurrentRow(1)  # clicking a chat opens it
     assert win.conv_id == pelicans and win.chat.widgets[0].answer == "Tell me about pelicans"
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Birds", True))
     win.rename_conversation(pelicans)
-    assert win.title_label.text() == "Birds" and win.store.conversation(pelicans)["title"] == "Birds"
-    assert "Birds" in [win.conv_list.item(i).text() for i in range(win.conv_list.count())]
+    assert win.topbar.title_label.text() == "Birds" and win.store.conversation(pelicans)["title"] == "Birds"
+    assert "Birds" in [win.sidebar.conv_list.item(i).text() for i in range(win.sidebar.conv_list.count())]
     win.delete_conversation(pelicans, confirm=False)
-    assert win.store.conversation(pelicans) is None and win.conv_list.count() == 1 and win.conv_id is None
+    assert win.store.conversation(pelicans) is None and win.sidebar.conv_list.count() == 1 and win.conv_id is None
 
 
 def test_message_actions_copy_edit_regenerate_delete(qtbot, make_window):
@@ -170,13 +170,13 @@ def test_a_store_that_refuses_a_change_is_said_and_nothing_is_lost(qtbot, make_w
     assert not win.send()
     assert "Could not replace the edited message" in win.banner.label.text() and win.composer.text() == "edited"
     assert win.store.messages(conv) == before and win.conv_id == conv and len(win.chat.widgets) == 2
-    assert win.title_label.text() != "New title" and win.stream is None
+    assert win.topbar.title_label.text() != "New title" and win.stream is None
 
 
 def test_controls_have_accessible_names(qtbot, make_window):
     win = make_window(engine=FakeEngine(token_s=0.0))
     _reply(qtbot, win, "hello")
-    win.live_btn.setChecked(True)
+    win.topbar.live_btn.setChecked(True)
     missing = [f"{type(w).__name__} {getattr(w, 'text', lambda: '')()!r}"
                for w in win.findChildren(QWidget)
                if isinstance(w, (QAbstractButton, QLineEdit, QPlainTextEdit, QListWidget)) and w.isVisible()
@@ -238,7 +238,7 @@ def test_live_panel_numbers(qtbot, make_window):
     # 4 tokens per delta: the live counts must come from the engine's token count, not from counting deltas
     engine = FakeEngine(token_s=0.002, tokens_per_delta=4, prefill_s=0.5)
     win = make_window(engine=engine)
-    win.live_btn.setChecked(True)
+    win.topbar.live_btn.setChecked(True)
     assert win.live.timer.interval() >= 100  # a few times a second, never per token
     _reply(qtbot, win, "hello")  # a first exchange, so the second reply reuses a prefix and shows it
     deltas = []
@@ -357,7 +357,7 @@ def test_the_live_panel_fits_beside_the_chat_in_a_narrow_window(qtbot, make_wind
     assert win.width() > 760
     panel_right = win.live.mapTo(win, win.live.rect().topRight()).x()
     assert panel_right < win.width()
-    for button in (win.menu_btn, win.live_btn, win.settings_btn):
+    for button in (win.topbar.menu_btn, win.topbar.live_btn, win.topbar.settings_btn):
         assert button.width() >= button.sizeHint().width(), button.text()
     edit = win.composer.edit
     room = edit.viewport().width() - 2 * edit.document().documentMargin()
