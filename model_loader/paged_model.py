@@ -67,10 +67,14 @@ class PagedForward:
 
     Where the model runs Triton's kernels, the cache writes and the decode attention are paged_ops' kernels, and
     steps in which every sequence decodes replay a CUDA graph captured for their count rounded up to a bucket
-    (capture_decode_graphs), as the single-sequence engine's decode step does. Prefill chunks attend per
-    sequence with PyTorch ops (gather the context, then SDPA)."""
+    (capture_decode_graphs), as the single-sequence engine's decode step does. A step that is one fresh prompt's
+    first chunk alone (a new chat on an idle engine: its time to first token) replays a graph captured for its
+    length rounded up to a bucket (capture_prefill_graphs), as the engine's prefill does: eagerly, its ~450
+    launches from Python took longer than the GPU's work. Other prefill chunks attend per sequence with PyTorch
+    ops (gather the context, then SDPA)."""
 
     GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+    PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
     def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None,
                  max_batch: int = 8):
@@ -91,6 +95,9 @@ class PagedForward:
                                                 cache.block_size, max_batch, model.device, model.dtype)
         self.graphs: dict[int, tuple] = {}  # batch bucket -> (graph, logits)
         self._static: dict | None = None  # the graphs' inputs
+        self.prefill_graphs: dict[int, tuple] = {}  # tokens bucket -> (graph, logits of the last real row)
+        self._prefill_static: dict | None = None
+        self._pool = None  # one memory pool for every graph: no two of them run at once
 
     def slots(self, blocks: list[int], start: int, stop: int) -> list[int]:
         bs = self.cache.block_size
@@ -106,6 +113,10 @@ class PagedForward:
             bucket = self._bucket(len(seqs))
             if bucket in self.graphs:
                 return self._replay(bucket, tokens, positions, seqs)
+        if self.prefill_graphs and len(seqs) == 1 and 1 < seqs[0].rows == seqs[0].context:
+            bucket = next((b for b in self.prefill_graphs if b >= seqs[0].rows), None)
+            if bucket is not None:
+                return self._replay_prefill(bucket, tokens, seqs[0])
         model, dev = self.model, self.model.device
         n = len(tokens)
         pad = max(0, self.min_rows - n)
@@ -194,7 +205,7 @@ class PagedForward:
             "tables": torch.zeros((top, self.table_width), dtype=torch.int32, device=dev),
             "lengths": torch.ones(top, dtype=torch.int32, device=dev),
         }
-        pool = torch.cuda.graph_pool_handle()
+        pool = self._graph_pool()
         for bucket in sorted((b for b in self.GRAPH_BUCKETS if b <= top), reverse=True):  # largest first: the pool
             stream = side_stream(dev)
             stream.wait_stream(torch.cuda.current_stream())
@@ -205,6 +216,79 @@ class PagedForward:
             with graph_capture(graph, dev, pool), torch.inference_mode():
                 logits = self._static_step(bucket)
             self.graphs[bucket] = (graph, logits)
+
+    def _graph_pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def capture_prefill_graphs(self, chunk: int) -> None:
+        """Capture a fresh prompt's prefill for each length bucket up to `chunk` (Triton path on CUDA only). The
+        inputs are static buffers; rows past the prompt are padding (token 0, no cache write): causal attention
+        keeps them out of every real row. Like the decode graphs, safe to capture whenever no step runs."""
+        from model_loader.kernels.side_stream import graph_capture, side_stream
+
+        if self.kernels is None or self.model.device.type != "cuda":
+            return
+        buckets = sorted((b for b in self.PREFILL_BUCKETS if b <= min(chunk, self.model.max_ctx)), reverse=True)
+        if not buckets:
+            return
+        dev = self.model.device
+        self.make_prefill_inputs(buckets[0])
+        for bucket in buckets:  # largest first: the pool
+            stream = side_stream(dev)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                self._static_prefill(bucket)  # outside the graph first: Triton compiles, cuBLAS sets up
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with graph_capture(graph, dev, self._graph_pool()), torch.inference_mode():
+                logits = self._static_prefill(bucket)
+            self.prefill_graphs[bucket] = (graph, logits)
+        self.prefill_graphs = dict(sorted(self.prefill_graphs.items()))  # smallest first: step() takes the first fit
+
+    def make_prefill_inputs(self, top: int) -> None:
+        """The prefill graphs' static inputs, for buckets up to `top` tokens."""
+        dev = self.model.device
+        self._prefill_static = {
+            "tokens": torch.zeros(top, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(top, dtype=torch.int64, device=dev),
+            "slots": torch.full((top,), -1, dtype=torch.int64, device=dev),
+            "gather": torch.zeros(top, dtype=torch.int64, device=dev),  # the slots, padding reading slot 0
+            "last": torch.zeros(1, dtype=torch.int64, device=dev),  # the prompt's last row
+        }
+
+    def _static_prefill(self, bucket: int) -> torch.Tensor:
+        st = self._prefill_static
+        gather = st["gather"][:bucket]
+        scale = self.model.scale
+
+        def attend(q: torch.Tensor, layer: int) -> torch.Tensor:  # causal over the prompt's own rows
+            k = self.cache.k[layer].index_select(1, gather)
+            v = self.cache.v[layer].index_select(1, gather)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True,
+                                                 scale=scale, enable_gqa=True)
+            return out[0].transpose(0, 1).reshape(bucket, -1)
+
+        h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket], attend)
+        return self._logits(h.index_select(0, st["last"]), residual.index_select(0, st["last"]))
+
+    def _replay_prefill(self, bucket: int, tokens: list[int], seq: SeqSlice) -> torch.Tensor:
+        st, n = self._prefill_static, seq.rows
+        pad = bucket - n
+        slots = self.slots(seq.blocks, 0, n)
+        rows = torch.tensor([tokens + [0] * pad, list(range(n)) + [0] * pad, slots + [-1] * pad, slots + [0] * pad],
+                            dtype=torch.int64)
+        st["tokens"][:bucket].copy_(rows[0], non_blocking=True)
+        st["positions"][:bucket].copy_(rows[1], non_blocking=True)
+        st["slots"][:bucket].copy_(rows[2], non_blocking=True)
+        st["gather"][:bucket].copy_(rows[3], non_blocking=True)
+        st["last"].fill_(n - 1)
+        graph, logits = self.prefill_graphs[bucket]
+        graph.replay()
+        if not seq.logits:  # a long prompt's first chunk: its K/V was all it was for
+            return torch.empty(0, self.model.cfg.vocab_size, device=self.model.device)
+        return logits.float()
 
     def _static_step(self, bucket: int) -> torch.Tensor:
         st = self._static

@@ -64,6 +64,10 @@ class SchedulerConfig:
     # first token waited ~16 prefill steps (TTFT P95 213 ms on an H100); four a step make it four.
     prefill_tokens: int = 2048
     block_size: int = 64  # tokens a KV block holds
+    # a fresh prompt alone in a step replays a captured graph (PagedForward.capture_prefill_graphs); the
+    # environment's R1DESK_PREFILL_GRAPHS=0 turns that off everywhere a scheduler is made (an A/B switch)
+    prefill_graphs: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("R1DESK_PREFILL_GRAPHS", "1") != "0")
 
 
 class Sequence:
@@ -120,6 +124,8 @@ class Scheduler:
         self.forward = PagedForward(model, self.cache, max_batch=self.config.max_seqs)
         if model.device.type == "cuda":
             self.forward.capture_decode_graphs()  # on this thread, the one that will call step()
+            if self.config.prefill_graphs:
+                self.forward.capture_prefill_graphs(self.config.chunk)
         self.max_ctx = model.max_ctx
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
@@ -232,6 +238,7 @@ class Scheduler:
         graphs. Call on the thread that steps the scheduler."""
         self.end_all("unloaded", "the model was unloaded before this reply ended")
         self.forward.graphs.clear()
+        self.forward.prefill_graphs.clear()
         self.cache.k = self.cache.v = None
 
     def run_until_idle(self) -> None:

@@ -1,0 +1,73 @@
+"""paged_model's graph-captured prefill of a fresh prompt, on the CPU: Triton's interpreter runs the paged
+kernels and a stand-in replays the captured function eagerly (a GPU's run replays real CUDA graphs). What is
+checked is what could break: the staged inputs (tokens, positions, slots, the last row) and the padding, against
+the eager step."""
+
+import pytest
+import torch
+
+from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
+
+
+class EagerGraph:
+    """What a captured graph's replay() does, on the CPU: the same function again, into the same output."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.out = fn()
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        self.out.copy_(self.fn())
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    from model_loader.engine import Engine
+
+    return Engine.load(tiny_model, device="cpu", context_length=256, use_triton=True)
+
+
+def paged_forward(engine, buckets=()) -> PagedForward:
+    fwd = PagedForward(engine.model, PagedKVCache(engine.model, num_blocks=8, block_size=16), max_batch=2)
+    if buckets:
+        fwd.make_prefill_inputs(max(buckets))
+        for b in buckets:
+            graph = EagerGraph(lambda b=b: fwd._static_prefill(b))
+            fwd.prefill_graphs[b] = (graph, graph.out)
+    return fwd
+
+
+def test_a_fresh_prompt_through_the_prefill_graph_matches_the_eager_step(engine):
+    ids = engine.chat.render([{"role": "user", "content": "What is 2 + 2? Reason step by step."}]).ids
+    n = len(ids)
+    assert 16 < n < 32  # the 32 bucket, with padding rows
+    blocks = [5, 2]  # not consecutive: each row's slot comes from its block
+    eager, graphed = paged_forward(engine), paged_forward(engine, buckets=(16, 32, 64))
+    seq = SeqSlice(0, n, n, blocks, logits=True)
+    want = eager.step(ids, list(range(n)), [seq])
+    got = graphed.step(ids, list(range(n)), [seq])
+    assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [0, 1, 0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    written = torch.tensor(eager.slots(blocks, 0, n))
+    others = torch.ones(graphed.cache.k.shape[2], dtype=torch.bool)
+    others[written] = False
+    for cache_a, cache_b in ((eager.cache.k, graphed.cache.k), (eager.cache.v, graphed.cache.v)):
+        torch.testing.assert_close(cache_b[:, :, written], cache_a[:, :, written], rtol=1e-4, atol=1e-4)
+        assert not cache_b[:, :, others].any()  # the padding rows wrote nothing
+
+
+def test_a_long_prompts_first_chunk_returns_no_logits_and_other_steps_run_eagerly(engine):
+    ids = list(range(100, 140))
+    graphed = paged_forward(engine, buckets=(16, 32, 64))
+    assert graphed.step(ids, list(range(40)), [SeqSlice(0, 40, 40, [0, 1, 2], logits=False)]).shape[0] == 0
+    # its second chunk reads the first's K/V from the cache: not a fresh prompt, so no graph
+    more = list(range(140, 150))
+    logits = graphed.step(more, list(range(40, 50)), [SeqSlice(0, 10, 50, [0, 1, 2, 3], logits=True)])
+    assert logits.shape[0] == 1
+    assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [0, 0, 1]
+    # past the largest bucket: eagerly too
+    long_ids = list(range(100, 180))
+    graphed.step(long_ids, list(range(80)), [SeqSlice(0, 80, 80, [4, 5, 6, 7, 0], logits=True)])
+    assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [0, 0, 1]
