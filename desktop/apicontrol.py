@@ -51,8 +51,11 @@ class ApiControl(QObject):
         from desktop.api.server import normalize_origins
 
         # the origins as the server holds them: "http://a.example/" or one listed twice is no change
-        current = None if self.server is None else (self.server.requested_port, self.server.api_key or "",
-                                                     self.server.allowed_origins)
+        current = (
+            None
+            if self.server is None
+            else (self.server.requested_port, self.server.api_key or "", self.server.allowed_origins)
+        )
         wanted = None if self.wanted is None else (self.wanted[0], self.wanted[1], normalize_origins(self.wanted[2]))
         if current == wanted:
             return
@@ -76,15 +79,17 @@ class ApiControl(QObject):
         if self.wanted is None:
             return
         port, key, origins = self.wanted
-        server = ApiServer(self.service, "127.0.0.1", port, api_key=key or None, allowed_origins=origins,
-                           defaults=self.defaults)
+        server = ApiServer(
+            self.service, "127.0.0.1", port, api_key=key or None, allowed_origins=origins, defaults=self.defaults
+        )
         self.server = server
         try:
             await server.start()
         except OSError as err:
             self.server = None
-            self.failed.emit(f"could not listen on 127.0.0.1:{port} ({err.strerror or err}); "
-                             "pick another port in Settings")
+            self.failed.emit(
+                f"could not listen on 127.0.0.1:{port} ({err.strerror or err}); pick another port in Settings"
+            )
             return
         self._show(server.url)
 

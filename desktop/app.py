@@ -41,14 +41,21 @@ def _device_arg(value: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="r1desk", description="Chat with DeepSeek-R1 distills on your own GPU.")
     p.add_argument("--model", help="model folder or Hugging Face repo id (from the local cache)")
-    p.add_argument("--device", type=_device_arg, help="override the device setting for this run: cuda (the first GPU "
-                   "that works), cuda:N (that one) or cpu")
+    p.add_argument(
+        "--device",
+        type=_device_arg,
+        help="override the device setting for this run: cuda (the first GPU that works), cuda:N (that one) or cpu",
+    )
     p.add_argument("--self-test", action="store_true", help="load, answer --prompt, print a summary and exit")
     p.add_argument("--prompt", default="What is 17 * 23? Reason step by step.", help="self-test prompt")
     p.add_argument("--screenshot", help="self-test: save a PNG of the window when the reply is done")
     p.add_argument("--max-new-tokens", type=int, help="cap reply length for this run (self-test default 256)")
-    p.add_argument("--seed", type=int, help="sampling seed for every chat reply of this run (self-test default "
-                   f"{SELF_TEST_SEED}: two runs write the same reply, so their speeds compare)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="sampling seed for every chat reply of this run (self-test default "
+        f"{SELF_TEST_SEED}: two runs write the same reply, so their speeds compare)",
+    )
     p.add_argument("--theme", choices=["system", "light", "dark"], help="override the theme for this run")
     return p.parse_args(argv)
 
@@ -104,8 +111,10 @@ def _gap_summary(gaps_ms: list[float]) -> str:
     ordered = sorted(gaps_ms)
     median = ordered[len(ordered) // 2]
     stalls = [g for g in gaps_ms if g > 5.0]
-    return (f" gap_ms_p50={median:.2f} gap_ms_max={ordered[-1]:.1f} "
-            f"stalls_over_5ms={len(stalls)} stall_ms={sum(g - median for g in stalls):.0f}")
+    return (
+        f" gap_ms_p50={median:.2f} gap_ms_max={ordered[-1]:.1f} "
+        f"stalls_over_5ms={len(stalls)} stall_ms={sum(g - median for g in stalls):.0f}"
+    )
 
 
 class SelfTest:
@@ -140,11 +149,14 @@ class SelfTest:
 
     def _exit_ok(self, s: dict) -> None:
         info = self.win.engine_info or {}
-        print(f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
-              f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
-              f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} seed={s.get('seed')} "
-              f"reply={self.reply_digest} "
-              f"wall_s={time.monotonic() - self.t0:.1f}{_gap_summary(s.get('token_latencies_ms') or [])}", flush=True)
+        print(
+            f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
+            f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
+            f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} seed={s.get('seed')} "
+            f"reply={self.reply_digest} "
+            f"wall_s={time.monotonic() - self.t0:.1f}{_gap_summary(s.get('token_latencies_ms') or [])}",
+            flush=True,
+        )
         self._quit(0)
 
     def _fail(self, reason: str, code: int = 1) -> None:

@@ -18,8 +18,17 @@ import weakref
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 from desktop.markdown import MarkdownRenderer, Rendered
@@ -264,8 +273,9 @@ class ReasoningBlock(QWidget):
     def sync(self) -> None:
         """Paint what streamed since the last frame (markdown + math, incrementally)."""
         r = self.view.renderer
-        self.stream_text.stream_to(self.reasoning, lambda t: r.render(t, quiet=True), r.stylesheet(quiet=True),
-                                   self._quiet_palette())
+        self.stream_text.stream_to(
+            self.reasoning, lambda t: r.render(t, quiet=True), r.stylesheet(quiet=True), self._quiet_palette()
+        )
 
     def visible_text(self) -> str:
         """What the reader sees in the block, as plain text (streamed pieces or the one final document)."""
@@ -357,10 +367,19 @@ class MessageWidget(QFrame):
         self.meta.setObjectName("Meta")
         self.meta.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.buttons: dict[str, QToolButton] = {}
-        specs = ([("copy", "Copy", "Copy message"), ("edit", "Edit", "Edit and resend"),
-                  ("delete", "Delete", "Delete message")] if self.role == "user" else
-                 [("copy", "Copy", "Copy reply"), ("regenerate", "Regenerate", "Regenerate reply"),
-                  ("delete", "Delete", "Delete message")])
+        specs = (
+            [
+                ("copy", "Copy", "Copy message"),
+                ("edit", "Edit", "Edit and resend"),
+                ("delete", "Delete", "Delete message"),
+            ]
+            if self.role == "user"
+            else [
+                ("copy", "Copy", "Copy reply"),
+                ("regenerate", "Regenerate", "Regenerate reply"),
+                ("delete", "Delete", "Delete message"),
+            ]
+        )
         for name, text, accessible in specs:
             b = _tool(text, accessible)
             b.clicked.connect(lambda _=False, n=name: self.action.emit(n, self.msg_id))

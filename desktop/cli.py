@@ -13,25 +13,52 @@ from model_loader.kv_cache import KV_16BIT
 def add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="serve the model through a local OpenAI-compatible API")
     _add_model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1: this computer only); another needs --api-key")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this computer only); another needs --api-key",
+    )
     serve.add_argument("--port", type=_port, default=8089, help="port; 0 picks a free one (default 8089)")
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on /v1 requests (other users can read a command "
-                            "line: prefer --api-key-file or R1DESK_API_KEY)")
-    serve.add_argument("--api-key-file", default=None, metavar="FILE",
-                       help="read the API key from FILE (its first line)")
-    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                       help="the model ids clients use (several allowed; default: the model folder's name)")
-    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                       help="a web page origin allowed to call the API from a browser (CORS), e.g. "
-                            "http://localhost:3000; repeatable; none by default")
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 requests (other users can read a command "
+        "line: prefer --api-key-file or R1DESK_API_KEY)",
+    )
+    serve.add_argument(
+        "--api-key-file", default=None, metavar="FILE", help="read the API key from FILE (its first line)"
+    )
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model ids clients use (several allowed; default: the model folder's name)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin allowed to call the API from a browser (CORS), e.g. "
+        "http://localhost:3000; repeatable; none by default",
+    )
     serve.add_argument("--max-waiting", type=_count(1), default=16, help="requests that may wait; more get 429")
-    serve.add_argument("--max-parallel", type=_count(1), default=1, metavar="N",
-                       help="replies decoded together (continuous batching over a paged KV cache sized from the "
-                            "free memory); 1 (default): one at a time, the fastest single reply")
-    serve.add_argument("--max-tokens-cap", type=_count(1), default=None, metavar="N",
-                       help="the most new tokens any request may have (default: up to the context)")
+    serve.add_argument(
+        "--max-parallel",
+        type=_count(1),
+        default=1,
+        metavar="N",
+        help="replies decoded together (continuous batching over a paged KV cache sized from the "
+        "free memory); 1 (default): one at a time, the fastest single reply",
+    )
+    serve.add_argument(
+        "--max-tokens-cap",
+        type=_count(1),
+        default=None,
+        metavar="N",
+        help="the most new tokens any request may have (default: up to the context)",
+    )
     serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
     serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
     serve.set_defaults(func=cmd_serve)
@@ -46,8 +73,11 @@ def cmd_serve(args) -> int:
         print(f"r1desk serve: {err}", file=sys.stderr)
         return 2
     if args.max_parallel > 1 and args.kv_cache != KV_16BIT:
-        print("r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
-              "yet): drop --kv-cache 8-bit, or serve one reply at a time", file=sys.stderr)
+        print(
+            "r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
+            "yet): drop --kv-cache 8-bit, or serve one reply at a time",
+            file=sys.stderr,
+        )
         return 2
     return run(args)
 

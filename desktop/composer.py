@@ -95,8 +95,10 @@ class Composer(QFrame):
 
     def set_vote_chains(self, n: int) -> None:
         self.vote_btn.setText(f"Ask ×{n}")
-        self.vote_btn.setToolTip(f"Sample {n} reasoning chains and answer with their majority (Settings: Chains "
-                                 "for Ask ×N)")
+        self.vote_btn.setToolTip(
+            f"Sample {n} reasoning chains and answer with their majority (Settings: Chains for Ask ×N)"
+        )
+
 
 class Banner(QFrame):
     """A dismissable message with up to a few actions; the app stays usable under it."""

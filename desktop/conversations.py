@@ -46,8 +46,11 @@ class ConversationActions:
         return title.strip()
 
     def delete(self, conv_id: int, confirm: bool = True) -> bool:
-        if confirm and QMessageBox.question(self.parent, "Delete chat",
-                                            "Delete this chat? This cannot be undone.") != QMessageBox.Yes:
+        if (
+            confirm
+            and QMessageBox.question(self.parent, "Delete chat", "Delete this chat? This cannot be undone.")
+            != QMessageBox.Yes
+        ):
             return False
         return self.write("delete the chat", lambda: self.store.delete_conversation(conv_id))
 
@@ -58,8 +61,9 @@ class ConversationActions:
             return None
         if path is None:
             filt = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-            path, _ = QFileDialog.getSaveFileName(self.parent, "Export chat", export_file_name(conv["title"], fmt),
-                                                  filt)
+            path, _ = QFileDialog.getSaveFileName(
+                self.parent, "Export chat", export_file_name(conv["title"], fmt), filt
+            )
             if not path:
                 return None
         text = self.store.export_markdown(conv_id) if fmt == "md" else self.store.export_json(conv_id)

@@ -57,8 +57,10 @@ class CrashLog:
             take(self._lock)
             self.path = self.folder / f"{stem}.log"
             self._file = open(self.path, "x", encoding="utf-8", errors="replace", buffering=1)
-            self._file.write(f"r1desk session started {datetime.datetime.now().isoformat(timespec='seconds')} "
-                             f"pid {os.getpid()} Python {sys.version.split()[0]} on {sys.platform}\n")
+            self._file.write(
+                f"r1desk session started {datetime.datetime.now().isoformat(timespec='seconds')} "
+                f"pid {os.getpid()} Python {sys.version.split()[0]} on {sys.platform}\n"
+            )
             self._file.flush()
         except OSError as err:
             print(f"r1desk: no crash log this run ({self.folder} can't be written: {err})", file=sys.stderr)
@@ -103,8 +105,10 @@ class CrashLog:
 
     def _thread_excepthook(self, args) -> None:
         name = args.thread.name if args.thread is not None else "?"
-        self.note(f"Uncaught exception in thread {name}:\n" +
-                  "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
+        self.note(
+            f"Uncaught exception in thread {name}:\n"
+            + "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        )
         (self._old_thread_hook or threading.__excepthook__)(args)
 
     # ------------------------------------------------------------------ earlier runs
@@ -157,5 +161,14 @@ def _mtime(path: Path) -> float:
 
 
 def _looks_fatal(text: str) -> bool:
-    return any(marker in text for marker in ("Fatal Python error", "Segmentation fault", "Aborted",
-                                             "Bus error", "Floating point exception", "Illegal instruction"))
+    return any(
+        marker in text
+        for marker in (
+            "Fatal Python error",
+            "Segmentation fault",
+            "Aborted",
+            "Bus error",
+            "Floating point exception",
+            "Illegal instruction",
+        )
+    )

@@ -28,8 +28,10 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"]
-OFFLINE_MESSAGE = ("Downloading needs a network connection, and huggingface.co could not be reached. "
-                   "You can still choose a model folder or a model already on this computer.")
+OFFLINE_MESSAGE = (
+    "Downloading needs a network connection, and huggingface.co could not be reached. "
+    "You can still choose a model folder or a model already on this computer."
+)
 
 
 def default_destination(repo_id: str) -> Path:
@@ -76,7 +78,8 @@ class ModelDownload(QObject):
         env.pop("HF_HUB_OFFLINE", None)  # set in this process by model_loader; an explicit download is online
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = await asyncio.create_subprocess_exec(
-            *worker_command(repo_id, dest), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+            *worker_command(repo_id, dest), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+        )
         if self._cancelled:  # cancelled while the child was starting: there was nothing to stop then
             self.proc.terminate()
         # stderr read as it comes: a child that writes more than the pipe holds (64 KB) would block on it
@@ -123,8 +126,13 @@ def _is_network_error(err: BaseException) -> bool:
     seen = 0
     while err is not None and seen < 10:
         if isinstance(err, (ConnectionError, TimeoutError)) or type(err).__name__ in (
-                "ConnectError", "ConnectTimeout", "TimeoutException", "ReadTimeout", "OfflineModeIsEnabled",
-                "LocalEntryNotFoundError"):  # httpx's / huggingface_hub's names, whatever their module
+            "ConnectError",
+            "ConnectTimeout",
+            "TimeoutException",
+            "ReadTimeout",
+            "OfflineModeIsEnabled",
+            "LocalEntryNotFoundError",
+        ):  # httpx's / huggingface_hub's names, whatever their module
             return True
         err = err.__cause__ or err.__context__
         seen += 1
@@ -162,8 +170,10 @@ def _opener():
     class NoTokenAcrossHosts(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req, fp, code, msg, headers, newurl):
             new = super().redirect_request(req, fp, code, msg, headers, newurl)
-            if new is not None and urllib.parse.urlsplit(newurl).hostname != urllib.parse.urlsplit(
-                    req.full_url).hostname:
+            if (
+                new is not None
+                and urllib.parse.urlsplit(newurl).hostname != urllib.parse.urlsplit(req.full_url).hostname
+            ):
                 new.remove_header("Authorization")
             return new
 
@@ -201,13 +211,17 @@ def _fetch(url: str, headers: dict, part: Path, size: int, retries: int = 5) -> 
             continue
         if part.stat().st_size > size:
             part.unlink()
-            raise WrongSize(f"{part.name[:-len('.part')]}: the server sent more bytes than the {size:,} the repo "
-                            "lists; try again later")
+            raise WrongSize(
+                f"{part.name[: -len('.part')]}: the server sent more bytes than the {size:,} the repo "
+                "lists; try again later"
+            )
     got = part.stat().st_size if part.exists() else 0
     if got < size:
         part.unlink(missing_ok=True)
-        raise WrongSize(f"{part.name[:-len('.part')]}: the server sent {got:,} of its {size:,} bytes, "
-                        f"{retries + 1} times; try again later")
+        raise WrongSize(
+            f"{part.name[: -len('.part')]}: the server sent {got:,} of its {size:,} bytes, "
+            f"{retries + 1} times; try again later"
+        )
 
 
 def worker_main(argv: list[str]) -> int:

@@ -33,5 +33,6 @@ class ElidedLabel(QLabel):
         rect = self.contentsRect()
         text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, rect.width())
         painter = QPainter(self)
-        self.style().drawItemText(painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text,
-                                  self.foregroundRole())
+        self.style().drawItemText(
+            painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text, self.foregroundRole()
+        )

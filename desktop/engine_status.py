@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-STAGE_TEXT = {"importing": "Starting the engine…", "loading": "Loading model…", "warming": "Warming up…",
-              "preparing": "Preparing GPU kernels (first start only)…"}
+STAGE_TEXT = {
+    "importing": "Starting the engine…",
+    "loading": "Loading model…",
+    "warming": "Warming up…",
+    "preparing": "Preparing GPU kernels (first start only)…",
+}
 # a first start compiles the GPU kernels while the weights load: said beside the load's progress
 COMPILING_NOTE = " · preparing GPU kernels alongside (first start only)"
 
@@ -35,7 +39,7 @@ def loading_text(done: int, total: int, note: str = "") -> str:
 
 
 def warmup_text(stage_text: str, done: int, total: int, what: str) -> str:
-    """"Preparing GPU kernels (first start only)… 3/14: timing the attention kernels": the step under way."""
+    """ "Preparing GPU kernels (first start only)… 3/14: timing the attention kernels": the step under way."""
     return f"{stage_text} {min(done + 1, total)}/{total}: {what}"
 
 

@@ -83,16 +83,21 @@ def memory_read(total: float, cache: float, tok_s: float) -> tuple[str, str, str
         return "—", "—", ""
     rate = total * tok_s / 1e9  # GB/s
     rate_text = f"{rate / 1000:.2f} TB/s" if rate >= 1000 else f"{rate:.0f} GB/s"
-    return (f"{total / 1e9:.2f} GB", rate_text,
-            f"Each decode step read {(total - cache) / 1e9:.2f} GB of weights and {cache / 1e9:.2f} GB of KV cache "
-            f"(the context it attends to).\nDecode speed is bound by memory: {tok_s:.0f} tok/s × "
-            f"{total / 1e9:.2f} GB is {rate_text} read.")
+    return (
+        f"{total / 1e9:.2f} GB",
+        rate_text,
+        f"Each decode step read {(total - cache) / 1e9:.2f} GB of weights and {cache / 1e9:.2f} GB of KV cache "
+        f"(the context it attends to).\nDecode speed is bound by memory: {tok_s:.0f} tok/s × "
+        f"{total / 1e9:.2f} GB is {rate_text} read.",
+    )
 
 
 def ttft_breakdown(stats: dict) -> str:
     """Where a reply's time to first token went: the prompt's rendering, then the prefill and first sample."""
     prompt_ms = stats.get("prompt_ms") or 0.0
     new = stats["prompt_tokens"] - stats["prefix_reused_tokens"]
-    return (f"Chat template and tokenizer: {prompt_ms:.1f} ms\n"
-            f"Prefill of {new:,} new tokens ({stats['prefix_reused_tokens']:,} cached) and the first token: "
-            f"{stats['ttft_ms'] - prompt_ms:.1f} ms")
+    return (
+        f"Chat template and tokenizer: {prompt_ms:.1f} ms\n"
+        f"Prefill of {new:,} new tokens ({stats['prefix_reused_tokens']:,} cached) and the first token: "
+        f"{stats['ttft_ms'] - prompt_ms:.1f} ms"
+    )

@@ -20,14 +20,12 @@ from collections import deque
 
 from PySide6.QtCore import QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import (QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from desktop.gpu_monitor import NO_GPU_LIVE, GpuMonitor
 from desktop.live_figures import LiveReply, gib, kernel_choices_text, memory_read, ttft_breakdown
 from model_loader.gpu_clocks import GpuClocks, steady  # pure Python, like the next
 from model_loader.stats import decode_context, percentile  # pure Python: importing it does not import torch
-
 
 
 class Sparkline(QWidget):
@@ -117,16 +115,39 @@ _UNSET = object()
 class LivePanel(QScrollArea):
     LOG_LINES = 50
     ROWS = [
-        ("reply", "This reply", [("ttft", "First token"), ("tfat", "First answer token"),
-                                 ("split", "Thinking / answering"), ("tokens", "Tokens think + answer"),
-                                 ("rate", "Decode tok/s"), ("read", "Read a token"), ("read_rate", "Read rate")]),
-        ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"),
-                                ("replies", "Replies")]),
+        (
+            "reply",
+            "This reply",
+            [
+                ("ttft", "First token"),
+                ("tfat", "First answer token"),
+                ("split", "Thinking / answering"),
+                ("tokens", "Tokens think + answer"),
+                ("rate", "Decode tok/s"),
+                ("read", "Read a token"),
+                ("read_rate", "Read rate"),
+            ],
+        ),
+        ("session", "Session", [("ttft_p", "TTFT P50 / P95"), ("rate_p", "tok/s P50 / P95"), ("replies", "Replies")]),
         ("context", "Context", [("ctx", "Used / available"), ("reused", "Prefix reused")]),
-        ("batch", "Replies at once", [("running", "Running / waiting"), ("all_rate", "tok/s, all replies"),
-                                      ("blocks", "KV blocks used")]),
-        ("memory", "GPU", [("weights", "Weights"), ("kv", "KV cache"), ("other", "Other torch"), ("free", "Free"),
-                           ("util", "GPU busy"), ("clock", "SM clock"), ("slowed", "Slowed by")]),
+        (
+            "batch",
+            "Replies at once",
+            [("running", "Running / waiting"), ("all_rate", "tok/s, all replies"), ("blocks", "KV blocks used")],
+        ),
+        (
+            "memory",
+            "GPU",
+            [
+                ("weights", "Weights"),
+                ("kv", "KV cache"),
+                ("other", "Other torch"),
+                ("free", "Free"),
+                ("util", "GPU busy"),
+                ("clock", "SM clock"),
+                ("slowed", "Slowed by"),
+            ],
+        ),
     ]
 
     def __init__(self, theme, parent=None):
@@ -190,16 +211,19 @@ class LivePanel(QScrollArea):
         for label in (self.keys["slowed"], self.values["slowed"]):  # shown while something slows the GPU down
             label.hide()
         self.values["all_rate"].setToolTip("Tokens per second of every reply being written, together")
-        self.values["blocks"].setToolTip("The paged KV cache: blocks of tokens held by the replies being written "
-                                         "(free blocks may still hold a cached prefix, reused when its text "
-                                         "comes back)")
+        self.values["blocks"].setToolTip(
+            "The paged KV cache: blocks of tokens held by the replies being written "
+            "(free blocks may still hold a cached prefix, reused when its text "
+            "comes back)"
+        )
         self._show_batch(False)  # shown when the engine writes several replies at once
         self.log_head = QLabel("API requests")
         self.log_head.setProperty("role", "section")
         self.log = QListWidget()
         self.log.setAccessibleName("API request log")
-        self.log.setToolTip("Requests the local API server answered: time, tokens, time to first token, "
-                            "decode speed, client")
+        self.log.setToolTip(
+            "Requests the local API server answered: time, tokens, time to first token, decode speed, client"
+        )
         self.log.setFixedHeight(96)
         self.log.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.log.setWordWrap(True)
@@ -303,8 +327,10 @@ class LivePanel(QScrollArea):
         """One line per API request, newest first (the last LOG_LINES)."""
         when = time.strftime("%H:%M:%S")
         if stats:
-            line = (f"{when} · {stats['completion_tokens']} tok · TTFT {stats['ttft_ms']:.0f} ms · "
-                    f"{stats['decode_tok_s']:.0f} tok/s · {client}")
+            line = (
+                f"{when} · {stats['completion_tokens']} tok · TTFT {stats['ttft_ms']:.0f} ms · "
+                f"{stats['decode_tok_s']:.0f} tok/s · {client}"
+            )
         else:
             line = f"{when} · failed · {client}"
         self.log.insertItem(0, line)
@@ -361,8 +387,9 @@ class LivePanel(QScrollArea):
             lat = stats.get("token_latencies_ms") or []
             if lat:  # tok/s over windows of 16 tokens: the shape of the reply's speed
                 w = 16
-                reply.rate_series = [1000.0 * len(lat[i:i + w]) / max(sum(lat[i:i + w]), 1e-6)
-                                          for i in range(0, len(lat), w)]
+                reply.rate_series = [
+                    1000.0 * len(lat[i : i + w]) / max(sum(lat[i : i + w]), 1e-6) for i in range(0, len(lat), w)
+                ]
         self.refresh()
 
     # ---- painting
@@ -378,14 +405,18 @@ class LivePanel(QScrollArea):
                 v["ttft"].setText(f"{s['ttft_ms']:.0f} ms")
                 v["ttft"].setToolTip(ttft_breakdown(s))
                 v["tfat"].setText(f"{s['first_answer_ms']:.0f} ms" if s.get("first_answer_ms") is not None else "—")
-                think = ((s["first_answer_ms"] - s["ttft_ms"]) / 1000 if s.get("first_answer_ms") is not None
-                         else s["total_s"] - s["ttft_ms"] / 1000)
+                think = (
+                    (s["first_answer_ms"] - s["ttft_ms"]) / 1000
+                    if s.get("first_answer_ms") is not None
+                    else s["total_s"] - s["ttft_ms"] / 1000
+                )
                 answer = s["total_s"] - think - s["ttft_ms"] / 1000
                 v["split"].setText(f"{max(think, 0):.1f} s / {max(answer, 0):.1f} s")
                 v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
                 v["rate"].setText(f"{s['decode_tok_s']:.0f} avg")
-                self._show_read(*memory_read(s.get("decode_read_bytes"), s.get("decode_cache_read_bytes") or 0.0,
-                                             s["decode_tok_s"]))
+                self._show_read(
+                    *memory_read(s.get("decode_read_bytes"), s.get("decode_cache_read_bytes") or 0.0, s["decode_tok_s"])
+                )
                 used = s["prompt_tokens"] + s["completion_tokens"]
                 v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
                 v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
@@ -449,8 +480,11 @@ class LivePanel(QScrollArea):
         if scheduler is not None:
             snap = scheduler.snapshot()
             total = snap["kv_blocks_used"] + snap["kv_blocks_free"]
-            v["blocks"].setText(f"{snap['kv_blocks_used']:,} / {total:,} ({100 * snap['kv_blocks_used'] / total:.0f}%)"
-                                if total else "—")
+            v["blocks"].setText(
+                f"{snap['kv_blocks_used']:,} / {total:,} ({100 * snap['kv_blocks_used'] / total:.0f}%)"
+                if total
+                else "—"
+            )
 
     def _show_read(self, read: str, rate: str, tip: str) -> None:
         for key, text in (("read", read), ("read_rate", rate)):
@@ -466,9 +500,11 @@ class LivePanel(QScrollArea):
             context = f" · context {'Auto: ' if i.get('context_auto') else ''}{ctx:,}" if ctx else ""
             if i.get("kv_cache") == "8-bit":
                 context += " (8-bit KV cache)"
-            self.device_label.setText(f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
-                                      f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}"
-                                      f"{context}")
+            self.device_label.setText(
+                f"{i.get('device_name', '?')} · {i.get('dtype', '')}{quant} · "
+                f"{i.get('kernels', '')}{' + CUDA graphs' if i.get('cuda_graphs') else ''}"
+                f"{context}"
+            )
             # unwrapped lines: Qt wraps a plain-text tooltip at its own width, mid-entry
             self.device_label.setToolTip(f"<p style='white-space:pre'>{html.escape(kernel_choices_text(i))}</p>")
         if not m:
@@ -493,13 +529,19 @@ class LivePanel(QScrollArea):
         if on_gpu and total:
             v["free"].setText(f"{free / 2**30:.2f} / {total / 2**30:.1f} GiB")
             outside = max(0, total - free - weights - kv - other)  # other processes, CUDA context
-            parts = [("Weights", weights, QColor(t.plot_a)), ("KV cache", kv, QColor(t.plot_b)),
-                     ("Other torch", other, QColor("#8e6cd8")), ("Other", outside, QColor(t.faint)),
-                     ("Free", free, QColor(t.border))]
+            parts = [
+                ("Weights", weights, QColor(t.plot_a)),
+                ("KV cache", kv, QColor(t.plot_b)),
+                ("Other torch", other, QColor("#8e6cd8")),
+                ("Other", outside, QColor(t.faint)),
+                ("Free", free, QColor(t.border)),
+            ]
         else:
             v["free"].setText("— (CPU)")
-            parts = [("Weights", weights, QColor(t.plot_a)), ("KV cache", kv, QColor(t.plot_b)),
-                     ("Other torch", other, QColor("#8e6cd8"))]
+            parts = [
+                ("Weights", weights, QColor(t.plot_a)),
+                ("KV cache", kv, QColor(t.plot_b)),
+                ("Other torch", other, QColor("#8e6cd8")),
+            ]
         self.membar.set_parts(parts)
-        self.legend.setText("&nbsp;&nbsp;".join(
-            f'<span style="color:{c.name()}">■</span> {n}' for n, _, c in parts))
+        self.legend.setText("&nbsp;&nbsp;".join(f'<span style="color:{c.name()}">■</span> {n}' for n, _, c in parts))

@@ -39,8 +39,22 @@ _PLACEHOLDER = re.compile(r"R1MATH(\d+)Z")
 
 
 # Languages whose pygments lexers are loaded and compiled before the first reply (prewarm_rendering).
-WARM_LANGUAGES = ("python", "bash", "javascript", "typescript", "c", "cpp", "java", "rust", "go", "json", "sql",
-                  "html", "latex", "text")
+WARM_LANGUAGES = (
+    "python",
+    "bash",
+    "javascript",
+    "typescript",
+    "c",
+    "cpp",
+    "java",
+    "rust",
+    "go",
+    "json",
+    "sql",
+    "html",
+    "latex",
+    "text",
+)
 
 
 # guess_lexer runs every lexer's analyse_text over what it is given, on the GUI thread with the GIL held: 1-3.5 ms
@@ -75,7 +89,7 @@ def code_lexer(code: str, lang: str):
         return _named_lexer(lang)
     if len(code) < PLAIN_UNDER:
         return None
-    return _guessed_lexer(code[:max(GUESS_STEP, min(GUESS_CHARS, len(code)) // GUESS_STEP * GUESS_STEP)])
+    return _guessed_lexer(code[: max(GUESS_STEP, min(GUESS_CHARS, len(code)) // GUESS_STEP * GUESS_STEP)])
 
 
 def warm_up_highlighting() -> None:
@@ -128,15 +142,15 @@ def split_math(text: str) -> tuple[str, list[tuple[str, bool]]]:
             inner, end = _balanced(seg, m.end())
             if inner is None:
                 continue
-            out.append(seg[pos:m.start()])
-            out.append(take(seg[m.start():end], False))
+            out.append(seg[pos : m.start()])
+            out.append(take(seg[m.start() : end], False))
             pos = end
         out.append(seg[pos:])
         return "".join(out)
 
     parts, pos = [], 0
     for m in _CODE.finditer(text):
-        parts.append(in_prose(text[pos:m.start()]))
+        parts.append(in_prose(text[pos : m.start()]))
         parts.append(m.group(0))
         pos = m.end()
     parts.append(in_prose(text[pos:]))
@@ -146,8 +160,7 @@ def split_math(text: str) -> tuple[str, list[tuple[str, bool]]]:
 class MarkdownRenderer:
     """One per theme and font size; render() is pure apart from the math image cache."""
 
-    def __init__(self, theme: Theme, font_px: float, dpr: float = 1.0, mono: str = "monospace",
-                 math_wait: bool = True):
+    def __init__(self, theme: Theme, font_px: float, dpr: float = 1.0, mono: str = "monospace", math_wait: bool = True):
         """math_wait=False (the window): formulas not drawn yet come out as their source and the Rendered says
         pending_math; render again after desktop.mathimg.math_ready_signal() fires."""
         self.theme, self.font_px, self.dpr, self.mono = theme, font_px, dpr, mono
@@ -183,8 +196,11 @@ class MarkdownRenderer:
         body, formulas = split_math(text)
         env = {"code": []}
         out = self.md.render(body, env)
-        out = out.replace("<table>", f'<table border="1" cellspacing="0" cellpadding="6" width="100%" '
-                                     f'style="border-collapse: collapse; border-color: {self.theme.border};">')
+        out = out.replace(
+            "<table>",
+            f'<table border="1" cellspacing="0" cellpadding="6" width="100%" '
+            f'style="border-collapse: collapse; border-color: {self.theme.border};">',
+        )
         result = Rendered("", env["code"])
         color = self.theme.faint if quiet else self.theme.text
         # mathtext's italic letters come out a little smaller than the body font's: scale up to match.
@@ -192,8 +208,14 @@ class MarkdownRenderer:
 
         def image_html(n: int) -> str:
             tex, display = formulas[n]
-            img = render_image(tex, color, size * (1.1 if display else 1.0), self.dpr,
-                               self.x_height * (0.91 if quiet else 1.0), wait=self.math_wait)
+            img = render_image(
+                tex,
+                color,
+                size * (1.1 if display else 1.0),
+                self.dpr,
+                self.x_height * (0.91 if quiet else 1.0),
+                wait=self.math_wait,
+            )
             if img is PENDING:
                 result.pending_math = True
                 img = None
@@ -207,9 +229,13 @@ class MarkdownRenderer:
             return f'<img src="{url}" width="{w}" height="{h}" align="middle" />'
 
         # A display formula alone in its paragraph is centred like LaTeX would.
-        out = re.sub(r"<p>\s*R1MATH(\d+)Z\s*</p>",
-                     lambda m: f'<p align="center">{image_html(int(m.group(1)))}</p>'
-                     if formulas[int(m.group(1))][1] else m.group(0), out)
+        out = re.sub(
+            r"<p>\s*R1MATH(\d+)Z\s*</p>",
+            lambda m: (
+                f'<p align="center">{image_html(int(m.group(1)))}</p>' if formulas[int(m.group(1))][1] else m.group(0)
+            ),
+            out,
+        )
         out = _PLACEHOLDER.sub(lambda m: image_html(int(m.group(1))), out)
         result.html = out
         return result

@@ -26,10 +26,25 @@ PENDING = object()  # render_image(wait=False): the formula is being drawn on th
 
 # Commands R1 uses that mathtext does not know, mapped to ones it does.
 _REPLACEMENTS = [
-    (r"\dfrac", r"\frac"), (r"\tfrac", r"\frac"), (r"\displaystyle", ""), (r"\textstyle", ""),
-    (r"\limits", ""), (r"\nolimits", ""), (r"\left.", ""), (r"\right.", ""), (r"\textbf", r"\mathbf"),
-    (r"\mathrm{d}", r"d"), (r"\lvert", "|"), (r"\rvert", "|"), (r"\lVert", r"\Vert"), (r"\rVert", r"\Vert"),
-    (r"\le ", r"\leq "), (r"\ge ", r"\geq "), (r"\dots", r"\ldots"), (r"\cdotp", r"\cdot"), (r"\tag", r"\quad"),
+    (r"\dfrac", r"\frac"),
+    (r"\tfrac", r"\frac"),
+    (r"\displaystyle", ""),
+    (r"\textstyle", ""),
+    (r"\limits", ""),
+    (r"\nolimits", ""),
+    (r"\left.", ""),
+    (r"\right.", ""),
+    (r"\textbf", r"\mathbf"),
+    (r"\mathrm{d}", r"d"),
+    (r"\lvert", "|"),
+    (r"\rvert", "|"),
+    (r"\lVert", r"\Vert"),
+    (r"\rVert", r"\Vert"),
+    (r"\le ", r"\leq "),
+    (r"\ge ", r"\geq "),
+    (r"\dots", r"\ldots"),
+    (r"\cdotp", r"\cdot"),
+    (r"\tag", r"\quad"),
 ]
 _BOXED = re.compile(r"\\boxed\s*\{")
 
@@ -93,8 +108,7 @@ def render_png(tex: str, color: str, font_px: float, dpr: float) -> tuple[bytes,
     return buf.getvalue(), boxed, float(parsed.height), float(parsed.depth)
 
 
-def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: float | None = None,
-                 wait: bool = True):
+def render_image(tex: str, color: str, font_px: float, dpr: float, x_height: float | None = None, wait: bool = True):
     """The formula as an image padded so that, placed with QTextDocument's "vertical-align: middle", its
     baseline sits on the text's baseline (Qt centres such images x_height/4 above the baseline).
     None if mathtext can't draw it; with wait=False, PENDING while the math thread draws it."""

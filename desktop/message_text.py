@@ -34,7 +34,7 @@ def soft_cut(text: str, start: int) -> int:
         if pos <= start:
             break
         in_fence = (fences_before + text.count("```", start, pos + 1)) % 2 == 1
-        nxt = text[pos + 1:pos + 2]
+        nxt = text[pos + 1 : pos + 2]
         if in_fence or (nxt and nxt not in " \t|\n"):
             return pos + 1
         pos = text.rfind("\n", start + 1, pos)
@@ -53,10 +53,15 @@ def block_cut(text: str, start: int) -> int:
     the cut can be rendered once and never again; `start` if there is no such boundary yet."""
     cut = text.rfind("\n\n", start)
     while cut > start:
-        nxt = text[cut + 2:cut + 6].lstrip("\n")
+        nxt = text[cut + 2 : cut + 6].lstrip("\n")
         chunk = text[:cut]
-        if (nxt and not _LIST_OR_INDENT.match(nxt) and chunk.count("```") % 2 == 0
-                and chunk.count("$$") % 2 == 0 and chunk.count("\\[") == chunk.count("\\]")):
+        if (
+            nxt
+            and not _LIST_OR_INDENT.match(nxt)
+            and chunk.count("```") % 2 == 0
+            and chunk.count("$$") % 2 == 0
+            and chunk.count("\\[") == chunk.count("\\]")
+        ):
             return cut + 2
         cut = text.rfind("\n\n", start, cut)
     return start
@@ -71,9 +76,13 @@ def reasoning_label(stats: dict, has_answer: bool, complete: bool) -> str:
     if has_answer:
         return f"Thought for {format_seconds(thinking)}" if thinking is not None else "Thoughts"
     reason = stats.get("finish_reason")
-    why = {"max_new_tokens": "hit the token limit", "context_full": "the context is full",
-           "cancelled": "stopped", "eos": "ended", "error": "stopped by an error"}.get(
-        reason, "interrupted" if not complete else "")
+    why = {
+        "max_new_tokens": "hit the token limit",
+        "context_full": "the context is full",
+        "cancelled": "stopped",
+        "eos": "ended",
+        "error": "stopped by an error",
+    }.get(reason, "interrupted" if not complete else "")
     head = f"Thought for {format_seconds(thinking)}" if thinking is not None else "Reasoning"
     return f"{head} · no answer ({why} while thinking)" if why else f"{head} · no answer"
 

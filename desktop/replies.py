@@ -67,8 +67,10 @@ class ReplyController(QObject):
         try:
             self.msg_id = self.store.add_message(conv_id, "assistant", "", complete=False, settings=settings)
         except sqlite3.Error as err:
-            self.banner.show_message("save_failed", "Could not start the reply: saving it failed: "
-                                                    f"{store_problem(err)} Then use Regenerate or send again.")
+            self.banner.show_message(
+                "save_failed",
+                f"Could not start the reply: saving it failed: {store_problem(err)} Then use Regenerate or send again.",
+            )
             return False
         try:
             if chains > 1:
@@ -144,8 +146,9 @@ class ReplyController(QObject):
         if info:
             stats["model"] = info.get("model_name")
             stats["device"] = info.get("device_name")
-        fields = dict(content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True,
-                      stats=stats)
+        fields = dict(
+            content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True, stats=stats
+        )
         self.write(self.msg_id, fields, touch=self.conv_id)
         msg = {**(self.store.message(self.msg_id) or {"id": self.msg_id, "role": "assistant"}), **fields}
         self._end(msg)
@@ -158,8 +161,13 @@ class ReplyController(QObject):
             return
         s = self.stream
         if s.reasoning or s.answer:  # keep what was written; say why it stopped
-            fields = dict(content=content_of(s.reasoning, s.answer), reasoning=s.reasoning, answer=s.answer,
-                          complete=True, stats={"finish_reason": "error", "error": message})
+            fields = dict(
+                content=content_of(s.reasoning, s.answer),
+                reasoning=s.reasoning,
+                answer=s.answer,
+                complete=True,
+                stats={"finish_reason": "error", "error": message},
+            )
             self.write(self.msg_id, fields)
             msg = {**(self.store.message(self.msg_id) or {"id": self.msg_id, "role": "assistant"}), **fields}
         else:
@@ -170,9 +178,12 @@ class ReplyController(QObject):
         if kind == "context_full":
             self.win.context_full_banner(f"This conversation no longer fits in the context: {message}.")
         elif kind == "oom":
-            self.banner.show_message("oom", f"Out of GPU memory: {message}. The conversation is kept; try a "
-                                            "shorter context length or 4-bit weights.",
-                                     [("Settings…", self.win.open_settings)])
+            self.banner.show_message(
+                "oom",
+                f"Out of GPU memory: {message}. The conversation is kept; try a "
+                "shorter context length or 4-bit weights.",
+                [("Settings…", self.win.open_settings)],
+            )
         elif kind == "unloaded":
             self.banner.show_message("generate", f"The reply did not start: {message}.")
         elif kind != "cancelled":  # Stop pressed while the reply still waited behind API requests: nothing to say
@@ -195,8 +206,16 @@ class ReplyController(QObject):
         """The window is closing and the engine has stopped: keep the reply as it stands (cancelled)."""
         if self.stream is not None and self.msg_id is not None:
             s = self.stream
-            self.write(self.msg_id, dict(content=content_of(s.reasoning, s.answer), reasoning=s.reasoning,
-                                         answer=s.answer, complete=True, stats={"finish_reason": "cancelled"}))
+            self.write(
+                self.msg_id,
+                dict(
+                    content=content_of(s.reasoning, s.answer),
+                    reasoning=s.reasoning,
+                    answer=s.answer,
+                    complete=True,
+                    stats={"finish_reason": "cancelled"},
+                ),
+            )
             self._end(None)
         self.retry_unsaved()  # a last try for anything a full disk held back
         self.retry_timer.stop()
@@ -226,8 +245,10 @@ class ReplyController(QObject):
                 pending["touch"] = touch
             self.unsaved[msg_id] = pending
             if self.banner.kind != "save_failed" or not self.banner.isVisible():
-                self.banner.show_message("save_failed", f"Could not save the reply: {store_problem(err)} It stays "
-                                                         "in this window and r1desk keeps trying.")
+                self.banner.show_message(
+                    "save_failed",
+                    f"Could not save the reply: {store_problem(err)} It stays in this window and r1desk keeps trying.",
+                )
             self.retry_timer.start()
             return False
         if self.unsaved.pop(msg_id, None) is not None and not self.unsaved and self.banner.kind == "save_failed":

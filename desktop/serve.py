@@ -24,18 +24,27 @@ def run(args) -> int:
     from desktop.service import EngineService
 
     if not is_loopback(args.host) and not args.api_key:
-        print(f"r1desk serve: serving on {args.host} makes the API reachable from other computers; "
-              "give it an --api-key", file=sys.stderr)
+        print(
+            f"r1desk serve: serving on {args.host} makes the API reachable from other computers; give it an --api-key",
+            file=sys.stderr,
+        )
         return 2
     faulthandler.enable()
     sys.setswitchinterval(0.0005)  # as in the app: the engine thread gets the GIL back within half a millisecond
     app = QCoreApplication.instance() or QCoreApplication(sys.argv[:1])
     app._r1desk_gc = GuiThreadGC(parent=app)  # Qt objects are finalized on this thread only
-    service = EngineService(app, max_waiting=args.max_waiting, max_parallel=args.max_parallel,
-                            max_tokens_cap=args.max_tokens_cap)
-    server = ApiServer(service, host=args.host, port=args.port, api_key=args.api_key,
-                       allowed_origins=args.allow_origin, served_names=args.served_model_name or (),
-                       defaults={"temperature": args.temperature, "top_p": args.top_p})
+    service = EngineService(
+        app, max_waiting=args.max_waiting, max_parallel=args.max_parallel, max_tokens_cap=args.max_tokens_cap
+    )
+    server = ApiServer(
+        service,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        allowed_origins=args.allow_origin,
+        served_names=args.served_model_name or (),
+        defaults={"temperature": args.temperature, "top_p": args.top_p},
+    )
     loop = qt_event_loop(app)  # as the app's (qasync's, with cheaper callbacks: desktop/fastloop.py)
     asyncio.set_event_loop(loop)
     done = asyncio.Event()
@@ -57,8 +66,10 @@ def run(args) -> int:
 
     service.ready.connect(on_ready)
     service.load_failed.connect(on_load_failed)
-    said = {"preparing": "preparing GPU kernels (first start only)…",
-            "compiling": "loading, and compiling GPU kernels alongside (first start only)…"}
+    said = {
+        "preparing": "preparing GPU kernels (first start only)…",
+        "compiling": "loading, and compiling GPU kernels alongside (first start only)…",
+    }
     service.stage.connect(lambda stage: print(said.get(stage, f"{stage}…"), file=sys.stderr, flush=True))
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -76,8 +87,7 @@ def run(args) -> int:
         try:
             loop.run_until_complete(server.start())
         except OSError as err:
-            print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}",
-                  file=sys.stderr)
+            print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
             service.shutdown(3000)  # its engine thread runs already: a QThread destroyed running aborts Python
             return 1
         service.load(args.model, args.device, args.context, args.dtype, args.kv_cache)

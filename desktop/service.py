@@ -46,8 +46,9 @@ class GenerationRequest(QObject):
     logprobs = Signal(object)  # a token's log-probabilities (model_loader.events.TokenLogprobs as a dict)
     failed = Signal(str, str)  # kind (the worker's kinds, or "cancelled" before it started, "unloaded"), message
 
-    def __init__(self, service: "EngineService", messages: list[dict], settings: dict, client: str,
-                 control, label: str = ""):
+    def __init__(
+        self, service: "EngineService", messages: list[dict], settings: dict, client: str, control, label: str = ""
+    ):
         super().__init__(service)
         self.service = service
         self.id = next(_ids)
@@ -98,8 +99,14 @@ class EngineService(QObject):
     quantized = Signal(str)
     quantize_failed = Signal(str, str)
 
-    def __init__(self, parent=None, engine_factory=None, max_waiting: int = DEFAULT_MAX_WAITING,
-                 max_parallel: int = 1, max_tokens_cap: int | None = None):
+    def __init__(
+        self,
+        parent=None,
+        engine_factory=None,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        max_parallel: int = 1,
+        max_tokens_cap: int | None = None,
+    ):
         """max_parallel: replies decoded together (the load asks the worker for a scheduler above 1);
         max_tokens_cap: the most new tokens any request may ask for (none: up to the context), so no client
         holds a slot for ever."""
@@ -143,8 +150,7 @@ class EngineService(QObject):
     def model_name(self) -> str | None:
         return (self.info or {}).get("model_name")
 
-    def load(self, spec: str, device: str, context_length: int, dtype: str | None,
-             kv_cache: str = "16-bit") -> None:
+    def load(self, spec: str, device: str, context_length: int, dtype: str | None, kv_cache: str = "16-bit") -> None:
         """Load (or reload) a model. A reply already decoding one at a time finishes first (the worker is serial);
         replies decoding together end "unloaded" (the worker can't finish them before the load); requests still
         waiting fail with "unloaded": they were asked of the model being replaced."""
@@ -178,8 +184,15 @@ class EngineService(QObject):
         QCoreApplication.processEvents()
 
     # ------------------------------------------------------------------ requests
-    def submit(self, messages: list[dict], settings: dict, client: str = "chat", label: str = "",
-               control=None, samples_of: tuple[str, int] | None = None) -> GenerationRequest:
+    def submit(
+        self,
+        messages: list[dict],
+        settings: dict,
+        client: str = "chat",
+        label: str = "",
+        control=None,
+        samples_of: tuple[str, int] | None = None,
+    ) -> GenerationRequest:
         """Queue a generation. Raises NotReady without a loaded model and QueueFull when `max_waiting`
         requests already wait. The request's signals fire on this thread, the first ones after this returns.
         samples_of: (a name, n) for each of n samples of one prompt submitted together: decoded together, all but
@@ -190,8 +203,10 @@ class EngineService(QObject):
         if refusal is not None:
             raise refusal
         if self.max_tokens_cap:
-            settings = {**settings, "max_new_tokens": min(int(settings.get("max_new_tokens") or self.max_tokens_cap),
-                                                          self.max_tokens_cap)}
+            settings = {
+                **settings,
+                "max_new_tokens": min(int(settings.get("max_new_tokens") or self.max_tokens_cap), self.max_tokens_cap),
+            }
         if samples_of is not None:
             settings = {**settings, "samples_of": samples_of}
         req = GenerationRequest(self, messages, settings, client, control or GenerationControl(), label)
@@ -317,9 +332,13 @@ class EngineService(QObject):
             return
         self._end_running(gen_id)
         req.stats = result.get("stats")
-        self.last = {"client": req.client, "finish_reason": req.stats.get("finish_reason"),
-                     "completion_tokens": req.stats.get("completion_tokens"), "ttft_ms": req.stats.get("ttft_ms"),
-                     "decode_tok_s": req.stats.get("decode_tok_s")}
+        self.last = {
+            "client": req.client,
+            "finish_reason": req.stats.get("finish_reason"),
+            "completion_tokens": req.stats.get("completion_tokens"),
+            "ttft_ms": req.stats.get("ttft_ms"),
+            "decode_tok_s": req.stats.get("decode_tok_s"),
+        }
         self.request_ended.emit(req, req.stats)
         self.queue_changed.emit()
         req.finished.emit(result)

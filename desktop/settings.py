@@ -16,10 +16,23 @@ import re
 from dataclasses import asdict, dataclass, fields
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
-                               QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 @dataclass
@@ -45,11 +58,22 @@ class AppSettings:
 
     MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache", "max_parallel")
     # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
-    RANGES = {"context_length": (0, 131072), "max_parallel": (1, 32), "vote_chains": (2, 64),
-              "temperature": (0.0, 2.0), "top_p": (0.05, 1.0), "top_k": (0, 1000), "max_new_tokens": (0, 131072),
-              "font_size": (8, 24), "api_port": (1024, 65535)}
-    CHOICES = {"precision": ("auto", "bf16", "fp16", "fp32", "awq"), "kv_cache": ("16-bit", "8-bit"),
-               "theme": ("system", "light", "dark")}
+    RANGES = {
+        "context_length": (0, 131072),
+        "max_parallel": (1, 32),
+        "vote_chains": (2, 64),
+        "temperature": (0.0, 2.0),
+        "top_p": (0.05, 1.0),
+        "top_k": (0, 1000),
+        "max_new_tokens": (0, 131072),
+        "font_size": (8, 24),
+        "api_port": (1024, 65535),
+    }
+    CHOICES = {
+        "precision": ("auto", "bf16", "fp16", "fp32", "awq"),
+        "kv_cache": ("16-bit", "8-bit"),
+        "theme": ("system", "light", "dark"),
+    }
     VERSION = 2  # 2: context and max new tokens default to auto (0); version 1 stored 4096 for both
 
     @classmethod
@@ -100,8 +124,9 @@ class AppSettings:
         qs.sync()
 
     def sampling(self) -> dict:
-        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                    max_new_tokens=self.max_new_tokens)
+        return dict(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens
+        )
 
     def dtype(self) -> str | None:
         return None if self.precision in ("auto", "awq") else self.precision  # AWQ: the engine picks
@@ -118,7 +143,7 @@ def device_choices(gpus: list[dict] | None, current: str) -> list[tuple[str, str
     before a model has loaded, or a card since removed) stays in the list, so opening the dialog changes nothing."""
     several = gpus is not None and len(gpus) > 1
     items = [("GPU (NVIDIA), the first that works" if several else "GPU (NVIDIA)", "cuda")]
-    for gpu in (gpus if several else []):
+    for gpu in gpus if several else []:
         note = "" if gpu["supported"] else " (not supported by this PyTorch)"
         items.append((f"GPU {gpu['device'].removeprefix('cuda:')}: {gpu['name']}{note}", gpu["device"]))
     if current.startswith("cuda:") and current not in [value for _, value in items]:
@@ -127,8 +152,15 @@ def device_choices(gpus: list[dict] | None, current: str) -> list[tuple[str, str
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: AppSettings, parent=None, variants: dict | None = None, quantized: bool = False,
-                 auto_context: int | None = None, gpus: list[dict] | None = None):
+    def __init__(
+        self,
+        settings: AppSettings,
+        parent=None,
+        variants: dict | None = None,
+        quantized: bool = False,
+        auto_context: int | None = None,
+        gpus: list[dict] | None = None,
+    ):
         """variants: {"dense": folder | None, "awq": folder | None} for the loaded model (None: unknown);
         quantized: the loaded model is the 4-bit one; auto_context: the context "auto" chose at this load;
         gpus: the machine's NVIDIA GPUs (device_choices), None when not known yet."""
@@ -158,40 +190,55 @@ class SettingsDialog(QDialog):
 
         self.device = self._combo(device_choices(gpus, settings.device), settings.device, "Device")
         form.addRow("Device", self.device)
-        self.precision = self._combo(self._precisions(variants, quantized, settings.precision),
-                                     "awq" if quantized else settings.precision, "Precision")
-        self.precision.setToolTip("4-bit (AWQ) needs about half the GPU memory and is faster on laptop GPUs; "
-                                  "it is offered when a 4-bit copy of this model is on this computer")
+        self.precision = self._combo(
+            self._precisions(variants, quantized, settings.precision),
+            "awq" if quantized else settings.precision,
+            "Precision",
+        )
+        self.precision.setToolTip(
+            "4-bit (AWQ) needs about half the GPU memory and is faster on laptop GPUs; "
+            "it is offered when a 4-bit copy of this model is on this computer"
+        )
         self.precision.currentIndexChanged.connect(self._on_precision)
         form.addRow("Precision", self.precision)
-        self.context = self._spin(QSpinBox(), *R["context_length"], settings.context_length, "Context length",
-                                  step=1024)
+        self.context = self._spin(
+            QSpinBox(), *R["context_length"], settings.context_length, "Context length", step=1024
+        )
         self.context.setSpecialValueText(f"Auto: {auto_context:,}" if auto_context else "Auto")
-        self.context.setToolTip("Auto: as much as the GPU has room for after the model, up to 32,768 tokens "
-                                "(DeepSeek advises allowing R1 that much)")
+        self.context.setToolTip(
+            "Auto: as much as the GPU has room for after the model, up to 32,768 tokens "
+            "(DeepSeek advises allowing R1 that much)"
+        )
         form.addRow("Context length (tokens)", self.context)
         self.kv_cache = self._combo(KV_CACHE_FORMATS, settings.kv_cache, "KV cache")  # unknown: the first
-        self.kv_cache.setToolTip("Where the model keeps the conversation it has read. 8-bit takes about half the "
-                                 "GPU memory (Auto then fits twice the context, for larger models on small GPUs), "
-                                 "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
-                                 "now, slower replies at long context. Needs an RTX 40-series or newer GPU")
+        self.kv_cache.setToolTip(
+            "Where the model keeps the conversation it has read. 8-bit takes about half the "
+            "GPU memory (Auto then fits twice the context, for larger models on small GPUs), "
+            "at a small cost in accuracy (replies no longer match 16-bit exactly) and, for "
+            "now, slower replies at long context. Needs an RTX 40-series or newer GPU"
+        )
         form.addRow("KV cache", self.kv_cache)
         self.parallel = self._spin(QSpinBox(), *R["max_parallel"], settings.max_parallel, "Replies at once")
-        self.parallel.setToolTip("How many replies the model writes together: above 1, requests from other apps "
-                                 "(the local API) and your own chats are decoded side by side instead of waiting "
-                                 "in turn, for little more time than one. 1 writes one reply at a time, the "
-                                 "fastest for a single reply. Needs the 16-bit KV cache")
+        self.parallel.setToolTip(
+            "How many replies the model writes together: above 1, requests from other apps "
+            "(the local API) and your own chats are decoded side by side instead of waiting "
+            "in turn, for little more time than one. 1 writes one reply at a time, the "
+            "fastest for a single reply. Needs the 16-bit KV cache"
+        )
         form.addRow("Replies at once", self.parallel)
         self.kv_cache.currentIndexChanged.connect(self._on_kv_cache)
         self._on_kv_cache()
         self.vote = self._spin(QSpinBox(), *R["vote_chains"], settings.vote_chains, "Chains for Ask ×N")
-        self.vote.setToolTip("Ask ×N samples this many reasoning chains and answers with their majority (DeepSeek's "
-                             "R1 report: the 1.5B model scores 28.9% on AIME 2024 with one chain, 52.7% with a vote "
-                             "over 64). With Replies at once at least as large they are written together, in little "
-                             "more time than one; otherwise one after another")
+        self.vote.setToolTip(
+            "Ask ×N samples this many reasoning chains and answers with their majority (DeepSeek's "
+            "R1 report: the 1.5B model scores 28.9% on AIME 2024 with one chain, 52.7% with a vote "
+            "over 64). With Replies at once at least as large they are written together, in little "
+            "more time than one; otherwise one after another"
+        )
         form.addRow("Chains for Ask ×N", self.vote)
-        self.temperature = self._spin(QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature",
-                                      step=0.05)
+        self.temperature = self._spin(
+            QDoubleSpinBox(), *R["temperature"], settings.temperature, "Temperature", step=0.05
+        )
         form.addRow("Temperature", self.temperature)
         self.top_p = self._spin(QDoubleSpinBox(), *R["top_p"], settings.top_p, "Top-p", step=0.05)
         form.addRow("Top-p", self.top_p)
@@ -206,16 +253,19 @@ class SettingsDialog(QDialog):
         self.system_prompt.setPlaceholderText("Empty (recommended for DeepSeek-R1: put instructions in your message)")
         self.system_prompt.setFixedHeight(80)
         form.addRow("System prompt", self.system_prompt)
-        self.theme = self._combo([("Follow system", "system"), ("Light", "light"), ("Dark", "dark")],
-                                 settings.theme, "Theme")
+        self.theme = self._combo(
+            [("Follow system", "system"), ("Light", "light"), ("Dark", "dark")], settings.theme, "Theme"
+        )
         form.addRow("Theme", self.theme)
         self.font_size = self._spin(QSpinBox(), *R["font_size"], settings.font_size, "Font size")
         form.addRow("Font size (pt)", self.font_size)
 
         self.api_enabled = QCheckBox("Serve to apps on this computer")
         self.api_enabled.setAccessibleName("Local API server")
-        self.api_enabled.setToolTip("An OpenAI-compatible API at http://127.0.0.1:PORT/v1 for editors, Open WebUI "
-                                    "and scripts; only this computer can reach it")
+        self.api_enabled.setToolTip(
+            "An OpenAI-compatible API at http://127.0.0.1:PORT/v1 for editors, Open WebUI "
+            "and scripts; only this computer can reach it"
+        )
         self.api_enabled.setChecked(settings.api_enabled)
         form.addRow("Local API server", self.api_enabled)
         self.api_port = self._spin(QSpinBox(), *R["api_port"], settings.api_port, "API port")
@@ -233,8 +283,10 @@ class SettingsDialog(QDialog):
             w.setEnabled(settings.api_enabled)
             self.api_enabled.toggled.connect(w.setEnabled)
 
-        note = QLabel("Model folder, device, precision, context length, KV cache and replies at once take effect "
-                      "after the model reloads.")
+        note = QLabel(
+            "Model folder, device, precision, context length, KV cache and replies at once take effect "
+            "after the model reloads."
+        )
         note.setObjectName("Meta")
         note.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)
@@ -319,12 +371,22 @@ class SettingsDialog(QDialog):
 
     def result_settings(self) -> AppSettings:
         return AppSettings(
-            model_path=self.model_path.text().strip(), device=self.device.currentData(),
-            precision=self.precision.currentData(), context_length=self.context.value(),
-            kv_cache=self.kv_cache.currentData(), max_parallel=self.parallel.value(), vote_chains=self.vote.value(),
-            temperature=round(self.temperature.value(), 3), top_p=round(self.top_p.value(), 3),
-            top_k=self.top_k.value(), max_new_tokens=self.max_new.value(),
-            system_prompt=self.system_prompt.toPlainText(), theme=self.theme.currentData(),
-            font_size=self.font_size.value(), api_enabled=self.api_enabled.isChecked(),
-            api_port=self.api_port.value(), api_key=self.api_key.text().strip(),
-            api_origins=self.api_origins.text().strip())
+            model_path=self.model_path.text().strip(),
+            device=self.device.currentData(),
+            precision=self.precision.currentData(),
+            context_length=self.context.value(),
+            kv_cache=self.kv_cache.currentData(),
+            max_parallel=self.parallel.value(),
+            vote_chains=self.vote.value(),
+            temperature=round(self.temperature.value(), 3),
+            top_p=round(self.top_p.value(), 3),
+            top_k=self.top_k.value(),
+            max_new_tokens=self.max_new.value(),
+            system_prompt=self.system_prompt.toPlainText(),
+            theme=self.theme.currentData(),
+            font_size=self.font_size.value(),
+            api_enabled=self.api_enabled.isChecked(),
+            api_port=self.api_port.value(),
+            api_key=self.api_key.text().strip(),
+            api_origins=self.api_origins.text().strip(),
+        )

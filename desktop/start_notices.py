@@ -23,19 +23,25 @@ def start_notice(crash=None, moved_aside: Path | None = None, unavailable=None) 
     if unavailable is not None:
         path, err = unavailable
         problem = store_problem(err) if isinstance(err, sqlite3.Error) else f"{err}."
-        parts.append(f"Your conversations at {path} could not be opened: {problem} r1desk works, but keeps "
-                     "nothing from this session; the file was not changed.")
+        parts.append(
+            f"Your conversations at {path} could not be opened: {problem} r1desk works, but keeps "
+            "nothing from this session; the file was not changed."
+        )
         actions.append(("Open folder", _open_folder(path.parent)))
     if moved_aside is not None:
-        parts.append(f"The conversations database was damaged, so r1desk started a new one. The old file is "
-                     f"kept at {moved_aside}.")
+        parts.append(
+            f"The conversations database was damaged, so r1desk started a new one. The old file is "
+            f"kept at {moved_aside}."
+        )
         actions.append(("Open folder", _open_folder(moved_aside.parent)))
     if crash is not None:
         how = "crashed" if crash.fatal else "closed unexpectedly"
         # (the store writes a reply as it grows: what was written survives)
         kept = "" if parts else " Your conversations were kept, including the reply that was being written."
-        parts.append(f"r1desk {how} last time ({crash.when.strftime('%Y-%m-%d %H:%M')}).{kept} The crash "
-                     f"log is at {crash.log_path}.")
+        parts.append(
+            f"r1desk {how} last time ({crash.when.strftime('%Y-%m-%d %H:%M')}).{kept} The crash "
+            f"log is at {crash.log_path}."
+        )
         actions.append(("Open log folder", _open_folder(crash.log_path.parent)))
     if not parts:
         return None

@@ -65,8 +65,10 @@ class Store:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             self.db.close()
-            raise NewerDatabaseError(f"the conversations database was written by a newer r1desk (format {version}; "
-                                     f"this version reads {SCHEMA_VERSION}): update r1desk to open it")
+            raise NewerDatabaseError(
+                f"the conversations database was written by a newer r1desk (format {version}; "
+                f"this version reads {SCHEMA_VERSION}): update r1desk to open it"
+            )
         self.db.executescript(SCHEMA)
         if version < SCHEMA_VERSION:
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -87,7 +89,9 @@ class Store:
             rows = self.db.execute(
                 "SELECT * FROM conversations c WHERE c.title LIKE :p ESCAPE '\\' OR EXISTS ("
                 " SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE :p ESCAPE '\\')"
-                " ORDER BY updated DESC, id DESC", {"p": pattern})  # named: numbered marks with a tuple end in 3.14
+                " ORDER BY updated DESC, id DESC",
+                {"p": pattern},
+            )  # named: numbered marks with a tuple end in 3.14
         else:
             rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC")
         return [dict(r) for r in rows]
@@ -114,14 +118,25 @@ class Store:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (msg_id,)).fetchone()
         return _decode(row) if row else None
 
-    def add_message(self, conv_id: int, role: str, content: str = "", *, reasoning: str = "", answer: str = "",
-                    complete: bool = True, stats: dict | None = None, settings: dict | None = None) -> int:
+    def add_message(
+        self,
+        conv_id: int,
+        role: str,
+        content: str = "",
+        *,
+        reasoning: str = "",
+        answer: str = "",
+        complete: bool = True,
+        stats: dict | None = None,
+        settings: dict | None = None,
+    ) -> int:
         with self.db:  # one transaction: the message and the conversation's timestamp
             self.db.execute("BEGIN")
             cur = self.db.execute(
                 "INSERT INTO messages(conversation_id, role, content, reasoning, answer, complete, stats, settings,"
                 " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (conv_id, role, content, reasoning, answer, int(complete), _json(stats), _json(settings), time.time()))
+                (conv_id, role, content, reasoning, answer, int(complete), _json(stats), _json(settings), time.time()),
+            )
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conv_id))
         return cur.lastrowid
 
@@ -129,8 +144,9 @@ class Store:
         unknown = set(fields) - set(MESSAGE_FIELDS)
         if unknown:
             raise ValueError(f"unknown message fields: {sorted(unknown)}")
-        values = {k: (_json(v) if k in ("stats", "settings") else int(v) if k == "complete" else v)
-                  for k, v in fields.items()}
+        values = {
+            k: (_json(v) if k in ("stats", "settings") else int(v) if k == "complete" else v) for k, v in fields.items()
+        }
         sets = ", ".join(f"{k} = ?" for k in values)
         self.db.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*values.values(), msg_id))
 
@@ -144,11 +160,21 @@ class Store:
     # ------------------------------------------------------------------ export
     def export_json(self, conv_id: int) -> str:
         conv = self.conversation(conv_id) or {}
-        return json.dumps({"title": conv.get("title"), "created": conv.get("created"),
-                           "messages": [{k: m[k] for k in ("role", "content", "reasoning", "answer", "complete",
-                                                          "stats", "settings", "created")}
-                                        for m in self.messages(conv_id)]},
-                          ensure_ascii=False, indent=2)
+        return json.dumps(
+            {
+                "title": conv.get("title"),
+                "created": conv.get("created"),
+                "messages": [
+                    {
+                        k: m[k]
+                        for k in ("role", "content", "reasoning", "answer", "complete", "stats", "settings", "created")
+                    }
+                    for m in self.messages(conv_id)
+                ],
+            },
+            ensure_ascii=False,
+            indent=2,
+        )
 
     def export_markdown(self, conv_id: int) -> str:
         conv = self.conversation(conv_id) or {}
@@ -172,8 +198,7 @@ def store_problem(err: sqlite3.Error) -> str:
     code = getattr(err, "sqlite_errorcode", None)
     text = str(err).lower()
     if code in (5, 6) or "locked" in text or "busy" in text:  # SQLITE_BUSY, SQLITE_LOCKED
-        return ("the chat database is in use by another program (another r1desk window?); close it and try "
-                "again.")
+        return "the chat database is in use by another program (another r1desk window?); close it and try again."
     if code == 8 or "readonly" in text or "read-only" in text:  # SQLITE_READONLY
         return "the chat database or its folder is read-only."
     if code == 13 or "full" in text:  # SQLITE_FULL
@@ -195,8 +220,11 @@ def _is_corrupt(err: sqlite3.Error) -> bool:
     # SQLITE_CORRUPT (11) or SQLITE_NOTADB (26); not "can't open" or "disk full", which moving aside won't fix
     if isinstance(err, NewerDatabaseError):
         return False
-    return isinstance(err, CorruptDatabaseError) or getattr(err, "sqlite_errorcode", None) in (11, 26) or (
-        type(err) is sqlite3.DatabaseError)
+    return (
+        isinstance(err, CorruptDatabaseError)
+        or getattr(err, "sqlite_errorcode", None) in (11, 26)
+        or (type(err) is sqlite3.DatabaseError)
+    )
 
 
 def open_store(path: str | Path) -> tuple[Store, Path | None]:

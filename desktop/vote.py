@@ -14,8 +14,16 @@ import itertools
 import os
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
-                               QPlainTextEdit, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QVBoxLayout,
+)
 
 from model_loader.vote import vote
 
@@ -46,8 +54,10 @@ class VoteRequest(QObject):
             refusal = QueueFull(f"{len(service.waiting)} requests are already waiting, and a vote adds {n}")
         if refusal is not None:
             raise refusal
-        self.chains = [service.submit(messages, {**settings, "seed": (base + i) % (2 ** 32)}, client="chat",
-                                      samples_of=(name, n)) for i in range(n)]
+        self.chains = [
+            service.submit(messages, {**settings, "seed": (base + i) % (2**32)}, client="chat", samples_of=(name, n))
+            for i in range(n)
+        ]
         self.results: list[dict | None] = [None] * n
         self.failures: list[str] = [""] * n  # a chain that ended without a result: why ("cancelled", ...)
         self.ended = 0
@@ -101,14 +111,23 @@ class VoteRequest(QObject):
         chosen = self.results[pick]
         stats = dict(chosen["stats"])
         stats["vote"] = {
-            "summary": outcome.summary(), "answer": outcome.winner.display if outcome.winner else None,
-            "support": len(outcome.winner.chains) if outcome.winner else 0, "total": self.n, "shown": pick,
-            "chains": [{"answer": outcome.answers[j], "seed": r["stats"].get("seed") if r else None,
-                        "tokens": r["stats"].get("completion_tokens") if r else 0,
-                        "finish_reason": r["stats"].get("finish_reason") if r else self.failures[j],
-                        "text": r["text"] if r else "",
-                        "majority": bool(outcome.winner and j in outcome.winner.chains)}
-                       for j, r in enumerate(self.results)]}
+            "summary": outcome.summary(),
+            "answer": outcome.winner.display if outcome.winner else None,
+            "support": len(outcome.winner.chains) if outcome.winner else 0,
+            "total": self.n,
+            "shown": pick,
+            "chains": [
+                {
+                    "answer": outcome.answers[j],
+                    "seed": r["stats"].get("seed") if r else None,
+                    "tokens": r["stats"].get("completion_tokens") if r else 0,
+                    "finish_reason": r["stats"].get("finish_reason") if r else self.failures[j],
+                    "text": r["text"] if r else "",
+                    "majority": bool(outcome.winner and j in outcome.winner.chains),
+                }
+                for j, r in enumerate(self.results)
+            ],
+        }
         self.finished.emit({**chosen, "stats": stats})
 
 
@@ -135,8 +154,10 @@ class ChainsDialog(QDialog):
         self.chains = vote_stats.get("chains") or []
         for j, chain in enumerate(self.chains):
             answer = chain.get("answer")
-            line = (f"{'★ ' if chain.get('majority') else ''}Chain {j + 1}: "
-                    f"{answer if answer is not None else '(no answer)'} · {chain.get('tokens') or 0:,} tokens")
+            line = (
+                f"{'★ ' if chain.get('majority') else ''}Chain {j + 1}: "
+                f"{answer if answer is not None else '(no answer)'} · {chain.get('tokens') or 0:,} tokens"
+            )
             item = QListWidgetItem(line)
             item.setToolTip(f"seed {chain.get('seed')}, {chain.get('finish_reason')}")
             self.list.addItem(item)

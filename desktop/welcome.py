@@ -16,8 +16,20 @@ from pathlib import Path
 import threading
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
-                               QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from desktop.download import ModelDownload, default_destination
 from desktop.theme import make_heading
@@ -39,7 +51,12 @@ def _scan(signals: _ScanSignals) -> None:
             cfg = m.config
             size = sum(s.stat().st_size for s in m.shards) / 2**30
             layers = getattr(cfg, "num_hidden_layers", "?")
-            found.append((str(m.path), f"{_pretty_name(m.path)}  ·  {layers} layers  ·  {size:.1f} GB",))
+            found.append(
+                (
+                    str(m.path),
+                    f"{_pretty_name(m.path)}  ·  {layers} layers  ·  {size:.1f} GB",
+                )
+            )
     except Exception:  # an unreadable cache is "nothing found", not a crash
         pass
     signals.done.emit(found)
@@ -49,7 +66,7 @@ def _pretty_name(path) -> str:
     # HF cache snapshots live in .../models--owner--name/snapshots/<hash>: show owner/name.
     for part in path.parts:
         if part.startswith("models--"):
-            return part[len("models--"):].replace("--", "/")
+            return part[len("models--") :].replace("--", "/")
     return path.name
 
 
@@ -72,8 +89,10 @@ class WelcomePage(QWidget):
         title = QLabel("Welcome to r1desk")
         make_heading(title, 1.6)
         lay.addWidget(title)
-        self.message = QLabel("r1desk runs DeepSeek-R1-Distill-Qwen (and other Qwen2 models) on your own GPU, "
-                              "offline. Choose the model to use.")
+        self.message = QLabel(
+            "r1desk runs DeepSeek-R1-Distill-Qwen (and other Qwen2 models) on your own GPU, "
+            "offline. Choose the model to use."
+        )
         self.message.setWordWrap(True)
         lay.addWidget(self.message)
         self.error = QLabel()
@@ -140,13 +159,17 @@ class WelcomePage(QWidget):
         # A checkbox's text does not wrap: kept short enough for the card at the window's smallest size.
         self.quantize_box = QCheckBox("…and make a 4-bit copy (AWQ: ~1.2 GB, half the VRAM)")
         self.quantize_box.setAccessibleName("Also make a 4-bit copy")
-        self.quantize_box.setToolTip("After the download, quantize the model to 4-bit AWQ on this computer "
-                                     "(a few minutes on a GPU) and use that copy: half the VRAM, and faster on "
-                                     "laptop GPUs")
+        self.quantize_box.setToolTip(
+            "After the download, quantize the model to 4-bit AWQ on this computer "
+            "(a few minutes on a GPU) and use that copy: half the VRAM, and faster on "
+            "laptop GPUs"
+        )
         lay.addWidget(self.quantize_box)
         self.quantizing = False
-        self.download_status = QLabel(f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
-                                      "An interrupted download resumes where it stopped.")
+        self.download_status = QLabel(
+            f"From huggingface.co/{DOWNLOAD_REPO}, into r1desk's models folder. "
+            "An interrupted download resumes where it stopped."
+        )
         self.download_status.setObjectName("Meta")
         self.download_status.setWordWrap(True)
         self.download_status.setAccessibleName("Download status")
@@ -157,8 +180,10 @@ class WelcomePage(QWidget):
         self.download.failed.connect(self._on_download_failed)
         self.download_dest: Path | None = None
 
-        hint = QLabel("A model folder holds config.json, tokenizer.json and *.safetensors files — for example "
-                      "a download of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B.")
+        hint = QLabel(
+            "A model folder holds config.json, tokenizer.json and *.safetensors files — for example "
+            "a download of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B."
+        )
         hint.setObjectName("Meta")
         hint.setWordWrap(True)
         lay.addWidget(hint)

@@ -51,8 +51,15 @@ class MainWindow(QMainWindow):
     reply_finished = Signal(object)  # the saved assistant message
     reply_failed = Signal(str, str)
 
-    def __init__(self, qsettings: QSettings, store: Store, model: str | None = None, device: str | None = None,
-                 max_new_tokens: int | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        qsettings: QSettings,
+        store: Store,
+        model: str | None = None,
+        device: str | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ):
         super().__init__()
         self.qs = qsettings
         self.settings = AppSettings.load(qsettings)
@@ -87,8 +94,11 @@ class MainWindow(QMainWindow):
 
         prewarm_rendering()
         self.api = ApiControl(self)
-        self.api.failed.connect(lambda why: self.banner.show_message("api", f"The local API server is off: {why}.",
-                                                                     [("Settings…", self.open_settings)]))
+        self.api.failed.connect(
+            lambda why: self.banner.show_message(
+                "api", f"The local API server is off: {why}.", [("Settings…", self.open_settings)]
+            )
+        )
         self.api.apply(self.settings)
         self._build()
         self._shortcuts()
@@ -252,8 +262,13 @@ class MainWindow(QMainWindow):
             return
         self.stack.setCurrentWidget(self.chat_page)
         self.service.max_parallel = self.settings.max_parallel
-        self.service.load(self.settings.model_path, self.settings.device, self.settings.context_length,
-                          self.settings.dtype(), self.settings.kv_cache)
+        self.service.load(
+            self.settings.model_path,
+            self.settings.device,
+            self.settings.context_length,
+            self.settings.dtype(),
+            self.settings.kv_cache,
+        )
         self.engine_status.starting()
 
     def _ensure_service(self) -> None:
@@ -407,8 +422,9 @@ class MainWindow(QMainWindow):
             self._set_editing(None)  # deleted since (a regenerate before it): this is a new message
         if self.editing_msg_id is not None and self.conv_id is not None and self.editing_conv_id == self.conv_id:
             edited = self.editing_msg_id  # edit & resend replaces it and everything after it
-            if not self.conversations.write("replace the edited message",
-                                            lambda: self.store.delete_from(self.conv_id, edited)):
+            if not self.conversations.write(
+                "replace the edited message", lambda: self.store.delete_from(self.conv_id, edited)
+            ):
                 return False
             self.chat.remove_from(edited)
             self._set_editing(None)
@@ -420,9 +436,12 @@ class MainWindow(QMainWindow):
                 self.qs.setValue("window/last_conversation", self.conv_id)
             msg_id = self.store.add_message(self.conv_id, "user", text)
         except sqlite3.Error as err:  # a full disk, a read-only folder: nothing is lost, nothing is sent
-            self.banner.show_message("save_failed", f"Could not save your message, so it was not sent: "
-                                                     f"{store_problem(err)} It is still in the box; send it again "
-                                                     "once that is fixed.")
+            self.banner.show_message(
+                "save_failed",
+                f"Could not save your message, so it was not sent: "
+                f"{store_problem(err)} It is still in the box; send it again "
+                "once that is fixed.",
+            )
             return False
         self.chat.add_message(self.store.message(msg_id))
         self.composer.edit.clear()
@@ -483,11 +502,14 @@ class MainWindow(QMainWindow):
         """Replies that the store refused (a full disk) exist only in this window: closing loses them. Ask."""
         n = len(self.replies.unsaved)
         answer = QMessageBox.warning(
-            self, "Close r1desk",
+            self,
+            "Close r1desk",
             f"{n} {'reply has' if n == 1 else 'replies have'} not been saved (the disk refused them) and "
             f"{'is' if n == 1 else 'are'} only in this window. Closing now loses {'it' if n == 1 else 'them'}.\n\n"
             "Keep the window open to copy them or free some space (r1desk keeps trying to save), or close anyway?",
-            QMessageBox.Close | QMessageBox.Cancel, QMessageBox.Cancel)
+            QMessageBox.Close | QMessageBox.Cancel,
+            QMessageBox.Cancel,
+        )
         return answer == QMessageBox.Close
 
     def show_start_notices(self, crash=None, moved_aside: Path | None = None, unavailable=None) -> None:
@@ -497,8 +519,7 @@ class MainWindow(QMainWindow):
             self.banner.show_message(*notice)
 
     def context_full_banner(self, text: str) -> None:
-        self.banner.show_message("context_full", text + " Start a new chat to continue.",
-                                 [("New chat", self.new_chat)])
+        self.banner.show_message("context_full", text + " Start a new chat to continue.", [("New chat", self.new_chat)])
 
     def _on_reply_ended(self) -> None:
         self.composer.stop_thinking_btn.setEnabled(True)
@@ -516,16 +537,23 @@ class MainWindow(QMainWindow):
         self.engine_status.not_loaded()
         if kind == "no_gpu":
             text = f"{message} r1desk can run on the CPU instead, but replies will be many times slower."
-            self.banner.show_message("no_gpu", text, [("Use CPU (slow)", self.use_cpu),
-                                                      ("Settings…", self.open_settings)])
+            self.banner.show_message(
+                "no_gpu", text, [("Use CPU (slow)", self.use_cpu), ("Settings…", self.open_settings)]
+            )
         elif kind == "gpu_missing":
-            self.banner.show_message("gpu_missing", message, [("Use the first GPU that works", self.use_any_gpu),
-                                                              ("Settings…", self.open_settings)])
+            self.banner.show_message(
+                "gpu_missing",
+                message,
+                [("Use the first GPU that works", self.use_any_gpu), ("Settings…", self.open_settings)],
+            )
         elif kind == "oom":
             self.banner.show_message("oom_load", f"{message}.", [("Settings…", self.open_settings)])
         else:
-            self.banner.show_message("load", f"Could not load the model: {message}",
-                                     [("Choose another model…", self.show_welcome), ("Settings…", self.open_settings)])
+            self.banner.show_message(
+                "load",
+                f"Could not load the model: {message}",
+                [("Choose another model…", self.show_welcome), ("Settings…", self.open_settings)],
+            )
             self.welcome.show_error(f"Could not load the model: {message}")
         self.engine_failed.emit(kind, message)
 
@@ -579,11 +607,11 @@ class MainWindow(QMainWindow):
             # the old reply goes only once the new one can start: a full queue (API requests) would lose it
             refusal = self.service.refusal() if self.service is not None else None
             if refusal is not None:
-                self.banner.show_message("generate", f"The reply could not start: {refusal}; the old reply is "
-                                                     "kept.")
+                self.banner.show_message("generate", f"The reply could not start: {refusal}; the old reply is kept.")
                 return
-            if not self.conversations.write("regenerate the reply",
-                                            lambda: self.store.delete_from(self.conv_id, msg_id)):
+            if not self.conversations.write(
+                "regenerate the reply", lambda: self.store.delete_from(self.conv_id, msg_id)
+            ):
                 return
             self.chat.remove_from(msg_id)
             if self.editing_msg_id is not None and self.editing_msg_id >= msg_id:
@@ -608,10 +636,14 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ settings / panel
     def open_settings(self) -> None:
         info = self.engine_info or {}
-        dlg = SettingsDialog(self.settings, self, variants=info.get("variants"),
-                             quantized=bool(info.get("quantization")),
-                             auto_context=info.get("context_length") if info.get("context_auto") else None,
-                             gpus=info.get("gpus"))
+        dlg = SettingsDialog(
+            self.settings,
+            self,
+            variants=info.get("variants"),
+            quantized=bool(info.get("quantization")),
+            auto_context=info.get("context_length") if info.get("context_auto") else None,
+            gpus=info.get("gpus"),
+        )
         if dlg.exec() != SettingsDialog.Accepted:
             return
         self.apply_settings(dlg.result_settings())

@@ -106,9 +106,19 @@ class QuantizeCancelled(Exception):
 
 # What model_loader.quantize writes into its output folder (config.json last): a folder holding only these
 # is an unfinished copy and may be removed.
-_QUANTIZE_WRITES = {"model.safetensors", "model.safetensors.partial", "tokenizer.json", "tokenizer_config.json",
-                    "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                    "chat_template.jinja", "chat_template.json", "LICENSE"}
+_QUANTIZE_WRITES = {
+    "model.safetensors",
+    "model.safetensors.partial",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "LICENSE",
+}
 
 
 def _asdict(obj):
@@ -196,10 +206,15 @@ class EngineWorker(QObject):
                 engine = self.engine_factory(request, on_progress, on_compiling)
             else:
                 ctx = request.get("context_length", 4096)  # 0 or "auto": from the free memory (Engine.load)
-                engine = Engine.load(request["spec"], device=device,
-                                     context_length="auto" if ctx in (0, None, "auto") else int(ctx),
-                                     dtype=request.get("dtype") or None, progress=on_progress,
-                                     on_compiling=on_compiling, kv_cache=request.get("kv_cache") or "16-bit")
+                engine = Engine.load(
+                    request["spec"],
+                    device=device,
+                    context_length="auto" if ctx in (0, None, "auto") else int(ctx),
+                    dtype=request.get("dtype") or None,
+                    progress=on_progress,
+                    on_compiling=on_compiling,
+                    kv_cache=request.get("kv_cache") or "16-bit",
+                )
             # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
             self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
 
@@ -220,8 +235,11 @@ class EngineWorker(QObject):
             elif isinstance(err, OutOfMemoryError):
                 failure = ("oom", str(err))
             elif isinstance(err, GpuMissingError):  # chosen in Settings, gone since (a card out, an eGPU off)
-                failure = ("gpu_missing", f"GPU {err.index}, chosen in Settings, is not on this computer now: it has "
-                           f"{err.count} NVIDIA GPU{'s' if err.count != 1 else ''} (numbered from 0).")
+                failure = (
+                    "gpu_missing",
+                    f"GPU {err.index}, chosen in Settings, is not on this computer now: it has "
+                    f"{err.count} NVIDIA GPU{'s' if err.count != 1 else ''} (numbered from 0).",
+                )
             elif isinstance(err, GpuUnsupportedError):  # this torch can't use the GPU: offer the CPU, as with none
                 failure = ("no_gpu", str(err))
             elif isinstance(err, ModelError):
@@ -340,8 +358,7 @@ class EngineWorker(QObject):
             return
         fields = {f.name for f in dataclasses.fields(SamplingSettings)}
         sampling = SamplingSettings(**{k: v for k, v in settings.items() if k in fields})
-        coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n),
-                                   self.delta_interval_s)
+        coalescer = DeltaCoalescer(lambda text, kind, n: self.delta.emit(gen_id, text, kind, n), self.delta_interval_s)
         tools = settings.get("tools")  # an API client's tool definitions, for the chat template
         raw = settings.get("raw_prompt")  # a completions request's prompt (text or token ids): no chat template
         cont = bool(settings.get("continue_final"))  # the last message is the reply so far, to continue
@@ -351,8 +368,11 @@ class EngineWorker(QObject):
         try:
             # the API's prompt options only where given: an engine stand-in (tests, benchmarks) needs none of them
             extra = {k: v for k, v in (("tools", tools), ("continue_final", cont)) if v}
-            events = (self.engine.generate_ids(self._raw_ids(raw), sampling, control) if raw is not None
-                      else self.engine.generate(messages, sampling, control, **extra))
+            events = (
+                self.engine.generate_ids(self._raw_ids(raw), sampling, control)
+                if raw is not None
+                else self.engine.generate(messages, sampling, control, **extra)
+            )
             for event in events:
                 if isinstance(event, Delta):
                     coalescer.add(event.text, event.kind, int(event.token_count))
@@ -392,8 +412,18 @@ class EngineWorker(QObject):
         writes the whole prompt, template and all)."""
         return list(raw) if isinstance(raw, list) else self.engine.tokenizer.encode(raw)
 
-    def _submit(self, gen_id: int, messages: list, sampling, control, coalescer: "DeltaCoalescer",
-                samples_of: tuple | None = None, tools: list | None = None, raw=None, cont: bool = False) -> None:
+    def _submit(
+        self,
+        gen_id: int,
+        messages: list,
+        sampling,
+        control,
+        coalescer: "DeltaCoalescer",
+        samples_of: tuple | None = None,
+        tools: list | None = None,
+        raw=None,
+        cont: bool = False,
+    ) -> None:
         """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
         samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
         from model_loader.errors import ContextFullError, ModelError
@@ -514,13 +544,29 @@ class EngineHost(QObject):
         self._next_id = 0
         self._load_seq = 0
 
-    def load(self, spec: str, device: str, context_length: int, dtype: str | None,
-             kv_cache: str = "16-bit", max_parallel: int = 1) -> None:
+    def load(
+        self,
+        spec: str,
+        device: str,
+        context_length: int,
+        dtype: str | None,
+        kv_cache: str = "16-bit",
+        max_parallel: int = 1,
+    ) -> None:
         """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load)."""
         self._load_seq += 1
         self.worker.latest_load = self._load_seq  # before the request is queued: it must see itself as newest
-        self._load_requested.emit(dict(spec=spec, device=device, context_length=context_length, dtype=dtype,
-                                       kv_cache=kv_cache, max_parallel=max_parallel, seq=self._load_seq))
+        self._load_requested.emit(
+            dict(
+                spec=spec,
+                device=device,
+                context_length=context_length,
+                dtype=dtype,
+                kv_cache=kv_cache,
+                max_parallel=max_parallel,
+                seq=self._load_seq,
+            )
+        )
 
     def next_id(self) -> int:
         """A new generation id, for a generate() the caller makes right after (its events carry it)."""

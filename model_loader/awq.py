@@ -108,8 +108,13 @@ def to_row_packed(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_size:
     packed = blocks[:, :, 0].clone()
     for j in range(1, 8):
         packed |= blocks[:, :, j] << (4 * j)  # nibble 7 wraps into the sign bit; kernels mask after shifting
-    return RowPackedInt4(packed.view(n_out, k_in // 8), s.t().to(torch.float16).contiguous(),
-                         z.t().to(torch.float16).contiguous(), group_size, inter)
+    return RowPackedInt4(
+        packed.view(n_out, k_in // 8),
+        s.t().to(torch.float16).contiguous(),
+        z.t().to(torch.float16).contiguous(),
+        group_size,
+        inter,
+    )
 
 
 def dequantize_row_packed(w: RowPackedInt4) -> torch.Tensor:
@@ -130,8 +135,14 @@ def pair_gate_up(w: RowPackedInt4) -> RowPackedInt4:
     """The fused [gate; up] weight with its rows reordered to gate 0, up 0, gate 1, up 1, ... (gate_up_pairs)."""
     half = w.out_features // 2
     order = torch.stack([torch.arange(half), torch.arange(half, 2 * half)], dim=1).reshape(-1).to(w.qweight.device)
-    return RowPackedInt4(w.qweight[order].contiguous(), w.scales[order].contiguous(), w.zeros[order].contiguous(),
-                         w.group_size, w.interleave, gate_up_pairs=True)
+    return RowPackedInt4(
+        w.qweight[order].contiguous(),
+        w.scales[order].contiguous(),
+        w.zeros[order].contiguous(),
+        w.group_size,
+        w.interleave,
+        gate_up_pairs=True,
+    )
 
 
 @dataclass
@@ -145,8 +156,10 @@ class Int4Weight:
     in_features: int
 
     def nbytes(self) -> int:
-        return (self.packed.numel() * self.packed.element_size()
-                + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size())
+        return (
+            self.packed.numel() * self.packed.element_size()
+            + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+        )
 
 
 def cuda_int4pack_layout(w_uint8: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
@@ -158,8 +171,9 @@ def cuda_int4pack_layout(w_uint8: torch.Tensor, inner_k_tiles: int) -> torch.Ten
     the high nibbles (even k) in bits 4i, the low nibbles (odd k) in bits 16 + 4i."""
     n, half_k = w_uint8.shape
     k_outer = 2 * half_k // (16 * inner_k_tiles)
-    n_tile, k_o, lane, inner = torch.meshgrid(torch.arange(n // 8), torch.arange(k_outer), torch.arange(32),
-                                              torch.arange(inner_k_tiles // 2), indexing="ij")
+    n_tile, k_o, lane, inner = torch.meshgrid(
+        torch.arange(n // 8), torch.arange(k_outer), torch.arange(32), torch.arange(inner_k_tiles // 2), indexing="ij"
+    )
     row = n_tile * 8 + lane // 4
     base = (k_o * inner_k_tiles + 2 * inner) * 8
     packed = torch.zeros(n_tile.shape, dtype=torch.int64)

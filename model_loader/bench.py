@@ -45,8 +45,9 @@ def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temp
     clocks = ClockWatch(engine.info.gpu_uuid)  # the GPU's clock during the timed runs: a capped GPU says so
     for i in range(runs + 1):  # the first run is a warm-up and is not counted
         engine.reset_cache()  # every run prefills the whole prompt: no prefix reuse
-        settings = SamplingSettings(temperature=temperature, top_p=0.95, max_new_tokens=new_tokens,
-                                    ignore_eos=True, seed=i)
+        settings = SamplingSettings(
+            temperature=temperature, top_p=0.95, max_new_tokens=new_tokens, ignore_eos=True, seed=i
+        )
         with clocks if i else contextlib.nullcontext():
             final = [ev for ev in engine.generate_ids(prompt, settings) if isinstance(ev, Finished)][0]
         if i:
@@ -55,9 +56,12 @@ def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temp
     tps = [r.stats.decode_tok_s for r in results]
     lat = [x for r in results for x in r.stats.token_latencies_ms]
     return {
-        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
-        "decode_tok_s_p50": percentile(tps, 50), "decode_tok_s_p95_low": percentile(tps, 5),
-        "token_latency_ms_p50": percentile(lat, 50), "token_latency_ms_p95": percentile(lat, 95),
+        "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_p95": percentile(ttft, 95),
+        "decode_tok_s_p50": percentile(tps, 50),
+        "decode_tok_s_p95_low": percentile(tps, 5),
+        "token_latency_ms_p50": percentile(lat, 50),
+        "token_latency_ms_p95": percentile(lat, 95),
         "completion_tokens": results[0].stats.completion_tokens,
         "token_ids": results[0].token_ids,
         "sm_clock": clocks.summary(),
@@ -67,9 +71,13 @@ def run_ours(engine: Engine, prompt: list[int], new_tokens: int, runs: int, temp
 def _hf_model(engine: Engine, dtype=None):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(engine.info.model_path, dtype=dtype or engine.model.dtype,
-                                                 local_files_only=True, trust_remote_code=False,
-                                                 attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        engine.info.model_path,
+        dtype=dtype or engine.model.dtype,
+        local_files_only=True,
+        trust_remote_code=False,
+        attn_implementation="sdpa",
+    )
     return model.to(engine.model.device).eval()
 
 
@@ -87,7 +95,7 @@ def _hf_generate(model, ids: torch.Tensor, new_tokens: int, static: bool) -> tup
     _sync(ids.device)
     t2 = time.perf_counter()
     ttft = t1 - t0
-    return ttft * 1000.0, (new_tokens - 1) / max(t2 - t1 - ttft, 1e-9), out[0, ids.shape[1]:].tolist()
+    return ttft * 1000.0, (new_tokens - 1) / max(t2 - t1 - ttft, 1e-9), out[0, ids.shape[1] :].tolist()
 
 
 def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ours_ids: list[int]) -> dict:
@@ -136,8 +144,11 @@ def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ou
             ttft, tps, gen = _hf_generate(model, ids, new_tokens, static)
             ttfts.append(ttft)
             tpss.append(tps)
-        report[name] = {"ttft_ms_p50": percentile(ttfts, 50), "decode_tok_s_p50": percentile(tpss, 50),
-                        "first_call_s": warm}
+        report[name] = {
+            "ttft_ms_p50": percentile(ttfts, 50),
+            "decode_tok_s_p50": percentile(tpss, 50),
+            "first_call_s": warm,
+        }
         if name == "hf_eager":
             same = 0
             for a, b in zip(gen, ours_ids):
@@ -152,15 +163,32 @@ def compare_hf(engine: Engine, prompt: list[int], new_tokens: int, runs: int, ou
     return report
 
 
-def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device, context: int,
-              temperature: float, use_triton, dtype, int4_kernel: str | None = None, kv_cache: str = KV_16BIT
-              ) -> tuple[Engine, dict, list[int], list[int]]:
+def bench_one(
+    model: str,
+    prompt_tokens: int,
+    new_tokens: int,
+    runs: int,
+    device,
+    context: int,
+    temperature: float,
+    use_triton,
+    dtype,
+    int4_kernel: str | None = None,
+    kv_cache: str = KV_16BIT,
+) -> tuple[Engine, dict, list[int], list[int]]:
     """Load + warm up (timed: time to ready) and the timed runs, for one model folder."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    engine = Engine.load(model, device=device, context_length=context, use_triton=use_triton, dtype=dtype,
-                         int4_kernel=int4_kernel, kv_cache=kv_cache)
+    engine = Engine.load(
+        model,
+        device=device,
+        context_length=context,
+        use_triton=use_triton,
+        dtype=dtype,
+        int4_kernel=int4_kernel,
+        kv_cache=kv_cache,
+    )
     t_load = time.perf_counter() - t0
     engine.warm_up()
     ready = time.perf_counter() - t0
@@ -168,30 +196,55 @@ def bench_one(model: str, prompt_tokens: int, new_tokens: int, runs: int, device
     ours = run_ours(engine, prompt, new_tokens, runs, temperature)
     mem = engine.memory()
     result = {
-        "model": engine.info.model_name, "device": engine.info.device_name, "dtype": engine.info.dtype,
-        "quantization": engine.info.quantization, "kv_cache": engine.info.kv_cache,
+        "model": engine.info.model_name,
+        "device": engine.info.device_name,
+        "dtype": engine.info.dtype,
+        "quantization": engine.info.quantization,
+        "kv_cache": engine.info.kv_cache,
         "embed_on_host": engine.info.embed_on_host,
-        "gemv": engine.info.gemv, "decode_attention": engine.info.decode_attention,
-        "torch": torch.__version__, "kernels": engine.info.kernels, "cuda_graphs": engine.info.cuda_graphs,
-        "prompt_tokens": len(prompt), "new_tokens": new_tokens, "runs": runs, "temperature": temperature,
+        "gemv": engine.info.gemv,
+        "decode_attention": engine.info.decode_attention,
+        "torch": torch.__version__,
+        "kernels": engine.info.kernels,
+        "cuda_graphs": engine.info.cuda_graphs,
+        "prompt_tokens": len(prompt),
+        "new_tokens": new_tokens,
+        "runs": runs,
+        "temperature": temperature,
         "context_length": engine.info.context_length,
-        "load_s": t_load, "load_breakdown": engine.info.load_breakdown, "warmup_s": engine.info.warmup_s,
+        "load_s": t_load,
+        "load_breakdown": engine.info.load_breakdown,
+        "warmup_s": engine.info.warmup_s,
         "ready_s": ready,
-        "weights_gib": mem.weights_bytes / 2**30, "kv_cache_gib": mem.kv_cache_bytes / 2**30,
+        "weights_gib": mem.weights_bytes / 2**30,
+        "kv_cache_gib": mem.kv_cache_bytes / 2**30,
         "int4_scratch_gib": engine.model.linear.scratch_bytes / 2**30,
-        "peak_vram_gib": mem.peak_allocated_bytes / 2**30, "reserved_vram_gib": mem.torch_reserved_bytes / 2**30,
+        "peak_vram_gib": mem.peak_allocated_bytes / 2**30,
+        "reserved_vram_gib": mem.torch_reserved_bytes / 2**30,
     }
     token_ids = ours.pop("token_ids")
     result.update(ours)
     return engine, result, prompt, token_ids
 
 
-def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs: int = 5, device: str | None = None,
-              context: int = 4096, compare: str | None = None, temperature: float = 0.0,
-              use_triton: bool | None = None, dtype: str | None = None, awq: str | None = None,
-              int4_kernel: str | None = None, kv_cache: str = KV_16BIT) -> dict:
-    engine, result, prompt, token_ids = bench_one(model, prompt_tokens, new_tokens, runs, device, context,
-                                                  temperature, use_triton, dtype, int4_kernel, kv_cache)
+def run_bench(
+    model: str,
+    prompt_tokens: int = 512,
+    new_tokens: int = 256,
+    runs: int = 5,
+    device: str | None = None,
+    context: int = 4096,
+    compare: str | None = None,
+    temperature: float = 0.0,
+    use_triton: bool | None = None,
+    dtype: str | None = None,
+    awq: str | None = None,
+    int4_kernel: str | None = None,
+    kv_cache: str = KV_16BIT,
+) -> dict:
+    engine, result, prompt, token_ids = bench_one(
+        model, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton, dtype, int4_kernel, kv_cache
+    )
     if compare == "hf":
         hf = compare_hf(engine, prompt, new_tokens, runs, token_ids)
         result["compare_hf"] = hf
@@ -204,8 +257,9 @@ def run_bench(model: str, prompt_tokens: int = 512, new_tokens: int = 256, runs:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        engine, q, _, _ = bench_one(awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton,
-                                    None, int4_kernel, kv_cache)
+        engine, q, _, _ = bench_one(
+            awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton, None, int4_kernel, kv_cache
+        )
         q["decode_speedup_vs_dense"] = q["decode_tok_s_p50"] / result["decode_tok_s_p50"]
         q["weights_ratio_vs_dense"] = q["weights_gib"] / result["weights_gib"]
         result["awq"] = q
@@ -228,28 +282,36 @@ def format_bench(r: dict) -> str:
     ]
     q = r.get("awq")
     if q:
-        lines.append(f"AWQ {q['model']} ({q['quantization']}): ready {q['ready_s']:.2f} s, TTFT P50 "
-                     f"{q['ttft_ms_p50']:.1f} ms, decode P50 {q['decode_tok_s_p50']:.1f} tok/s = "
-                     f"{q['decode_speedup_vs_dense']:.2f}x {r['dtype']}; weights {q['weights_gib']:.2f} GiB = "
-                     f"{q['weights_ratio_vs_dense']:.1%} of {r['dtype']} in VRAM"
-                     f"{' (embedding table in host memory)' if q.get('embed_on_host') else ''}"
-                     f"{'; prefill scratch %.2f GiB' % q['int4_scratch_gib'] if q.get('int4_scratch_gib') else ''}")
+        lines.append(
+            f"AWQ {q['model']} ({q['quantization']}): ready {q['ready_s']:.2f} s, TTFT P50 "
+            f"{q['ttft_ms_p50']:.1f} ms, decode P50 {q['decode_tok_s_p50']:.1f} tok/s = "
+            f"{q['decode_speedup_vs_dense']:.2f}x {r['dtype']}; weights {q['weights_gib']:.2f} GiB = "
+            f"{q['weights_ratio_vs_dense']:.1%} of {r['dtype']} in VRAM"
+            f"{' (embedding table in host memory)' if q.get('embed_on_host') else ''}"
+            f"{'; prefill scratch %.2f GiB' % q['int4_scratch_gib'] if q.get('int4_scratch_gib') else ''}"
+        )
     hf = r.get("compare_hf")
     if hf:
-        lines.append(f"logits vs transformers ({hf['logits_positions_compared']} positions, max |logit| "
-                     f"{hf['logits_max_abs']:.2f}): max |diff| {hf['ours_vs_hf_max_abs_diff']:.4f}, top-1 agreement "
-                     f"{hf['top1_agreement_ours_vs_hf']:.4f}; greedy ids identical for the first "
-                     f"{hf['greedy_ids_identical_prefix']} tokens")
+        lines.append(
+            f"logits vs transformers ({hf['logits_positions_compared']} positions, max |logit| "
+            f"{hf['logits_max_abs']:.2f}): max |diff| {hf['ours_vs_hf_max_abs_diff']:.4f}, top-1 agreement "
+            f"{hf['top1_agreement_ours_vs_hf']:.4f}; greedy ids identical for the first "
+            f"{hf['greedy_ids_identical_prefix']} tokens"
+        )
         if "ours_vs_fp32_max_abs_diff" in hf:
             for name in ("ours", "hf"):
-                lines.append(f"  {name:>4} {r['dtype']} vs transformers fp32: max |diff| "
-                             f"{hf[name + '_vs_fp32_max_abs_diff']:.4f}, "
-                             f"mean {hf[name + '_vs_fp32_mean_abs_diff']:.5f}, "
-                             f"top-1 agreement {hf[name + '_vs_fp32_top1_agreement']:.4f}")
+                lines.append(
+                    f"  {name:>4} {r['dtype']} vs transformers fp32: max |diff| "
+                    f"{hf[name + '_vs_fp32_max_abs_diff']:.4f}, "
+                    f"mean {hf[name + '_vs_fp32_mean_abs_diff']:.5f}, "
+                    f"top-1 agreement {hf[name + '_vs_fp32_top1_agreement']:.4f}"
+                )
         for name in ("hf_eager", "hf_static"):
             h = hf[name]
-            lines.append(f"{name:<10} TTFT {h['ttft_ms_p50']:.1f} ms, decode {h['decode_tok_s_p50']:.1f} tok/s "
-                         f"(first call {h['first_call_s']:.1f} s) -> r1desk is "
-                         f"{r.get('speedup_vs_' + name, float('nan')):.2f}x decode, "
-                         f"{r.get('ttft_ratio_vs_' + name, float('nan')):.2f}x TTFT")
+            lines.append(
+                f"{name:<10} TTFT {h['ttft_ms_p50']:.1f} ms, decode {h['decode_tok_s_p50']:.1f} tok/s "
+                f"(first call {h['first_call_s']:.1f} s) -> r1desk is "
+                f"{r.get('speedup_vs_' + name, float('nan')):.2f}x decode, "
+                f"{r.get('ttft_ratio_vs_' + name, float('nan')):.2f}x TTFT"
+            )
     return "\n".join(lines)

@@ -55,8 +55,9 @@ def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
     rows = []
     for depth in depths:
         if depth + new_tokens >= engine.info.context_length:
-            raise ValueError(f"depth {depth} + {new_tokens} new tokens does not fit the {engine.info.context_length}"
-                             "-token context")
+            raise ValueError(
+                f"depth {depth} + {new_tokens} new tokens does not fit the {engine.info.context_length}-token context"
+            )
         prompt = bench_prompt(engine, depth)
         rates, ttfts = [], []
         clocks = ClockWatch(engine.info.gpu_uuid)  # a long prefill can trip the GPU's power cap (BENCHMARKS)
@@ -70,9 +71,18 @@ def run_depths(engine: Engine, depths, new_tokens: int, runs: int) -> dict:
                 ttfts.append(final.stats.ttft_ms)
         tok_s = percentile(rates, 50)
         read = decode_read_bytes(engine, depth, new_tokens)
-        rows.append({"depth": depth, "new_tokens": new_tokens, "decode_tok_s_p50": tok_s,
-                     "decode_tok_s_min": min(rates), "prefill_ttft_ms_p50": percentile(ttfts, 50),
-                     "read_bytes_per_token": read, "read_gb_s": read * tok_s / 1e9, "sm_clock": clocks.summary()})
+        rows.append(
+            {
+                "depth": depth,
+                "new_tokens": new_tokens,
+                "decode_tok_s_p50": tok_s,
+                "decode_tok_s_min": min(rates),
+                "prefill_ttft_ms_p50": percentile(ttfts, 50),
+                "read_bytes_per_token": read,
+                "read_gb_s": read * tok_s / 1e9,
+                "sm_clock": clocks.summary(),
+            }
+        )
     base = rows[0]["decode_tok_s_p50"]
     for row in rows:
         row["vs_first_depth"] = row["decode_tok_s_p50"] / base if base else 0.0
@@ -90,48 +100,76 @@ def user_turn(engine: Engine, turn: int, tokens: int) -> str:
     return engine.chat.tokenizer.decode(ids) + f"\nQuestion {turn + 1}: what is the main idea?"
 
 
-def run_chat(engine: Engine, user_tokens: int, reply_tokens: int, temperature: float = 0.6, seed: int = 0,
-             turns: int = CHAT_TURNS) -> dict:
+def run_chat(
+    engine: Engine,
+    user_tokens: int,
+    reply_tokens: int,
+    temperature: float = 0.6,
+    seed: int = 0,
+    turns: int = CHAT_TURNS,
+) -> dict:
     messages: list[dict] = []
     rows = []
     engine.reset_cache()
     for turn in range(turns):
         messages.append({"role": "user", "content": user_turn(engine, turn, user_tokens)})
-        settings = SamplingSettings(temperature=temperature, top_p=0.95, max_new_tokens=reply_tokens,
-                                    ignore_eos=True, seed=seed + turn)
+        settings = SamplingSettings(
+            temperature=temperature, top_p=0.95, max_new_tokens=reply_tokens, ignore_eos=True, seed=seed + turn
+        )
         t0 = time.perf_counter()
         final = [ev for ev in engine.generate(messages, settings) if isinstance(ev, Finished)][0]
         wall = time.perf_counter() - t0
         s = final.stats
-        rows.append({"turn": turn + 1, "prompt_tokens": s.prompt_tokens, "prefix_reused_tokens": s.prefix_reused_tokens,
-                     "new_prompt_tokens": s.prompt_tokens - s.prefix_reused_tokens, "ttft_ms": s.ttft_ms,
-                     "prompt_ms": s.prompt_ms,
-                     "completion_tokens": s.completion_tokens, "decode_tok_s": s.decode_tok_s, "wall_s": wall})
+        rows.append(
+            {
+                "turn": turn + 1,
+                "prompt_tokens": s.prompt_tokens,
+                "prefix_reused_tokens": s.prefix_reused_tokens,
+                "new_prompt_tokens": s.prompt_tokens - s.prefix_reused_tokens,
+                "ttft_ms": s.ttft_ms,
+                "prompt_ms": s.prompt_ms,
+                "completion_tokens": s.completion_tokens,
+                "decode_tok_s": s.decode_tok_s,
+                "wall_s": wall,
+            }
+        )
         # What the window sends back for this reply: the answer when the model reasoned, else the whole text.
         messages.append(history_message(final.text, final.reasoning, final.answer))
-    return {"scenario": "chat", "turns": rows, "user_tokens": user_tokens, "reply_tokens": reply_tokens,
-            "temperature": temperature, "context_length": engine.info.context_length}
+    return {
+        "scenario": "chat",
+        "turns": rows,
+        "user_tokens": user_tokens,
+        "reply_tokens": reply_tokens,
+        "temperature": temperature,
+        "context_length": engine.info.context_length,
+    }
 
 
 def format_depths(r: dict) -> str:
     lines = [f"decode speed by context depth (context {r['context_length']:,}, P50 of {r['runs']} runs)"]
     for row in r["depths"]:
         clock = row.get("sm_clock")
-        lines.append(f"  depth {row['depth']:>6,}: {row['decode_tok_s_p50']:7.1f} tok/s "
-                     f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}; "
-                     f"{row['vs_first_depth_at_bandwidth']:.0%} by bytes read); "
-                     f"{row['read_bytes_per_token'] / 1e9:.2f} GB read a token, {row['read_gb_s']:,.0f} GB/s; "
-                     f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms"
-                     + (f"; {format_clock_summary(clock)}" if clock else ""))
+        lines.append(
+            f"  depth {row['depth']:>6,}: {row['decode_tok_s_p50']:7.1f} tok/s "
+            f"({row['vs_first_depth']:.0%} of depth {r['depths'][0]['depth']:,}; "
+            f"{row['vs_first_depth_at_bandwidth']:.0%} by bytes read); "
+            f"{row['read_bytes_per_token'] / 1e9:.2f} GB read a token, {row['read_gb_s']:,.0f} GB/s; "
+            f"prefill to first token {row['prefill_ttft_ms_p50']:.1f} ms"
+            + (f"; {format_clock_summary(clock)}" if clock else "")
+        )
     return "\n".join(lines)
 
 
 def format_chat(r: dict) -> str:
-    lines = [f"4-turn chat: user turns of ~{r['user_tokens']} tokens, replies of {r['reply_tokens']} sampled tokens "
-             f"(temperature {r['temperature']}), context {r['context_length']:,}"]
+    lines = [
+        f"4-turn chat: user turns of ~{r['user_tokens']} tokens, replies of {r['reply_tokens']} sampled tokens "
+        f"(temperature {r['temperature']}), context {r['context_length']:,}"
+    ]
     for t in r["turns"]:
-        lines.append(f"  turn {t['turn']}: TTFT {t['ttft_ms']:7.1f} ms (template and tokenizer "
-                     f"{t['prompt_ms']:.1f}); prompt {t['prompt_tokens']:,} tokens, "
-                     f"{t['prefix_reused_tokens']:,} reused, {t['new_prompt_tokens']:,} prefilled; "
-                     f"decode {t['decode_tok_s']:.1f} tok/s")
+        lines.append(
+            f"  turn {t['turn']}: TTFT {t['ttft_ms']:7.1f} ms (template and tokenizer "
+            f"{t['prompt_ms']:.1f}); prompt {t['prompt_tokens']:,} tokens, "
+            f"{t['prefix_reused_tokens']:,} reused, {t['new_prompt_tokens']:,} prefilled; "
+            f"decode {t['decode_tok_s']:.1f} tok/s"
+        )
     return "\n".join(lines)

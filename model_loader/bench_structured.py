@@ -14,25 +14,39 @@ from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
 from model_loader.stats import percentile
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 24},
-    "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "email": {"type": "string", "maxLength": 32},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
-    "status": {"enum": ["active", "inactive", "pending"]}},
-    "required": ["name", "age", "email", "tags", "status"], "additionalProperties": False}
-BOUNDED_SCHEMA = {"type": "object", "properties": {"people": {"type": "array", "items": PERSON, "minItems": 8,
-                                                              "maxItems": 8}},
-                  "required": ["people"], "additionalProperties": False}
-STEP = {"type": "object", "properties": {"explanation": {"type": "string"}, "output": {"type": "string"}},
-        "required": ["explanation", "output"], "additionalProperties": False}
-TYPICAL_SCHEMA = {"type": "object", "properties": {"steps": {"type": "array", "items": STEP},
-                                                   "final_answer": {"type": "string"}},
-                  "required": ["steps", "final_answer"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "email": {"type": "string", "maxLength": 32},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        "status": {"enum": ["active", "inactive", "pending"]},
+    },
+    "required": ["name", "age", "email", "tags", "status"],
+    "additionalProperties": False,
+}
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": PERSON, "minItems": 8, "maxItems": 8}},
+    "required": ["people"],
+    "additionalProperties": False,
+}
+STEP = {
+    "type": "object",
+    "properties": {"explanation": {"type": "string"}, "output": {"type": "string"}},
+    "required": ["explanation", "output"],
+    "additionalProperties": False,
+}
+TYPICAL_SCHEMA = {
+    "type": "object",
+    "properties": {"steps": {"type": "array", "items": STEP}, "final_answer": {"type": "string"}},
+    "required": ["steps", "final_answer"],
+    "additionalProperties": False,
+}
 
 
-def run_structured(engine: Engine, prompt_tokens: int, new_tokens: int, runs: int, schema: dict | None = None
-                   ) -> dict:
+def run_structured(engine: Engine, prompt_tokens: int, new_tokens: int, runs: int, schema: dict | None = None) -> dict:
     from model_loader.grammar import compile_json
 
     schema = schema or TYPICAL_SCHEMA
@@ -43,18 +57,22 @@ def run_structured(engine: Engine, prompt_tokens: int, new_tokens: int, runs: in
     for i in range(runs + 1):  # the first round warms up (graph captures) and is not counted
         for name, extra in ways.items():
             engine.reset_cache()
-            settings = SamplingSettings(temperature=0, max_new_tokens=new_tokens, ignore_eos=name != "json_schema",
-                                        **extra)
+            settings = SamplingSettings(
+                temperature=0, max_new_tokens=new_tokens, ignore_eos=name != "json_schema", **extra
+            )
             # in_reasoning False: the grammar applies from the first token (in a chat it starts at the answer)
-            final = [ev for ev in engine.generate_ids(prompt, settings, in_reasoning=False)
-                     if isinstance(ev, Finished)][0]
+            final = [
+                ev for ev in engine.generate_ids(prompt, settings, in_reasoning=False) if isinstance(ev, Finished)
+            ][0]
             if i:
                 results[name].append(final)
     out: dict = {"schema": schema, "prompt_tokens": len(prompt), "runs": runs}
     for name, finals in results.items():
-        out[name] = {"decode_tok_s_p50": percentile([f.stats.decode_tok_s for f in finals], 50),
-                     "completion_tokens": finals[0].stats.completion_tokens,
-                     "finish_reason": finals[0].stats.finish_reason}
+        out[name] = {
+            "decode_tok_s_p50": percentile([f.stats.decode_tok_s for f in finals], 50),
+            "completion_tokens": finals[0].stats.completion_tokens,
+            "finish_reason": finals[0].stats.finish_reason,
+        }
     reply = results["json_schema"][0].answer
     try:
         json.loads(reply)
@@ -71,8 +89,11 @@ def format_structured(r: dict) -> str:
     lines = [f"prompt {r['prompt_tokens']} tokens, greedy, {r['runs']} runs each, taking turns"]
     for name in ("fast", "logprobs", "json_schema"):
         x = r[name]
-        lines.append(f"  {name:12s} {x['decode_tok_s_p50']:8.1f} tok/s   {x['completion_tokens']} tokens "
-                     f"({x['finish_reason']})")
-    lines.append(f"  logprobs: {r['logprobs_ratio']:.1%} of the fast path; JSON schema: {r['json_schema_ratio']:.1%}"
-                 f" (reply valid JSON: {r['json_schema']['valid_json']})")
+        lines.append(
+            f"  {name:12s} {x['decode_tok_s_p50']:8.1f} tok/s   {x['completion_tokens']} tokens ({x['finish_reason']})"
+        )
+    lines.append(
+        f"  logprobs: {r['logprobs_ratio']:.1%} of the fast path; JSON schema: {r['json_schema_ratio']:.1%}"
+        f" (reply valid JSON: {r['json_schema']['valid_json']})"
+    )
     return "\n".join(lines)

@@ -117,18 +117,24 @@ class ChatFormat:
                 content = ""
             elif m["role"] == "assistant" and self.reasons and not m.get(ANSWER_ONLY):
                 content = _history_answer(content)
-            out.append({"role": m["role"], "content": content,
-                        **{k: m[k] for k in TOOL_FIELDS if m.get(k) is not None}})
+            out.append(
+                {"role": m["role"], "content": content, **{k: m[k] for k in TOOL_FIELDS if m.get(k) is not None}}
+            )
         return template_messages(out) if any("tool_calls" in m for m in out) else out
 
-    def _template_text(self, messages: list[dict], add_generation_prompt: bool, clean: list[dict] | None = None,
-                       tools: list[dict] | None = None) -> str:
+    def _template_text(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        clean: list[dict] | None = None,
+        tools: list[dict] | None = None,
+    ) -> str:
         clean = self._clean(messages) if clean is None else clean
         extra = {"tools": tools} if tools else {}  # only where asked: a template may test `tools is defined`
         try:
-            return self.tokenizer.apply_chat_template(clean, chat_template=self.template,
-                                                      add_generation_prompt=add_generation_prompt, tokenize=False,
-                                                      **extra)
+            return self.tokenizer.apply_chat_template(
+                clean, chat_template=self.template, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
+            )
         except Exception as err:
             raise ModelError(f"chat template failed: {err}") from err
 
@@ -140,8 +146,9 @@ class ChatFormat:
         if self.prompt_encoder is not None:
             self.prompt_encoder.encode(self._template_text(messages, add_generation_prompt=False))
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False
-               ) -> RenderedPrompt:
+    def render(
+        self, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False
+    ) -> RenderedPrompt:
         """tools: OpenAI's tool definitions, for a template that renders them (tools_supported). continue_final:
         the last message is the start of the reply (an assistant message), which the model continues."""
         if continue_final:
@@ -175,7 +182,7 @@ class ChatFormat:
         head = self.render(messages[:-1], tools)
         reply = last["content"]
         if head.starts_in_reasoning and reply.lstrip().startswith(THINK_OPEN):  # the prompt opened it already
-            reply = reply.lstrip()[len(THINK_OPEN):].lstrip("\n")
+            reply = reply.lstrip()[len(THINK_OPEN) :].lstrip("\n")
         ids = head.ids + list(self.tokenizer.encode(reply, add_special_tokens=False))
         in_reasoning = head.starts_in_reasoning and THINK_CLOSE not in reply
         return RenderedPrompt(text=head.text + reply, ids=ids, starts_in_reasoning=in_reasoning)
@@ -192,12 +199,16 @@ class ChatFormat:
             return None
         marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(clean)]
         skeleton = self._template_text(messages, add_generation_prompt=True, clean=marked, tools=tools)
-        parts = re.split("\ue000(\\d+)\ue001", skeleton + text[len(self._template_text(
-            messages, add_generation_prompt=True, clean=clean, tools=tools)):])  # + a reasoning tag render() added
+        parts = re.split(
+            "\ue000(\\d+)\ue001",
+            skeleton + text[len(self._template_text(messages, add_generation_prompt=True, clean=clean, tools=tools)) :],
+        )  # + a reasoning tag render() added
         rebuilt = "".join(clean[int(p)]["content"] if i % 2 else p for i, p in enumerate(parts))
         if rebuilt != text:
-            log.warning("this chat template changes message text as it inserts it; control-token text typed in "
-                        "a message can't be kept as text")
+            log.warning(
+                "this chat template changes message text as it inserts it; control-token text typed in "
+                "a message can't be kept as text"
+            )
             return None
         ids: list[int] = []
         for i, part in enumerate(parts):
@@ -221,7 +232,7 @@ class ChatFormat:
         message mentioning <think> can hold."""
         bare = self._template_text(messages, add_generation_prompt=False, tools=tools)
         if text.startswith(bare):  # the usual case: the generation prompt is appended
-            return text[len(bare):]
+            return text[len(bare) :]
         n = len(os.path.commonprefix([bare, text]))
         return text[n:]
 
@@ -244,20 +255,20 @@ class StreamingDetokenizer:
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset :])
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
-            return full_text[len(prefix_text):]
+            return full_text[len(prefix_text) :]
         return ""
 
     def flush(self) -> str:
         """At the end of a reply: whatever is left, replacement characters included."""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]
 
 
 class ReasoningSplitter:
@@ -281,7 +292,7 @@ class ReasoningSplitter:
                 self._held = buf
                 return []
             if stripped.startswith(THINK_OPEN):
-                buf = stripped[len(THINK_OPEN):]
+                buf = stripped[len(THINK_OPEN) :]
                 self._seen_text = True  # only one leading tag is dropped, however the deltas are cut
             else:
                 self._seen_text = bool(buf)
@@ -291,7 +302,7 @@ class ReasoningSplitter:
             if idx:
                 out.append(("reasoning", buf[:idx]))
             self.in_reasoning = False
-            rest = buf[idx + len(THINK_CLOSE):]
+            rest = buf[idx + len(THINK_CLOSE) :]
             if rest:
                 out.append(("answer", rest))
             return out
@@ -301,7 +312,7 @@ class ReasoningSplitter:
             if THINK_CLOSE.startswith(buf[-n:]):
                 keep = n
                 break
-        emit, self._held = buf[: len(buf) - keep], buf[len(buf) - keep:]
+        emit, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
         if emit:
             out.append(("reasoning", emit))
         return out

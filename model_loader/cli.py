@@ -30,6 +30,7 @@ def _context(value: str):
 
 def _count(minimum: int):
     """An argparse type: an integer >= minimum."""
+
     def parse(value: str) -> int:
         try:
             n = int(value)
@@ -38,20 +39,24 @@ def _count(minimum: int):
         if n < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
         return n
+
     return parse
 
 
 def _number(lo: float, hi: float, above_lo: bool = False):
     """An argparse type: a finite number in [lo, hi] ((lo, hi] with above_lo)."""
+
     def parse(value: str) -> float:
         try:
             x = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
         if not math.isfinite(x) or x > hi or x < lo or (above_lo and x == lo):
-            raise argparse.ArgumentTypeError(f"must be {'above' if above_lo else 'at least'} {lo:g} and at most "
-                                             f"{hi:g}, got {value}")
+            raise argparse.ArgumentTypeError(
+                f"must be {'above' if above_lo else 'at least'} {lo:g} and at most {hi:g}, got {value}"
+            )
         return x
+
     return parse
 
 
@@ -89,18 +94,30 @@ DEVICE_HELP = "auto (default), cpu, cuda (the first GPU this torch supports) or 
 def _add_model_args(p: argparse.ArgumentParser, context_default="auto") -> None:
     p.add_argument("--model", required=True, help="model folder, or a Hugging Face repo id in the local cache")
     p.add_argument("--device", type=_device, default="auto", help=DEVICE_HELP)
-    p.add_argument("--context", type=_context, default=context_default,
-                   help="context length (KV cache size) in tokens, or 'auto': as much as the free memory holds "
-                        f"after the weights, up to 32,768 (default: {context_default})")
+    p.add_argument(
+        "--context",
+        type=_context,
+        default=context_default,
+        help="context length (KV cache size) in tokens, or 'auto': as much as the free memory holds "
+        f"after the weights, up to 32,768 (default: {context_default})",
+    )
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default=KV_16BIT,
-                   help="the KV cache's format: 16-bit (the model's dtype, exact; default) or 8-bit (fp8 with a "
-                        "scale per row: about half the memory, so 'auto' fits twice the context; outputs no longer "
-                        "match 16-bit exactly, and decoding at long context is slower for now)")
-    p.add_argument("--int4-kernel", choices=["torch", "triton", "dequantize"], default=None,
-                   help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper "
-                        "(the fastest measured there), torch's int4 kernel on the other GPUs of compute "
-                        "capability 8.0+, our Triton kernels on older GPUs")
+    p.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE_CHOICES,
+        default=KV_16BIT,
+        help="the KV cache's format: 16-bit (the model's dtype, exact; default) or 8-bit (fp8 with a "
+        "scale per row: about half the memory, so 'auto' fits twice the context; outputs no longer "
+        "match 16-bit exactly, and decoding at long context is slower for now)",
+    )
+    p.add_argument(
+        "--int4-kernel",
+        choices=["torch", "triton", "dequantize"],
+        default=None,
+        help="4-bit (AWQ) models: force this path. Default: our Triton int4 kernels on Hopper "
+        "(the fastest measured there), torch's int4 kernel on the other GPUs of compute "
+        "capability 8.0+, our Triton kernels on older GPUs",
+    )
 
 
 def _progress_bar(stream):
@@ -110,6 +127,7 @@ def _progress_bar(stream):
             if done >= total:
                 stream.write("\n")
             stream.flush()
+
     return progress
 
 
@@ -126,8 +144,10 @@ def _utf8(text: str) -> str:
         return text.encode(sys.stdin.encoding or "utf-8", "surrogateescape").decode("utf-8")
     except (UnicodeError, LookupError):
         bad = next(i for i, c in enumerate(text) if "\udc80" <= c <= "\udcff" or "\ud800" <= c <= "\udfff")
-        raise ValueError(f"the message is not UTF-8 text (a byte {text[bad]!r} at character {bad}); check the "
-                         "terminal's or the file's encoding") from None
+        raise ValueError(
+            f"the message is not UTF-8 text (a byte {text[bad]!r} at character {bad}); check the "
+            "terminal's or the file's encoding"
+        ) from None
 
 
 def api_key_of(args) -> str | None:
@@ -140,8 +160,9 @@ def api_key_of(args) -> str | None:
             with open(args.api_key_file, encoding="utf-8") as f:
                 key = f.readline().strip()
         except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"could not read the API key file {args.api_key_file}: "
-                             f"{getattr(err, 'strerror', None) or err}") from None
+            raise ValueError(
+                f"could not read the API key file {args.api_key_file}: {getattr(err, 'strerror', None) or err}"
+            ) from None
         if not key:
             raise ValueError(f"the API key file {args.api_key_file} is empty")
         return key
@@ -162,12 +183,23 @@ def cmd_chat(args) -> int:
         args.api_key = None
         engine = RemoteEngine(args.remote, args.model, api_key_of(args))
     else:
-        engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
-                             progress=None if args.json else _progress_bar(sys.stderr), int4_kernel=args.int4_kernel,
-                             kv_cache=args.kv_cache)
+        engine = Engine.load(
+            args.model,
+            device=args.device,
+            context_length=args.context,
+            dtype=args.dtype,
+            progress=None if args.json else _progress_bar(sys.stderr),
+            int4_kernel=args.int4_kernel,
+            kv_cache=args.kv_cache,
+        )
         engine.warm_up()
-    settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = SamplingSettings(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
     tty = sys.stdout.isatty()
     dim, reset = ("\x1b[2m", "\x1b[0m") if tty else ("", "")
     messages: list[dict] = []
@@ -220,8 +252,11 @@ def cmd_chat(args) -> int:
         def on_done(i: int, event) -> None:
             ended.append(i)
             if not args.json:
-                what = (f"error: {event.message}" if not isinstance(event, Finished) else
-                        f"{event.stats.completion_tokens} tokens, {event.stats.finish_reason}")
+                what = (
+                    f"error: {event.message}"
+                    if not isinstance(event, Finished)
+                    else f"{event.stats.completion_tokens} tokens, {event.stats.finish_reason}"
+                )
                 print(f"chain {i + 1} ended ({len(ended)} of {args.vote}): {what}", file=sys.stderr)
 
         previous = signal.signal(signal.SIGINT, lambda *_: control.cancel())
@@ -237,11 +272,14 @@ def cmd_chat(args) -> int:
         winner = finished[result.winner.chains[0]] if result.winner else next((c for c in finished if c), None)
         if args.json:
             vote_json["vote"] = {
-                "summary": result.summary(), "answer": result.winner.display if result.winner else None,
-                "support": len(result.winner.chains) if result.winner else 0, "chains": len(chains),
+                "summary": result.summary(),
+                "answer": result.winner.display if result.winner else None,
+                "support": len(result.winner.chains) if result.winner else 0,
+                "chains": len(chains),
                 "answers": result.answers,
                 "texts": [c.text if c is not None else None for c in finished],
-                "seeds": [c.stats.seed if c is not None else None for c in finished]}
+                "seeds": [c.stats.seed if c is not None else None for c in finished],
+            }
         else:
             for i, answer in enumerate(result.answers):
                 print(f"  chain {i + 1}: {answer if answer is not None else '(no answer)'}")
@@ -260,19 +298,35 @@ def cmd_chat(args) -> int:
             return 1
         st = final.stats
         if args.json:
-            print(json.dumps({  # ASCII: valid JSON whatever the output's encoding (a redirect on Windows: cp1252)
-                "text": final.text, "reasoning": final.reasoning, "answer": final.answer,
-                "prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
-                "token_ids": final.token_ids, "finish_reason": st.finish_reason, "ttft_ms": round(st.ttft_ms, 3),
-                "decode_tok_s": round(st.decode_tok_s, 2), "prefix_reused_tokens": st.prefix_reused_tokens,
-                **vote_json,
-            }))
+            print(
+                json.dumps(
+                    {  # ASCII: valid JSON whatever the output's encoding (a redirect on Windows: cp1252)
+                        "text": final.text,
+                        "reasoning": final.reasoning,
+                        "answer": final.answer,
+                        "prompt_tokens": st.prompt_tokens,
+                        "completion_tokens": st.completion_tokens,
+                        "token_ids": final.token_ids,
+                        "finish_reason": st.finish_reason,
+                        "ttft_ms": round(st.ttft_ms, 3),
+                        "decode_tok_s": round(st.decode_tok_s, 2),
+                        "prefix_reused_tokens": st.prefix_reused_tokens,
+                        **vote_json,
+                    }
+                )
+            )
         else:
-            print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
-                  f"{st.decode_tok_s:.1f} tok/s]", file=sys.stderr)
+            print(
+                f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
+                f"{st.decode_tok_s:.1f} tok/s]",
+                file=sys.stderr,
+            )
         return 0
-    print(f"r1desk chat — {engine.info.model_name} on {engine.info.device_name}. Empty line or Ctrl+D quits; "
-          "Ctrl+C stops a reply.", file=sys.stderr)
+    print(
+        f"r1desk chat — {engine.info.model_name} on {engine.info.device_name}. Empty line or Ctrl+D quits; "
+        "Ctrl+C stops a reply.",
+        file=sys.stderr,
+    )
     while True:
         try:
             text = input("\n> ")
@@ -291,8 +345,11 @@ def cmd_chat(args) -> int:
             continue
         if final is not None:
             st = final.stats
-            print(f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
-                  f"{st.decode_tok_s:.1f} tok/s; prefix reused {st.prefix_reused_tokens}]", file=sys.stderr)
+            print(
+                f"[{st.finish_reason}; {st.completion_tokens} tokens; TTFT {st.ttft_ms:.0f} ms; "
+                f"{st.decode_tok_s:.1f} tok/s; prefix reused {st.prefix_reused_tokens}]",
+                file=sys.stderr,
+            )
             if st.finish_reason == "context_full":
                 print("The context is full: start a new chat (or raise --context).", file=sys.stderr)
                 return 0
@@ -307,19 +364,36 @@ def cmd_bench(args) -> int:
         from model_loader.bench_serve import format_serve, run_serve_scenario
 
         extra = ["--context", str(args.context)] + (["--dtype", args.dtype] if args.dtype else [])
-        result = run_serve_scenario(args.model, args.device, args.clients, args.requests, args.max_parallel,
-                                    new_tokens=args.new_tokens, extra=extra)
+        result = run_serve_scenario(
+            args.model,
+            args.device,
+            args.clients,
+            args.requests,
+            args.max_parallel,
+            new_tokens=args.new_tokens,
+            extra=extra,
+        )
         print(json.dumps(result, indent=2) if args.json else format_serve(result))
         return 1 if result["errors"] else 0
     if args.scenario == "chat" or args.depths:
         return _bench_scenario(args)
     if args.scenario == "structured":
         return _bench_structured(args)
-    result = run_bench(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, runs=args.runs,
-                       device=args.device, context=args.context, compare=args.compare,
-                       temperature=args.temperature, dtype=args.dtype, awq=args.awq,
-                       use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel,
-                       kv_cache=args.kv_cache)
+    result = run_bench(
+        args.model,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        runs=args.runs,
+        device=args.device,
+        context=args.context,
+        compare=args.compare,
+        temperature=args.temperature,
+        dtype=args.dtype,
+        awq=args.awq,
+        use_triton=False if args.no_triton else None,
+        int4_kernel=args.int4_kernel,
+        kv_cache=args.kv_cache,
+    )
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0
 
@@ -336,8 +410,9 @@ def _bench_structured(args) -> int:
         except (OSError, ValueError) as err:
             print(f"r1desk bench: could not read the schema {args.json_schema}: {err}", file=sys.stderr)
             return 2
-    engine = Engine.load(args.model, device=args.device, context_length=args.context, dtype=args.dtype,
-                         kv_cache=args.kv_cache)
+    engine = Engine.load(
+        args.model, device=args.device, context_length=args.context, dtype=args.dtype, kv_cache=args.kv_cache
+    )
     engine.warm_up()
     result = run_structured(engine, args.prompt_tokens, args.new_tokens, args.runs, schema)
     result["device"] = engine.info.device_name
@@ -355,29 +430,49 @@ def _bench_scenario(args) -> int:
         need = sc.context_for_depths(args.depths, args.new_tokens)
     context = max(need, args.context if isinstance(args.context, int) else 0)
     t0 = time.perf_counter()
-    engine = Engine.load(args.model, device=args.device, context_length=context, dtype=args.dtype,
-                         use_triton=False if args.no_triton else None, int4_kernel=args.int4_kernel,
-                         kv_cache=args.kv_cache)
+    engine = Engine.load(
+        args.model,
+        device=args.device,
+        context_length=context,
+        dtype=args.dtype,
+        use_triton=False if args.no_triton else None,
+        int4_kernel=args.int4_kernel,
+        kv_cache=args.kv_cache,
+    )
     engine.warm_up()
     ready = time.perf_counter() - t0
     if args.scenario == "chat":
-        result = sc.run_chat(engine, args.user_tokens, args.reply_tokens,
-                             temperature=args.temperature if args.temperature > 0 else 0.6)
+        result = sc.run_chat(
+            engine, args.user_tokens, args.reply_tokens, temperature=args.temperature if args.temperature > 0 else 0.6
+        )
         text = sc.format_chat(result)
     else:
         result = sc.run_depths(engine, args.depths, args.new_tokens, args.runs)
         text = sc.format_depths(result)
     info = engine.info
-    result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
-                  kv_cache=info.kv_cache, ready_s=ready, decode_attention=info.decode_attention,
-                  # what the warm-up timed per depth bucket and configuration (us per decode step)
-                  decode_attention_us=engine.step.tuned_us)
-    print(json.dumps(result, indent=2) if args.json else
-          f"model {info.model_name} on {info.device_name} ({info.dtype}"
-          f"{', ' + info.quantization if info.quantization else ''}, {info.kv_cache} KV cache), ready in {ready:.1f} s"
-          f"\n{text}" + "".join(f"\ndecode attention for depth {bucket}: {config}"
-                                f" (the warm-up's us per step: {_tuned(engine.step.tuned_us, bucket)})"
-                                for bucket, config in info.decode_attention.items()))
+    result.update(
+        model=info.model_name,
+        device=info.device_name,
+        dtype=info.dtype,
+        quantization=info.quantization,
+        kv_cache=info.kv_cache,
+        ready_s=ready,
+        decode_attention=info.decode_attention,
+        # what the warm-up timed per depth bucket and configuration (us per decode step)
+        decode_attention_us=engine.step.tuned_us,
+    )
+    print(
+        json.dumps(result, indent=2)
+        if args.json
+        else f"model {info.model_name} on {info.device_name} ({info.dtype}"
+        f"{', ' + info.quantization if info.quantization else ''}, {info.kv_cache} KV cache), ready in {ready:.1f} s"
+        f"\n{text}"
+        + "".join(
+            f"\ndecode attention for depth {bucket}: {config}"
+            f" (the warm-up's us per step: {_tuned(engine.step.tuned_us, bucket)})"
+            for bucket, config in info.decode_attention.items()
+        )
+    )
     return 0
 
 
@@ -387,18 +482,27 @@ def _bench_batch(args) -> int:
 
     t0 = time.perf_counter()
     # the single-sequence cache only needs the warm-up's room: the scheduler has its own paged cache
-    engine = Engine.load(args.model, device=args.device, context_length=args.prompt_tokens + args.new_tokens + 16,
-                         dtype=args.dtype, use_triton=False if args.no_triton else None,
-                         int4_kernel=args.int4_kernel)
+    engine = Engine.load(
+        args.model,
+        device=args.device,
+        context_length=args.prompt_tokens + args.new_tokens + 16,
+        dtype=args.dtype,
+        use_triton=False if args.no_triton else None,
+        int4_kernel=args.int4_kernel,
+    )
     engine.warm_up()
     ready = time.perf_counter() - t0
     result = run_batch(engine, args.batch, args.prompt_tokens, args.new_tokens)
     info = engine.info
-    result.update(model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization,
-                  ready_s=ready)
-    print(json.dumps(result, indent=2) if args.json else
-          f"model {info.model_name} on {info.device_name} ({info.dtype}"
-          f"{', ' + info.quantization if info.quantization else ''}), ready in {ready:.1f} s\n{format_batch(result)}")
+    result.update(
+        model=info.model_name, device=info.device_name, dtype=info.dtype, quantization=info.quantization, ready_s=ready
+    )
+    print(
+        json.dumps(result, indent=2)
+        if args.json
+        else f"model {info.model_name} on {info.device_name} ({info.dtype}"
+        f"{', ' + info.quantization if info.quantization else ''}), ready in {ready:.1f} s\n{format_batch(result)}"
+    )
     return 0
 
 
@@ -428,16 +532,30 @@ def cmd_quantize(args) -> int:
     from model_loader.quantize import quantize
 
     def progress(done: int, total: int, what: str) -> None:
-        print(f"layer {min(done + 1, total)}/{total}: {what}" if done < total else "writing done", file=sys.stderr,
-              flush=True)
+        print(
+            f"layer {min(done + 1, total)}/{total}: {what}" if done < total else "writing done",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    report = quantize(args.model, args.out, group_size=args.group_size, calib=args.calib, samples=args.samples,
-                      seq_len=args.seq_len, device=None if args.device == "auto" else args.device,
-                      clip=not args.no_clip, progress=progress)
-    print(json.dumps(report.__dict__) if args.json else
-          f"wrote {report.out_dir}: {report.layers} layers, group size {report.group_size}, "
-          f"{report.calibration_tokens} calibration tokens, {report.seconds:.1f} s; scale search cut the block "
-          f"output error by {report.mean_scale_loss_reduction:.0%} on average versus plain rounding")
+    report = quantize(
+        args.model,
+        args.out,
+        group_size=args.group_size,
+        calib=args.calib,
+        samples=args.samples,
+        seq_len=args.seq_len,
+        device=None if args.device == "auto" else args.device,
+        clip=not args.no_clip,
+        progress=progress,
+    )
+    print(
+        json.dumps(report.__dict__)
+        if args.json
+        else f"wrote {report.out_dir}: {report.layers} layers, group size {report.group_size}, "
+        f"{report.calibration_tokens} calibration tokens, {report.seconds:.1f} s; scale search cut the block "
+        f"output error by {report.mean_scale_loss_reduction:.0%} on average versus plain rounding"
+    )
     return 0
 
 
@@ -474,22 +592,33 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
     _add_model_args(chat)
     chat.add_argument("--prompt", help="one user turn; prints the reply and exits")
     chat.add_argument("--system", default="", help="system prompt (DeepSeek advises none)")
-    chat.add_argument("--max-new-tokens", type=_count(1), default=None,
-                      help="default: the context length (a long chain of thought is never cut short)")
+    chat.add_argument(
+        "--max-new-tokens",
+        type=_count(1),
+        default=None,
+        help="default: the context length (a long chain of thought is never cut short)",
+    )
     chat.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="0 = greedy; at most 2")
     chat.add_argument("--top-p", type=TOP_P, default=0.95, help="above 0, at most 1")
     chat.add_argument("--top-k", type=_count(0), default=0, help="0 = off")
     chat.add_argument("--seed", type=_seed, default=None)
     chat.add_argument("--json", action="store_true", help="with --prompt: print one JSON object")
-    chat.add_argument("--remote", metavar="URL",
-                      help="chat with MODEL on an OpenAI-compatible server instead (e.g. http://gpu-box:8089/v1; "
-                           "the key from --api-key-file or $R1DESK_API_KEY)")
+    chat.add_argument(
+        "--remote",
+        metavar="URL",
+        help="chat with MODEL on an OpenAI-compatible server instead (e.g. http://gpu-box:8089/v1; "
+        "the key from --api-key-file or $R1DESK_API_KEY)",
+    )
     chat.add_argument("--api-key-file", default=None, metavar="FILE", help="--remote: the server's key (first line)")
-    chat.add_argument("--vote", type=_count(2), default=None, metavar="N",
-                      help="sample N reasoning chains in parallel and answer with their majority (\\boxed{} answers "
-                           "first, else each answer's last line)")
+    chat.add_argument(
+        "--vote",
+        type=_count(2),
+        default=None,
+        metavar="N",
+        help="sample N reasoning chains in parallel and answer with their majority (\\boxed{} answers "
+        "first, else each answer's last line)",
+    )
     chat.set_defaults(func=cmd_chat)
-
 
     bench = sub.add_parser("bench", help="measure time to ready, TTFT, decode tokens/s, VRAM")
     _add_model_args(bench, context_default=4096)  # fixed, so runs on different GPUs compare
@@ -498,26 +627,46 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=_count(1), default=5)
     bench.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 = greedy (default), else top-p 0.95")
     bench.add_argument("--compare", choices=["hf"], help="also time transformers' generate() on the same weights")
-    bench.add_argument("--awq", metavar="AWQ_DIR", help="also bench this AWQ folder (the same model quantized) "
-                       "and report its speed and memory relative to --model")
+    bench.add_argument(
+        "--awq",
+        metavar="AWQ_DIR",
+        help="also bench this AWQ folder (the same model quantized) "
+        "and report its speed and memory relative to --model",
+    )
     bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
-    bench.add_argument("--depths", type=_depths, metavar="D1,D2,...",
-                       help="decode speed by context depth instead: a D-token prompt, then --new-tokens "
-                            "(e.g. 512,4096,16384,32768); the context is sized to fit")
-    bench.add_argument("--batch", type=_counts("sequence counts"), metavar="B1,B2,...",
-                       help="aggregate decode tok/s with this many sequences decoding together (continuous batching)")
+    bench.add_argument(
+        "--depths",
+        type=_depths,
+        metavar="D1,D2,...",
+        help="decode speed by context depth instead: a D-token prompt, then --new-tokens "
+        "(e.g. 512,4096,16384,32768); the context is sized to fit",
+    )
+    bench.add_argument(
+        "--batch",
+        type=_counts("sequence counts"),
+        metavar="B1,B2,...",
+        help="aggregate decode tok/s with this many sequences decoding together (continuous batching)",
+    )
     bench.add_argument("--clients", type=_count(1), default=16, help="--scenario serve: concurrent HTTP clients")
     bench.add_argument("--requests", type=_count(1), default=200, help="--scenario serve: requests in all")
-    bench.add_argument("--max-parallel", type=_count(1), default=32,
-                       help="--scenario serve: the server's --max-parallel")
-    bench.add_argument("--json-schema", metavar="FILE",
-                       help="--scenario structured: the schema (default: eight records of a typical form)")
-    bench.add_argument("--scenario", choices=["headline", "chat", "serve", "structured"], default="headline",
-                       help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
-                            "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
-                            "tok/s per turn; serve: --clients streaming HTTP clients send --requests requests "
-                            "to `serve --max-parallel`: TTFT and whole-request P50/P90/P95/max, tok/s, errors; "
-                            "structured: decode tok/s of the fast path, with logprobs and under a JSON schema")
+    bench.add_argument(
+        "--max-parallel", type=_count(1), default=32, help="--scenario serve: the server's --max-parallel"
+    )
+    bench.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="--scenario structured: the schema (default: eight records of a typical form)",
+    )
+    bench.add_argument(
+        "--scenario",
+        choices=["headline", "chat", "serve", "structured"],
+        default="headline",
+        help="chat: a scripted 4-turn chat as the window runs it (sampled replies, history through "
+        "the chat template, the KV cache kept between turns): TTFT, prefix reused, decode "
+        "tok/s per turn; serve: --clients streaming HTTP clients send --requests requests "
+        "to `serve --max-parallel`: TTFT and whole-request P50/P90/P95/max, tok/s, errors; "
+        "structured: decode tok/s of the fast path, with logprobs and under a JSON schema",
+    )
     bench.add_argument("--user-tokens", type=_count(1), default=1024, help="--scenario chat: tokens per user turn")
     bench.add_argument("--reply-tokens", type=_count(1), default=2048, help="--scenario chat: tokens per reply")
     bench.add_argument("--json", action="store_true")
@@ -527,8 +676,11 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
     quant.add_argument("--model", required=True, help="the unquantized model folder (or cached repo id)")
     quant.add_argument("--out", required=True, help="the new AWQ model folder")
     quant.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128, 256])
-    quant.add_argument("--calib", help="calibration text: .jsonl of {\"text\": ...} or plain lines "
-                                       "(default: the passages shipped in assets/calibration)")
+    quant.add_argument(
+        "--calib",
+        help='calibration text: .jsonl of {"text": ...} or plain lines '
+        "(default: the passages shipped in assets/calibration)",
+    )
     quant.add_argument("--samples", type=_count(1), default=64, help="calibration blocks")
     quant.add_argument("--seq-len", type=_count(16), default=512, help="tokens per calibration block")
     quant.add_argument("--device", type=_device, default="auto", help=DEVICE_HELP)
@@ -540,8 +692,12 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
     make.add_argument("dir")
     make.add_argument("--preset", choices=["tiny", "full"], default="tiny")
     make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--chat", choices=["r1", "qwen2.5"], default="r1",
-                      help="tokenizer and chat template: DeepSeek-R1-Distill's (default) or Qwen2.5-Instruct's")
+    make.add_argument(
+        "--chat",
+        choices=["r1", "qwen2.5"],
+        default="r1",
+        help="tokenizer and chat template: DeepSeek-R1-Distill's (default) or Qwen2.5-Instruct's",
+    )
     make.set_defaults(func=cmd_make_test_model)
 
     doctor = sub.add_parser("doctor", help="report the OS, torch, GPU, CUDA graphs and models found")

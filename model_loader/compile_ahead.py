@@ -126,10 +126,33 @@ class CompileBesideLoad:
     measured for the context); the warm-up calls finish() (waits for the compiles); anything that ends the load
     early calls abandon()."""
 
-    def __init__(self, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
-                 int4pack_prefill: bool, kv_cache: str = KV_16BIT):
-        self._args = (cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill,
-                      kv_cache)
+    def __init__(
+        self,
+        cfg,
+        shards,
+        awq,
+        int4_layout,
+        device,
+        dtype,
+        context: int,
+        buckets,
+        graphs: bool,
+        int4pack_prefill: bool,
+        kv_cache: str = KV_16BIT,
+    ):
+        self._args = (
+            cfg,
+            shards,
+            awq,
+            int4_layout,
+            device,
+            dtype,
+            context,
+            buckets,
+            graphs,
+            int4pack_prefill,
+            kv_cache,
+        )
         self.device = device
         self.pool: precompile.CompilePool | None = None
         self.error: str | None = None  # why the walk stopped early
@@ -138,8 +161,21 @@ class CompileBesideLoad:
         self._thread = threading.Thread(target=self._run, name="r1desk-twin-walk", daemon=True)
 
     @classmethod
-    def start_if_room(cls, cfg, shards, awq, int4_layout, device, dtype, context: int, buckets, graphs: bool,
-                      int4pack_prefill: bool, load_bytes: int, kv_cache: str = KV_16BIT) -> "CompileBesideLoad | None":
+    def start_if_room(
+        cls,
+        cfg,
+        shards,
+        awq,
+        int4_layout,
+        device,
+        dtype,
+        context: int,
+        buckets,
+        graphs: bool,
+        int4pack_prefill: bool,
+        load_bytes: int,
+        kv_cache: str = KV_16BIT,
+    ) -> "CompileBesideLoad | None":
         """Started, or None where Triton can't compile ahead here or the twin would not fit beside the weights
         (then the warm-up compiles ahead on the loaded model, after the load, as before)."""
         if precompile.async_compile_mode() is None:
@@ -147,8 +183,12 @@ class CompileBesideLoad:
         free, _ = torch.cuda.mem_get_info(device)
         need = load_bytes + twin_bytes(cfg, dtype, context) + TWIN_HEADROOM
         if free < need:
-            log.info("compiling after the load: the model's shape twin would not fit beside its weights "
-                     "(%.2f GiB free, %.2f GiB needed)", free / 2**30, need / 2**30)
+            log.info(
+                "compiling after the load: the model's shape twin would not fit beside its weights "
+                "(%.2f GiB free, %.2f GiB needed)",
+                free / 2**30,
+                need / 2**30,
+            )
             return None
         ahead = cls(cfg, shards, awq, int4_layout, device, dtype, context, buckets, graphs, int4pack_prefill, kv_cache)
         ahead._thread.start()
@@ -192,8 +232,16 @@ class CompileBesideLoad:
                     self.error = "Triton can't compile ahead here"
                     return
                 small = twin_config(cfg)
-                weights = load_weights(small, shards, device, dtype, awq=awq, int4_layout=int4_layout,
-                                       entries=twin_entries(cfg, shards, awq, small), read_values=False)
+                weights = load_weights(
+                    small,
+                    shards,
+                    device,
+                    dtype,
+                    awq=awq,
+                    int4_layout=int4_layout,
+                    entries=twin_entries(cfg, shards, awq, small),
+                    read_values=False,
+                )
                 twin = Qwen2Model(small, weights, device, dtype, context, use_triton=True, kv_cache=kv_cache)
                 if int4pack_prefill:  # as the loaded model will (its check runs on the loading thread)
                     twin.linear.use_int4pack_prefill(weights, device, dtype)

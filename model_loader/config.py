@@ -47,30 +47,41 @@ def _positive_float(raw: dict, key: str, path: Path, default: float) -> float:
 
 def _token_ids(raw: dict, key: str, path: Path) -> list[int]:
     value = raw.get(key)
-    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value if isinstance(value, list) \
-        else [] if value is None else None
+    ids = (
+        [value]
+        if isinstance(value, int) and not isinstance(value, bool)
+        else value
+        if isinstance(value, list)
+        else []
+        if value is None
+        else None
+    )
     if ids is None or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-        raise ModelError(f"{path}: invalid config.json ({key} must be a token id or a list of them; got {value!r})",
-                         str(path))
+        raise ModelError(
+            f"{path}: invalid config.json ({key} must be a token id or a list of them; got {value!r})", str(path)
+        )
     return ids
 
 
 def parse_awq(raw: dict, path: Path, widths: tuple[int, ...]) -> AwqConfig:
     """Validate quantization_config; every failure is one line naming config.json and the problem."""
     if not isinstance(raw, dict):
-        raise ModelError(f"{path}: invalid config.json (quantization_config must be an object; got {raw!r})",
-                         str(path))
+        raise ModelError(f"{path}: invalid config.json (quantization_config must be an object; got {raw!r})", str(path))
     method = str(raw.get("quant_method", "")).lower()
     if method != "awq":
-        raise ModelError(f"{path}: unsupported quantization {method or raw!r}; r1desk reads AWQ (4-bit, GEMM) "
-                         "or unquantized bf16/fp16 checkpoints", str(path))
+        raise ModelError(
+            f"{path}: unsupported quantization {method or raw!r}; r1desk reads AWQ (4-bit, GEMM) "
+            "or unquantized bf16/fp16 checkpoints",
+            str(path),
+        )
     bits = raw.get("bits", raw.get("w_bit"))
     if bits != 4 or not isinstance(bits, int):
         raise ModelError(f"{path}: AWQ with {bits!r} bits is not supported (only 4-bit)", str(path))
     version = str(raw.get("version", "gemm")).lower()
     if version != "gemm":
-        raise ModelError(f"{path}: AWQ version {raw.get('version')!r} is not supported (only \"gemm\" packing)",
-                         str(path))
+        raise ModelError(
+            f'{path}: AWQ version {raw.get("version")!r} is not supported (only "gemm" packing)', str(path)
+        )
     if not raw.get("zero_point", True):
         raise ModelError(f"{path}: AWQ without zero points is not supported", str(path))
     group = raw.get("group_size", raw.get("q_group_size"))
@@ -81,8 +92,11 @@ def parse_awq(raw: dict, path: Path, widths: tuple[int, ...]) -> AwqConfig:
             raise ModelError(f"{path}: AWQ group size {group} does not divide the layer width {width}", str(path))
     skip = raw.get("modules_to_not_convert") or []
     if not isinstance(skip, list) or not all(isinstance(name, str) and name for name in skip):
-        raise ModelError(f"{path}: invalid quantization_config (modules_to_not_convert must be a list of module "
-                         f"names; got {skip!r})", str(path))
+        raise ModelError(
+            f"{path}: invalid quantization_config (modules_to_not_convert must be a list of module "
+            f"names; got {skip!r})",
+            str(path),
+        )
     return AwqConfig(group_size=group, modules_to_not_convert=tuple(skip))
 
 
@@ -140,18 +154,24 @@ def read_config(folder: Path) -> Qwen2Config:
             str(path),
         )
     rope_scaling = raw.get("rope_scaling")
-    if rope_scaling and (not isinstance(rope_scaling, dict) or
-                         (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default")):
+    if rope_scaling and (
+        not isinstance(rope_scaling, dict)
+        or (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default")
+    ):
         raise ModelError(f"{path}: unsupported rope_scaling {rope_scaling!r}", str(path))
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):  # the MLP's kernels compute SiLU: another activation would run as SiLU
         raise ModelError(f"{path}: unsupported hidden_act {act!r}; r1desk's Qwen2 kernels compute SiLU", str(path))
     if raw.get("use_sliding_window") is True:  # attention would see the whole context where the model doesn't
-        raise ModelError(f"{path}: sliding-window attention (use_sliding_window) is not supported; r1desk attends "
-                         "over the whole context", str(path))
+        raise ModelError(
+            f"{path}: sliding-window attention (use_sliding_window) is not supported; r1desk attends "
+            "over the whole context",
+            str(path),
+        )
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [k for k in required
-               if isinstance(raw.get(k), bool) or not isinstance(raw.get(k), int) or raw.get(k) <= 0]
+    missing = [
+        k for k in required if isinstance(raw.get(k), bool) or not isinstance(raw.get(k), int) or raw.get(k) <= 0
+    ]
     if missing:
         raise ModelError(f"{path}: invalid config.json (missing or non-positive {', '.join(missing)})", str(path))
     heads = raw["num_attention_heads"]
@@ -160,8 +180,9 @@ def read_config(folder: Path) -> Qwen2Config:
     if head_dim * heads != raw["hidden_size"] and raw.get("head_dim") is None:
         raise ModelError(f"{path}: invalid config.json (hidden_size not divisible by num_attention_heads)", str(path))
     if heads % kv_heads:
-        raise ModelError(f"{path}: invalid config.json (num_attention_heads not a multiple of num_key_value_heads)",
-                         str(path))
+        raise ModelError(
+            f"{path}: invalid config.json (num_attention_heads not a multiple of num_key_value_heads)", str(path)
+        )
     awq = None
     if raw.get("quantization_config"):
         widths = (raw["hidden_size"], raw["intermediate_size"], heads * head_dim)
@@ -170,8 +191,9 @@ def read_config(folder: Path) -> Qwen2Config:
     bos_ids = _token_ids(raw, "bos_token_id", path)
     tied = raw.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):  # "false" would be true
-        raise ModelError(f"{path}: invalid config.json (tie_word_embeddings must be true or false; got {tied!r})",
-                         str(path))
+        raise ModelError(
+            f"{path}: invalid config.json (tie_word_embeddings must be true or false; got {tied!r})", str(path)
+        )
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
     return Qwen2Config(
         hidden_size=raw["hidden_size"],

@@ -28,8 +28,9 @@ def per_token_bytes(cfg, dtype_bytes: int, kv_cache: str = KV_16BIT) -> int:
     return int(values * value_bytes(kv_cache, dtype_bytes, cfg.head_dim)) + 4 * cfg.head_dim
 
 
-def choose_context(free_bytes: int, total_bytes: int, token_bytes: int, max_positions: int,
-                   target: int = AUTO_TARGET) -> int:
+def choose_context(
+    free_bytes: int, total_bytes: int, token_bytes: int, max_positions: int, target: int = AUTO_TARGET
+) -> int:
     """The context for `free_bytes` of free memory (measured after the weights are in place)."""
     headroom = max(HEADROOM_MIN_BYTES, int(HEADROOM_FRACTION * total_bytes))
     fits = max(0, free_bytes - headroom) // token_bytes
@@ -43,8 +44,10 @@ class NoRoomForContext(Exception):
     """Fewer than MIN_CONTEXT tokens fit next to the weights."""
 
     def __init__(self, tokens: int, free_bytes: int):
-        super().__init__(f"only {free_bytes / 2**30:.2f} GiB is free after loading the weights: room for "
-                         f"{tokens:,} tokens of context, and a reasoning model needs at least {MIN_CONTEXT:,}")
+        super().__init__(
+            f"only {free_bytes / 2**30:.2f} GiB is free after loading the weights: room for "
+            f"{tokens:,} tokens of context, and a reasoning model needs at least {MIN_CONTEXT:,}"
+        )
         self.tokens = tokens
 
 

@@ -30,8 +30,11 @@ def pick_device(requested: str | None) -> torch.device:
         raise ModelError(f"CUDA was requested but this machine has {build}; use --device cpu (much slower)")
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
-        raise GpuMissingError(f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from "
-                              f"cuda:0", dev.index, count)
+        raise GpuMissingError(
+            f"{requested} was requested but this machine has {count} NVIDIA GPU(s), numbered from cuda:0",
+            dev.index,
+            count,
+        )
     candidates = [dev.index] if dev.index is not None else list(range(count))
     problems = []
     for index in candidates:  # before any kernel: an unsupported GPU would fail with "no kernel image"
@@ -43,7 +46,8 @@ def pick_device(requested: str | None) -> torch.device:
         problems.append(problem)
     others = len(problems) - 1
     also = {0: "", 1: " The machine's other GPU is not supported either."}.get(
-        others, f" Nor are the machine's {others} other GPUs.")
+        others, f" Nor are the machine's {others} other GPUs."
+    )
     raise GpuUnsupportedError(problems[0] + also)
 
 
@@ -58,8 +62,14 @@ def use_device(dev: torch.device) -> None:
 
 def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
     if requested:
-        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[requested]
+        return {
+            "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16,
+            "fp16": torch.float16,
+            "float16": torch.float16,
+            "fp32": torch.float32,
+            "float32": torch.float32,
+        }[requested]
     if device.type == "cuda":
         # bf16 where the GPU's matrix multiplies take it: natively from compute capability 8.0, emulated by cuBLAS on
         # Turing (7.5; PyTorch tests it on the T4). Older GPUs (Pascal, Volta: reachable with PyTorch's CUDA 12.6

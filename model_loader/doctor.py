@@ -14,8 +14,11 @@ def _gpu_facts() -> dict:
 
     facts: dict = {"cuda_available": torch.cuda.is_available(), "torch_cuda_build": torch.version.cuda}
     if not torch.cuda.is_available():
-        facts["why_no_cuda"] = ("this torch is a CPU-only build; install the CUDA build (see README)"
-                                if torch.version.cuda is None else "no NVIDIA GPU or driver visible to torch")
+        facts["why_no_cuda"] = (
+            "this torch is a CPU-only build; install the CUDA build (see README)"
+            if torch.version.cuda is None
+            else "no NVIDIA GPU or driver visible to torch"
+        )
         return facts
     from model_loader.device import pick_device
     from model_loader.errors import GpuUnsupportedError
@@ -25,23 +28,27 @@ def _gpu_facts() -> dict:
     except GpuUnsupportedError:
         index = 0
     props = torch.cuda.get_device_properties(index)
-    facts.update({
-        "gpu": props.name,
-        "cuda_device": f"cuda:{index}",
-        "compute_capability": f"{props.major}.{props.minor}",
-        "vram_gib": round(props.total_memory / 2**30, 2),
-        # what r1desk computes in by default (device.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
-        # GPU (it only makes a tensor), while cuBLAS has no bf16 before Turing
-        "default_precision": str(pick_dtype(torch.device("cuda", index))).removeprefix("torch."),
-        "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
-    })
+    facts.update(
+        {
+            "gpu": props.name,
+            "cuda_device": f"cuda:{index}",
+            "compute_capability": f"{props.major}.{props.minor}",
+            "vram_gib": round(props.total_memory / 2**30, 2),
+            # what r1desk computes in by default (device.pick_dtype): torch.cuda.is_bf16_supported() says yes on every
+            # GPU (it only makes a tensor), while cuBLAS has no bf16 before Turing
+            "default_precision": str(pick_dtype(torch.device("cuda", index))).removeprefix("torch."),
+            "torch_gpu_code": " ".join(torch.cuda.get_arch_list()),
+        }
+    )
     problem = check_cuda_device(index)
     if problem:
         facts["gpu_problem"] = problem
     others = [gpu for gpu in list_gpus() if gpu["device"] != f"cuda:{index}"]
     if others:
-        facts["other_gpus"] = [f"{gpu['device']} {gpu['name']}" + (
-            "" if gpu["supported"] else " (not supported by this torch)") for gpu in others]
+        facts["other_gpus"] = [
+            f"{gpu['device']} {gpu['name']}" + ("" if gpu["supported"] else " (not supported by this torch)")
+            for gpu in others
+        ]
     try:
         import pynvml
 
@@ -97,13 +104,16 @@ def collect() -> dict:
     path = choose_int4_layout(gpu or torch.device("cpu"), torch.bfloat16, info["kernels"] == "triton", None)
     if path == "torch":
         info["awq_path"] = "int4 kernel (torch _weight_int4pack_mm)" + (
-            "; our Triton int4 kernels with --int4-kernel triton" if info["kernels"] == "triton" else "")
+            "; our Triton int4 kernels with --int4-kernel triton" if info["kernels"] == "triton" else ""
+        )
     elif path == "triton":
         info["awq_path"] = "int4 Triton kernels (GEMV for decoding, dequantise + cuBLAS for prefill)" + (
-            "; torch's int4 kernel with --int4-kernel torch" if gpu is not None and int4pack_supported(gpu) else "")
+            "; torch's int4 kernel with --int4-kernel torch" if gpu is not None and int4pack_supported(gpu) else ""
+        )
     else:
-        info["awq_path"] = ("dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or "
-                            "compute capability 8.0+)")
+        info["awq_path"] = (
+            "dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or compute capability 8.0+)"
+        )
     if info["kernels"] == "triton" and gpu is not None:
         from model_loader.kernels.triton_ops import pdl_supported
 

@@ -20,8 +20,14 @@ from typing import Iterator
 import torch
 
 from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
-from model_loader.chat import (STOP_THINKING_TEXT, AnswerNewlineTrimmer, ChatFormat, ReasoningSplitter,
-                               StreamingDetokenizer, history_message)
+from model_loader.chat import (
+    STOP_THINKING_TEXT,
+    AnswerNewlineTrimmer,
+    ChatFormat,
+    ReasoningSplitter,
+    StreamingDetokenizer,
+    history_message,
+)
 from model_loader.common_prefix import common_prefix
 from model_loader.kv_cache import KV_16BIT
 from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError, check_room
@@ -68,10 +74,20 @@ class Engine:
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, spec, device: str | None = None, context_length: int | str = 4096, dtype: str | None = None,
-             progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
-             embed_on_host: bool | None = None, int4_kernel: str | None = None, on_compiling=None,
-             kv_cache: str = KV_16BIT) -> "Engine":
+    def load(
+        cls,
+        spec,
+        device: str | None = None,
+        context_length: int | str = 4096,
+        dtype: str | None = None,
+        progress=None,
+        use_triton: bool | None = None,
+        use_cuda_graphs: bool | None = None,
+        embed_on_host: bool | None = None,
+        int4_kernel: str | None = None,
+        on_compiling=None,
+        kv_cache: str = KV_16BIT,
+    ) -> "Engine":
         """Validate and load a model folder (or cached repo id). progress(bytes_done, bytes_total) is called from
         this thread as weights arrive; an exception raised inside it aborts the load and propagates (how a
         window that closes mid-load stops it). context_length "auto" (or 0) takes as much context as the device
@@ -80,8 +96,19 @@ class Engine:
         thread when a first start begins compiling the GPU kernels beside the weight load (model_loader.compile_ahead).
         kv_cache: "16-bit" (the model's dtype) or "8-bit" (fp8 with a scale per row: model_loader.kv_cache).
         Raises ModelError (one-line message) for anything unusable."""
-        loaded = load_model(spec, device, context_length, dtype, progress, use_triton, use_cuda_graphs, embed_on_host,
-                            int4_kernel, on_compiling, kv_cache)
+        loaded = load_model(
+            spec,
+            device,
+            context_length,
+            dtype,
+            progress,
+            use_triton,
+            use_cuda_graphs,
+            embed_on_host,
+            int4_kernel,
+            on_compiling,
+            kv_cache,
+        )
         try:
             engine = cls(loaded.folder, loaded.model, loaded.chat, loaded.info)
         except BaseException:
@@ -98,8 +125,9 @@ class Engine:
     @property
     def first_start(self) -> bool:
         """Warm-up will compile GPU kernels (none prepared here for this GPU and model kind: kernel_cache)."""
-        return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(self.model.device,
-                                                                                   self._kernel_variant)
+        return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(
+            self.model.device, self._kernel_variant
+        )
 
     def _warm_up_ids(self) -> torch.Tensor:
         """The warm-up's eager prompt: the start of a real chat (the sequence's first token, where Qwen2 models put
@@ -115,11 +143,15 @@ class Engine:
             return
         name = self.info.model_name
         if self.model.dtype == torch.float16:
-            raise ModelError(f"{name} overflows in fp16 precision (its activations exceed fp16's range, so it computes "
-                             f"infinities): choose bf16 (GPUs of compute capability 7.5 and newer) or fp32 "
-                             f"(Settings > Precision; --dtype for r1desk-cli), or run on the CPU")
-        raise ModelError(f"{name} computed NaN or infinite values on a test prompt: its weights are probably "
-                         f"damaged; download the model again")
+            raise ModelError(
+                f"{name} overflows in fp16 precision (its activations exceed fp16's range, so it computes "
+                f"infinities): choose bf16 (GPUs of compute capability 7.5 and newer) or fp32 "
+                f"(Settings > Precision; --dtype for r1desk-cli), or run on the CPU"
+            )
+        raise ModelError(
+            f"{name} computed NaN or infinite values on a test prompt: its weights are probably "
+            f"damaged; download the model again"
+        )
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
@@ -172,17 +204,25 @@ class Engine:
         """pool: a first start's compiles (kernels.precompile.CompilePool, or compile_ahead.CompileBesideLoad
         whose walk is done); walk: walk the warm-up's paths into it first."""
         try:
-            step(("compiling every kernel at once ("
-                  + (f"{pool.processes} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)"))
-                 if pool is not None else "preparing the kernels")
+            step(
+                (
+                    "compiling every kernel at once ("
+                    + (f"{pool.processes} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)")
+                )
+                if pool is not None
+                else "preparing the kernels"
+            )
             if pool is not None:
                 t = time.perf_counter()
                 if walk:
                     walk_warm_up_paths(self.model, buckets, graphs)
                 pool.finish()
                 self._count_worker_compiles(pool)
-                log.info("kernels compiled ahead in %.2f s (%s)", time.perf_counter() - t,
-                         "walked now" if walk else "the rest of what was walked beside the load")
+                log.info(
+                    "kernels compiled ahead in %.2f s (%s)",
+                    time.perf_counter() - t,
+                    "walked now" if walk else "the rest of what was walked beside the load",
+                )
             step("running the prefill kernels")
             with torch.inference_mode():
                 ids = self._warm_up_ids()
@@ -196,13 +236,19 @@ class Engine:
                 step("timing the attention kernels")
                 from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
 
-                attention = self.step.tune(self.model.decode_attention_candidates(),
-                                           triton_ops.depth_buckets(self.model.max_ctx))
+                attention = self.step.tune(
+                    self.model.decode_attention_candidates(), triton_ops.depth_buckets(self.model.max_ctx)
+                )
                 attn = self.model.decode_attention  # what runs: a shape this GPU has no room for ran a fallback
-                self.info.decode_attention = {f"<={upper}": str(attn.working.get(attn.resolve(config), config))
-                                              for upper, config in attention["plan"]}
-                log.info("decode attention per depth bucket: %s (us per decode step: %s)", self.info.decode_attention,
-                         attention["timings_us"])
+                self.info.decode_attention = {
+                    f"<={upper}": str(attn.working.get(attn.resolve(config), config))
+                    for upper, config in attention["plan"]
+                }
+                log.info(
+                    "decode attention per depth bucket: %s (us per decode step: %s)",
+                    self.info.decode_attention,
+                    attention["timings_us"],
+                )
             for mode in ("greedy", "sample"):
                 step(f"capturing the {mode} decode step")
                 self.step.capture(mode)
@@ -262,8 +308,10 @@ class Engine:
         from model_loader.scheduler import Scheduler, SchedulerConfig
 
         if self.info.kv_cache != KV_16BIT:
-            raise ModelError("several replies at once need the 16-bit KV cache (the paged cache has no 8-bit "
-                             "format yet): choose the 16-bit KV cache, or one reply at a time")
+            raise ModelError(
+                "several replies at once need the 16-bit KV cache (the paged cache has no 8-bit "
+                "format yet): choose the 16-bit KV cache, or one reply at a time"
+            )
         use_device(self.model.device)
         self.step.graphs.clear()
         self.step.outputs.clear()
@@ -291,16 +339,22 @@ class Engine:
         self._cache_tokens = []
 
     # ---------------------------------------------------------------- generation
-    def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
-                 control: GenerationControl | None = None, tools: list[dict] | None = None,
-                 continue_final: bool = False) -> Iterator[Started | Delta | Finished]:
+    def generate(
+        self,
+        messages: list[dict],
+        settings: SamplingSettings | None = None,
+        control: GenerationControl | None = None,
+        tools: list[dict] | None = None,
+        continue_final: bool = False,
+    ) -> Iterator[Started | Delta | Finished]:
         """tools: tool definitions for the chat template (an API client's; model_loader.tool_calls).
         continue_final: the last message is an assistant's reply so far, to continue (ChatFormat.render)."""
         t0 = time.perf_counter()  # the first token waits for the prompt's rendering too: TTFT counts it
         prompt = self.chat.render(messages, tools, continue_final)
         final = None
-        for event in self.generate_ids(prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning,
-                                       started_at=t0):
+        for event in self.generate_ids(
+            prompt.ids, settings, control, in_reasoning=prompt.starts_in_reasoning, started_at=t0
+        ):
             final = event
             yield event
         # Asked for the next event after the reply's last (a consumer that reads to the end): tokenize the history
@@ -311,9 +365,14 @@ class Engine:
             except Exception as err:  # only a head start for the next prompt: never a finished reply's failure
                 log.debug("tokenizing the history ahead failed: %s", err)
 
-    def generate_ids(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
-                     control: GenerationControl | None = None, in_reasoning: bool = False,
-                     started_at: float | None = None) -> Iterator[Started | Delta | Finished]:
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        settings: SamplingSettings | None = None,
+        control: GenerationControl | None = None,
+        in_reasoning: bool = False,
+        started_at: float | None = None,
+    ) -> Iterator[Started | Delta | Finished]:
         """started_at: when the request began (time.perf_counter()), if before this call (generate() renders the
         prompt first); TTFT and the total count from there."""
         if self.closed:
@@ -321,8 +380,9 @@ class Engine:
         if self.scheduler is not None:
             raise ModelError("this engine serves through its scheduler (serve_batched): submit requests there")
         try:
-            yield from self._generate(prompt_ids, settings or SamplingSettings(), control or GenerationControl(),
-                                      in_reasoning, started_at)
+            yield from self._generate(
+                prompt_ids, settings or SamplingSettings(), control or GenerationControl(), in_reasoning, started_at
+            )
         except torch.cuda.OutOfMemoryError as err:
             self._cache_tokens = []
             torch.cuda.empty_cache()
@@ -345,8 +405,9 @@ class Engine:
         self._cache_tokens = list(seq)
         return logits, reuse
 
-    def _generate(self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool,
-                  started_at: float | None):
+    def _generate(
+        self, prompt_ids, s: SamplingSettings, control: GenerationControl, in_reasoning: bool, started_at: float | None
+    ):
         t_prompt = time.perf_counter()
         t0 = t_prompt if started_at is None else started_at
         use_device(self.model.device)  # held while this generator runs: its consumer's thread does the GPU work
@@ -355,13 +416,18 @@ class Engine:
         if n_prompt == 0:
             raise ModelError("empty prompt")
         if n_prompt >= ctx:
-            raise ContextFullError(f"the conversation is {n_prompt} tokens and the context holds {ctx}; "
-                                   "start a new chat or raise the context length")
+            raise ContextFullError(
+                f"the conversation is {n_prompt} tokens and the context holds {ctx}; "
+                "start a new chat or raise the context length"
+            )
         check_room(n_prompt, s, ctx)
         greedy_mode = s.temperature <= 0
         # Options past temperature/top-p/top-k: the step stops at the logits and logits_processing chooses
-        pipeline = None if s.plain else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids,
-                                                       in_reasoning)
+        pipeline = (
+            None
+            if s.plain
+            else LogitsPipeline(s, self.model.cfg.vocab_size, self.model.device, prompt_ids, in_reasoning)
+        )
         mode = "logits" if pipeline is not None else "greedy" if greedy_mode else "sample"
         seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
         if not self.step.captured(mode):
@@ -397,8 +463,7 @@ class Engine:
             if splitter.in_reasoning:
                 reasoning_tokens += 1
             if pipeline is not None:
-                scored = pipeline.take_logprobs(tok, self.tokenizer, "reasoning" if splitter.in_reasoning
-                                                else "answer")
+                scored = pipeline.take_logprobs(tok, self.tokenizer, "reasoning" if splitter.in_reasoning else "answer")
                 if scored is not None:
                     yield scored
             if tok in stop_ids:
@@ -443,8 +508,11 @@ class Engine:
                 first = pipeline.choose(logits, host_gen)
                 pipeline.observe(first)
             else:
-                first = (greedy(logits) if mode == "greedy"
-                         else sample(logits.to(self.model.dtype), self.params, self.step.generator))
+                first = (
+                    greedy(logits)
+                    if mode == "greedy"
+                    else sample(logits.to(self.model.dtype), self.params, self.step.generator)
+                )
         yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
         first_id = int(first.item())
         yield from emit(first_id)
@@ -480,7 +548,7 @@ class Engine:
                     self.step.commit(pipeline.choose(logits, host_gen))
                     pipeline.observe(self.step.token)
             if ring is not None:
-                ring[slot:slot + 1].copy_(self.step.token, non_blocking=on_cuda)
+                ring[slot : slot + 1].copy_(self.step.token, non_blocking=on_cuda)
             if on_cuda:
                 events[slot].record()
             if ahead and launched + 1 < limit:
@@ -544,14 +612,21 @@ class Engine:
             text = answer
         cache_read = self.info.kv_bytes_per_token * decode_context(n_prompt, len(tokens))
         stats = GenerationStats(
-            finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(tokens),
-            reasoning_tokens=reasoning_tokens, prefix_reused_tokens=reused, context_length=ctx,
-            ttft_ms=ttft * 1000.0, prompt_ms=(t_prompt - t0) * 1000.0,
+            finish_reason=finish,
+            prompt_tokens=n_prompt,
+            completion_tokens=len(tokens),
+            reasoning_tokens=reasoning_tokens,
+            prefix_reused_tokens=reused,
+            context_length=ctx,
+            ttft_ms=ttft * 1000.0,
+            prompt_ms=(t_prompt - t0) * 1000.0,
             first_answer_ms=(first_answer_t - t0) * 1000.0 if first_answer_t is not None else None,
             decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=t_end - t0,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped_thinking, seed=None if greedy_mode else seed,
+            memory=self.memory(),
+            stopped_thinking=stopped_thinking,
+            seed=None if greedy_mode else seed,
             decode_read_bytes=self.info.decode_weight_bytes + cache_read if len(tokens) > 1 else 0.0,
             decode_cache_read_bytes=cache_read,
         )

@@ -19,12 +19,17 @@ class ContextFullError(ModelError):
 def check_room(n_prompt: int, settings, ctx: int) -> None:
     """For a request whose max_new_tokens was asked for (settings.length_strict): ContextFullError where the
     prompt and those tokens overflow the context, said with the numbers as OpenAI says it."""
-    if getattr(settings, "length_strict", False) and settings.max_new_tokens is not None \
-            and n_prompt + settings.max_new_tokens > ctx:
+    if (
+        getattr(settings, "length_strict", False)
+        and settings.max_new_tokens is not None
+        and n_prompt + settings.max_new_tokens > ctx
+    ):
         asked = n_prompt + settings.max_new_tokens
-        raise ContextFullError(f"this model's maximum context length is {ctx} tokens, but {asked} were asked for "
-                               f"({n_prompt} in the messages, {settings.max_new_tokens} in the completion); "
-                               "shorten the messages or lower max_tokens")
+        raise ContextFullError(
+            f"this model's maximum context length is {ctx} tokens, but {asked} were asked for "
+            f"({n_prompt} in the messages, {settings.max_new_tokens} in the completion); "
+            "shorten the messages or lower max_tokens"
+        )
 
 
 class OutOfMemoryError(ModelError):

@@ -44,9 +44,15 @@ class SamplingSettings:
     @property
     def plain(self) -> bool:
         """Nothing beyond temperature, top-p and top-k: the in-graph sampler does all of it."""
-        return (self.min_p <= 0 and not self.frequency_penalty and not self.presence_penalty
-                and self.repetition_penalty == 1.0 and not self.logit_bias and self.logprobs is None
-                and self.constraint is None)
+        return (
+            self.min_p <= 0
+            and not self.frequency_penalty
+            and not self.presence_penalty
+            and self.repetition_penalty == 1.0
+            and not self.logit_bias
+            and self.logprobs is None
+            and self.constraint is None
+        )
 
 
 class GenerationControl:

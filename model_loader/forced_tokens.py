@@ -39,8 +39,9 @@ RING = 64
 HOST_RING = True
 
 
-def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor,
-                     queue: torch.Tensor) -> None:
+def commit_reference(
+    nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor, queue: torch.Tensor
+) -> None:
     """What triton_ops.commit_token does, in torch ops (CPU, or a GPU without Triton, where `queue` is a device
     copy of the host's made by the same step): token <- the next forced token if one is queued and the model has
     not closed its reasoning by itself before the first was taken, else nxt (the step's sample); pos += 1. No
@@ -52,7 +53,7 @@ def commit_reference(nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, 
     forced = queue.index_select(0, (1 + taken.clamp(max=CAPACITY - 1)).long().view(1))[0]
     chosen = torch.where(take, forced, nxt[0])
     token.copy_(chosen.view(1))
-    state[TAKEN:CLOSED + 1].copy_(torch.stack([taken + take.to(torch.int32), closed]))
+    state[TAKEN : CLOSED + 1].copy_(torch.stack([taken + take.to(torch.int32), closed]))
     pos.add_(1)
 
 
@@ -86,7 +87,7 @@ class ForcedTokens:
             raise ValueError(f"between 1 and {CAPACITY} forced tokens, not {len(ids)}")
         # In this order, which x86 keeps for another reader (the GPU across the bus); a host with a weaker memory
         # order (aarch64) would want a fence between the two.
-        self._queue_np[1:1 + len(ids)] = ids
+        self._queue_np[1 : 1 + len(ids)] = ids
         self._queue_np[0] = len(ids)
 
     def taken(self) -> int:

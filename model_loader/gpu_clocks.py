@@ -19,8 +19,12 @@ from typing import NamedTuple
 # Only the ones that hold the clock down against the user's interest are named; idle (0x1), application clocks
 # (0x2), sync boost (0x10) and display clocks (0x100) are the GPU working as set up.
 SLOWDOWN_REASONS = (
-    (0x4, "power cap", "the software power cap: the card is drawing its power limit (a laptop's is set by the "
-                       "maker and is often lower on battery)"),
+    (
+        0x4,
+        "power cap",
+        "the software power cap: the card is drawing its power limit (a laptop's is set by the "
+        "maker and is often lower on battery)",
+    ),
     (0x8, "hardware slowdown", "a hardware slowdown: the card's own protection (temperature or power supply)"),
     (0x20, "thermal", "the driver's thermal limit: the GPU is too hot (airflow, fan, a laptop on a soft surface)"),
     (0x40, "hardware thermal", "the hardware thermal limit: the GPU is far too hot"),
@@ -36,7 +40,7 @@ class GpuClocks(NamedTuple):
     slowdowns: tuple[str, ...]  # short names from SLOWDOWN_REASONS, in its order
 
     def text(self) -> str:
-        """"1,845 MHz (93%)": the clock and its share of the maximum (the panel's narrow value column)."""
+        """ "1,845 MHz (93%)": the clock and its share of the maximum (the panel's narrow value column)."""
         return f"{self.sm_mhz:,} MHz ({100 * self.sm_mhz / self.max_sm_mhz:.0f}%)"
 
     def reason(self) -> str:
@@ -47,11 +51,15 @@ class GpuClocks(NamedTuple):
         """Why, in a sentence or two (the panel's tooltip)."""
         top = f"Its maximum boost clock is {self.max_sm_mhz:,} MHz."
         if not self.slowdowns:
-            return (f"The GPU's SM clock now. {top} It is below the maximum when the GPU is idle or lightly "
-                    "loaded; nothing is holding it down.")
+            return (
+                f"The GPU's SM clock now. {top} It is below the maximum when the GPU is idle or lightly "
+                "loaded; nothing is holding it down."
+            )
         why = [long for bit, short, long in SLOWDOWN_REASONS if short in self.slowdowns]
-        return (f"The GPU is running below its maximum clock because of {'; and '.join(why)}. {top} Decode "
-                "speed falls with the clock, so replies are slower than on the same card at full clock.")
+        return (
+            f"The GPU is running below its maximum clock because of {'; and '.join(why)}. {top} Decode "
+            "speed falls with the clock, so replies are slower than on the same card at full clock."
+        )
 
 
 HW_SLOWDOWN, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x40, 0x80
@@ -78,8 +86,10 @@ def read_clocks(pynvml, handle, max_sm_mhz: int | None = None) -> GpuClocks | No
     try:
         sm = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
         top = max_sm_mhz or int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        reasons_of = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                      or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+        reasons_of = (
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         reasons = int(reasons_of(handle))
     except Exception:
         return None
@@ -144,15 +154,20 @@ class ClockWatch:
         if not busy:
             return None
         seen = {name for s in busy for name in s.slowdowns}
-        return {"sm_mhz_mean": sum(s.sm_mhz for s in busy) / len(busy), "sm_mhz_min": min(s.sm_mhz for s in busy),
-                "max_sm_mhz": busy[0].max_sm_mhz, "samples": len(busy),
-                "slowdowns": [short for _, short, _ in SLOWDOWN_REASONS if short in seen]}
+        return {
+            "sm_mhz_mean": sum(s.sm_mhz for s in busy) / len(busy),
+            "sm_mhz_min": min(s.sm_mhz for s in busy),
+            "max_sm_mhz": busy[0].max_sm_mhz,
+            "samples": len(busy),
+            "slowdowns": [short for _, short, _ in SLOWDOWN_REASONS if short in seen],
+        }
 
 
 def format_clock_summary(summary: dict | None) -> str:
     """ "SM clock mean 1,946 MHz (min 1,845) of 1,980; slowed by power cap" ("" without a summary)."""
     if not summary:
         return ""
-    text = (f"SM clock mean {summary['sm_mhz_mean']:,.0f} MHz (min {summary['sm_mhz_min']:,}) of "
-            f"{summary['max_sm_mhz']:,}")
+    text = (
+        f"SM clock mean {summary['sm_mhz_mean']:,.0f} MHz (min {summary['sm_mhz_min']:,}) of {summary['max_sm_mhz']:,}"
+    )
     return text + (f"; slowed by {', '.join(summary['slowdowns'])}" if summary["slowdowns"] else "")

@@ -39,8 +39,9 @@ def _capability_text(code: int) -> str:
     return f"{code // 10}.{code % 10}"
 
 
-def unsupported_gpu_reason(capability: tuple[int, int], arch_list: list[str], device_name: str,
-                           torch_version: str) -> str | None:
+def unsupported_gpu_reason(
+    capability: tuple[int, int], arch_list: list[str], device_name: str, torch_version: str
+) -> str | None:
     """A one-line message when no code in this torch build runs on the GPU, with what to install instead; None
     when some does, or when the build lists nothing we can read (then we don't second-guess it)."""
     cc = capability[0] * 10 + capability[1]
@@ -51,18 +52,24 @@ def unsupported_gpu_reason(capability: tuple[int, int], arch_list: list[str], de
     codes = sorted({int(_ENTRY.match(e).group(2)) for e in readable})
     built_for = ", ".join(_capability_text(c) for c in codes)
     if cc < codes[0] and cc >= 50:
-        advice = ("PyTorch's CUDA 12.6 builds support it (pip install --force-reinstall torch --index-url "
-                  "https://download.pytorch.org/whl/cu126).")
+        advice = (
+            "PyTorch's CUDA 12.6 builds support it (pip install --force-reinstall torch --index-url "
+            "https://download.pytorch.org/whl/cu126)."
+        )
     elif cc < codes[0]:
         advice = "Current PyTorch builds start at compute capability 5.0."
     elif cc > codes[-1]:
-        advice = ("A newer PyTorch build supports it: the CUDA 13 ones include every GPU from the RTX 20-series "
-                  "to the RTX 50-series (pip install --force-reinstall torch --index-url "
-                  "https://download.pytorch.org/whl/cu130).")
+        advice = (
+            "A newer PyTorch build supports it: the CUDA 13 ones include every GPU from the RTX 20-series "
+            "to the RTX 50-series (pip install --force-reinstall torch --index-url "
+            "https://download.pytorch.org/whl/cu130)."
+        )
     else:
         advice = "Install a PyTorch build made for it (pytorch.org lists which CUDA versions cover which GPUs)."
-    return (f"Your {device_name} (compute capability {_capability_text(cc)}) is not supported by this PyTorch "
-            f"({torch_version}, built for compute capability {built_for}). {advice}")
+    return (
+        f"Your {device_name} (compute capability {_capability_text(cc)}) is not supported by this PyTorch "
+        f"({torch_version}, built for compute capability {built_for}). {advice}"
+    )
 
 
 def list_gpus() -> list[dict]:
@@ -72,8 +79,10 @@ def list_gpus() -> list[dict]:
 
     if not torch.cuda.is_available():
         return []
-    return [{"device": f"cuda:{i}", "name": torch.cuda.get_device_name(i), "supported": check_cuda_device(i) is None}
-            for i in range(torch.cuda.device_count())]
+    return [
+        {"device": f"cuda:{i}", "name": torch.cuda.get_device_name(i), "supported": check_cuda_device(i) is None}
+        for i in range(torch.cuda.device_count())
+    ]
 
 
 def check_cuda_device(device) -> str | None:
@@ -83,5 +92,9 @@ def check_cuda_device(device) -> str | None:
 
     if torch.version.hip is not None:
         return None
-    return unsupported_gpu_reason(torch.cuda.get_device_capability(device), torch.cuda.get_arch_list(),
-                                  torch.cuda.get_device_name(device), torch.__version__)
+    return unsupported_gpu_reason(
+        torch.cuda.get_device_capability(device),
+        torch.cuda.get_arch_list(),
+        torch.cuda.get_device_name(device),
+        torch.__version__,
+    )

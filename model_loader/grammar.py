@@ -120,19 +120,23 @@ def compile_json(folder, vocab_size: int, schema: dict | None) -> JsonConstraint
         encoded = json.dumps(body)
     except (TypeError, ValueError) as err:
         raise GrammarError(f"the schema can't be encoded: {err}") from None
-    return compile_lark(folder, vocab_size, f"start: {LEADING_BLANK} answer\nanswer: %json {encoded}",
-                        "JSON object" if schema is None else "JSON schema")
+    return compile_lark(
+        folder,
+        vocab_size,
+        f"start: {LEADING_BLANK} answer\nanswer: %json {encoded}",
+        "JSON object" if schema is None else "JSON schema",
+    )
 
 
-def compile_tool_calls(folder, vocab_size: int, tools: list[dict], names: list[str], parallel: bool
-                       ) -> JsonConstraint:
+def compile_tool_calls(folder, vocab_size: int, tools: list[dict], names: list[str], parallel: bool) -> JsonConstraint:
     """A constraint that makes the reply a call (or calls) to the named tools (model_loader.tool_calls)."""
     from model_loader.tool_calls import CLOSE, OPEN, tool_call_lark
 
     tokenizer = grammar_tokenizer(folder, vocab_size)
     try:
-        lark = tool_call_lark(tools, names, parallel, JSON_OPTIONS,
-                              (tokenizer.vocab.get(OPEN), tokenizer.vocab.get(CLOSE)))
+        lark = tool_call_lark(
+            tools, names, parallel, JSON_OPTIONS, (tokenizer.vocab.get(OPEN), tokenizer.vocab.get(CLOSE))
+        )
     except (TypeError, ValueError) as err:
         raise GrammarError(f"the tools' parameters can't be encoded: {err}") from None
     body = lark.replace("start: ", f"start: {LEADING_BLANK} ", 1)

@@ -31,12 +31,23 @@ def _marker(device, variant: str = "") -> Path | None:
         ours = version("r1desk")
     except PackageNotFoundError:
         ours = "source"
-    key = "|".join([torch.cuda.get_device_name(device), str(torch.cuda.get_device_capability(device)),
-                    torch.__version__, triton_version, ours, variant])
+    key = "|".join(
+        [
+            torch.cuda.get_device_name(device),
+            str(torch.cuda.get_device_capability(device)),
+            torch.__version__,
+            triton_version,
+            ours,
+            variant,
+        ]
+    )
     from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("r1desk", appauthor=False)) / "kernels" / (
-        hashlib.sha256(key.encode()).hexdigest()[:16] + ".ready")
+    return (
+        Path(user_cache_dir("r1desk", appauthor=False))
+        / "kernels"
+        / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".ready")
+    )
 
 
 def triton_cache_dir() -> Path | None:

@@ -82,7 +82,7 @@ class BlockPool:
         found, parent = [], None
         bs = self.block_size
         for start in range(0, (limit // bs) * bs, bs):
-            chunk = tuple(token_ids[start:start + bs])
+            chunk = tuple(token_ids[start : start + bs])
             parent = block_hash(chunk, parent)
             block_id = self.index.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
@@ -129,7 +129,7 @@ class BlockPool:
         bs = self.block_size
         while (table.registered + 1) * bs <= computed:
             i = table.registered
-            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = block_hash(chunk, table.last_hash)
             block = self.blocks[table.blocks[i]]
             if block.hash is None:  # a block found in the cache already has this hash
@@ -180,8 +180,9 @@ class BlockPool:
             for block_id in table.blocks:
                 held[block_id] = held.get(block_id, 0) + 1
         for block in self.blocks:
-            assert block.ref_count == held.get(block.id, 0), f"block {block.id}: ref {block.ref_count}, held by " \
-                                                             f"{held.get(block.id, 0)}"
+            assert block.ref_count == held.get(block.id, 0), (
+                f"block {block.id}: ref {block.ref_count}, held by {held.get(block.id, 0)}"
+            )
             assert (block.id in self.free) == (block.ref_count == 0), f"block {block.id} free list mismatch"
         for h, block_id in self.index.items():
             assert self.blocks[block_id].hash == h, f"index entry for block {block_id} is stale"

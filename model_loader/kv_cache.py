@@ -67,11 +67,14 @@ def value_cache(shape: tuple, device, dtype, transposed: bool):
 FP8_MIN_CAPABILITY = (8, 9)
 
 
-def unsupported_reason(kind: str, device_type: str, capability: tuple[int, int] | None = None,
-                       device_name: str = "this GPU") -> str | None:
+def unsupported_reason(
+    kind: str, device_type: str, capability: tuple[int, int] | None = None, device_name: str = "this GPU"
+) -> str | None:
     """Why this device can't hold a cache of this kind (a one-line message for the user), or None."""
     if kind != KV_8BIT or device_type != "cuda" or capability is None or tuple(capability) >= FP8_MIN_CAPABILITY:
         return None
-    return (f"the 8-bit KV cache needs an NVIDIA GPU of compute capability {FP8_MIN_CAPABILITY[0]}."
-            f"{FP8_MIN_CAPABILITY[1]} or newer (RTX 40-series and later); {device_name} is {capability[0]}."
-            f"{capability[1]}: choose the 16-bit KV cache (Settings > KV cache, or --kv-cache 16-bit)")
+    return (
+        f"the 8-bit KV cache needs an NVIDIA GPU of compute capability {FP8_MIN_CAPABILITY[0]}."
+        f"{FP8_MIN_CAPABILITY[1]} or newer (RTX 40-series and later); {device_name} is {capability[0]}."
+        f"{capability[1]}: choose the 16-bit KV cache (Settings > KV cache, or --kv-cache 16-bit)"
+    )

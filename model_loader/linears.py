@@ -108,8 +108,9 @@ class Linears:
         if isinstance(gate_up_w, RowPackedInt4) and gate_up_w.gate_up_pairs and x.shape[0] == 1:
             from model_loader.kernels import int4_triton
 
-            return self(int4_triton.int4_gemv(x, gate_up_w, self._int4_config(gate_up_w, True), silu_output=True),
-                        down_w)
+            return self(
+                int4_triton.int4_gemv(x, gate_up_w, self._int4_config(gate_up_w, True), silu_output=True), down_w
+            )
         if self.dense_gate_up_pairs and isinstance(gate_up_w, torch.Tensor):
             config = self.gemv_choice.get((tuple(gate_up_w.shape), True)) if x.shape[0] == 1 else None
             if config is not None:

@@ -64,7 +64,6 @@ class EngineInfo:
     fim: bool = False  # the tokenizer has fill-in-the-middle tokens (completions' suffix)
 
 
-
 @dataclass
 class LoadedModel:
     folder: ModelFolder
@@ -74,10 +73,19 @@ class LoadedModel:
     ahead: object | None  # compile_ahead.CompileBesideLoad: a first start's compiles, for the warm-up to finish
 
 
-def load_model(spec, device: str | None = None, context_length: int | str = 4096, dtype: str | None = None,
-         progress=None, use_triton: bool | None = None, use_cuda_graphs: bool | None = None,
-         embed_on_host: bool | None = None, int4_kernel: str | None = None, on_compiling=None,
-         kv_cache: str = KV_16BIT) -> "LoadedModel":
+def load_model(
+    spec,
+    device: str | None = None,
+    context_length: int | str = 4096,
+    dtype: str | None = None,
+    progress=None,
+    use_triton: bool | None = None,
+    use_cuda_graphs: bool | None = None,
+    embed_on_host: bool | None = None,
+    int4_kernel: str | None = None,
+    on_compiling=None,
+    kv_cache: str = KV_16BIT,
+) -> "LoadedModel":
     """Engine.load's work: the folder validated, the weights on the device, the tokenizer, the context chosen, and
     on a first start the kernels compiling beside the load (their CompileBesideLoad in `ahead`, for the warm-up)."""
     t0 = time.perf_counter()
@@ -87,8 +95,9 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
     dev = pick_device(device)
     use_device(dev)
     if dev.type == "cuda":
-        reason = unsupported_reason(kv_cache, "cuda", torch.cuda.get_device_capability(dev),
-                                    torch.cuda.get_device_name(dev))
+        reason = unsupported_reason(
+            kv_cache, "cuda", torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev)
+        )
         if reason:
             raise ModelError(reason)
     torch_dtype = pick_dtype(dev, dtype)
@@ -98,16 +107,18 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
     # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
     # fused kernels end to end without a GPU.
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    triton_ok = triton_available(dev) if use_triton is None else (
-        use_triton and (triton_available(dev) or interpreting))
+    triton_ok = (
+        triton_available(dev) if use_triton is None else (use_triton and (triton_available(dev) or interpreting))
+    )
     # Whether Triton really works here (it compiles a C launcher and a kernel: a first start spends ~0.8 s on
     # it) is checked on a helper thread while the weights load; the choices made before the answer are
     # undone below if it says no.
     triton_check: dict = {}
     check_thread = None
     if triton_ok and dev.type == "cuda":
-        check_thread = threading.Thread(target=lambda: triton_check.update(ok=triton_works(dev)),
-                                        name="r1desk-triton-check", daemon=True)
+        check_thread = threading.Thread(
+            target=lambda: triton_check.update(ok=triton_works(dev)), name="r1desk-triton-check", daemon=True
+        )
     breakdown: dict[str, float] = {}
     # The tokenizer (importing transformers is most of it) loads on a helper thread while the weights copy.
     tok_box: dict = {}
@@ -140,8 +151,9 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
             ahead = _compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host, kv_cache)
             if ahead is not None and on_compiling is not None:
                 on_compiling()
-        weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4,
-                               embed_on_host=on_host)
+        weights = load_weights(
+            cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq, int4_layout=int4, embed_on_host=on_host
+        )
         if check_thread is not None:
             check_thread.join()
             if not triton_check.get("ok"):  # once more now that the load is done (it may have run short of memory)
@@ -155,8 +167,16 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
                     del weights
                     torch.cuda.empty_cache()
                     int4 = choose_int4_layout(dev, torch_dtype, False, int4_kernel) if cfg.awq else None
-                    weights = load_weights(cfg, folder.shards, dev, torch_dtype, progress, awq=cfg.awq,
-                                           int4_layout=int4, embed_on_host=on_host)
+                    weights = load_weights(
+                        cfg,
+                        folder.shards,
+                        dev,
+                        torch_dtype,
+                        progress,
+                        awq=cfg.awq,
+                        int4_layout=int4,
+                        embed_on_host=on_host,
+                    )
         if ahead is not None:  # before the free memory is measured for the context
             ahead.release_twin()
         breakdown["weights_s"] = time.perf_counter() - t
@@ -176,9 +196,13 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
             except Exception as err:  # a kernel that fails to build here: keep torch's kernel for prefill
                 log.warning("4-bit prefill dequantiser unusable (%s: %s)", type(err).__name__, err)
                 model.linear.int4pack_prefill = fast_prefill = False
-            log.log(logging.INFO if fast_prefill else logging.WARNING,
-                    "4-bit prefill: %s", "our dequantiser + cuBLAS" if fast_prefill else
-                    "torch's int4 kernel (our dequantiser of its layout is not usable on this GPU)")
+            log.log(
+                logging.INFO if fast_prefill else logging.WARNING,
+                "4-bit prefill: %s",
+                "our dequantiser + cuBLAS"
+                if fast_prefill
+                else "torch's int4 kernel (our dequantiser of its layout is not usable on this GPU)",
+            )
     except BaseException as err:
         if ahead is not None:
             ahead.abandon()
@@ -198,28 +222,50 @@ def load_model(spec, device: str | None = None, context_length: int | str = 4096
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         info = EngineInfo(
-            model_path=str(folder.path), model_name=folder.name, device=str(dev),
+            model_path=str(folder.path),
+            model_name=folder.name,
+            device=str(dev),
             device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU",
             gpu_uuid=gpu_uuid(dev.index) if dev.type == "cuda" else None,
-            dtype=str(torch_dtype).replace("torch.", ""), context_length=ctx, context_auto=auto,
-            kernels="triton" if triton_ok else "pytorch", cuda_graphs=graphs, reasons=chat.reasons,
+            dtype=str(torch_dtype).replace("torch.", ""),
+            context_length=ctx,
+            context_auto=auto,
+            kernels="triton" if triton_ok else "pytorch",
+            cuda_graphs=graphs,
+            reasons=chat.reasons,
             quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),
-            embed_on_host=model.embed_on_host, load_s=time.perf_counter() - t0, load_breakdown=breakdown,
-            weights_bytes=model.weights_bytes, kv_cache_bytes=model.kv_cache_bytes, kv_cache=kv_cache,
-            decode_weight_bytes=model.decode_weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
-            vocab_size=cfg.vocab_size, tools=chat.tools_supported, fim=chat.fim,
+            embed_on_host=model.embed_on_host,
+            load_s=time.perf_counter() - t0,
+            load_breakdown=breakdown,
+            weights_bytes=model.weights_bytes,
+            kv_cache_bytes=model.kv_cache_bytes,
+            kv_cache=kv_cache,
+            decode_weight_bytes=model.decode_weight_bytes,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            vocab_size=cfg.vocab_size,
+            tools=chat.tools_supported,
+            fim=chat.fim,
         )
     except BaseException:
         if ahead is not None:  # the compiles it began end before the error is reported
             ahead.abandon()
         raise
-    log.info("loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs", folder.name,
-             info.device_name, info.dtype, info.kernels, graphs, info.quantization, info.load_s)
+    log.info(
+        "loaded %s on %s (%s, kernels=%s, cuda graphs=%s, quantization=%s) in %.2fs",
+        folder.name,
+        info.device_name,
+        info.dtype,
+        info.kernels,
+        graphs,
+        info.quantization,
+        info.load_s,
+    )
     if ahead is not None:
         breakdown["compile_walk_s"] = ahead.walk_s
     return LoadedModel(folder, model, chat, info, ahead)
 
-def _compile_beside_load( folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
+
+def _compile_beside_load(folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
     """On a first start (no kernels prepared for this GPU and model kind), start compiling every kernel the
     warm-up needs on a shape twin of the model while its weights load (model_loader.compile_ahead). None
     otherwise, or where the twin would not fit beside the weights."""
@@ -229,7 +275,8 @@ def _compile_beside_load( folder, dev, dtype, int4, ctx, graphs: bool, on_host: 
         log.warning("not compiling beside the load: %s: %s", type(err).__name__, err)
         return None
 
-def _start_compile_beside_load( folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
+
+def _start_compile_beside_load(folder, dev, dtype, int4, ctx, graphs: bool, on_host: bool, kv_cache: str):
     from model_loader.compile_ahead import CompileBesideLoad
 
     cfg = folder.config
@@ -242,6 +289,17 @@ def _start_compile_beside_load( folder, dev, dtype, int4, ctx, graphs: bool, on_
     # bucket too many costs a compile, one too few a compile on the warm-up's thread)
     context = ctx if ctx is not None else min(AUTO_TARGET, cfg.max_position_embeddings)
     buckets = PrefillGraphs.buckets_for(context, Qwen2Model.PREFILL_CHUNK) if graphs else ()
-    return CompileBesideLoad.start_if_room(cfg, folder.shards, cfg.awq, int4, dev, dtype, context, buckets,
-                                           graphs, int4 == "torch",
-                                           load_peak_bytes(cfg, folder.shards, dtype, on_host), kv_cache)
+    return CompileBesideLoad.start_if_room(
+        cfg,
+        folder.shards,
+        cfg.awq,
+        int4,
+        dev,
+        dtype,
+        context,
+        buckets,
+        graphs,
+        int4 == "torch",
+        load_peak_bytes(cfg, folder.shards, dtype, on_host),
+        kv_cache,
+    )

@@ -50,8 +50,9 @@ def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, read now (not when huggingface_hub was first imported)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                     os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
     return Path(home) / "hub"
 
 
@@ -103,8 +104,9 @@ def validate_folder(folder: Path) -> ModelFolder:
     if not any((folder / name).is_file() for name in TOKENIZER_FILES) and not (
         (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     ):
-        raise ModelError(f"{folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt) in the model folder",
-                         str(folder))
+        raise ModelError(
+            f"{folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt) in the model folder", str(folder)
+        )
     return ModelFolder(path=folder, config=config, shards=shards)
 
 
@@ -122,8 +124,10 @@ def _find_shards(folder: Path) -> tuple[Path, ...]:
         for name in names:
             # a shard is a file beside the index: not a path elsewhere on the disk
             if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
-                raise ModelError(f"{index}: invalid safetensors index (shard {name!r} is not a file name in the "
-                                 "model folder)", str(index))
+                raise ModelError(
+                    f"{index}: invalid safetensors index (shard {name!r} is not a file name in the model folder)",
+                    str(index),
+                )
             shard = folder / name
             if not shard.is_file():
                 raise ModelError(f"{shard}: missing safetensors shard listed in {index.name}", str(shard))
@@ -134,8 +138,11 @@ def _find_shards(folder: Path) -> tuple[Path, ...]:
         return tuple(shards)
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))
     if ggufs:
-        raise ModelError(f"{folder / ggufs[0]}: GGUF files (llama.cpp's format) are not supported; r1desk loads "
-                         "Hugging Face safetensors folders (bf16/fp16, or AWQ 4-bit)", str(folder / ggufs[0]))
+        raise ModelError(
+            f"{folder / ggufs[0]}: GGUF files (llama.cpp's format) are not supported; r1desk loads "
+            "Hugging Face safetensors folders (bf16/fp16, or AWQ 4-bit)",
+            str(folder / ggufs[0]),
+        )
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise ModelError(
@@ -190,8 +197,14 @@ def _family(name: str) -> str:
 
 
 def _same_shape(a: ModelFolder, b: ModelFolder) -> bool:
-    fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "vocab_size")
+    fields = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+    )
     return all(getattr(a.config, f) == getattr(b.config, f) for f in fields)
 
 

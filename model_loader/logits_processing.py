@@ -37,8 +37,9 @@ class LogitsPipeline:
     """Per sequence: its penalty counts and bias on the device, its grammar matcher on the host, the log-
     probabilities of the tokens chosen but not yet read."""
 
-    def __init__(self, settings: SamplingSettings, vocab_size: int, device, prompt_ids: list[int],
-                 in_reasoning: bool = False):
+    def __init__(
+        self, settings: SamplingSettings, vocab_size: int, device, prompt_ids: list[int], in_reasoning: bool = False
+    ):
         s = settings
         self.settings = s
         self.vocab_size = vocab_size
@@ -85,7 +86,7 @@ class LogitsPipeline:
             # token (cheap on the host; one copy and one kernel on the device). One host buffer is enough: a
             # grammar's reply reads each token (after which the last copy out of it has run) before the next.
             self.matcher.fill_mask(self.words.ctypes.data, self.words.nbytes)
-            bits = np.unpackbits(self.words.view(np.uint8), bitorder="little")[:self.vocab_size]
+            bits = np.unpackbits(self.words.view(np.uint8), bitorder="little")[: self.vocab_size]
             np.logical_not(bits, out=self.blocked_np)
             x = x.masked_fill(self.blocked.to(self.device, non_blocking=True), float("-inf"))
         if self.bias is not None or self.counts is not None or self.seen is not None:
@@ -137,10 +138,16 @@ class LogitsPipeline:
         packed = self.pending.popleft().tolist()
         if int(packed[0]) != token_id:  # a forced token (stop thinking's close tag): not chosen here, not scored
             return None
-        top_values, top_ids = packed[2:2 + self.top], [int(t) for t in packed[2 + self.top:]]
+        top_values, top_ids = packed[2 : 2 + self.top], [int(t) for t in packed[2 + self.top :]]
         text, raw = token_text(tokenizer, token_id)
-        return TokenLogprobs(token_id=token_id, token=text, bytes=list(raw), logprob=packed[1],
-                             top=[_entry(tokenizer, t, v) for t, v in zip(top_ids, top_values)], kind=kind)
+        return TokenLogprobs(
+            token_id=token_id,
+            token=text,
+            bytes=list(raw),
+            logprob=packed[1],
+            top=[_entry(tokenizer, t, v) for t, v in zip(top_ids, top_values)],
+            kind=kind,
+        )
 
 
 def _entry(tokenizer, token_id: int, logprob: float) -> dict:
@@ -155,8 +162,11 @@ def _byte_level_map() -> dict[str, int]:
     """GPT-2's byte-level alphabet (every byte as a printable character), inverted: what a byte-level BPE token's
     characters stand for."""
     if not _BYTE_OF_CHAR:
-        printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-            list(range(ord("®"), ord("ÿ") + 1))
+        printable = (
+            list(range(ord("!"), ord("~") + 1))
+            + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1))
+        )
         chars, extra = {}, 0
         for b in range(256):
             if b in printable:
@@ -170,8 +180,11 @@ def _byte_level_map() -> dict[str, int]:
 
 def token_text(tokenizer, token_id: int) -> tuple[str, bytes]:
     """A token's exact bytes and its text (U+FFFD where the bytes are a piece of a character)."""
-    piece = tokenizer.id_to_token(token_id) if hasattr(tokenizer, "id_to_token") else \
-        tokenizer.convert_ids_to_tokens(token_id)
+    piece = (
+        tokenizer.id_to_token(token_id)
+        if hasattr(tokenizer, "id_to_token")
+        else tokenizer.convert_ids_to_tokens(token_id)
+    )
     special = getattr(tokenizer, "added_token_ids", None)
     if piece is None:
         raw = b""

@@ -76,8 +76,7 @@ class PagedForward:
     GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
-    def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None,
-                 max_batch: int = 8):
+    def __init__(self, model: Qwen2Model, cache: PagedKVCache, batched_decode: bool | None = None, max_batch: int = 8):
         """batched_decode: attend for all decoding sequences at once (one kernel, or one gather and one masked
         SDPA, a layer; not a few kernels per sequence); the default on a GPU. On the CPU each sequence attends
         alone, so its numbers don't depend on the others' lengths."""
@@ -91,8 +90,15 @@ class PagedForward:
             from model_loader.kernels.paged_ops import PagedDecodeAttention
 
             cfg = model.cfg
-            self.kernels = PagedDecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                                cache.block_size, max_batch, model.device, model.dtype)
+            self.kernels = PagedDecodeAttention(
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                cache.block_size,
+                max_batch,
+                model.device,
+                model.dtype,
+            )
         self.graphs: dict[int, tuple] = {}  # batch bucket -> (graph, logits)
         self._static: dict | None = None  # the graphs' inputs
         self.prefill_graphs: dict[int, tuple] = {}  # tokens bucket -> (graph, logits of the last real row)
@@ -135,8 +141,11 @@ class PagedForward:
         if not together:
             decode = None
         elif self.kernels is not None:
-            tables = torch.tensor([seq.blocks + [0] * (self.table_width - len(seq.blocks)) for seq in decoders],
-                                  dtype=torch.int32, device=dev)
+            tables = torch.tensor(
+                [seq.blocks + [0] * (self.table_width - len(seq.blocks)) for seq in decoders],
+                dtype=torch.int32,
+                device=dev,
+            )
             lengths = torch.tensor([seq.context for seq in decoders], dtype=torch.int32, device=dev)
             decode = self._kernel_attention(tables, lengths)
         else:
@@ -145,8 +154,10 @@ class PagedForward:
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             parts = [decode(q[:together], layer)] if together else []
-            parts += [self._attend(q[seq.row0:seq.row0 + seq.rows], layer, seq, idx)
-                      for seq, idx in zip(seqs[together:], gathers)]
+            parts += [
+                self._attend(q[seq.row0 : seq.row0 + seq.rows], layer, seq, idx)
+                for seq, idx in zip(seqs[together:], gathers)
+            ]
             return torch.cat(parts + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
 
         h, residual = self._layers(tokens_t, pos_t, slots_t, attend)
@@ -154,7 +165,7 @@ class PagedForward:
         if not rows:
             return torch.empty(0, model.cfg.vocab_size, device=dev)
         pick = torch.tensor(rows + [rows[-1]] * max(0, self.min_rows - len(rows)), dtype=torch.int64, device=dev)
-        return self._logits(h.index_select(0, pick), residual.index_select(0, pick))[:len(rows)].float()
+        return self._logits(h.index_select(0, pick), residual.index_select(0, pick))[: len(rows)].float()
 
     def _layers(self, tokens_t, pos_t, slots_t, attend) -> tuple[torch.Tensor, torch.Tensor]:
         """Every decoder layer over the step's rows: (hidden, residual) [T, H] before the final norm."""
@@ -170,8 +181,18 @@ class PagedForward:
             if self.kernels is not None:
                 from model_loader.kernels.paged_ops import paged_rope_write
 
-                q = paged_rope_write(qkv, layer["qkv_b"], model.cos, model.sin, self.cache.k[i], self.cache.v[i],
-                                     pos_t, slots_t, cfg.num_attention_heads, cfg.num_key_value_heads)
+                q = paged_rope_write(
+                    qkv,
+                    layer["qkv_b"],
+                    model.cos,
+                    model.sin,
+                    self.cache.k[i],
+                    self.cache.v[i],
+                    pos_t,
+                    slots_t,
+                    cfg.num_attention_heads,
+                    cfg.num_key_value_heads,
+                )
             else:
                 q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t)
             h = linear(attend(q, i), layer["o_w"])
@@ -266,8 +287,9 @@ class PagedForward:
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:  # causal over the prompt's own rows
             k = self.cache.k[layer].index_select(1, gather)
             v = self.cache.v[layer].index_select(1, gather)
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True,
-                                                 scale=scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True
+            )
             return out[0].transpose(0, 1).reshape(bucket, -1)
 
         h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket], attend)
@@ -277,8 +299,9 @@ class PagedForward:
         st, n = self._prefill_static, seq.rows
         pad = bucket - n
         slots = self.slots(seq.blocks, 0, n)
-        rows = torch.tensor([tokens + [0] * pad, list(range(n)) + [0] * pad, slots + [-1] * pad, slots + [0] * pad],
-                            dtype=torch.int64)
+        rows = torch.tensor(
+            [tokens + [0] * pad, list(range(n)) + [0] * pad, slots + [-1] * pad, slots + [0] * pad], dtype=torch.int64
+        )
         st["tokens"][:bucket].copy_(rows[0], non_blocking=True)
         st["positions"][:bucket].copy_(rows[1], non_blocking=True)
         st["slots"][:bucket].copy_(rows[2], non_blocking=True)
@@ -299,18 +322,22 @@ class PagedForward:
     def _replay(self, bucket: int, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
         st, b = self._static, len(seqs)
         pad = bucket - b
-        slots = [seq.blocks[(seq.context - 1) // self.cache.block_size] * self.cache.block_size
-                 + (seq.context - 1) % self.cache.block_size for seq in seqs]
+        slots = [
+            seq.blocks[(seq.context - 1) // self.cache.block_size] * self.cache.block_size
+            + (seq.context - 1) % self.cache.block_size
+            for seq in seqs
+        ]
         rows = torch.tensor([tokens + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
         st["tokens"][:bucket].copy_(rows[0], non_blocking=True)
         st["positions"][:bucket].copy_(rows[1], non_blocking=True)
         st["slots"][:bucket].copy_(rows[2], non_blocking=True)
         tables = torch.zeros((bucket, self.table_width), dtype=torch.int32)
         for i, seq in enumerate(seqs):
-            tables[i, :len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
+            tables[i, : len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
         st["tables"][:bucket].copy_(tables, non_blocking=True)
-        st["lengths"][:bucket].copy_(torch.tensor([seq.context for seq in seqs] + [1] * pad, dtype=torch.int32),
-                                     non_blocking=True)
+        st["lengths"][:bucket].copy_(
+            torch.tensor([seq.context for seq in seqs] + [1] * pad, dtype=torch.int32), non_blocking=True
+        )
         graph, logits = self.graphs[bucket]
         graph.replay()
         return logits[:b]  # in the model's dtype: argmax and the sampler take it as it is (no fp32 copy of B rows)
@@ -318,6 +345,7 @@ class PagedForward:
     # ---------------------------------------------------------------- attention
     def _kernel_attention(self, tables: torch.Tensor, lengths: torch.Tensor):
         """attend(q, layer) for decoding rows through paged_ops (q [B, Hq, D] -> [B, Hq * D])."""
+
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             out = self.kernels(q, self.cache.k[layer], self.cache.v[layer], tables, lengths, self.model.scale)
             return out.reshape(q.shape[0], -1)
@@ -326,12 +354,14 @@ class PagedForward:
 
     def _gathered_attention(self, index: torch.Tensor, mask: torch.Tensor):
         """attend(q, layer) for decoding rows with PyTorch ops: one gather of every context, one masked SDPA."""
+
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             b = q.shape[0]
             k = self.cache.k[layer][:, index].transpose(0, 1)  # [B, Hkv, L, D]
             v = self.cache.v[layer][:, index].transpose(0, 1)
-            out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale, enable_gqa=True
+            )
             return out.reshape(b, -1)
 
         return attend
@@ -347,7 +377,7 @@ class PagedForward:
 
     def _gather_index(self, seq: SeqSlice) -> torch.Tensor:
         """The cache slots of the sequence's first `context` positions, as a device index."""
-        return self._block_slots([seq.blocks])[0, :seq.context]
+        return self._block_slots([seq.blocks])[0, : seq.context]
 
     def _decode_index(self, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.Tensor]:
         """For decoding sequences: the cache slots of each one's context, padded to the longest ([B, L]; padding
@@ -368,13 +398,13 @@ class PagedForward:
         x = (qkv.float() + bias.float()).view(qkv.shape[0], hq + 2 * hkv, d)
 
         def rotate(v):
-            v1, v2 = v[..., : d // 2], v[..., d // 2:]
+            v1, v2 = v[..., : d // 2], v[..., d // 2 :]
             return torch.cat((v1 * cos - v2 * sin, v2 * cos + v1 * sin), dim=-1)
 
         q = rotate(x[:, :hq]).to(qkv.dtype)
         real = slots_t >= 0
-        k = rotate(x[:, hq:hq + hkv])[real]
-        v = x[:, hq + hkv:][real]
+        k = rotate(x[:, hq : hq + hkv])[real]
+        v = x[:, hq + hkv :][real]
         self.cache.k[layer].index_copy_(1, slots_t[real], k.to(qkv.dtype).transpose(0, 1))
         self.cache.v[layer].index_copy_(1, slots_t[real], v.to(qkv.dtype).transpose(0, 1))
         return q
@@ -387,7 +417,8 @@ class PagedForward:
         if seq.rows == 1:
             return reference.decode_attention(q[0], k, v, None, seq.context, scale).reshape(1, -1)
         if seq.rows == seq.context:  # a whole prompt in one chunk: causal over its own tokens (SDPA's flash kernel)
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True,
-                                                 scale=scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True
+            )
             return out[0].transpose(0, 1).reshape(seq.rows, -1)
         return reference.prefill_attention(q, k, v, seq.context - seq.rows, scale)

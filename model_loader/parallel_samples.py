@@ -22,8 +22,14 @@ def kv_blocks_for(engine, chains: int, tokens_each: int, block_size: int) -> int
     return min(want, fit)
 
 
-def sample_chains(engine, messages: list[dict], settings: SamplingSettings, n: int,
-                  control: GenerationControl | None = None, on_done=None) -> list[Finished | Failed]:
+def sample_chains(
+    engine,
+    messages: list[dict],
+    settings: SamplingSettings,
+    n: int,
+    control: GenerationControl | None = None,
+    on_done=None,
+) -> list[Finished | Failed]:
     """n replies to `messages`, seeds settings.seed, +1, ... (random if unset). on_done(index, event) is called as
     each one ends. A cancel of `control` ends them all (each keeps what it wrote). Runs on the calling thread."""
     prompt = engine.chat.render(messages)
@@ -31,8 +37,7 @@ def sample_chains(engine, messages: list[dict], settings: SamplingSettings, n: i
     context = engine.info.context_length
     tokens_each = len(prompt.ids) + settings.new_tokens_within(context - len(prompt.ids)) + 1
     tokens_each = min(context, tokens_each)
-    scheduler = Scheduler(engine.model, engine.chat, kv_blocks_for(engine, n, tokens_each, config.block_size),
-                          config)
+    scheduler = Scheduler(engine.model, engine.chat, kv_blocks_for(engine, n, tokens_each, config.block_size), config)
     scheduler.max_ctx = min(scheduler.max_ctx, context)
     results: list = [None] * n
 
@@ -42,11 +47,18 @@ def sample_chains(engine, messages: list[dict], settings: SamplingSettings, n: i
                 results[i] = event
                 if on_done is not None:
                     on_done(i, event)
+
         return sink
 
     controls = [GenerationControl() for _ in range(n)]
-    scheduler.submit_samples(prompt.ids, settings, n, in_reasoning=prompt.starts_in_reasoning,
-                             sinks=[sink_for(i) for i in range(n)], controls=controls)
+    scheduler.submit_samples(
+        prompt.ids,
+        settings,
+        n,
+        in_reasoning=prompt.starts_in_reasoning,
+        sinks=[sink_for(i) for i in range(n)],
+        controls=controls,
+    )
     while scheduler.has_work():
         if control is not None and control.cancelled:
             for c in controls:

@@ -39,8 +39,11 @@ class IncrementalEncoder:
     def usable(tokenizer) -> bool:
         """False for a tokenizer.json that truncates or pads (the rest of a text would be cut or padded on its
         own) or encodes special tokens as text: then every prompt is tokenized whole."""
-        return (tokenizer.truncation is None and tokenizer.padding is None
-                and not getattr(tokenizer, "encode_special_tokens", False))
+        return (
+            tokenizer.truncation is None
+            and tokenizer.padding is None
+            and not getattr(tokenizer, "encode_special_tokens", False)
+        )
 
     def _learn_added_tokens(self) -> None:
         added = self._tok.get_added_tokens_decoder()  # id -> AddedToken
@@ -48,9 +51,11 @@ class IncrementalEncoder:
         # Cut only at added tokens that nothing else can produce (an id of the base vocabulary can come out of
         # the model, e.g. text that a normalizer maps onto the token's content) and whose match depends on
         # nothing around them.
-        self._cut_tokens = {i: t.content for i, t in added.items()
-                            if t.content and t.content not in base_vocab
-                            and not (t.normalized or t.lstrip or t.rstrip or t.single_word)}
+        self._cut_tokens = {
+            i: t.content
+            for i, t in added.items()
+            if t.content and t.content not in base_vocab and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
+        }
         self._contents = sorted({t.content for t in added.values() if t.content}, key=len)
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 

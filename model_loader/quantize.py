@@ -57,8 +57,9 @@ def pseudo_quantize(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     return deq, q.reshape(out_f, in_f), torch.stack([scales.reshape(out_f, -1), zeros.reshape(out_f, -1)])
 
 
-def calibration_tokens(tokenizer_encode: Callable[[str], list[int]], eos: int, calib: Path | None, samples: int,
-                       seq_len: int) -> torch.Tensor:
+def calibration_tokens(
+    tokenizer_encode: Callable[[str], list[int]], eos: int, calib: Path | None, samples: int, seq_len: int
+) -> torch.Tensor:
     """Passages -> [samples, seq_len] token blocks (concatenated with EOS between passages, then cut)."""
     path = Path(calib) if calib else CALIBRATION_FILE
     if not path.is_file():
@@ -71,7 +72,7 @@ def calibration_tokens(tokenizer_encode: Callable[[str], list[int]], eos: int, c
             try:
                 texts.append(json.loads(line)["text"])
             except (ValueError, KeyError, TypeError) as err:
-                raise ModelError(f"{path}: not a JSON-lines file of {{\"text\": ...}} objects ({err})") from err
+                raise ModelError(f'{path}: not a JSON-lines file of {{"text": ...}} objects ({err})') from err
         else:
             texts.append(line)
     ids: list[int] = []
@@ -107,7 +108,7 @@ class LayerMath:
         c, sn = self.cos[:length], self.sin[:length]
 
         def rope(t):
-            t1, t2 = t[..., : d // 2], t[..., d // 2:]
+            t1, t2 = t[..., : d // 2], t[..., d // 2 :]
             return torch.cat((t1 * c - t2 * sn, t2 * c + t1 * sn), dim=-1)
 
         q, k = rope(q), rope(k)
@@ -121,8 +122,9 @@ class LayerMath:
         return F.silu(x @ W["gate"].t()) * (x @ W["up"].t())
 
 
-def _search_scales(x: torch.Tensor, weights: list[torch.Tensor], block: Callable[[list[torch.Tensor]], torch.Tensor],
-                   group: int) -> tuple[torch.Tensor, float]:
+def _search_scales(
+    x: torch.Tensor, weights: list[torch.Tensor], block: Callable[[list[torch.Tensor]], torch.Tensor], group: int
+) -> tuple[torch.Tensor, float]:
     """Best per-input-channel scale for linears sharing input x [N, in]; block(ws) -> output for weights ws."""
     x_mean = x.abs().reshape(-1, x.shape[-1]).mean(0)
     w_all = torch.cat(weights)
@@ -143,8 +145,9 @@ def _search_scales(x: torch.Tensor, weights: list[torch.Tensor], block: Callable
     return best_scales, (1 - best / base) if base else 0.0
 
 
-def _search_clip(w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int = 512,
-                 rows_per_batch: int = 1024) -> torch.Tensor:
+def _search_clip(
+    w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int = 512, rows_per_batch: int = 1024
+) -> torch.Tensor:
     """Per (output row, group) clipping of W [out, in] that minimises the error of x @ W.T on a sample of
     tokens; returns W clipped. Output rows go in batches to bound memory ([rows, tokens, groups] floats)."""
     out_f, in_f = w.shape
@@ -153,7 +156,7 @@ def _search_clip(w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int =
     xg = xs.view(xs.shape[0], in_f // group, group)  # [T, G, g]
     clipped = []
     for r0 in range(0, out_f, rows_per_batch):
-        wg = w[r0:r0 + rows_per_batch].reshape(-1, in_f // group, group)  # [O, G, g]
+        wg = w[r0 : r0 + rows_per_batch].reshape(-1, in_f // group, group)  # [O, G, g]
         org_max = wg.abs().amax(dim=-1, keepdim=True)  # [O, G, 1]
         best_max = org_max.clone()
         ref = torch.einsum("tgk,ogk->otg", xg, wg)
@@ -169,9 +172,17 @@ def _search_clip(w: torch.Tensor, x: torch.Tensor, group: int, max_tokens: int =
     return torch.cat(clipped)
 
 
-def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None, samples: int = 128,
-             seq_len: int = 512, device: str | None = None, clip: bool = True,
-             progress: Callable[[int, int, str], None] | None = None) -> QuantizeReport:
+def quantize(
+    model_dir,
+    out_dir,
+    group_size: int = 128,
+    calib: str | None = None,
+    samples: int = 128,
+    seq_len: int = 512,
+    device: str | None = None,
+    clip: bool = True,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> QuantizeReport:
     from model_loader.device import pick_device, use_device
     from model_loader.locate import resolve_model
     from model_loader.qwen2 import rope_tables
@@ -214,17 +225,26 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
                 if progress:
                     progress(index, cfg.num_hidden_layers, "searching scales")
                 qkv_w = layer["qkv_w"].float()
-                W = {"q": qkv_w[:q], "k": qkv_w[q:q + kv], "v": qkv_w[q + kv:], "qkv_b": layer["qkv_b"].float(),
-                     "o": layer["o_w"].float(), "gate": layer["gate_up_w"][:i_size].float(),
-                     "up": layer["gate_up_w"][i_size:].float(), "down": layer["down_w"].float()}
+                W = {
+                    "q": qkv_w[:q],
+                    "k": qkv_w[q : q + kv],
+                    "v": qkv_w[q + kv :],
+                    "qkv_b": layer["qkv_b"].float(),
+                    "o": layer["o_w"].float(),
+                    "gate": layer["gate_up_w"][:i_size].float(),
+                    "up": layer["gate_up_w"][i_size:].float(),
+                    "down": layer["down_w"].float(),
+                }
                 ln1, ln2 = layer["ln1"].float(), layer["ln2"].float()
 
                 # q/k/v: error on the attention block's output; fold into input_layernorm
                 x1 = math.norm(h, ln1)
                 s, gain = _search_scales(
-                    x1, [W["q"], W["k"], W["v"]],
+                    x1,
+                    [W["q"], W["k"], W["v"]],
                     lambda ws: math.attention(x1, {**W, "q": ws[0], "k": ws[1], "v": ws[2]}) @ W["o"].t(),
-                    group_size)
+                    group_size,
+                )
                 gains.append(gain)
                 ln1 = ln1 / s
                 W["q"], W["k"], W["v"] = W["q"] * s, W["k"] * s, W["v"] * s
@@ -235,8 +255,11 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
                 # gate/up: error on the MLP output; fold into post_attention_layernorm
                 x2 = math.norm(h2, ln2)
                 s, gain = _search_scales(
-                    x2, [W["gate"], W["up"]],
-                    lambda ws: math.mlp_act(x2, {"gate": ws[0], "up": ws[1]}) @ W["down"].t(), group_size)
+                    x2,
+                    [W["gate"], W["up"]],
+                    lambda ws: math.mlp_act(x2, {"gate": ws[0], "up": ws[1]}) @ W["down"].t(),
+                    group_size,
+                )
                 gains.append(gain)
                 ln2 = ln2 / s
                 W["gate"], W["up"] = W["gate"] * s, W["up"] * s
@@ -254,9 +277,15 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
                 if progress:
                     progress(index, cfg.num_hidden_layers, "clipping and packing")
                 inputs = {"q": x1, "k": x1, "v": x1, "o": attn, "gate": x2, "up": x2, "down": act}
-                names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                         "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-                         "down": "mlp.down_proj"}
+                names = {
+                    "q": "self_attn.q_proj",
+                    "k": "self_attn.k_proj",
+                    "v": "self_attn.v_proj",
+                    "o": "self_attn.o_proj",
+                    "gate": "mlp.gate_proj",
+                    "up": "mlp.up_proj",
+                    "down": "mlp.down_proj",
+                }
                 prefix = f"model.layers.{index}."
                 for key, name in names.items():
                     weight = W[key]
@@ -269,8 +298,8 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
                     tensors[prefix + name + ".scales"] = scales.t().contiguous().half().cpu()
                 b = W["qkv_b"].half().cpu()
                 tensors[prefix + "self_attn.q_proj.bias"] = b[:q].clone()
-                tensors[prefix + "self_attn.k_proj.bias"] = b[q:q + kv].clone()
-                tensors[prefix + "self_attn.v_proj.bias"] = b[q + kv:].clone()
+                tensors[prefix + "self_attn.k_proj.bias"] = b[q : q + kv].clone()
+                tensors[prefix + "self_attn.v_proj.bias"] = b[q + kv :].clone()
                 tensors[prefix + "input_layernorm.weight"] = ln1.half().cpu()
                 tensors[prefix + "post_attention_layernorm.weight"] = ln2.half().cpu()
                 h = h_next
@@ -285,9 +314,14 @@ def quantize(model_dir, out_dir, group_size: int = 128, calib: str | None = None
     _write_folder(folder.path, out, tensors, group_size)
     if progress:
         progress(cfg.num_hidden_layers, cfg.num_hidden_layers, "done")
-    return QuantizeReport(out_dir=str(out), layers=cfg.num_hidden_layers, group_size=group_size,
-                          calibration_tokens=tokens.numel(), seconds=time.perf_counter() - t0,
-                          mean_scale_loss_reduction=sum(gains) / len(gains))
+    return QuantizeReport(
+        out_dir=str(out),
+        layers=cfg.num_hidden_layers,
+        group_size=group_size,
+        calibration_tokens=tokens.numel(),
+        seconds=time.perf_counter() - t0,
+        mean_scale_loss_reduction=sum(gains) / len(gains),
+    )
 
 
 def _write_folder(src: Path, out: Path, tensors: dict, group_size: int) -> None:
@@ -296,13 +330,28 @@ def _write_folder(src: Path, out: Path, tensors: dict, group_size: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     config["torch_dtype"] = "float16"
-    config["quantization_config"] = {"quant_method": "awq", "version": "gemm", "bits": 4, "zero_point": True,
-                                     "group_size": group_size, "modules_to_not_convert": None}
+    config["quantization_config"] = {
+        "quant_method": "awq",
+        "version": "gemm",
+        "bits": 4,
+        "zero_point": True,
+        "group_size": group_size,
+        "modules_to_not_convert": None,
+    }
     tmp = out / "model.safetensors.partial"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")  # a crash never leaves a half-written checkpoint behind
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
-                 "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "LICENSE"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "chat_template.json",
+        "LICENSE",
+    ):
         if (src / name).is_file():
             shutil.copy(src / name, out / name)
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")

@@ -29,10 +29,11 @@ def rope_tables(cfg: Qwen2Config, max_ctx: int, device) -> tuple[torch.Tensor, t
 class Qwen2Model:
     PREFILL_CHUNK = 2048  # bounds activation memory for long prompts
 
-    def __init__(self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool,
-                 kv_cache: str = KV_16BIT):
+    def __init__(
+        self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool, kv_cache: str = KV_16BIT
+    ):
         self.cfg, self.w, self.device, self.dtype, self.max_ctx = cfg, weights, torch.device(device), dtype, max_ctx
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.cos, self.sin = rope_tables(cfg, max_ctx, device)
         cache_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_ctx, cfg.head_dim)
         # Zero-filled so nothing uninitialised is ever read, even by a masked-off lane. An 8-bit cache holds
@@ -57,11 +58,16 @@ class Qwen2Model:
             self.linear.pair_dense_gate_up(weights)  # the decode step's gate/up GEMV then outputs SiLU(gate) * up
             # scratch for every shape the warm-up may time (an 8-bit cache's own have more splits)
             configs = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if kv_cache == KV_8BIT else ())
-            self.decode_attention = triton_ops.DecodeAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                               cfg.head_dim, device, dtype, configs=configs)
-            self.prefill_attention = triton_ops.PrefillAttention(cfg.num_attention_heads, cfg.num_key_value_heads,
-                                                                 cfg.head_dim, device,
-                                                                 max_tokens=min(max_ctx, self.PREFILL_CHUNK))
+            self.decode_attention = triton_ops.DecodeAttention(
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, device, dtype, configs=configs
+            )
+            self.prefill_attention = triton_ops.PrefillAttention(
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                device,
+                max_tokens=min(max_ctx, self.PREFILL_CHUNK),
+            )
         else:
             self.ops = reference
             self.decode_attention = reference.decode_attention
@@ -125,8 +131,15 @@ class Qwen2Model:
         and cache-writing kernels take as `scales`."""
         return None if self.k_scale is None else (self.k_scale[layer], self.v_scale[layer])
 
-    def _layers(self, h: torch.Tensor, pos_t: torch.Tensor, start: int, attend,
-                rows: torch.Tensor | None = None, attend_rows=None) -> torch.Tensor:
+    def _layers(
+        self,
+        h: torch.Tensor,
+        pos_t: torch.Tensor,
+        start: int,
+        attend,
+        rows: torch.Tensor | None = None,
+        attend_rows=None,
+    ) -> torch.Tensor:
         """All decoder layers + final norm. h: [T, H] -> normed hidden [T, H], or only the given rows (a device
         index tensor) through the final norm. With attend_rows(q_row, layer) (attention for one row at its
         position) and one row, the last layer runs its attention, O projection and MLP for that row only: no
@@ -141,9 +154,19 @@ class Qwen2Model:
         for i, layer in enumerate(self.w["layers"]):
             x, residual = ops.add_rms_norm(h, residual, layer["ln1"], eps)
             qkv = linear(x, layer["qkv_w"])  # bias is added inside the RoPE kernel
-            q = ops.rope_bias_cache(qkv, layer["qkv_b"], self.cos, self.sin, self.k_cache[i], self.v_cache[i],
-                                    pos_t, start, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                    scales=self.cache_scales(i))
+            q = ops.rope_bias_cache(
+                qkv,
+                layer["qkv_b"],
+                self.cos,
+                self.sin,
+                self.k_cache[i],
+                self.v_cache[i],
+                pos_t,
+                start,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                scales=self.cache_scales(i),
+            )
             if i == last and attend_rows is not None and self.last_layer_rows_only:
                 assert rows is not None and rows.shape[0] == 1, "the row path attends for one row"
                 q, residual = q.index_select(0, rows), residual.index_select(0, rows)
@@ -163,15 +186,31 @@ class Qwen2Model:
         on the host where known, read by the reference path only) through the decode attention. On the Triton
         path with the configuration that splits by SM, whatever the depth (the prefill graphs serve every prefix
         length)."""
+
         def attend_rows(q: torch.Tensor, layer: int) -> torch.Tensor:
             if self.use_triton:
                 config = self.decode_attention_candidates()[-1]
-                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, length,
-                                            self.scale, config=config, scales=self.cache_scales(layer))
+                out = self.decode_attention(
+                    q[0],
+                    self.k_cache[layer],
+                    self.v_cache[layer],
+                    pos_t,
+                    length,
+                    self.scale,
+                    config=config,
+                    scales=self.cache_scales(layer),
+                )
             else:  # the reference path is never captured in a graph: reading the position here costs nothing
                 n = length if length is not None else int(pos_t.item()) + 1
-                out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, n, self.scale,
-                                            scales=self.cache_scales(layer))
+                out = self.decode_attention(
+                    q[0],
+                    self.k_cache[layer],
+                    self.v_cache[layer],
+                    pos_t,
+                    n,
+                    self.scale,
+                    scales=self.cache_scales(layer),
+                )
             return out.reshape(1, -1)
 
         return attend_rows
@@ -182,9 +221,11 @@ class Qwen2Model:
         flash kernel (about twice our Triton kernel's speed there); after a cached prefix the Triton kernel reads
         the cache with no mask and no repeated K/V (the reference path: an explicit mask)."""
         if start is None or (start and self.use_triton):
+
             def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-                return self.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale,
-                                              scales=self.cache_scales(layer))
+                return self.prefill_attention(
+                    q, self.k_cache[layer], self.v_cache[layer], start_t, self.scale, scales=self.cache_scales(layer)
+                )
 
             return attend
         length = start + t
@@ -192,14 +233,16 @@ class Qwen2Model:
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             scales = self.cache_scales(layer)
             if start:
-                return reference.prefill_attention(q, self.k_cache[layer], self.v_cache[layer], start, self.scale,
-                                                   scales=scales)
+                return reference.prefill_attention(
+                    q, self.k_cache[layer], self.v_cache[layer], start, self.scale, scales=scales
+                )
             q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]: 4-D so SDPA can pick its flash kernel
             # [Hkv, L, D] each (dequantized from an 8-bit cache: the prompt's own tokens attend to what later ones
             # will read)
             k, v = reference.cached_kv(self.k_cache[layer], self.v_cache[layer], length, q.dtype, scales)
-            out = F.scaled_dot_product_attention(q4, k[None], v[None], is_causal=True, scale=self.scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q4, k[None], v[None], is_causal=True, scale=self.scale, enable_gqa=True
+            )
             return out[0].transpose(0, 1).reshape(t, -1)
 
         return attend
@@ -211,7 +254,7 @@ class Qwen2Model:
             raise ValueError("prefill past the end of the KV cache")
         outs = []
         for c0 in range(0, tokens.numel(), self.PREFILL_CHUNK):
-            chunk = tokens[c0:c0 + self.PREFILL_CHUNK]
+            chunk = tokens[c0 : c0 + self.PREFILL_CHUNK]
             t = chunk.numel()
             pos_t = torch.tensor([start + c0], device=self.device, dtype=torch.int32)
             h = F.embedding(chunk, self.w["embed"])
@@ -221,13 +264,22 @@ class Qwen2Model:
                 continue
             last_pos = start + c0 + t - 1  # only this row's last layer is needed (_layers)
             rows = torch.full((1,), t - 1, device=self.device, dtype=torch.int64)
-            outs.append(self._layers(h, pos_t, start + c0, attend, rows=rows,
-                                     attend_rows=self._row_attention(pos_t + (t - 1), last_pos + 1)))
+            outs.append(
+                self._layers(
+                    h,
+                    pos_t,
+                    start + c0,
+                    attend,
+                    rows=rows,
+                    attend_rows=self._row_attention(pos_t + (t - 1), last_pos + 1),
+                )
+            )
         x = torch.cat(outs) if all_logits else outs[-1]
         return F.linear(x, self.w["lm_head"]).float()
 
-    def prefill_static(self, tokens: torch.Tensor, last_t: torch.Tensor, start_t: torch.Tensor,
-                       fresh: bool = True) -> torch.Tensor:
+    def prefill_static(
+        self, tokens: torch.Tensor, last_t: torch.Tensor, start_t: torch.Tensor, fresh: bool = True
+    ) -> torch.Tensor:
         """New tokens padded to a fixed length, for CUDA-graph capture: tokens [B] int64 at positions start..
         (the real ones first, any padding after: causal attention keeps padding out of the real rows), last_t [1]
         int64 = index of the last real token, start_t [1] int32 = the cached prefix's length (zeros for a fresh
@@ -249,8 +301,15 @@ class Qwen2Model:
         h = F.embedding(token_t, self.w["embed"])
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            out = self.decode_attention(q[0], self.k_cache[layer], self.v_cache[layer], pos_t, pos + 1, self.scale,
-                                        scales=self.cache_scales(layer))
+            out = self.decode_attention(
+                q[0],
+                self.k_cache[layer],
+                self.v_cache[layer],
+                pos_t,
+                pos + 1,
+                self.scale,
+                scales=self.cache_scales(layer),
+            )
             return out.reshape(1, -1)
 
         x = self._layers(h, pos_t, pos, attend)

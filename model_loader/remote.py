@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter
 from model_loader.errors import ModelError
-from model_loader.events import (Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started)
+from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 
 FINISH = {"stop": "eos", "length": "max_new_tokens", "tool_calls": "eos", "content_filter": "eos"}
 
@@ -46,7 +46,7 @@ class ContentThinkSplitter:
         stripped = self.held.lstrip()
         if stripped.startswith(THINK_OPEN) or THINK_CLOSE in self.held:
             self.inner = ReasoningSplitter(in_reasoning=True)
-        elif stripped and not THINK_OPEN.startswith(stripped[:len(THINK_OPEN)]):
+        elif stripped and not THINK_OPEN.startswith(stripped[: len(THINK_OPEN)]):
             self.inner = ReasoningSplitter(in_reasoning=False)
         else:
             return []
@@ -84,8 +84,9 @@ class RemoteEngine:
             headers["Authorization"] = f"Bearer {self.api_key}"
         conn = self._connection()
         try:
-            conn.request(method, self.parts.path + path, body=json.dumps(body) if body is not None else None,
-                         headers=headers)
+            conn.request(
+                method, self.parts.path + path, body=json.dumps(body) if body is not None else None, headers=headers
+            )
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as err:
             conn.close()
@@ -93,8 +94,11 @@ class RemoteEngine:
         if resp.status >= 400:
             detail = _error_text(resp.read())
             conn.close()
-            why = {401: "the server refused the API key", 403: "the server refused the request",
-                   404: f"the server has no model {self.model!r} (or no such endpoint)"}.get(resp.status, "")
+            why = {
+                401: "the server refused the API key",
+                403: "the server refused the request",
+                404: f"the server has no model {self.model!r} (or no such endpoint)",
+            }.get(resp.status, "")
             raise RemoteError(f"{self.base_url} answered {resp.status}: {why + ': ' if why else ''}{detail}")
         return conn, resp
 
@@ -109,12 +113,19 @@ class RemoteEngine:
             conn.close()
         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
 
-    def generate(self, messages: list[dict], settings: SamplingSettings | None = None,
-                 control: GenerationControl | None = None) -> Iterator[Started | Delta | Finished]:
+    def generate(
+        self, messages: list[dict], settings: SamplingSettings | None = None, control: GenerationControl | None = None
+    ) -> Iterator[Started | Delta | Finished]:
         s = settings or SamplingSettings()
         control = control or GenerationControl()
-        body = {"model": self.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-                "temperature": s.temperature, "top_p": s.top_p}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+        }
         if s.top_k:
             body["top_k"] = s.top_k
         if s.max_new_tokens is not None:
@@ -162,8 +173,9 @@ class RemoteEngine:
             else:
                 raise RemoteError(f"{self.base_url} closed the connection before the reply's end")
         except (OSError, http.client.HTTPException, ValueError) as err:
-            raise RemoteError(f"the connection to {self.base_url} dropped mid-reply ({err}); what came so far is "
-                              "kept above") from None
+            raise RemoteError(
+                f"the connection to {self.base_url} dropped mid-reply ({err}); what came so far is kept above"
+            ) from None
         finally:
             conn.close()
         for kind, text in content.flush():
@@ -174,12 +186,17 @@ class RemoteEngine:
         completion = int(usage.get("completion_tokens") or len(times))
         decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
         stats = GenerationStats(
-            finish_reason=finish or "eos", prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            finish_reason=finish or "eos",
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=completion,
             reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
             prefix_reused_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-            context_length=0, ttft_ms=((times[0] if times else end) - t0) * 1000.0, first_answer_ms=None,
-            decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0, total_s=end - t0)
+            context_length=0,
+            ttft_ms=((times[0] if times else end) - t0) * 1000.0,
+            first_answer_ms=None,
+            decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0,
+            total_s=end - t0,
+        )
         text = reasoning + (THINK_CLOSE + "\n\n" + answer if reasoning else answer)
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=[], stats=stats)
 

@@ -55,8 +55,13 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """The next token: the fused sampler for 16-bit logits on a GPU (where Triton is installed), else sort_sample.
     R1DESK_TORCH_SAMPLER=1 keeps the sort-based sampler everywhere (to compare the two)."""
-    fused = (_fused_sampler() if logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16)
-             and os.environ.get("R1DESK_TORCH_SAMPLER") != "1" else None)
+    fused = (
+        _fused_sampler()
+        if logits.is_cuda
+        and logits.dtype in (torch.bfloat16, torch.float16)
+        and os.environ.get("R1DESK_TORCH_SAMPLER") != "1"
+        else None
+    )
     if fused is not None:
         return fused.fused_sample(logits, params)
     return sort_sample(logits, params, generator)

@@ -42,8 +42,7 @@ import torch
 
 from model_loader.chat import STOP_THINKING_TEXT
 from model_loader.errors import ContextFullError, ModelError, check_room
-from model_loader.events import (Failed, Finished, GenerationControl, GenerationStats, SamplingSettings,
-                                 Started)
+from model_loader.events import Failed, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader.kv_blocks import BlockPool, BlockTable
 from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
 from model_loader.reply_text import ReplyText
@@ -67,14 +66,24 @@ class SchedulerConfig:
     # a fresh prompt alone in a step replays a captured graph (PagedForward.capture_prefill_graphs); the
     # environment's R1DESK_PREFILL_GRAPHS=0 turns that off everywhere a scheduler is made (an A/B switch)
     prefill_graphs: bool = dataclasses.field(
-        default_factory=lambda: os.environ.get("R1DESK_PREFILL_GRAPHS", "1") != "0")
+        default_factory=lambda: os.environ.get("R1DESK_PREFILL_GRAPHS", "1") != "0"
+    )
 
 
 class Sequence:
     """One request's state: its text so far (prompt + generated), how much of it is in the cache, its blocks."""
 
-    def __init__(self, seq_id: int, prompt_ids: list[int], settings: SamplingSettings, control: GenerationControl,
-                 reply: ReplyText, sink: Sink, seed: int, after: "Sequence | None"):
+    def __init__(
+        self,
+        seq_id: int,
+        prompt_ids: list[int],
+        settings: SamplingSettings,
+        control: GenerationControl,
+        reply: ReplyText,
+        sink: Sink,
+        seed: int,
+        after: "Sequence | None",
+    ):
         self.id = seq_id
         self.tokens = list(prompt_ids)
         self.n_prompt = len(prompt_ids)
@@ -98,7 +107,7 @@ class Sequence:
 
     @property
     def output(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
+        return self.tokens[self.n_prompt :]
 
     @property
     def pending(self) -> int:
@@ -160,14 +169,22 @@ class Scheduler:
             fit = per_seq * max_seqs if available is None else cls.blocks_that_fit(model, block_size, available, 0.5)
         if fit < per_seq:
             tokens = fit * block_size
-            raise ModelError(f"the GPU has room for a KV cache of {tokens:,} tokens, less than the context of "
-                             f"{model.max_ctx:,}: choose a shorter context length or 4-bit (AWQ) weights")
+            raise ModelError(
+                f"the GPU has room for a KV cache of {tokens:,} tokens, less than the context of "
+                f"{model.max_ctx:,}: choose a shorter context length or 4-bit (AWQ) weights"
+            )
         return min(fit, per_seq * max_seqs + 1)
 
     # ---------------------------------------------------------------- clients (any thread)
-    def submit(self, prompt_ids: list[int], settings: SamplingSettings | None = None,
-               control: GenerationControl | None = None, in_reasoning: bool = False, sink: Sink | None = None,
-               after: Sequence | None = None) -> Sequence:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        settings: SamplingSettings | None = None,
+        control: GenerationControl | None = None,
+        in_reasoning: bool = False,
+        sink: Sink | None = None,
+        after: Sequence | None = None,
+    ) -> Sequence:
         """Queue a prompt. Its events go to sink (called on the thread that runs step()). Raises
         ContextFullError for a prompt that can never run here (longer than the context, or than the whole
         cache)."""
@@ -176,12 +193,16 @@ class Scheduler:
         if n == 0:
             raise ModelError("empty prompt")
         if n >= self.max_ctx:
-            raise ContextFullError(f"the conversation is {n} tokens and the context holds {self.max_ctx}; "
-                                   "start a new chat or raise the context length")
+            raise ContextFullError(
+                f"the conversation is {n} tokens and the context holds {self.max_ctx}; "
+                "start a new chat or raise the context length"
+            )
         check_room(n, settings, self.max_ctx)
         if self.pool.blocks_for(n + 1) > self.pool.num_blocks:
-            raise ContextFullError(f"the conversation is {n} tokens and the KV cache holds "
-                                   f"{self.pool.num_blocks * self.pool.block_size}; start a new chat")
+            raise ContextFullError(
+                f"the conversation is {n} tokens and the KV cache holds "
+                f"{self.pool.num_blocks * self.pool.block_size}; start a new chat"
+            )
         vocab = self.model.cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ModelError(f"the prompt holds a token id outside the model's vocabulary (0..{vocab - 1})")
@@ -190,33 +211,62 @@ class Scheduler:
         reply = ReplyText(self.chat.tokenizer, stop_ids, in_reasoning, settings.verbatim)
         with self._lock:
             self._ids += 1
-            seq = Sequence(self._ids, prompt_ids, settings, control or GenerationControl(), reply,
-                           sink or (lambda event: None), seed, after)
+            seq = Sequence(
+                self._ids,
+                prompt_ids,
+                settings,
+                control or GenerationControl(),
+                reply,
+                sink or (lambda event: None),
+                seed,
+                after,
+            )
             self._incoming.append(seq)
         return seq
 
-    def submit_samples(self, prompt_ids: list[int], settings: SamplingSettings, n: int, in_reasoning: bool = False,
-                       sinks: list[Sink] | None = None, controls: list[GenerationControl] | None = None
-                       ) -> list[Sequence]:
+    def submit_samples(
+        self,
+        prompt_ids: list[int],
+        settings: SamplingSettings,
+        n: int,
+        in_reasoning: bool = False,
+        sinks: list[Sink] | None = None,
+        controls: list[GenerationControl] | None = None,
+    ) -> list[Sequence]:
         """n samples of one prompt: seeds seed, seed+1, ... (random if unset); all but the first wait for the
         first's prefill and reuse its blocks."""
         base = settings.seed if settings.seed is not None else int.from_bytes(os.urandom(4), "little")
         seqs: list[Sequence] = []
         for i in range(n):
             s = dataclasses.replace(settings, seed=(base + i) % (1 << 63))
-            seqs.append(self.submit(prompt_ids, s, controls[i] if controls else None, in_reasoning,
-                                    sinks[i] if sinks else None, after=seqs[0] if seqs else None))
+            seqs.append(
+                self.submit(
+                    prompt_ids,
+                    s,
+                    controls[i] if controls else None,
+                    in_reasoning,
+                    sinks[i] if sinks else None,
+                    after=seqs[0] if seqs else None,
+                )
+            )
         return seqs
 
     def snapshot(self) -> dict:
         """Counts for a metrics page, safe to read from another thread: each is a plain int or a length, consistent
         on its own (not with the others: a step may run between two of them)."""
         pool = self.pool
-        return {"running": len(self.running), "waiting": len(self.waiting) + len(self._incoming),
-                "kv_blocks_used": pool.used_blocks, "kv_blocks_free": pool.free_blocks,
-                "kv_block_tokens": pool.block_size, "prefix_cache_hits": pool.hits,
-                "prefix_cache_lookups": pool.lookups, "preemptions": self.preemptions, "steps": self.steps,
-                "tokens_generated": self.tokens_generated}
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting) + len(self._incoming),
+            "kv_blocks_used": pool.used_blocks,
+            "kv_blocks_free": pool.free_blocks,
+            "kv_block_tokens": pool.block_size,
+            "prefix_cache_hits": pool.hits,
+            "prefix_cache_lookups": pool.lookups,
+            "preemptions": self.preemptions,
+            "steps": self.steps,
+            "tokens_generated": self.tokens_generated,
+        }
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._incoming)
@@ -333,13 +383,17 @@ class Scheduler:
         self.running.append(seq)
         seq.status = "running"
         if seq.pipeline is None and not seq.settings.plain:
-            seq.pipeline = LogitsPipeline(seq.settings, self.model.cfg.vocab_size, self.model.device,
-                                          seq.tokens[:seq.n_prompt], seq.reply.in_reasoning)
+            seq.pipeline = LogitsPipeline(
+                seq.settings,
+                self.model.cfg.vocab_size,
+                self.model.device,
+                seq.tokens[: seq.n_prompt],
+                seq.reply.in_reasoning,
+            )
         if seq.generator is None and not seq.greedy:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(seq.seed)
             seq.params = SamplerParams(self.model.device)
-            seq.params.set(seq.settings.temperature, seq.settings.top_p, seq.settings.top_k,
-                           self.model.cfg.vocab_size)
+            seq.params.set(seq.settings.temperature, seq.settings.top_p, seq.settings.top_k, self.model.cfg.vocab_size)
         return True
 
     def _make_room(self, seq: Sequence) -> bool:
@@ -349,8 +403,11 @@ class Scheduler:
             if self.pool.free_blocks:
                 self.pool.grow(seq.table, len(seq.tokens))
                 return True
-            log.info("preempting sequence %d (%d tokens) for lack of KV blocks", self.running[-1].id,
-                     len(self.running[-1].tokens))
+            log.info(
+                "preempting sequence %d (%d tokens) for lack of KV blocks",
+                self.running[-1].id,
+                len(self.running[-1].tokens),
+            )
             victim = self.running[-1]
             self._preempt(victim)
             self.preemptions += 1
@@ -379,9 +436,9 @@ class Scheduler:
                 picks[i] = tok
         for i, seq in enumerate(seqs):
             if seq.pipeline is not None:
-                picks[i] = seq.pipeline.choose(logits[i:i + 1], seq.generator)
+                picks[i] = seq.pipeline.choose(logits[i : i + 1], seq.generator)
             elif not seq.greedy:
-                picks[i] = sort_sample(logits[i:i + 1], seq.params, seq.generator)
+                picks[i] = sort_sample(logits[i : i + 1], seq.params, seq.generator)
         return [(seq, int(tok)) for seq, tok in zip(seqs, picks)]
 
     def _take_token(self, seq: Sequence, token: int, now: float) -> None:
@@ -393,12 +450,15 @@ class Scheduler:
         seq.times.append(now)
         self.tokens_generated += 1
         if len(seq.times) == 1:
-            self._send(seq, Started(prompt_tokens=seq.n_prompt, prefix_reused_tokens=seq.reused or 0,
-                                    context_length=self.max_ctx))
+            self._send(
+                seq,
+                Started(prompt_tokens=seq.n_prompt, prefix_reused_tokens=seq.reused or 0, context_length=self.max_ctx),
+            )
         if seq.pipeline is not None:
             seq.pipeline.observe(token)
-            scored = seq.pipeline.take_logprobs(token, self.chat.tokenizer,
-                                                "reasoning" if seq.reply.in_reasoning else "answer")
+            scored = seq.pipeline.take_logprobs(
+                token, self.chat.tokenizer, "reasoning" if seq.reply.in_reasoning else "answer"
+            )
             if scored is not None:
                 self._send(seq, scored)
         was_reasoning = seq.reply.in_reasoning
@@ -430,8 +490,7 @@ class Scheduler:
         for seq in [s for s in (*self.running, *self.waiting) if s.control.cancelled]:
             self._finish(seq, "cancelled")
         for seq in self.running:
-            if seq.reply.in_reasoning and not seq.pushed_close and self._close_tag and \
-                    seq.control.take_stop_thinking():
+            if seq.reply.in_reasoning and not seq.pushed_close and self._close_tag and seq.control.take_stop_thinking():
                 seq.forced.extend(self._close_tag)
                 seq.pushed_close = True
 
@@ -453,18 +512,27 @@ class Scheduler:
         times = seq.times
         decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
         stats = GenerationStats(
-            finish_reason=reason, prompt_tokens=seq.n_prompt, completion_tokens=len(seq.output),
-            reasoning_tokens=seq.reply.reasoning_tokens, prefix_reused_tokens=seq.reused or 0,
+            finish_reason=reason,
+            prompt_tokens=seq.n_prompt,
+            completion_tokens=len(seq.output),
+            reasoning_tokens=seq.reply.reasoning_tokens,
+            prefix_reused_tokens=seq.reused or 0,
             context_length=self.max_ctx,
             ttft_ms=(times[0] - seq.submitted_at) * 1000.0 if times else 0.0,
             first_answer_ms=(seq.first_answer_at - seq.submitted_at) * 1000.0 if seq.first_answer_at else None,
-            decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0, total_s=end - seq.submitted_at,
+            decode_tok_s=(len(times) - 1) / decode_s if decode_s > 0 else 0.0,
+            total_s=end - seq.submitted_at,
             token_latencies_ms=[(b - a) * 1000.0 for a, b in zip(times, times[1:])],
             stopped_thinking=seq.forced_taken > 0 and not seq.reply.in_reasoning,
-            seed=None if seq.greedy else seq.seed)
+            seed=None if seq.greedy else seq.seed,
+        )
         reply = seq.reply
-        self._send(seq, Finished(text=reply.text, reasoning=reply.reasoning, answer=reply.answer,
-                                 token_ids=seq.output, stats=stats))
+        self._send(
+            seq,
+            Finished(
+                text=reply.text, reasoning=reply.reasoning, answer=reply.answer, token_ids=seq.output, stats=stats
+            ),
+        )
 
     def _step_failed(self, batch: list[tuple[Sequence, int]], err: Exception) -> None:
         """A step raised. Alone, its sequence fails. Together, each is recomputed alone up to where the step
@@ -477,8 +545,9 @@ class Scheduler:
             self._leave(seq)
             self._send(seq, Failed(*_failure(err)))
             return
-        log.warning("a step of %d sequences failed (%s: %s); running them one at a time", len(batch),
-                    type(err).__name__, err)
+        log.warning(
+            "a step of %d sequences failed (%s: %s); running them one at a time", len(batch), type(err).__name__, err
+        )
         for seq, stop in batch:
             seq.isolate_until = stop
         for seq in reversed(self.running):  # all of them: the one running alone must find its blocks free

@@ -18,10 +18,22 @@ QWEN25_LAST_ADDED_ID = 151664  # <|file_sep|>: Qwen2.5's added tokens end there 
 CHATS = ("r1", "qwen2.5")
 
 PRESETS = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=4096),
-    "full": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, max_position_embeddings=131072),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
+    "full": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=131072,
+    ),
 }
 VOCAB_SIZE = 151936
 
@@ -38,8 +50,15 @@ def r1_tokenizer_files() -> dict[str, dict]:
     """tokenizer.json + tokenizer_config.json as DeepSeek-R1-Distill-Qwen ships them (added tokens replaced)."""
     tok = qwen_tokenizer_json()
     tok["added_tokens"] = [
-        {"id": R1_FIRST_ADDED_ID + i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": special}
+        {
+            "id": R1_FIRST_ADDED_ID + i,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": special,
+        }
         for i, (content, special) in enumerate(R1_ADDED_TOKENS)
     ]
     config = {
@@ -65,10 +84,18 @@ def qwen25_tokenizer_files() -> dict[str, dict]:
     tok = qwen_tokenizer_json()
     tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] <= QWEN25_LAST_ADDED_ID]
     config = {
-        "add_bos_token": False, "add_prefix_space": False, "bos_token": None, "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False, "errors": "replace",
-        "model_max_length": 131072, "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": None, "chat_template": QWEN25_CHAT_TEMPLATE,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 131072,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+        "chat_template": QWEN25_CHAT_TEMPLATE,
     }
     return {"tokenizer.json": tok, "tokenizer_config.json": config}
 
@@ -111,31 +138,40 @@ def random_weights(cfg: dict, seed: int, device: str = "cpu") -> dict:
         return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(torch.bfloat16)
 
     def lin(out_f, in_f):
-        return rand(out_f, in_f, std=(1.0 / in_f ** 0.5) if tiny else 0.02)
+        return rand(out_f, in_f, std=(1.0 / in_f**0.5) if tiny else 0.02)
 
     def norm():
         return (1.0 + rand(h, std=0.1 if tiny else 0.02).float()).to(torch.bfloat16)
 
-    t = {"model.embed_tokens.weight": rand(cfg["vocab_size"], h, std=1.0 if tiny else 0.02),
-         "model.norm.weight": norm(),
-         "lm_head.weight": rand(cfg["vocab_size"], h, std=(2.0 / h ** 0.5) if tiny else 0.02)}
+    t = {
+        "model.embed_tokens.weight": rand(cfg["vocab_size"], h, std=1.0 if tiny else 0.02),
+        "model.norm.weight": norm(),
+        "lm_head.weight": rand(cfg["vocab_size"], h, std=(2.0 / h**0.5) if tiny else 0.02),
+    }
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        t.update({
-            p + "input_layernorm.weight": norm(),
-            p + "post_attention_layernorm.weight": norm(),
-            p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.q_proj.bias": rand(q, std=0.1),
-            p + "self_attn.k_proj.weight": lin(kv, h), p + "self_attn.k_proj.bias": rand(kv, std=0.1),
-            p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.v_proj.bias": rand(kv, std=0.1),
-            p + "self_attn.o_proj.weight": lin(h, q),
-            p + "mlp.gate_proj.weight": lin(i, h), p + "mlp.up_proj.weight": lin(i, h),
-            p + "mlp.down_proj.weight": lin(h, i),
-        })
+        t.update(
+            {
+                p + "input_layernorm.weight": norm(),
+                p + "post_attention_layernorm.weight": norm(),
+                p + "self_attn.q_proj.weight": lin(q, h),
+                p + "self_attn.q_proj.bias": rand(q, std=0.1),
+                p + "self_attn.k_proj.weight": lin(kv, h),
+                p + "self_attn.k_proj.bias": rand(kv, std=0.1),
+                p + "self_attn.v_proj.weight": lin(kv, h),
+                p + "self_attn.v_proj.bias": rand(kv, std=0.1),
+                p + "self_attn.o_proj.weight": lin(h, q),
+                p + "mlp.gate_proj.weight": lin(i, h),
+                p + "mlp.up_proj.weight": lin(i, h),
+                p + "mlp.down_proj.weight": lin(h, i),
+            }
+        )
     return t
 
 
-def make_test_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, device: str | None = None,
-                    chat: str = "r1") -> Path:
+def make_test_model(
+    out_dir: str | Path, preset: str = "tiny", seed: int = 0, device: str | None = None, chat: str = "r1"
+) -> Path:
     """chat: "r1" (DeepSeek-R1-Distill-Qwen's tokenizer and template: a reasoning model) or "qwen2.5"
     (Qwen2.5-Instruct's: ChatML, tool calls, fill-in-the-middle tokens)."""
     import torch
@@ -153,14 +189,19 @@ def make_test_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, de
     tensors = {k: v.contiguous().cpu() for k, v in random_weights(cfg, seed, device).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 151646, "eos_token_id": 151643, "do_sample": True, "temperature": 0.6, "top_p": 0.95},
-        indent=2), encoding="utf-8")
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {"bos_token_id": 151646, "eos_token_id": 151643, "do_sample": True, "temperature": 0.6, "top_p": 0.95},
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     if chat == "qwen2.5":
         cfg.update(bos_token_id=151643, eos_token_id=151645)
         (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     files = r1_tokenizer_files() if chat == "r1" else qwen25_tokenizer_files()
     for name, content in files.items():
-        (out / name).write_text(json.dumps(content, ensure_ascii=False, indent=1 if name != "tokenizer.json" else None),
-                                encoding="utf-8")
+        (out / name).write_text(
+            json.dumps(content, ensure_ascii=False, indent=1 if name != "tokenizer.json" else None), encoding="utf-8"
+        )
     return out

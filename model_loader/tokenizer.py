@@ -39,7 +39,8 @@ def _jinja_env():
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, **_: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent)
+        x, ensure_ascii=ensure_ascii, indent=indent
+    )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
@@ -109,8 +110,9 @@ class FolderTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=False, tokenize=False,
-                            **variables):
+    def apply_chat_template(
+        self, messages, chat_template=None, add_generation_prompt=False, tokenize=False, **variables
+    ):
         """variables: more the template may read (tools)."""
         source = chat_template or self.chat_template
         template = self._compiled.get(source)
@@ -118,8 +120,13 @@ class FolderTokenizer:
             if self._env is None:
                 self._env = _jinja_env()
             template = self._compiled[source] = self._env.from_string(source)
-        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
+        text = template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **variables,
+        )
         return self.encode(text) if tokenize else text
 
 
@@ -136,9 +143,11 @@ def check_vocabulary(tokenizer, cfg, folder: Path) -> None:
     leaves CUDA unusable until the app restarts."""
     largest = len(tokenizer) - 1  # ids run 0..n-1 (added tokens included); get_vocab() would cost ~0.1 s here
     if largest >= cfg.vocab_size:
-        raise ModelError(f"{folder}: the tokenizer (tokenizer.json) has token ids up to {largest}, but config.json's "
-                         f"vocab_size is {cfg.vocab_size}: the tokenizer and the weights are from different models",
-                         str(folder))
+        raise ModelError(
+            f"{folder}: the tokenizer (tokenizer.json) has token ids up to {largest}, but config.json's "
+            f"vocab_size is {cfg.vocab_size}: the tokenizer and the weights are from different models",
+            str(folder),
+        )
 
 
 def load_tokenizer(folder: Path):

@@ -73,7 +73,7 @@ class ToolCallParser:
                 end = self.buffer.find(CLOSE)
                 if end < 0:
                     return out
-                body, self.buffer = self.buffer[:end], self.buffer[end + len(CLOSE):]
+                body, self.buffer = self.buffer[:end], self.buffer[end + len(CLOSE) :]
                 self.in_call = False
                 call = parse_call(body)
                 if call is None:
@@ -86,12 +86,12 @@ class ToolCallParser:
             if start >= 0:
                 if start:
                     out.append(("content", self.buffer[:start]))
-                self.buffer = self.buffer[start + len(OPEN):]
+                self.buffer = self.buffer[start + len(OPEN) :]
                 self.in_call = True
                 continue
             keep = _partial_suffix(self.buffer, OPEN)
-            settled = self.buffer[:len(self.buffer) - keep]
-            self.buffer = self.buffer[len(self.buffer) - keep:]
+            settled = self.buffer[: len(self.buffer) - keep]
+            self.buffer = self.buffer[len(self.buffer) - keep :]
             if settled:
                 out.append(("content", settled))
             return out
@@ -125,22 +125,29 @@ def parse_call(body: str) -> dict | None:
 def call_schema(tools: list[dict], names: list[str]) -> dict:
     """The JSON of one call to one of the named tools, arguments valid for the tool's parameters schema."""
     by_name = {t["function"]["name"]: t["function"] for t in tools}
-    options = [{"type": "object",
-                "properties": {"name": {"const": name},
-                               "arguments": by_name[name].get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"], "additionalProperties": False}
-               for name in names]
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": by_name[name].get("parameters") or {"type": "object"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name in names
+    ]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def tool_call_lark(tools: list[dict], names: list[str], parallel: bool, json_options: dict,
-                   tag_ids: tuple[int | None, int | None] = (None, None)) -> str:
+def tool_call_lark(
+    tools: list[dict],
+    names: list[str],
+    parallel: bool,
+    json_options: dict,
+    tag_ids: tuple[int | None, int | None] = (None, None),
+) -> str:
     """A Lark grammar (llguidance's dialect) for a reply that is one call, or several where parallel calls are
     allowed, to the named tools. tag_ids: the token ids of <tool_call> and </tool_call> where each is one added
     token (Qwen2.5's): the grammar names the token itself (`<[id]>`), which is what the model writes."""
     schema = {**call_schema(tools, names), "x-guidance": json_options}
     open_tag, close_tag = (f"<[{i}]>" if i is not None else json.dumps(t) for i, t in zip(tag_ids, (OPEN, CLOSE)))
-    calls = "call (\"\\n\" call)*" if parallel else "call"
-    return (f"start: {calls}\n"
-            f"call: {open_tag} \"\\n\" body \"\\n\" {close_tag}\n"
-            f"body: %json {json.dumps(schema)}\n")
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return f'start: {calls}\ncall: {open_tag} "\\n" body "\\n" {close_tag}\nbody: %json {json.dumps(schema)}\n'

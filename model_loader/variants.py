@@ -13,8 +13,9 @@ from model_loader.kv_cache import KV_16BIT
 INT4_LABELS = {"triton": "awq-int4 (Triton int4 kernels)", "torch": "awq-int4 (torch int4 kernel)"}
 
 
-def choose_int4_layout(dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None,
-                       capability: tuple | None = None) -> str | None:
+def choose_int4_layout(
+    dev: torch.device, dtype: torch.dtype, triton_ok: bool, forced: str | None, capability: tuple | None = None
+) -> str | None:
     """Which int4 path an AWQ checkpoint runs on. capability: the CUDA GPU's (major, minor), read from dev when
     not given. By default:
       - our Triton int4 kernels on Hopper (sm90) where Triton runs: fastest there (H200, 2026-12-02: 970
@@ -51,5 +52,7 @@ def quantization_label(cfg, int4: str | None, dtype: torch.dtype, int4pack_prefi
 def kernel_variant(cfg, dtype: torch.dtype, quantization: str | None, kv_cache: str = KV_16BIT) -> str:
     """What our kernels are compiled for besides the GPU: dtype, head layout, quantization, an 8-bit KV cache
     (kernel_cache)."""
-    return (f"{str(dtype).replace('torch.', '')}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x"
-            f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}" + ("" if kv_cache == KV_16BIT else f"|kv {kv_cache}"))
+    return (
+        f"{str(dtype).replace('torch.', '')}|{cfg.num_attention_heads}/{cfg.num_key_value_heads}x"
+        f"{cfg.head_dim}|{cfg.hidden_size}|{quantization}" + ("" if kv_cache == KV_16BIT else f"|kv {kv_cache}")
+    )

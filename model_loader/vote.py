@@ -30,7 +30,7 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j]
+                return text[i + 1 : j]
     return None  # never closed: the chain was cut off inside it
 
 

@@ -23,8 +23,20 @@ from model_loader.errors import ModelError
 
 ProgressFn = Callable[[int, int], None]
 
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "I8": 1, "U8": 1, "BOOL": 1, "I16": 2,
-             "F8_E4M3": 1, "F8_E5M2": 1}
+_ITEMSIZE = {
+    "BF16": 2,
+    "F16": 2,
+    "F32": 4,
+    "F64": 8,
+    "I32": 4,
+    "I64": 8,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "I16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 
@@ -34,8 +46,17 @@ class _LazyDtypes(dict):
     def __missing__(self, key):
         import torch
 
-        self.update({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
-                     "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8})
+        self.update(
+            {
+                "BF16": torch.bfloat16,
+                "F16": torch.float16,
+                "F32": torch.float32,
+                "I32": torch.int32,
+                "I64": torch.int64,
+                "U8": torch.uint8,
+                "I8": torch.int8,
+            }
+        )
         return dict.__getitem__(self, key)
 
 
@@ -84,8 +105,11 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
         except (KeyError, TypeError, ValueError) as err:
             raise ModelError(f"{shard}: corrupt safetensors header entry for {name}", str(shard)) from err
         if not all(_is_count(v) for v in (*shape, begin, end)):  # ints, as the format says: 64.7 is no size
-            raise ModelError(f"{shard}: corrupt safetensors header entry for {name} (shape {info['shape']!r}, "
-                             f"offsets {info['data_offsets']!r})", str(shard))
+            raise ModelError(
+                f"{shard}: corrupt safetensors header entry for {name} (shape {info['shape']!r}, "
+                f"offsets {info['data_offsets']!r})",
+                str(shard),
+            )
         numel = 1
         for d in shape:
             numel *= d
@@ -102,8 +126,11 @@ def read_header(shard: Path) -> dict[str, TensorEntry]:
     for entry in sorted(entries.values(), key=lambda e: (e.offset, e.nbytes)):  # an empty tensor first
         if entry.offset != at:
             name = next(k for k, v in entries.items() if v is entry)
-            raise ModelError(f"{shard}: corrupt safetensors header (tensor {name} starts at byte {entry.offset} "
-                             f"of the data, where {at} was expected: overlapping or misplaced tensors)", str(shard))
+            raise ModelError(
+                f"{shard}: corrupt safetensors header (tensor {name} starts at byte {entry.offset} "
+                f"of the data, where {at} was expected: overlapping or misplaced tensors)",
+                str(shard),
+            )
         at += entry.nbytes
     return entries
 
@@ -112,15 +139,29 @@ def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-           "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def linear_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, int]]:
     """(out, in) of each linear layer, by its short name."""
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
-    return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-            "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+    return {
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (i, h),
+        "mlp.up_proj": (i, h),
+        "mlp.down_proj": (h, i),
+    }
 
 
 def expected_shapes(cfg: Qwen2Config, awq: AwqConfig | None = None) -> dict[str, tuple[int, ...]]:
@@ -134,47 +175,66 @@ def expected_shapes(cfg: Qwen2Config, awq: AwqConfig | None = None) -> dict[str,
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.bias": (q,),
-            p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.bias": (kv,),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
+        )
         for short, (n_out, n_in) in linear_shapes(cfg).items():
             name = p + short
             if awq is not None and awq.quantizes(name):
                 g = awq.group_size
-                shapes.update({name + ".qweight": (n_in, n_out // 8), name + ".qzeros": (n_in // g, n_out // 8),
-                               name + ".scales": (n_in // g, n_out)})
+                shapes.update(
+                    {
+                        name + ".qweight": (n_in, n_out // 8),
+                        name + ".qzeros": (n_in // g, n_out // 8),
+                        name + ".scales": (n_in // g, n_out),
+                    }
+                )
             else:
                 shapes[name + ".weight"] = (n_out, n_in)
     return shapes
 
 
-def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None = None
-                     ) -> dict[str, TensorEntry]:
+def index_checkpoint(
+    cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None = None
+) -> dict[str, TensorEntry]:
     """Headers of all shards, checked against the config: every tensor present, shaped and typed right."""
     entries: dict[str, TensorEntry] = {}
     for shard in shards:
         for name, entry in read_header(shard).items():
             if name in entries:  # which copy is meant? Neither is taken silently
-                raise ModelError(f"{shard}: tensor {name} is also in {entries[name].shard.name}: the checkpoint "
-                                 "holds it twice", str(shard))
+                raise ModelError(
+                    f"{shard}: tensor {name} is also in {entries[name].shard.name}: the checkpoint holds it twice",
+                    str(shard),
+                )
             entries[name] = entry
-    layers = {int(part) for name in entries if name.startswith("model.layers.")
-              for part in [name.split(".")[2]] if part.isdigit()}
+    layers = {
+        int(part)
+        for name in entries
+        if name.startswith("model.layers.")
+        for part in [name.split(".")[2]]
+        if part.isdigit()
+    }
     if cfg.num_hidden_layers > len(layers):  # before listing every tensor of every layer config.json claims
         where = shards[0].parent if len(shards) > 1 else shards[0]
-        raise ModelError(f"{where}: config.json says {cfg.num_hidden_layers} layers, the weights hold "
-                         f"{len(layers)}", str(where))
+        raise ModelError(
+            f"{where}: config.json says {cfg.num_hidden_layers} layers, the weights hold {len(layers)}", str(where)
+        )
     for name, shape in expected_shapes(cfg, awq).items():
         entry = entries.get(name)
         if entry is None:
             where = shards[0].parent if len(shards) > 1 else shards[0]
-            if name.endswith(".weight") and name[:-len("weight")] + "qweight" in entries:
-                raise ModelError(f"{where}: the weights are quantized ({name[:-len('weight')]}qweight), but "
-                                 "config.json has no quantization_config to say how", str(where))
+            if name.endswith(".weight") and name[: -len("weight")] + "qweight" in entries:
+                raise ModelError(
+                    f"{where}: the weights are quantized ({name[: -len('weight')]}qweight), but "
+                    "config.json has no quantization_config to say how",
+                    str(where),
+                )
             raise ModelError(f"{where}: missing tensor {name}", str(where))
         if entry.shape != shape:
             raise ModelError(
@@ -187,8 +247,9 @@ def index_checkpoint(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig 
     return entries
 
 
-def _copy_tensors(entries: dict[str, TensorEntry], names: list[str], destination, device, progress,
-                  done: int, total: int) -> int:
+def _copy_tensors(
+    entries: dict[str, TensorEntry], names: list[str], destination, device, progress, done: int, total: int
+) -> int:
     """Copy checkpoint tensors into destination(name) (a device tensor or slice), reporting bytes done.
 
     Tensor bytes are read through a memory map of each shard (the same bytes safetensors' own loader reads;
@@ -208,7 +269,7 @@ def _copy_tensors(entries: dict[str, TensorEntry], names: list[str], destination
             entry = entries[name]
             _, raw, data_start = maps[entry.shard]
             begin = data_start + entry.offset
-            src = raw[begin:begin + entry.nbytes].view(_TORCH_DTYPES[entry.dtype]).view(entry.shape)
+            src = raw[begin : begin + entry.nbytes].view(_TORCH_DTYPES[entry.dtype]).view(entry.shape)
             destination(name).copy_(src)
             return entry.nbytes
 
@@ -242,8 +303,13 @@ def host_mapped_alias(pinned, device="cuda"):
     class _Interface:  # bf16 has no typestr: expose the bits as int16, view as the real dtype after.
         # (torch refuses read-only CUDA array interfaces; nothing writes through the alias.)
         def __init__(self, t):
-            self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": "<i2",
-                                             "data": (t.data_ptr(), False), "version": 3, "strides": None}
+            self.__cuda_array_interface__ = {
+                "shape": tuple(t.shape),
+                "typestr": "<i2",
+                "data": (t.data_ptr(), False),
+                "version": 3,
+                "strides": None,
+            }
 
     try:
         if pinned.element_size() != 2 or not pinned.is_pinned():
@@ -274,19 +340,28 @@ def load_peak_bytes(cfg: Qwen2Config, shards: tuple[Path, ...], dtype, embed_on_
     return total
 
 
-def twin_entries(cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None, twin: Qwen2Config
-                 ) -> dict[str, TensorEntry]:
+def twin_entries(
+    cfg: Qwen2Config, shards: tuple[Path, ...], awq: AwqConfig | None, twin: Qwen2Config
+) -> dict[str, TensorEntry]:
     """Checkpoint entries for `twin` (cfg with fewer layers and tokens: model_loader.compile_ahead): each
     tensor's dtype as the checkpoint stores it (layer i of the twin takes layer i's), its shape as the twin's
     config implies. Only read with load_weights(read_values=False)."""
     entries = index_checkpoint(cfg, shards, awq)
-    return {name: dataclasses.replace(entries[name], shape=shape)
-            for name, shape in expected_shapes(twin, awq).items()}
+    return {name: dataclasses.replace(entries[name], shape=shape) for name, shape in expected_shapes(twin, awq).items()}
 
 
-def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, progress: ProgressFn | None = None,
-                 awq: AwqConfig | None = None, int4_layout: str | None = None, embed_on_host: bool = False,
-                 entries: dict[str, TensorEntry] | None = None, read_values: bool = True):
+def load_weights(
+    cfg: Qwen2Config,
+    shards: tuple[Path, ...],
+    device,
+    dtype,
+    progress: ProgressFn | None = None,
+    awq: AwqConfig | None = None,
+    int4_layout: str | None = None,
+    embed_on_host: bool = False,
+    entries: dict[str, TensorEntry] | None = None,
+    read_values: bool = True,
+):
     """Read the checkpoint into fused device tensors: a dict with embed, norm, lm_head and per-layer ln1, ln2,
     qkv_w, qkv_b, o_w, gate_up_w, down_w. Linear weights are dense [out, in] tensors; an AWQ checkpoint's
     become awq.RowPackedInt4 (int4_layout "triton"), awq.Int4Weight ("torch": torch's int4 kernel) or dense
@@ -309,9 +384,19 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
         "norm": empty(h),
         "layers": [
             {
-                "ln1": empty(h), "ln2": empty(h), "qkv_b": empty(q + 2 * kv),
-                **({"qkv_w": empty(q + 2 * kv, h), "o_w": empty(h, q), "gate_up_w": empty(2 * i, h),
-                    "down_w": empty(h, i)} if dense_linears else {}),
+                "ln1": empty(h),
+                "ln2": empty(h),
+                "qkv_b": empty(q + 2 * kv),
+                **(
+                    {
+                        "qkv_w": empty(q + 2 * kv, h),
+                        "o_w": empty(h, q),
+                        "gate_up_w": empty(2 * i, h),
+                        "down_w": empty(h, i),
+                    }
+                    if dense_linears
+                    else {}
+                ),
             }
             for _ in range(cfg.num_hidden_layers)
         ],
@@ -336,16 +421,16 @@ def load_weights(cfg: Qwen2Config, shards: tuple[Path, ...], device, dtype, prog
             "input_layernorm.weight": lambda: layer["ln1"],
             "post_attention_layernorm.weight": lambda: layer["ln2"],
             "self_attn.q_proj.bias": lambda: layer["qkv_b"][:q],
-            "self_attn.k_proj.bias": lambda: layer["qkv_b"][q:q + kv],
-            "self_attn.v_proj.bias": lambda: layer["qkv_b"][q + kv:],
+            "self_attn.k_proj.bias": lambda: layer["qkv_b"][q : q + kv],
+            "self_attn.v_proj.bias": lambda: layer["qkv_b"][q + kv :],
         }
         if leaf in fixed:
             return fixed[leaf]()
         if dense_linears:
             return {
                 "self_attn.q_proj.weight": layer["qkv_w"][:q],
-                "self_attn.k_proj.weight": layer["qkv_w"][q:q + kv],
-                "self_attn.v_proj.weight": layer["qkv_w"][q + kv:],
+                "self_attn.k_proj.weight": layer["qkv_w"][q : q + kv],
+                "self_attn.v_proj.weight": layer["qkv_w"][q + kv :],
                 "self_attn.o_proj.weight": layer["o_w"],
                 "mlp.gate_proj.weight": layer["gate_up_w"][:i],
                 "mlp.up_proj.weight": layer["gate_up_w"][i:],
@@ -381,8 +466,7 @@ FUSED_GROUPS = {  # our fused weight -> the checkpoint's linears, concatenated a
 }
 
 
-def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dtype,
-                      int4_layout: str | None) -> None:
+def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dtype, int4_layout: str | None) -> None:
     """Unpack each layer's AWQ tensors on the device, fuse QKV and gate/up along `out`, then convert to the
     int4 kernels' layout (or dequantise to dense where no int4 kernel can run or a member is unquantized)."""
     import torch
@@ -409,8 +493,11 @@ def _fuse_awq_linears(cfg: Qwen2Config, awq: AwqConfig, raw: dict, out: dict, dt
                 parts = []
                 for n in names:
                     if awq.quantizes(n):
-                        parts.append(fmt.dequantize(raw.pop(n + ".qweight"), raw.pop(n + ".qzeros"),
-                                                    raw.pop(n + ".scales"), g).to(dtype))
+                        parts.append(
+                            fmt.dequantize(
+                                raw.pop(n + ".qweight"), raw.pop(n + ".qzeros"), raw.pop(n + ".scales"), g
+                            ).to(dtype)
+                        )
                     else:
                         parts.append(raw.pop(n + ".weight").to(dtype))
                 layer[fused] = torch.cat(parts, dim=0)

@@ -16,8 +16,11 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 LEFT_OUT: list[tuple[str, str]] = [
-    ("*.a", "static libraries (Triton's CUPTI/NVPerf profiling libs, cudart_static, nvshmem device): "
-            "only a linker reads them"),
+    (
+        "*.a",
+        "static libraries (Triton's CUPTI/NVPerf profiling libs, cudart_static, nvshmem device): "
+        "only a linker reads them",
+    ),
     ("nvidia/*/include/*", "the CUDA toolkit's C headers; Triton compiles with its own copy"),
     ("nvidia/*/lib/libnvperf_*", "Nsight performance counters: profiling only"),
     ("nvidia/*/lib/libpcsamplingutil*", "PC sampling: profiling only"),
@@ -30,22 +33,30 @@ LEFT_OUT: list[tuple[str, str]] = [
     ("nvidia/nvshmem/lib/nvshmem_bootstrap_*", "NVSHMEM bootstraps (MPI, PMI, UCX): multi-process jobs only"),
     ("nvidia/nvshmem/lib/*.bc", "NVSHMEM device bitcode: only for compiling NVSHMEM kernels"),
     # Lazily loaded and shown unneeded on the H200 (prove_exclusions.py --candidates, 2026-12-03):
-    ("nvidia/cudnn/lib/libcudnn_[aeho]*", "cuDNN's engine and op libraries (~700 MB), loaded when a cuDNN kernel "
-                                          "first runs; r1desk's attention is SDPA flash/efficient (kernels.reference."
-                                          "keep_off_cudnn: never cuDNN's) or Triton, its matmuls cuBLAS. libcudnn.so.9 "
-                                          "(linked by torch) and libcudnn_graph.so.9 (loaded by torch at run time even "
-                                          "with cuDNN off: the H200 proof saw it mapped) stay"),
+    (
+        "nvidia/cudnn/lib/libcudnn_[aeho]*",
+        "cuDNN's engine and op libraries (~700 MB), loaded when a cuDNN kernel "
+        "first runs; r1desk's attention is SDPA flash/efficient (kernels.reference."
+        "keep_off_cudnn: never cuDNN's) or Triton, its matmuls cuBLAS. libcudnn.so.9 "
+        "(linked by torch) and libcudnn_graph.so.9 (loaded by torch at run time even "
+        "with cuDNN off: the H200 proof saw it mapped) stay",
+    ),
     ("nvidia/*/lib/libcusolver.so*", "cuSOLVER, loaded by torch.linalg on CUDA tensors only"),
     ("torch/lib/libtorch_cuda_linalg.so", "torch.linalg's CUDA library, loaded on first use only"),
-    ("triton/backends/nvidia/lib/cupti*/*", "CUPTI and NVPerf for Triton's profiler (proton), loaded only when "
-                                            "profiling (~110 MB: PyInstaller copies each symlink)"),
+    (
+        "triton/backends/nvidia/lib/cupti*/*",
+        "CUPTI and NVPerf for Triton's profiler (proton), loaded only when "
+        "profiling (~110 MB: PyInstaller copies each symlink)",
+    ),
 ]
 
 # Left out only where their users ship as stubs (STUBBED; not with R1DESK_NO_STUBS=1, where the real cuSPARSE
 # needs nvJitLink at `import torch` and the real NVRTC its builtins).
 LEFT_OUT_WITH_STUBS: list[tuple[str, str]] = [
-    ("nvidia/*/lib/libnvJitLink.so*", "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed "
-                                      "and left out"),
+    (
+        "nvidia/*/lib/libnvJitLink.so*",
+        "nvJitLink (112 MB): linked only by cuSPARSE and cuSOLVER, which are stubbed and left out",
+    ),
     ("nvidia/*/lib/libnvrtc-builtins.so*", "NVRTC's builtins, loaded only by NVRTC (stubbed)"),
 ]
 
@@ -62,15 +73,17 @@ CANDIDATES: list[tuple[str, str]] = []
 # install); the spec applies them on Linux (R1DESK_NO_STUBS=1 ships the real libraries instead).
 STUBBED: list[tuple[str, str]] = [
     ("nvidia/*/lib/libcufft.so.*", "cuFFT: FFTs; r1desk runs none"),
-    ("nvidia/*/lib/libcurand.so.*", "cuRAND's host API; torch's CUDA random numbers come from its own Philox "
-                                    "kernels"),
+    ("nvidia/*/lib/libcurand.so.*", "cuRAND's host API; torch's CUDA random numbers come from its own Philox kernels"),
     ("nvidia/*/lib/libcusparse.so.*", "cuSPARSE: sparse tensors; r1desk has none"),
     ("nvidia/cusparselt/lib/libcusparseLt.so.*", "cuSPARSELt: 2:4-sparse matmuls; r1desk has none"),
     ("nvidia/nccl/lib/libnccl.so.*", "NCCL: multi-GPU communication; r1desk runs on one GPU"),
     ("nvidia/*/lib/libcufile.so.*", "cuFile: GPUDirect Storage; weights are read through safetensors' mmap"),
     ("nvidia/nvshmem/lib/libnvshmem_host.so.*", "NVSHMEM: multi-GPU symmetric memory; r1desk uses none"),
-    ("nvidia/*/lib/libnvrtc.so.*", "NVRTC: torch compiles a few rarely used elementwise ops (the 'jiterator') at run "
-                                   "time; r1desk's ops are not among them"),
+    (
+        "nvidia/*/lib/libnvrtc.so.*",
+        "NVRTC: torch compiles a few rarely used elementwise ops (the 'jiterator') at run "
+        "time; r1desk's ops are not among them",
+    ),
 ]
 
 # Shipped, but with their debug information removed (`strip --strip-debug`: symbols stay, so nothing that looks

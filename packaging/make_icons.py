@@ -56,8 +56,7 @@ def main() -> int:
     for size, data in pngs.items():
         (ASSETS / f"r1desk-{size}.png").write_bytes(data)
     frames = [Image.open(io.BytesIO(pngs[size])) for size in ICO_SIZES]
-    frames[-1].save(ASSETS / "r1desk.ico", format="ICO", sizes=[(s, s) for s in ICO_SIZES],
-                    append_images=frames[:-1])
+    frames[-1].save(ASSETS / "r1desk.ico", format="ICO", sizes=[(s, s) for s in ICO_SIZES], append_images=frames[:-1])
     print(f"wrote {len(pngs)} PNGs and r1desk.ico to {ASSETS}")
     return 0
 

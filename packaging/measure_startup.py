@@ -25,12 +25,23 @@ def one_run(exe: Path, model: str, cold: bool) -> dict[str, float]:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     with tempfile.TemporaryDirectory(prefix="r1desk-start-") as tmp:
         trace = Path(tmp) / "trace.txt"
-        env = {**os.environ, "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen"), "HOME": tmp,
-               "XDG_CACHE_HOME": tmp, "XDG_CONFIG_HOME": tmp, "XDG_DATA_HOME": tmp,
-               "R1DESK_STARTUP_TRACE": str(trace)}
+        env = {
+            **os.environ,
+            "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen"),
+            "HOME": tmp,
+            "XDG_CACHE_HOME": tmp,
+            "XDG_CONFIG_HOME": tmp,
+            "XDG_DATA_HOME": tmp,
+            "R1DESK_STARTUP_TRACE": str(trace),
+        }
         t0 = time.monotonic()
-        proc = subprocess.run([str(exe), "--self-test", "--model", model, "--device", "cpu", "--max-new-tokens", "1"],
-                              env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [str(exe), "--self-test", "--model", model, "--device", "cpu", "--max-new-tokens", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
         marks = {k: float(v) - t0 for k, v in (ln.split() for ln in trace.read_text().splitlines())}
@@ -48,8 +59,10 @@ def main() -> int:
     runs = [one_run(exe, args.model, args.cold) for _ in range(args.runs)]
     for key in ("launch", "window", "ready"):
         values = [r[key] for r in runs]
-        print(f"{key:>6}: median {statistics.median(values):.2f} s  (min {min(values):.2f}, max {max(values):.2f}, "
-              f"{len(values)} {'cold' if args.cold else 'warm'} runs)")
+        print(
+            f"{key:>6}: median {statistics.median(values):.2f} s  (min {min(values):.2f}, max {max(values):.2f}, "
+            f"{len(values)} {'cold' if args.cold else 'warm'} runs)"
+        )
     return 0
 
 

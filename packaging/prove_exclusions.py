@@ -63,8 +63,14 @@ def env_with_path(pythonpath: str) -> dict:
 
 
 def bare_import_maps(pythonpath: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", BARE_IMPORT], capture_output=True, text=True, check=True,
-                         env=env_with_path(pythonpath), cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", BARE_IMPORT],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env_with_path(pythonpath),
+        cwd=ROOT,
+    )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -75,8 +81,14 @@ def site_packages() -> Path:
 
 
 def run(cmd: list[str], pythonpath: str, timeout: int = 900) -> dict:
-    out = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MAPS, *cmd], capture_output=True, text=True,
-                         env=env_with_path(pythonpath), timeout=timeout, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_AND_LIST_MAPS, *cmd],
+        capture_output=True,
+        text=True,
+        env=env_with_path(pythonpath),
+        timeout=timeout,
+        cwd=ROOT,
+    )
     tail = out.stdout.rsplit("\nMAPS ", 1)
     if out.returncode != 0 or len(tail) != 2:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -84,24 +96,64 @@ def run(cmd: list[str], pythonpath: str, timeout: int = 900) -> dict:
     body = tail[0].strip()
     if "--json" in cmd and "{" not in body:  # the command reported an error instead of its result
         raise SystemExit(f"{' '.join(cmd)} printed no result:\n{body[-2000:]}\n{out.stderr[-2000:]}")
-    info["output"] = json.loads(body[body.index("{"):]) if "--json" in cmd else body[-2000:]
+    info["output"] = json.loads(body[body.index("{") :]) if "--json" in cmd else body[-2000:]
     return info
 
 
 def workload(model: str, awq: str | None, cpu_only: bool, scratch_models: Path) -> list[list[str]]:
     device = ["--device", "cpu"] if cpu_only else []
-    cmds = [["chat", "--model", model, *device, "--prompt", PROMPT, "--max-new-tokens", "256", "--temperature", "0",
-             "--context", "4096", "--json"]]
+    cmds = [
+        [
+            "chat",
+            "--model",
+            model,
+            *device,
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "256",
+            "--temperature",
+            "0",
+            "--context",
+            "4096",
+            "--json",
+        ]
+    ]
     if cpu_only:
         return cmds
     bench = ["bench", "--model", model, "--runs", "3", "--json"]
     if awq:
         bench += ["--awq", awq]
-        cmds.append(["chat", "--model", awq, "--prompt", PROMPT, "--max-new-tokens", "256", "--temperature", "0",
-                     "--context", "4096", "--json"])
+        cmds.append(
+            [
+                "chat",
+                "--model",
+                awq,
+                "--prompt",
+                PROMPT,
+                "--max-new-tokens",
+                "256",
+                "--temperature",
+                "0",
+                "--context",
+                "4096",
+                "--json",
+            ]
+        )
     cmds.insert(0, bench)
-    cmds.append(["quantize", "--model", model, "--out", str(scratch_models / "quantized"), "--samples", "4",
-                 "--no-clip", "--json"])
+    cmds.append(
+        [
+            "quantize",
+            "--model",
+            model,
+            "--out",
+            str(scratch_models / "quantized"),
+            "--samples",
+            "4",
+            "--no-clip",
+            "--json",
+        ]
+    )
     return cmds
 
 
@@ -144,8 +196,9 @@ def make_copy(src: Path, dst: Path, candidates: bool = False, stubs: bool = True
 
         for real, target in to_stub:  # the copy's libraries that link each one decide which names it needs
             stub_builder.make_stub(real, target, stub_builder.consumers_of(real, dst))
-            removed["replaced by a stub: " + exclusions.stubbed(real.relative_to(src).as_posix())][
-                "bytes"] -= target.stat().st_size
+            removed["replaced by a stub: " + exclusions.stubbed(real.relative_to(src).as_posix())]["bytes"] -= (
+                target.stat().st_size
+            )
     return removed
 
 
@@ -154,10 +207,17 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--awq")
     ap.add_argument("--cpu-only", action="store_true", help="no GPU here: the import-level part only")
-    ap.add_argument("--candidates", action="store_true",
-                    help="also delete exclusions.CANDIDATES and report whether the full install mapped them")
-    ap.add_argument("--no-stubs", dest="stubs", action="store_false",
-                    help="keep the real libraries of exclusions.STUBBED (the spec with R1DESK_NO_STUBS=1)")
+    ap.add_argument(
+        "--candidates",
+        action="store_true",
+        help="also delete exclusions.CANDIDATES and report whether the full install mapped them",
+    )
+    ap.add_argument(
+        "--no-stubs",
+        dest="stubs",
+        action="store_false",
+        help="keep the real libraries of exclusions.STUBBED (the spec with R1DESK_NO_STUBS=1)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     src = site_packages()
@@ -165,18 +225,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="r1desk-proof-") as tmp:
         tmp = Path(tmp)
         removed = make_copy(src, tmp / "site", args.candidates, args.stubs)
-        sizes = {"removed_bytes": sum(e["bytes"] for e in removed.values()),
-                 "kept_bytes": sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file())}
-        report = {"site_packages": str(src), "removed": removed, **sizes, "full": [], "trimmed": [],
-                  "mapped_excluded": [], "trimmed_mapped_from_full_install": []}
+        sizes = {
+            "removed_bytes": sum(e["bytes"] for e in removed.values()),
+            "kept_bytes": sum(p.stat().st_size for p in (tmp / "site").rglob("*") if p.is_file()),
+        }
+        report = {
+            "site_packages": str(src),
+            "removed": removed,
+            **sizes,
+            "full": [],
+            "trimmed": [],
+            "mapped_excluded": [],
+            "trimmed_mapped_from_full_install": [],
+        }
         at_import = bare_import_maps(repo)
         report["preloaded_at_import_and_left_out"] = sorted(
-            Path(m).relative_to(src).as_posix() for m in at_import
-            if m.startswith(str(src)) and exclusions.left_out(Path(m).relative_to(src).as_posix(), args.stubs))
+            Path(m).relative_to(src).as_posix()
+            for m in at_import
+            if m.startswith(str(src)) and exclusions.left_out(Path(m).relative_to(src).as_posix(), args.stubs)
+        )
         for cmd in workload(args.model, args.awq, args.cpu_only, tmp):
             full = run(cmd, repo)
-            rels = [Path(m).relative_to(src).as_posix() for m in full["maps"]
-                    if m.startswith(str(src)) and m not in at_import]  # loaded on first use by this work
+            rels = [
+                Path(m).relative_to(src).as_posix()
+                for m in full["maps"]
+                if m.startswith(str(src)) and m not in at_import
+            ]  # loaded on first use by this work
             report["mapped_excluded"] += [r for r in rels if exclusions.left_out(r, args.stubs)]
             report.setdefault("mapped_candidates", []).extend(r for r in rels if exclusions.candidate(r))
             if cmd[0] == "quantize":  # the trimmed run writes the same output folder again
@@ -188,8 +262,8 @@ def main() -> int:
             # packages mapped from there would mean the copy fell back to it (torch preloads NVIDIA libraries
             # it finds on sys.path), and the copy would prove nothing about that file.
             report["trimmed_mapped_from_full_install"] += [
-                m for m in trimmed["maps"]
-                if m.startswith(str(src)) and Path(m).relative_to(src).parts[0] in PACKAGES]
+                m for m in trimmed["maps"] if m.startswith(str(src)) and Path(m).relative_to(src).parts[0] in PACKAGES
+            ]
             report["full"].append({"cmd": cmd[0], "output": full["output"]})
             report["trimmed"].append({"cmd": cmd[0], "output": trimmed["output"]})
             print(f"{cmd[0]}: ok on the full install and on the trimmed copy", flush=True)
@@ -202,8 +276,11 @@ def main() -> int:
         mapped = sorted(set(report.get("mapped_candidates", [])))
         print("candidates the full install mapped (they must stay):", *(mapped or ["none"]), sep="\n  ")
     if report["trimmed_mapped_from_full_install"]:
-        print("FAILED: the trimmed runs mapped libraries from the full install, not the copy:",
-              *sorted(set(report["trimmed_mapped_from_full_install"])), sep="\n  ")
+        print(
+            "FAILED: the trimmed runs mapped libraries from the full install, not the copy:",
+            *sorted(set(report["trimmed_mapped_from_full_install"])),
+            sep="\n  ",
+        )
         return 1
     if report["mapped_excluded"]:
         print("FAILED: the full install mapped files the release leaves out:", *report["mapped_excluded"], sep="\n  ")

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPORT = r'''
+REPORT = r"""
 #include <stdio.h>
 #include <stdlib.h>
 __attribute__((noreturn, visibility("hidden"))) void r1desk_left_out(const char *symbol) {
@@ -28,7 +28,7 @@ __attribute__((noreturn, visibility("hidden"))) void r1desk_left_out(const char 
                     "please report this. Exiting.\n", LIBRARY, symbol);
     abort();
 }
-'''
+"""
 
 
 def compiler() -> str | None:
@@ -54,8 +54,9 @@ def version_nodes(lib: Path) -> list[str]:
 
 def exported(lib: Path) -> list[tuple[str, str, int]]:
     """(name, "func" | "data", size) of every defined dynamic symbol."""
-    out = subprocess.run(["nm", "-D", "--defined-only", "-S", str(lib)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", "-S", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
     symbols = {}
     for line in out.splitlines():
         parts = line.split()
@@ -125,8 +126,21 @@ def make_stub(real: Path, out: Path, consumers: list[Path]) -> Path:
         else:
             script.write_text("{ global: *; };\n")
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-w", f"-Wl,-soname,{name}",
-                        f"-Wl,--version-script={script}", "-o", str(out), str(src)], check=True)
+        subprocess.run(
+            [
+                cc,
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-w",
+                f"-Wl,-soname,{name}",
+                f"-Wl,--version-script={script}",
+                "-o",
+                str(out),
+                str(src),
+            ],
+            check=True,
+        )
     return out
 
 

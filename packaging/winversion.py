@@ -22,8 +22,15 @@ def numeric(version: str) -> tuple[int, int, int, int]:
 
 
 def version_info(root: Path):
-    from PyInstaller.utils.win32.versioninfo import (FixedFileInfo, StringFileInfo, StringStruct, StringTable,
-                                                     VarFileInfo, VarStruct, VSVersionInfo)
+    from PyInstaller.utils.win32.versioninfo import (
+        FixedFileInfo,
+        StringFileInfo,
+        StringStruct,
+        StringTable,
+        VarFileInfo,
+        VarStruct,
+        VSVersionInfo,
+    )
 
     version = project_version(root)
     nums = numeric(version)
@@ -38,8 +45,11 @@ def version_info(root: Path):
         StringStruct("ProductVersion", version),
     ]
     return VSVersionInfo(
-        ffi=FixedFileInfo(filevers=nums, prodvers=nums, mask=0x3F, flags=0x0, OS=0x40004, fileType=0x1,
-                          subtype=0x0, date=(0, 0)),
-        kids=[StringFileInfo([StringTable("040904B0", strings)]),
-              VarFileInfo([VarStruct("Translation", [1033, 1200])])],
+        ffi=FixedFileInfo(
+            filevers=nums, prodvers=nums, mask=0x3F, flags=0x0, OS=0x40004, fileType=0x1, subtype=0x0, date=(0, 0)
+        ),
+        kids=[
+            StringFileInfo([StringTable("040904B0", strings)]),
+            VarFileInfo([VarStruct("Translation", [1033, 1200])]),
+        ],
     )

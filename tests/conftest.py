@@ -107,6 +107,7 @@ def device():
 def attention_calls(monkeypatch):
     """attention_calls(model) -> a dict that counts, from then on, the model's prefill attention calls per layer
     by kind: "rows" (every row of the chunk) and "one row" (the last layer's row path, Qwen2Model._layers)."""
+
     def spy(model):
         calls = {"rows": 0, "one row": 0}
 
@@ -117,10 +118,13 @@ def attention_calls(monkeypatch):
                 def counting(q, layer):
                     calls[kind] += 1
                     return attend(q, layer)
+
                 return counting
+
             return make
 
         monkeypatch.setattr(model, "_prefill_attention", counted(model._prefill_attention, "rows"))
         monkeypatch.setattr(model, "_row_attention", counted(model._row_attention, "one row"))
         return calls
+
     return spy

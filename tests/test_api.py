@@ -25,10 +25,27 @@ ORIGIN = "http://app.example"  # a web app's origin the r1 server lets in (given
 
 
 def _serve(model, *extra):
-    proc = subprocess.Popen([sys.executable, "-m", "desktop.cli", "serve", "--model", str(model), "--device",
-                             "cpu", "--context", "512", "--port", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "desktop.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--device",
+            "cpu",
+            "--context",
+            "512",
+            "--port",
+            "0",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+    )
     line = proc.stdout.readline()  # blocks until the model is ready (or the process ends)
     m = re.match(r"serving (\S+) on (http://\S+/v1)$", line.strip())
     if not m:
@@ -74,8 +91,9 @@ def make_plain_model(tiny_model, folder):
     for name in ("tokenizer_config.json",):  # the same tags may be listed as added tokens there too
         cfg = json.loads((folder / name).read_text())
         decoder = cfg.get("added_tokens_decoder", {})
-        cfg["added_tokens_decoder"] = {k: v for k, v in decoder.items() if v.get("content") not in ("<think>",
-                                                                                                   "</think>")}
+        cfg["added_tokens_decoder"] = {
+            k: v for k, v in decoder.items() if v.get("content") not in ("<think>", "</think>")
+        }
         (folder / name).write_text(json.dumps(cfg))
     return folder
 
@@ -86,14 +104,18 @@ def _client(url, key=KEY):
 
 def _ask(server, content, key=KEY, **kw):
     model_id, url = server
-    return _client(url, key).chat.completions.create(model=model_id, messages=[{"role": "user", "content": content}],
-                                                     **kw)
+    return _client(url, key).chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": content}], **kw
+    )
 
 
 def _stream(server, content, **kw):
     model_id, url = server
-    return list(_client(url).chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": content}], stream=True, **kw))
+    return list(
+        _client(url).chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": content}], stream=True, **kw
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------- answers
@@ -116,8 +138,7 @@ def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage
     assert (u.completion_tokens, u.completion_tokens_details.reasoning_tokens) == (40, 40)
     assert u.prompt_tokens > 5 and u.total_tokens == u.prompt_tokens + 40
 
-    chunks = _stream(r1, "Why is the sky blue?", max_tokens=40, temperature=0,
-                     stream_options={"include_usage": True})
+    chunks = _stream(r1, "Why is the sky blue?", max_tokens=40, temperature=0, stream_options={"include_usage": True})
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
     assert text == extra["reasoning_content"]
@@ -132,8 +153,13 @@ def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage
 def test_reasoning_tokens_count_only_the_reasoning(r1):
     # the bias makes the model close its reasoning at once: one reasoning token (the tag), the rest answer
     model_id, url = r1
-    r = _client(url).chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=6, temperature=0, logit_bias={"151649": 100})
+    r = _client(url).chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        temperature=0,
+        logit_bias={"151649": 100},
+    )
     details = r.usage.completion_tokens_details
     assert (r.usage.completion_tokens, details.reasoning_tokens) == (6, 1)
     assert r.choices[0].message.content  # the rest is answer
@@ -174,10 +200,12 @@ def test_follow_up_reuses_the_prefix_after_other_requests_and_stays_exact(plain)
     first = _ask(plain, "Name a colour.", max_tokens=12, temperature=0).choices[0].message.content
     _ask(plain, "Something else entirely, longer than the first question.", max_tokens=12, temperature=0)
     model_id, url = plain
-    history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": first},
-               {"role": "user", "content": "Another?"}]
-    after_other = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12,
-                                                       temperature=0)
+    history = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "Another?"},
+    ]
+    after_other = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
     again = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
     assert after_other.choices[0].message.content == again.choices[0].message.content
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
@@ -223,8 +251,16 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
     assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"{not json"), 400)["message"]
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body={"model": model_id}), 400)["param"] == "messages"
-    for field, value in [("temperature", 3), ("temperature", "hot"), ("n", 17), ("max_tokens", 0), ("stop", 5),
-                         ("stream", "yes"), ("top_p", 0), ("seed", 1.5)]:
+    for field, value in [
+        ("temperature", 3),
+        ("temperature", "hot"),
+        ("n", 17),
+        ("max_tokens", 0),
+        ("stop", 5),
+        ("stream", "yes"),
+        ("top_p", 0),
+        ("seed", 1.5),
+    ]:
         err = _error(_raw(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
         assert err["param"] == field and field in err["message"], (field, err)
     both = {**ok, "max_completion_tokens": 5, "max_tokens": -1}  # an invalid one beside a valid one
@@ -232,8 +268,10 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
     bad_role = {**ok, "messages": [{"role": "function", "content": "x"}]}
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"] == "messages[0].role"
     no_call_id = {**ok, "messages": [{"role": "tool", "content": "x"}]}
-    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=no_call_id), 400)["param"] == \
-        "messages[0].tool_call_id"
+    assert (
+        _error(_raw(url, "POST", "/v1/chat/completions", json_body=no_call_id), 400)["param"]
+        == "messages[0].tool_call_id"
+    )
     image = {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
     assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=image), 400)["param"] == "messages[0].content[0]"
     with pytest.raises(openai.NotFoundError) as nf:
@@ -246,14 +284,22 @@ def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(r
     echoed in an error, the tokenizer); a body nested 100,000 deep overflows the parser. Both were 500s with a
     traceback; an Authorization header that isn't UTF-8 was a 500 too."""
     model_id, url = r1
-    for body, param in [(b'{"model": "\\ud800", "messages": []}', "model"),
-                        (json.dumps({"model": model_id, "messages": [{"role": "user", "content": "a\udc00"}]},
-                                    ensure_ascii=True).encode(), "messages[0].content")]:
+    for body, param in [
+        (b'{"model": "\\ud800", "messages": []}', "model"),
+        (
+            json.dumps(
+                {"model": model_id, "messages": [{"role": "user", "content": "a\udc00"}]}, ensure_ascii=True
+            ).encode(),
+            "messages[0].content",
+        ),
+    ]:
         err = _error(_raw(url, "POST", "/v1/chat/completions", content=body), 400)
         assert err["param"] == param and "Unicode" in err["message"], err
     assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"[" * 100_000), 400)["message"]
-    assert _error(_raw(url, "GET", "/v1/models", key=None, headers={"Authorization": "Bearer k\xff"}), 401)[
-        "code"] == "invalid_api_key"
+    assert (
+        _error(_raw(url, "GET", "/v1/models", key=None, headers={"Authorization": "Bearer k\xff"}), 401)["code"]
+        == "invalid_api_key"
+    )
     assert _ask(r1, "hi", max_tokens=2).choices[0].finish_reason  # and the server still answers
 
 
@@ -264,16 +310,23 @@ def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflig
     model_id, url = r1
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     origin = {"Origin": ORIGIN}
-    cases = [(_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers=origin), 200),
-             (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9}, headers=origin), 400),
-             (_raw(url, "GET", "/v1/models", key=None, headers=origin), 401),
-             (_raw(url, "GET", "/v1/nothing", headers=origin), 404),
-             (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "stream": True}, headers=origin), 200)]
+    cases = [
+        (_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers=origin), 200),
+        (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9}, headers=origin), 400),
+        (_raw(url, "GET", "/v1/models", key=None, headers=origin), 401),
+        (_raw(url, "GET", "/v1/nothing", headers=origin), 404),
+        (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "stream": True}, headers=origin), 200),
+    ]
     for reply, status in cases:
         assert reply.status_code == status and reply.headers.get("access-control-allow-origin") == ORIGIN, reply
     asked = "authorization,content-type,x-stainless-os,x-stainless-retry-count"
-    pre = _raw(url, "OPTIONS", "/v1/chat/completions", key=None,
-               headers={**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked})
+    pre = _raw(
+        url,
+        "OPTIONS",
+        "/v1/chat/completions",
+        key=None,
+        headers={**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked},
+    )
     assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == ORIGIN
     assert pre.headers["access-control-allow-headers"] == asked
     assert "Access-Control-Request-Headers" in pre.headers["vary"]
@@ -296,9 +349,8 @@ def test_keys_routes_methods_sizes_and_hosts(r1):
         _ask(r1, "hi", key="wrong")
     assert _error(_raw(url, "GET", "/v1/nothing"), 404)["code"] == "not_found"
     assert _error(_raw(url, "GET", "/v1/chat/completions"), 405)["code"] == "method_not_allowed"
-    huge = json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (4 * 2 ** 20 + 10)}]})
-    assert _error(_raw(url, "POST", "/v1/chat/completions", content=huge.encode()), 413)["code"] == \
-        "request_too_large"
+    huge = json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (4 * 2**20 + 10)}]})
+    assert _error(_raw(url, "POST", "/v1/chat/completions", content=huge.encode()), 413)["code"] == "request_too_large"
     # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own Host header
     err = _error(_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "evil.example:80"}), 403)
     assert err["code"] == "forbidden_host"
@@ -315,8 +367,7 @@ def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
     """One streaming request runs, two wait (--max-waiting 2): the fourth gets 429 with Retry-After. Closing
     the streams cancels their generations: the running one stops long before its 400 tokens."""
     model_id, url = r1
-    body = {"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400,
-            "stream": True}
+    body = {"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": True}
     headers = {"Authorization": f"Bearer {KEY}"}
 
     async def scenario():
@@ -325,8 +376,10 @@ def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
             running = await client.post("/v1/chat/completions", json=body)
             first = await running.content.readline()  # the role chunk: the generation has started
             assert first.startswith(b"data: ")
-            waiting = [asyncio.create_task(client.post("/v1/chat/completions", json={**body, "stream": False}))
-                       for _ in range(2)]
+            waiting = [
+                asyncio.create_task(client.post("/v1/chat/completions", json={**body, "stream": False}))
+                for _ in range(2)
+            ]
             while True:  # yield to the two posts until the server has queued both
                 async with client.get("/health") as h:
                     if (await h.json())["waiting"] >= 2:
@@ -369,6 +422,10 @@ def test_four_concurrent_clients_each_get_their_own_whole_answer(plain):
 
 
 def test_serve_refuses_another_host_without_a_key(tiny_model):
-    out = subprocess.run([sys.executable, "-m", "desktop.cli", "serve", "--model", str(tiny_model),
-                          "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "desktop.cli", "serve", "--model", str(tiny_model), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "--api-key" in out.stderr

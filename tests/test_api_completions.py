@@ -42,8 +42,9 @@ def test_the_text_continues_the_prompt_as_the_engine_decodes_it(server, engine):
     assert r.choices[0].text == engine.tokenizer.decode(want.token_ids)  # verbatim: no newline trimmed
     assert r.choices[0].finish_reason == "length" and r.object == "text_completion"
     assert r.usage.prompt_tokens == len(engine.tokenizer.encode(PROMPT)) and r.usage.completion_tokens == 12
-    by_ids = client.completions.create(model=model, prompt=engine.tokenizer.encode(PROMPT), max_tokens=12,
-                                       temperature=0)
+    by_ids = client.completions.create(
+        model=model, prompt=engine.tokenizer.encode(PROMPT), max_tokens=12, temperature=0
+    )
     assert by_ids.choices[0].text == r.choices[0].text
 
 
@@ -59,8 +60,9 @@ def test_several_prompts_and_samples_come_back_indexed_prompt_by_sample(server):
     prompts = ["The capital of France is", "1, 2, 3,"]
     r = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=6, temperature=0)
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
-    alone = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0).choices[0].text
-             for p in prompts]
+    alone = [
+        client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0).choices[0].text for p in prompts
+    ]
     assert [c.text for c in r.choices] == [alone[0], alone[0], alone[1], alone[1]]
 
 
@@ -72,9 +74,17 @@ def test_echo_stop_and_streaming(server):
     assert echoed.choices[0].text == PROMPT + full
     stop = full[6:9]
     cut = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
-    assert cut.choices[0].text == full[:full.find(stop)] and cut.choices[0].finish_reason == "stop"
-    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    assert cut.choices[0].text == full[: full.find(stop)] and cut.choices[0].finish_reason == "stop"
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full
     assert chunks[-1].usage.completion_tokens == 24
 
@@ -92,28 +102,35 @@ def test_legacy_logprobs(server):
 
 def test_suffix_frames_the_prompt_with_the_fill_in_the_middle_tokens(server, engine):
     model, url = server
-    r = _client(url).completions.create(model=model, prompt="def add(a, b):\n    return ",
-                                        suffix="\n\nprint(add(1, 2))", max_tokens=8, temperature=0)
+    r = _client(url).completions.create(
+        model=model, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))", max_tokens=8, temperature=0
+    )
     framed = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n\nprint(add(1, 2))<|fim_middle|>"
     ids = engine.tokenizer.encode(framed)
     assert ids.count(engine.tokenizer.get_vocab()["<|fim_middle|>"]) == 1
     assert r.choices[0].text == engine.tokenizer.decode(_greedy(engine, ids, 8).token_ids)
 
 
-@pytest.mark.parametrize("extra,param", [
-    ({"prompt": [151936 + 5]}, "prompt"),
-    ({"prompt": ""}, "prompt"),
-    ({"echo": True, "logprobs": 1}, "echo"),
-    ({"best_of": 3}, "best_of"),
-    ({"logprobs": 6}, "logprobs"),
-    ({"messages": []}, "messages"),
-])
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"prompt": [151936 + 5]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"messages": []}, "messages"),
+    ],
+)
 def test_bad_completion_requests_are_400s_naming_the_field(server, extra, param):
     model, url = server
     body = {"prompt": PROMPT, "max_tokens": 2, **extra}
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).completions.create(model=model, **{k: v for k, v in body.items() if k == "prompt"},
-                                        extra_body={k: v for k, v in body.items() if k != "prompt"})
+        _client(url).completions.create(
+            model=model,
+            **{k: v for k, v in body.items() if k == "prompt"},
+            extra_body={k: v for k, v in body.items() if k != "prompt"},
+        )
     assert err.value.body["param"] == param
 
 

@@ -36,8 +36,12 @@ def test_stop_thinking_by_continuing_with_the_reasoning_so_far(server, engine):
     reasoning = first.choices[0].message.model_extra["reasoning_content"]  # never closed by the random model
     assert reasoning and not first.choices[0].message.content
     reply = client.chat.completions.create(
-        model=model, messages=[*ASK, {"role": "assistant", "content": "", "reasoning_content": reasoning}],
-        max_tokens=8, temperature=0, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        model=model,
+        messages=[*ASK, {"role": "assistant", "content": "", "reasoning_content": reasoning}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
     message = reply.choices[0].message
     assert message.content and not message.model_extra.get("reasoning_content")  # all answer now
     # the same ids the engine gets: the prompt, the reasoning so far, the close tag
@@ -51,18 +55,28 @@ def test_stop_thinking_by_continuing_with_the_reasoning_so_far(server, engine):
 def test_raw_reasoning_without_its_close_goes_on_as_reasoning(server):
     model, url = server
     r = _client(url).chat.completions.create(
-        model=model, messages=[*ASK, {"role": "assistant", "content": "<think>\nFirst, six times seven"}],
-        max_tokens=6, temperature=0, extra_body={"continue_final_message": True})
+        model=model,
+        messages=[*ASK, {"role": "assistant", "content": "<think>\nFirst, six times seven"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"continue_final_message": True},
+    )
     assert r.choices[0].message.model_extra["reasoning_content"] and not r.choices[0].message.content
 
 
-@pytest.mark.parametrize("messages,extra,param", [
-    (ASK, {"continue_final_message": True}, "messages"),
-    ([*ASK, {"role": "assistant", "content": "x"}], {"continue_final_message": True, "add_generation_prompt": True},
-     "add_generation_prompt"),
-    (ASK, {"add_generation_prompt": False}, "add_generation_prompt"),
-    (ASK, {"continue_final_message": "yes"}, "continue_final_message"),
-])
+@pytest.mark.parametrize(
+    "messages,extra,param",
+    [
+        (ASK, {"continue_final_message": True}, "messages"),
+        (
+            [*ASK, {"role": "assistant", "content": "x"}],
+            {"continue_final_message": True, "add_generation_prompt": True},
+            "add_generation_prompt",
+        ),
+        (ASK, {"add_generation_prompt": False}, "add_generation_prompt"),
+        (ASK, {"continue_final_message": "yes"}, "continue_final_message"),
+    ],
+)
 def test_bad_continuations_are_400s(server, messages, extra, param):
     model, url = server
     with pytest.raises(openai.BadRequestError) as err:

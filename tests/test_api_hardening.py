@@ -23,8 +23,9 @@ KEY = "key-from-a-file"
 def server(tiny_model, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(KEY + "\n")
-    proc, model_id, url = _serve(tiny_model, "--api-key-file", str(key_file), "--served-model-name", "r1-small",
-                                 "deepseek-r1")
+    proc, model_id, url = _serve(
+        tiny_model, "--api-key-file", str(key_file), "--served-model-name", "r1-small", "deepseek-r1"
+    )
     yield model_id, url
     _stop(proc)
 
@@ -45,11 +46,22 @@ def test_a_web_pages_request_does_nothing_whatever_its_content_type(server):
     before = _tokens_generated(url)
     form_like = json.dumps(_body(model_id)).encode()
     for content_type in ("text/plain", "application/json"):
-        r = _raw(url, "POST", "/v1/chat/completions", key=KEY, content=form_like,
-                 headers={"Content-Type": content_type, "Origin": "https://evil.example"})
+        r = _raw(
+            url,
+            "POST",
+            "/v1/chat/completions",
+            key=KEY,
+            content=form_like,
+            headers={"Content-Type": content_type, "Origin": "https://evil.example"},
+        )
         assert _error(r, 403)["code"] == "forbidden_origin"
-    preflight = _raw(url, "OPTIONS", "/v1/chat/completions", key=None,
-                     headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    preflight = _raw(
+        url,
+        "OPTIONS",
+        "/v1/chat/completions",
+        key=None,
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+    )
     assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
     assert _tokens_generated(url) == before  # nothing was generated
 
@@ -60,8 +72,14 @@ def test_a_body_that_is_not_declared_json_is_a_415(server):
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
         r = _raw(url, "POST", "/v1/chat/completions", key=KEY, content=body, headers={"Content-Type": content_type})
         assert _error(r, 415)["code"] == "unsupported_media_type"
-    ok = _raw(url, "POST", "/v1/chat/completions", key=KEY, content=body,
-              headers={"Content-Type": "application/json; charset=utf-8"})
+    ok = _raw(
+        url,
+        "POST",
+        "/v1/chat/completions",
+        key=KEY,
+        content=body,
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
     assert ok.status_code == 200, ok.text
 
 
@@ -98,12 +116,12 @@ def test_served_model_names_are_the_ids_clients_use(server, tiny_model):
     client = _client(url, KEY)
     assert model_id == "r1-small"
     assert [m.id for m in client.models.list()] == ["r1-small", "deepseek-r1"]
-    r = client.chat.completions.create(model="deepseek-r1", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2)
+    r = client.chat.completions.create(model="deepseek-r1", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.model == "deepseek-r1"
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model=tiny_model.name, messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2)
+        client.chat.completions.create(
+            model=tiny_model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
 
 
 def test_prompt_plus_max_tokens_past_the_context_is_a_400_with_the_numbers(server):
@@ -114,8 +132,9 @@ def test_prompt_plus_max_tokens_past_the_context_is_a_400_with_the_numbers(serve
     assert err.value.body["code"] == "context_length_exceeded"
     assert "512" in err.value.body["message"] and "510" in err.value.body["message"]
     # without max_tokens: the rest of the context, never a 400
-    r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}],
-                                       max_completion_tokens=2)
+    r = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2
+    )
     assert r.usage.completion_tokens == 2
 
 
@@ -162,10 +181,15 @@ def test_ctrl_c_with_a_stream_open_ends_it_with_an_error_event_and_exits_at_once
 
         u = urlsplit(url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-        body = {"model": model_id, "messages": [{"role": "user", "content": "go on"}], "stream": True,
-                "max_tokens": 4000}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        body = {
+            "model": model_id,
+            "messages": [{"role": "user", "content": "go on"}],
+            "stream": True,
+            "max_tokens": 4000,
+        }
+        conn.request(
+            "POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         assert resp.status == 200
         for _ in range(3):  # a few tokens in: the generation runs

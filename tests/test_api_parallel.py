@@ -23,7 +23,8 @@ def server(tiny_model):
 def _ask(server, content, **kw):
     model_id, url = server
     return _client(url, key="none").chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": content}], temperature=0, **kw)
+        model=model_id, messages=[{"role": "user", "content": content}], temperature=0, **kw
+    )
 
 
 def test_a_short_request_finishes_while_a_long_one_streams(server):
@@ -34,8 +35,12 @@ def test_a_short_request_finishes_while_a_long_one_streams(server):
 
     def long_request():
         stream = _client(url, key="none").chat.completions.create(
-            model=model_id, messages=[{"role": "user", "content": "Tell me everything."}], temperature=0,
-            max_tokens=300, stream=True)
+            model=model_id,
+            messages=[{"role": "user", "content": "Tell me everything."}],
+            temperature=0,
+            max_tokens=300,
+            stream=True,
+        )
         for _ in stream:
             first_chunk.set()
         ended.append("long")
@@ -81,8 +86,11 @@ def _metrics(url) -> dict:
     with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics") as resp:
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = resp.read().decode()
-    return {s.name + ("{%s}" % ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) if s.labels else ""): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        s.name + ("{%s}" % ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) if s.labels else ""): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_parse_and_move_with_requests(server):
@@ -95,12 +103,19 @@ def test_metrics_parse_and_move_with_requests(server):
         _ask(server, prompt, max_tokens=7)
     after = _metrics(url)
     assert after["r1desk_generation_tokens_total"] - before.get("r1desk_generation_tokens_total", 0) == 14
-    assert after["r1desk_requests_total{client=api,finish_reason=max_new_tokens}"] - \
-        before.get("r1desk_requests_total{client=api,finish_reason=max_new_tokens}", 0) == 2
-    assert after["r1desk_time_to_first_token_seconds_count"] - \
-        before.get("r1desk_time_to_first_token_seconds_count", 0) == 2
-    assert after["r1desk_inter_token_latency_seconds_count"] - \
-        before.get("r1desk_inter_token_latency_seconds_count", 0) == 12
+    assert (
+        after["r1desk_requests_total{client=api,finish_reason=max_new_tokens}"]
+        - before.get("r1desk_requests_total{client=api,finish_reason=max_new_tokens}", 0)
+        == 2
+    )
+    assert (
+        after["r1desk_time_to_first_token_seconds_count"] - before.get("r1desk_time_to_first_token_seconds_count", 0)
+        == 2
+    )
+    assert (
+        after["r1desk_inter_token_latency_seconds_count"] - before.get("r1desk_inter_token_latency_seconds_count", 0)
+        == 12
+    )
     assert after["r1desk_prompt_cached_tokens_total"] - before.get("r1desk_prompt_cached_tokens_total", 0) >= 64
     assert after["r1desk_prefix_cache_hit_ratio"] > 0
     assert after["r1desk_requests_running"] == 0 and after["r1desk_kv_blocks_used"] == 0
@@ -114,21 +129,40 @@ def test_n_choices_are_the_seeds_replies_and_share_the_prompt(server):
     prompt = "Explain the same long question again, please. " * 12
     kw = dict(max_tokens=10, temperature=0.9)
     many = _client(url, key="none").chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": prompt}], n=3, seed=40, **kw)
+        model=model_id, messages=[{"role": "user", "content": prompt}], n=3, seed=40, **kw
+    )
     assert [c.index for c in many.choices] == [0, 1, 2]
     texts = [c.message.model_extra["reasoning_content"] for c in many.choices]
-    alone = [_client(url, key="none").chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": prompt}], seed=40 + i, **kw)
-        .choices[0].message.model_extra["reasoning_content"] for i in range(3)]
+    alone = [
+        _client(url, key="none")
+        .chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}], seed=40 + i, **kw)
+        .choices[0]
+        .message.model_extra["reasoning_content"]
+        for i in range(3)
+    ]
     assert texts == alone and len(set(texts)) > 1
     assert many.usage.completion_tokens == 30
     assert many.usage.prompt_tokens == _ask(server, prompt, max_tokens=1).usage.prompt_tokens
     before = _metrics(url)["r1desk_prompt_cached_tokens_total"]
-    chunks = list(_client(url, key="none").chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": prompt + "!"}], n=3, seed=7, stream=True,
-        stream_options={"include_usage": True}, **kw))
-    streamed = {i: "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks
-                           if c.choices and c.choices[0].index == i) for i in range(3)}
+    chunks = list(
+        _client(url, key="none").chat.completions.create(
+            model=model_id,
+            messages=[{"role": "user", "content": prompt + "!"}],
+            n=3,
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
+        )
+    )
+    streamed = {
+        i: "".join(
+            c.choices[0].delta.model_extra.get("reasoning_content") or ""
+            for c in chunks
+            if c.choices and c.choices[0].index == i
+        )
+        for i in range(3)
+    }
     assert all(streamed.values())
     finishes = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
     assert finishes == [0, 1, 2]
@@ -147,9 +181,28 @@ def test_n_is_bounded(server):
 def test_the_serve_benchmark_times_every_request(tiny_model):
     from test_cli import cli
 
-    out = json.loads(cli("bench", "--model", tiny_model, "--device", "cpu", "--scenario", "serve", "--clients", "3",
-                         "--requests", "5", "--max-parallel", "2", "--new-tokens", "6", "--context", "512",
-                         "--json").stdout)
+    out = json.loads(
+        cli(
+            "bench",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--scenario",
+            "serve",
+            "--clients",
+            "3",
+            "--requests",
+            "5",
+            "--max-parallel",
+            "2",
+            "--new-tokens",
+            "6",
+            "--context",
+            "512",
+            "--json",
+        ).stdout
+    )
     assert out["errors"] == 0 and out["requests"] == 5 and out["tokens"] == 30 and out["max_parallel"] == 2
     assert 0 < out["ttft_ms_p50"] <= out["ttft_ms_p95"] <= out["ttft_ms_max"]
     assert out["e2e_s_p50"] <= out["e2e_s_max"] <= out["wall_s"]
@@ -158,6 +211,7 @@ def test_the_serve_benchmark_times_every_request(tiny_model):
 def test_several_replies_over_an_8bit_cache_are_refused_before_loading(tiny_model):
     from test_cli import cli
 
-    proc = cli("serve", "--model", tiny_model, "--device", "cpu", "--max-parallel", "2", "--kv-cache", "8-bit",
-               check=False)
+    proc = cli(
+        "serve", "--model", tiny_model, "--device", "cpu", "--max-parallel", "2", "--kv-cache", "8-bit", check=False
+    )
     assert proc.returncode == 2 and "needs the 16-bit KV cache" in proc.stderr

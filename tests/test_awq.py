@@ -54,8 +54,9 @@ def test_dequantize_matches_the_awq_formula():
     qweight = fmt.pack(torch.randint(0, 16, (n_in, n_out), generator=g))
     qzeros = fmt.pack(torch.randint(0, 16, (n_in // group, n_out), generator=g))
     scales = (torch.rand(n_in // group, n_out, generator=g) + 0.1).half()
-    torch.testing.assert_close(fmt.dequantize(qweight, qzeros, scales, group),
-                               reference_dequant(qweight, qzeros, scales, group))
+    torch.testing.assert_close(
+        fmt.dequantize(qweight, qzeros, scales, group), reference_dequant(qweight, qzeros, scales, group)
+    )
 
 
 def test_int4pack_layout_matches_the_dequantized_reference():
@@ -130,8 +131,13 @@ def _rtn_folder(src, dst, group):
             out[name] = t.half()
     save_file(out, dst / "model.safetensors")
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "awq", "version": "gemm", "bits": 4, "zero_point": True,
-                                  "group_size": group}
+    cfg["quantization_config"] = {
+        "quant_method": "awq",
+        "version": "gemm",
+        "bits": 4,
+        "zero_point": True,
+        "group_size": group,
+    }
     (dst / "config.json").write_text(json.dumps(cfg))
 
 
@@ -141,8 +147,15 @@ def test_awq_error_is_clearly_below_round_to_nearest(outlier_model, tmp_path):
     quantize(outlier_model, awq_dir, group_size=group, samples=8, seq_len=128, device="cpu")
     _rtn_folder(outlier_model, tmp_path / "rtn", group)
     engine = Engine.load(outlier_model, device="cpu")
-    ids = engine.chat.render([{"role": "user", "content": "An evaluation text, different from calibration: "
-                                                          "the quick brown fox jumps over the lazy dog. 1+1=2."}]).ids
+    ids = engine.chat.render(
+        [
+            {
+                "role": "user",
+                "content": "An evaluation text, different from calibration: "
+                "the quick brown fox jumps over the lazy dog. 1+1=2.",
+            }
+        ]
+    ).ids
     ref = _logits(outlier_model, ids)
     err_awq = (_logits(awq_dir, ids) - ref).pow(2).mean().item()
     err_rtn = (_logits(tmp_path / "rtn", ids) - ref).pow(2).mean().item()
@@ -154,16 +167,27 @@ def test_quantize_load_chat_round_trip(tiny_model, tmp_path):
     report = quantize(tiny_model, out, group_size=32, samples=4, seq_len=64, device="cpu")
     assert report.layers == 2 and report.calibration_tokens == 256
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["quantization_config"] == {"quant_method": "awq", "version": "gemm", "bits": 4, "zero_point": True,
-                                          "group_size": 32, "modules_to_not_convert": None}
+    assert cfg["quantization_config"] == {
+        "quant_method": "awq",
+        "version": "gemm",
+        "bits": 4,
+        "zero_point": True,
+        "group_size": 32,
+        "modules_to_not_convert": None,
+    }
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     from transformers import AwqConfig  # transformers' own parser accepts the quantization_config we write
 
     assert AwqConfig.from_dict(cfg["quantization_config"]).group_size == 32
     engine = Engine.load(out, device="cpu")
     assert engine.info.quantization.startswith("awq")
-    final = [e for e in engine.generate([{"role": "user", "content": "Hello"}],
-                                        SamplingSettings(temperature=0, max_new_tokens=8)) if isinstance(e, Finished)]
+    final = [
+        e
+        for e in engine.generate(
+            [{"role": "user", "content": "Hello"}], SamplingSettings(temperature=0, max_new_tokens=8)
+        )
+        if isinstance(e, Finished)
+    ]
     assert final[0].stats.completion_tokens == 8
     # 4-bit keeps the model's function: logits stay close to the unquantized model's at every position
     ids = engine.chat.render([{"role": "user", "content": "Hello"}]).ids
@@ -186,14 +210,17 @@ def _broken(awq_model, tmp_path, **qcfg):
     return folder
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(bits=8), "AWQ with 8 bits is not supported"),
-    (dict(version="gemv_fast"), "AWQ version 'gemv_fast' is not supported"),
-    (dict(zero_point=False), "without zero points"),
-    (dict(group_size=48), "group size 48 is not supported"),
-    (dict(group_size=128), "group size 128 does not divide the layer width 64"),
-    (dict(quant_method="gptq"), "unsupported quantization 'gptq'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(bits=8), "AWQ with 8 bits is not supported"),
+        (dict(version="gemv_fast"), "AWQ version 'gemv_fast' is not supported"),
+        (dict(zero_point=False), "without zero points"),
+        (dict(group_size=48), "group size 48 is not supported"),
+        (dict(group_size=128), "group size 128 does not divide the layer width 64"),
+        (dict(quant_method="gptq"), "unsupported quantization 'gptq'"),
+    ],
+)
 def test_malformed_awq_config(awq_model, tmp_path, change, message):
     with pytest.raises(ModelError) as info:
         Engine.load(_broken(awq_model, tmp_path, **change), device="cpu")
@@ -212,8 +239,10 @@ def test_the_4bit_models_embedding_table_stays_in_host_memory_on_a_gpu(awq_model
     engine = Engine.load(awq_model, device=device, context_length=256)
     if device == "cuda":
         assert engine.model.embed_on_host
-        assert engine.model.w["embed"].is_cuda and engine.model.w["embed"].data_ptr() == engine.model.w[
-            "embed_host"].data_ptr()
+        assert (
+            engine.model.w["embed"].is_cuda
+            and engine.model.w["embed"].data_ptr() == engine.model.w["embed_host"].data_ptr()
+        )
     else:
         assert not engine.model.embed_on_host and engine.model.w["embed"].device.type == "cpu"
     engine.close()

@@ -49,10 +49,12 @@ def test_depths_say_what_a_step_reads_and_at_what_rate(cpu_engine, tiny_model):
     first, deep = r["depths"]
     assert first["vs_first_depth_at_bandwidth"] == 1.0
     assert deep["vs_first_depth_at_bandwidth"] == pytest.approx(
-        (weights * itemsize + kv_per_token * 35) / (weights * itemsize + kv_per_token * 603))
+        (weights * itemsize + kv_per_token * 35) / (weights * itemsize + kv_per_token * 603)
+    )
     text = sc.format_depths(r)
-    assert f"({deep['vs_first_depth']:.0%} of depth 32; {deep['vs_first_depth_at_bandwidth']:.0%} by bytes read)" \
-        in text
+    assert (
+        f"({deep['vs_first_depth']:.0%} of depth 32; {deep['vs_first_depth_at_bandwidth']:.0%} by bytes read)" in text
+    )
     assert f"{deep['read_bytes_per_token'] / 1e9:.2f} GB read a token, {deep['read_gb_s']:,.0f} GB/s" in text
 
 
@@ -107,12 +109,46 @@ def test_chat_scenario_carries_the_cache_and_drops_earlier_reasoning(cpu_engine)
 
 
 def test_cli_json(tiny_model, capsys):
-    assert main(["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16,64", "--new-tokens", "4",
-                 "--runs", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(tiny_model),
+                "--device",
+                "cpu",
+                "--depths",
+                "16,64",
+                "--new-tokens",
+                "4",
+                "--runs",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["scenario"] == "depths" and [d["depth"] for d in r["depths"]] == [16, 64] and r["model"]
-    assert main(["bench", "--model", str(tiny_model), "--device", "cpu", "--scenario", "chat", "--user-tokens", "40",
-                 "--reply-tokens", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(tiny_model),
+                "--device",
+                "cpu",
+                "--scenario",
+                "chat",
+                "--user-tokens",
+                "40",
+                "--reply-tokens",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["scenario"] == "chat" and len(r["turns"]) == 4 and r["turns"][3]["prefix_reused_tokens"] > 0
 
@@ -134,8 +170,9 @@ def test_depths_say_when_the_gpu_was_held_below_its_clock(cpu_engine, monkeypatc
     assert sc.run_depths(cpu_engine, [32], new_tokens=4, runs=1)["depths"][0]["sm_clock"] is None
 
 
-def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_others_took(tiny_model, capsys,
-                                                                                         monkeypatch):
+def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_others_took(
+    tiny_model, capsys, monkeypatch
+):
     """On a GPU the warm-up times each decode attention shape per depth bucket (DecodeStep.tune); the bench's
     text names the one each bucket runs and every shape's time, fastest first, and its JSON carries the
     timings. The CPU tunes nothing, so the warm-up's record of a tuning is set here as a GPU's would be."""
@@ -149,14 +186,27 @@ def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_othe
         self.info.decode_attention = {"<=1024": "shape B"}
 
     monkeypatch.setattr(Engine, "warm_up", warm_up)
-    args = ["bench", "--model", str(tiny_model), "--device", "cpu", "--depths", "16", "--new-tokens", "2",
-            "--runs", "1"]
+    args = [
+        "bench",
+        "--model",
+        str(tiny_model),
+        "--device",
+        "cpu",
+        "--depths",
+        "16",
+        "--new-tokens",
+        "2",
+        "--runs",
+        "1",
+    ]
     assert main(args) == 0
-    assert ("decode attention for depth <=1024: shape B (the warm-up's us per step: shape B 1,150.5; "
-            "shape A 1,200.0)") in capsys.readouterr().out
+    assert (
+        "decode attention for depth <=1024: shape B (the warm-up's us per step: shape B 1,150.5; shape A 1,200.0)"
+    ) in capsys.readouterr().out
     assert main(args + ["--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {"1024": {"shape A": 1200.0,
-                                                                                    "shape B": 1150.5}}
+    assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {
+        "1024": {"shape A": 1200.0, "shape B": 1150.5}
+    }
 
 
 def test_the_batch_bench_times_steady_decoding_and_compares_every_text_with_it_alone(cpu_engine):
@@ -173,8 +223,12 @@ def test_the_batch_bench_times_steady_decoding_and_compares_every_text_with_it_a
 def test_structured_scenario_times_three_ways_and_the_schema_reply_is_json(cpu_engine, capsys):
     from model_loader.bench_structured import format_structured, run_structured
 
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     r = run_structured(cpu_engine, prompt_tokens=64, new_tokens=40, runs=1, schema=schema)
     for name in ("fast", "logprobs", "json_schema"):
         assert r[name]["decode_tok_s_p50"] > 0

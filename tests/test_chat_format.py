@@ -28,13 +28,16 @@ def split(stream, in_reasoning=True):
     return merged, s
 
 
-@pytest.mark.parametrize("stream", [
-    ["Let me think", ".", "\n</think>", "\n\nThe answer is 4."],
-    ["Let me think.\n<", "/th", "ink>\n\nThe answer", " is 4."],
-    ["Let me think.\n</", "think>", "\n\n", "The answer is 4."],
-    ["Let me think.\n</think>\n\nThe answer is 4."],
-    list("Let me think.\n</think>\n\nThe answer is 4."),
-])
+@pytest.mark.parametrize(
+    "stream",
+    [
+        ["Let me think", ".", "\n</think>", "\n\nThe answer is 4."],
+        ["Let me think.\n<", "/th", "ink>\n\nThe answer", " is 4."],
+        ["Let me think.\n</", "think>", "\n\n", "The answer is 4."],
+        ["Let me think.\n</think>\n\nThe answer is 4."],
+        list("Let me think.\n</think>\n\nThe answer is 4."),
+    ],
+)
 def test_reasoning_split_handles_the_close_tag_split_anywhere(stream):
     merged, s = split(stream)
     assert merged["reasoning"] == "Let me think.\n"
@@ -58,8 +61,15 @@ def test_models_without_reasoning_are_all_answer():
     assert merged == {"reasoning": "", "answer": "Plain </think> answer"}
 
 
-@pytest.mark.parametrize("text", ["Hello, world!", "中文字符和日本語のテキスト", "emoji 🎉🦀👩‍👩‍👧 flags 🇯🇵",
-                                  "mixed 数学 ∑ x² ≤ 1 and код на русском"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello, world!",
+        "中文字符和日本語のテキスト",
+        "emoji 🎉🦀👩‍👩‍👧 flags 🇯🇵",
+        "mixed 数学 ∑ x² ≤ 1 and код на русском",
+    ],
+)
 def test_streaming_detokenizer_never_emits_broken_characters(chat, text):
     ids = chat.encode_plain(text)
     detok = StreamingDetokenizer(chat.tokenizer)
@@ -77,8 +87,9 @@ def test_prompt_has_one_bos_the_generation_prompt_and_no_old_reasoning(chat):
         {"role": "user", "content": "2+2?"},
     ]
     p = chat.render(messages)
-    assert p.text == (f"{BOS}<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>2+2?"
-                      "<｜Assistant｜><think>\n")
+    assert p.text == (
+        f"{BOS}<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜><｜User｜>2+2?<｜Assistant｜><think>\n"
+    )
     assert p.starts_in_reasoning
     assert p.ids.count(151646) == 1 and p.ids[0] == 151646
     assert 151648 == p.ids[-2]  # <think> is one token
@@ -134,15 +145,19 @@ def test_old_r1_template_without_think_gets_it_appended(tiny_model, tmp_path):
     assert p.text.endswith("<｜Assistant｜><think>\n") and p.starts_in_reasoning
     # a message that mentions the tag near the end of the prompt: the tag was looked for in the prompt's last 64
     # characters, so the reasoning was not opened and all of it streamed as the answer
-    for messages in ([{"role": "user", "content": "What does the <think> tag do?"}],
-                     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Use <think>."},
-                      {"role": "user", "content": "ok"}]):
+    for messages in (
+        [{"role": "user", "content": "What does the <think> tag do?"}],
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Use <think>."},
+            {"role": "user", "content": "ok"},
+        ],
+    ):
         p = fmt.render(messages)
         assert p.text.endswith("<｜Assistant｜><think>\n") and p.starts_in_reasoning, p.text[-80:]
 
 
-def test_an_answer_that_mentions_the_close_tag_goes_back_whole_for_a_model_that_does_not_reason(tiny_model,
-                                                                                                   tmp_path):
+def test_an_answer_that_mentions_the_close_tag_goes_back_whole_for_a_model_that_does_not_reason(tiny_model, tmp_path):
     """Earlier replies were cut at their last </think> for every model, so a Qwen2.5's answer that mentions the
     tag lost everything before it, which its own template keeps. (R1's own template cuts at the last </think>
     by itself: DeepSeek's rule, left as it is.)"""
@@ -152,16 +167,24 @@ def test_an_answer_that_mentions_the_close_tag_goes_back_whole_for_a_model_that_
     tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] not in ("<think>", "</think>")]
     (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
     cfg = json.loads((tiny_model / "tokenizer_config.json").read_text())
-    cfg["added_tokens_decoder"] = {k: v for k, v in cfg.get("added_tokens_decoder", {}).items()
-                                   if v.get("content") not in ("<think>", "</think>")}
-    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg["added_tokens_decoder"] = {
+        k: v for k, v in cfg.get("added_tokens_decoder", {}).items() if v.get("content") not in ("<think>", "</think>")
+    }
+    cfg["chat_template"] = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     fmt = ChatFormat(FolderTokenizer(folder), [151643])
     assert not fmt.reasons
     answer = "R1 wraps its reasoning in <think>...</think>; strip everything up to it before display."
-    p = fmt.render([{"role": "user", "content": "How?"}, {"role": "assistant", "content": answer},
-                    {"role": "user", "content": "ok"}])
+    p = fmt.render(
+        [
+            {"role": "user", "content": "How?"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "ok"},
+        ]
+    )
     assert answer in p.text
     # a reasoning model's raw reply (the API's clients send them back so): its answer starts after the first
     # </think>, where the streamed split puts it
@@ -172,13 +195,16 @@ def test_stop_ids_include_end_of_sentence(chat):
     assert 151643 in chat.stop_ids
 
 
-@pytest.mark.parametrize("template", [
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # the classic escape to every class in the process
-    "{{ raise_exception.__globals__ }}",  # a function's globals: the module, its imports, os
-    "{{ messages.__class__.__init__ }}",
-    "{% set _ = messages.append({'role': 'user', 'content': 'x'}) %}{{ messages }}",  # mutating the input
-    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # the classic escape to every class in the process
+        "{{ raise_exception.__globals__ }}",  # a function's globals: the module, its imports, os
+        "{{ messages.__class__.__init__ }}",
+        "{% set _ = messages.append({'role': 'user', 'content': 'x'}) %}{{ messages }}",  # mutating the input
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    ],
+)
 def test_a_chat_template_reaching_outside_its_sandbox_is_refused(tiny_model, tmp_path, template):
     """Chat templates come with downloaded models: untrusted input. The Jinja sandbox must refuse attribute
     walks to Python internals (an error, or nothing rendered where they would be) and mutation of what it is

@@ -8,34 +8,79 @@ import pytest
 
 
 def cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "desktop.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "desktop.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
 
 
 def test_chat_json_one_turn(tiny_model, cpu_engine):
-    out = json.loads(cli("chat", "--model", tiny_model, "--device", "cpu", "--prompt", "Hi 你好 🎉",
-                         "--max-new-tokens", "12", "--temperature", "0", "--json").stdout)
-    assert set(out) >= {"text", "reasoning", "answer", "prompt_tokens", "completion_tokens", "token_ids",
-                        "finish_reason", "ttft_ms", "decode_tok_s"}
+    out = json.loads(
+        cli(
+            "chat",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--prompt",
+            "Hi 你好 🎉",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--json",
+        ).stdout
+    )
+    assert set(out) >= {
+        "text",
+        "reasoning",
+        "answer",
+        "prompt_tokens",
+        "completion_tokens",
+        "token_ids",
+        "finish_reason",
+        "ttft_ms",
+        "decode_tok_s",
+    }
     assert out["completion_tokens"] == len(out["token_ids"]) == 12
     assert out["finish_reason"] == "max_new_tokens"
     assert out["reasoning"] == out["text"]  # random weights: the reasoning never closes
     # same greedy ids as the in-process engine
     from model_loader.events import Finished, SamplingSettings
 
-    final = [e for e in cpu_engine.generate([{"role": "user", "content": "Hi 你好 🎉"}],
-                                            SamplingSettings(temperature=0, max_new_tokens=12))
-             if isinstance(e, Finished)][0]
+    final = [
+        e
+        for e in cpu_engine.generate(
+            [{"role": "user", "content": "Hi 你好 🎉"}], SamplingSettings(temperature=0, max_new_tokens=12)
+        )
+        if isinstance(e, Finished)
+    ][0]
     assert final.token_ids == out["token_ids"]
 
 
 def test_interactive_chat_two_turns_reuses_the_prefix(tiny_model):
-    proc = subprocess.run([sys.executable, "-m", "model_loader.cli", "chat", "--model", str(tiny_model),
-                           "--device", "cpu", "--max-new-tokens", "6", "--temperature", "0"],
-                          input="first question\nsecond question\n\n", capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "model_loader.cli",
+            "chat",
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+        ],
+        input="first question\nsecond question\n\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     stats = [line for line in proc.stderr.splitlines() if line.startswith("[max_new_tokens")]
     assert len(stats) == 2
@@ -49,8 +94,22 @@ def test_bad_model_exits_2_with_the_message(tmp_path):
 
 
 def test_bench_json_on_cpu(tiny_model):
-    out = json.loads(cli("bench", "--model", tiny_model, "--device", "cpu", "--prompt-tokens", "40",
-                         "--new-tokens", "8", "--runs", "2", "--json").stdout)
+    out = json.loads(
+        cli(
+            "bench",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--prompt-tokens",
+            "40",
+            "--new-tokens",
+            "8",
+            "--runs",
+            "2",
+            "--json",
+        ).stdout
+    )
     assert out["prompt_tokens"] == 40 and out["new_tokens"] == 8
     for key in ("ttft_ms_p50", "ttft_ms_p95", "decode_tok_s_p50", "ready_s", "load_s", "warmup_s", "weights_gib"):
         assert out[key] > 0, key
@@ -59,8 +118,22 @@ def test_bench_json_on_cpu(tiny_model):
 def test_bench_with_the_8bit_kv_cache_says_so_and_holds_less(tiny_model):
     """--kv-cache 8-bit reaches the engine: the report names the format and its cache is smaller; a format that
     does not exist is refused by the argument parser with the choices."""
-    args = ("bench", "--model", tiny_model, "--device", "cpu", "--prompt-tokens", "40", "--new-tokens", "4",
-            "--runs", "1", "--context", "256", "--json")
+    args = (
+        "bench",
+        "--model",
+        tiny_model,
+        "--device",
+        "cpu",
+        "--prompt-tokens",
+        "40",
+        "--new-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--context",
+        "256",
+        "--json",
+    )
     eight = json.loads(cli(*args, "--kv-cache", "8-bit").stdout)
     sixteen = json.loads(cli(*args).stdout)
     assert (eight["kv_cache"], sixteen["kv_cache"]) == ("8-bit", "16-bit")
@@ -77,7 +150,11 @@ def test_make_test_model_is_loadable_by_transformers(tmp_path):
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert len(tok) == 151665
     assert tok.convert_ids_to_tokens([151643, 151646, 151648, 151649]) == [
-        "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "<think>", "</think>"]
+        "<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>",
+        "<think>",
+        "</think>",
+    ]
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 151936
 
@@ -119,14 +196,30 @@ def test_weights_progress_is_monotonic_and_complete(tiny_model):
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:]))
 
 
-
 def _chat(tiny_model, *extra, env=None):
     import os
 
-    return subprocess.Popen([sys.executable, "-m", "model_loader.cli", "chat", "--model", str(tiny_model),
-                             "--device", "cpu", "--temperature", "0", "--context", "4096", *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "model_loader.cli",
+            "chat",
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--temperature",
+            "0",
+            "--context",
+            "4096",
+            *extra,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _interrupt_once_writing(proc, prompt: bytes = b"") -> None:
@@ -134,7 +227,7 @@ def _interrupt_once_writing(proc, prompt: bytes = b"") -> None:
     chat's prompt where there is one."""
     import signal
 
-    assert proc.stdout.read(len(prompt) + 1)[:len(prompt)] == prompt
+    assert proc.stdout.read(len(prompt) + 1)[: len(prompt)] == prompt
     proc.send_signal(signal.SIGINT)
 
 
@@ -180,12 +273,20 @@ def test_output_that_closes_early_ends_quietly(tiny_model):
     assert "Traceback" not in err.decode() and proc.returncode in (0, 141), err.decode()
 
 
-@pytest.mark.parametrize("args", [
-    ["chat", "--model", "m", "--json"], ["chat", "--model", "m", "--temperature", "nan"],
-    ["chat", "--model", "m", "--top-p", "0"], ["chat", "--model", "m", "--max-new-tokens", "0"],
-    ["bench", "--model", "m", "--runs", "0"], ["bench", "--model", "m", "--new-tokens", "-3"],
-    ["serve", "--model", "m", "--port", "99999"], ["serve", "--model", "m", "--max-waiting", "0"],
-    ["quantize", "--model", "m", "--out", "o", "--seq-len", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["chat", "--model", "m", "--json"],
+        ["chat", "--model", "m", "--temperature", "nan"],
+        ["chat", "--model", "m", "--top-p", "0"],
+        ["chat", "--model", "m", "--max-new-tokens", "0"],
+        ["bench", "--model", "m", "--runs", "0"],
+        ["bench", "--model", "m", "--new-tokens", "-3"],
+        ["serve", "--model", "m", "--port", "99999"],
+        ["serve", "--model", "m", "--max-waiting", "0"],
+        ["quantize", "--model", "m", "--out", "o", "--seq-len", "0"],
+    ],
+)
 def test_out_of_range_arguments_are_usage_errors(args):
     """They were tracebacks (IndexError, ZeroDivisionError, OverflowError) or silent nonsense (nan as greedy,
     0 new tokens as the whole context, every API request refused with 429)."""
@@ -194,10 +295,38 @@ def test_out_of_range_arguments_are_usage_errors(args):
 
 
 def test_a_huge_seed_is_taken_as_the_api_takes_it(tiny_model):
-    a = json.loads(cli("chat", "--model", tiny_model, "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "5",
-                       "--seed", str(2**64 + 7), "--json").stdout)
-    b = json.loads(cli("chat", "--model", tiny_model, "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "5",
-                       "--seed", "7", "--json").stdout)
+    a = json.loads(
+        cli(
+            "chat",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            str(2**64 + 7),
+            "--json",
+        ).stdout
+    )
+    b = json.loads(
+        cli(
+            "chat",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "7",
+            "--json",
+        ).stdout
+    )
     assert a["token_ids"] == b["token_ids"]
 
 

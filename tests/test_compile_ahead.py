@@ -28,8 +28,16 @@ def _loaded_and_twin(folder, int4_layout):
     cfg = spec.config
     real = load_weights(cfg, spec.shards, "cpu", torch.float32, awq=cfg.awq, int4_layout=int4_layout)
     small = twin_config(cfg)
-    twin = load_weights(small, spec.shards, "cpu", torch.float32, awq=cfg.awq, int4_layout=int4_layout,
-                        entries=twin_entries(cfg, spec.shards, cfg.awq, small), read_values=False)
+    twin = load_weights(
+        small,
+        spec.shards,
+        "cpu",
+        torch.float32,
+        awq=cfg.awq,
+        int4_layout=int4_layout,
+        entries=twin_entries(cfg, spec.shards, cfg.awq, small),
+        read_values=False,
+    )
     return cfg, real, small, twin
 
 
@@ -87,8 +95,11 @@ def test_the_loads_memory_bound_is_what_the_weights_take(tiny_model, dtype):
     spec = resolve_model(tiny_model)
     cfg = spec.config
     real = load_weights(cfg, spec.shards, "cpu", dtype)
-    tensors = {t.data_ptr(): t for t in [real["embed"], real["lm_head"], real["norm"]]
-               + [t for layer in real["layers"] for t in layer.values()]}
+    tensors = {
+        t.data_ptr(): t
+        for t in [real["embed"], real["lm_head"], real["norm"]]
+        + [t for layer in real["layers"] for t in layer.values()]
+    }
     loaded = sum(t.numel() * t.element_size() for t in tensors.values())
     assert load_peak_bytes(cfg, spec.shards, dtype, embed_on_host=False) == loaded
     embed = real["embed"].numel() * real["embed"].element_size()

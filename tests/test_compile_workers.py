@@ -106,8 +106,9 @@ def _run(tmp_path, workers: int = 2) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     script = tmp_path / "compile_in_workers.py"  # a file: Triton reads a kernel's source from it
     script.write_text(_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(workers)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script), str(workers)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr.strip()[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -130,8 +131,9 @@ def test_kernels_compile_in_workers_and_the_threads_reuse_their_results(tmp_path
     # ... and did not import this script (the parent's __main__): the window's would pull Qt into every worker.
     assert stats["main_imported"] == 0, stats
     names = [n.rsplit(".", 1)[0] for n in stats["cache_entries"]]
-    assert sorted(names) == sorted(["_silu_mul_kernel", "_add_rms_norm_kernel", "_int4_dequantize_kernel",
-                                    "_not_in_a_worker_module"]), names
+    assert sorted(names) == sorted(
+        ["_silu_mul_kernel", "_add_rms_norm_kernel", "_int4_dequantize_kernel", "_not_in_a_worker_module"]
+    ), names
 
 
 def test_workers_are_on_by_default_off_when_asked_and_never_in_a_bundle(monkeypatch):

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from model_loader.context import (AUTO_TARGET, MIN_CONTEXT, NoRoomForContext, auto_context, choose_context,
-                                  per_token_bytes)
+from model_loader.context import (
+    AUTO_TARGET,
+    MIN_CONTEXT,
+    NoRoomForContext,
+    auto_context,
+    choose_context,
+    per_token_bytes,
+)
 
-GiB = 2 ** 30
+GiB = 2**30
 R1_1_5B = dict(num_hidden_layers=28, num_key_value_heads=2, head_dim=128)
 
 
@@ -22,15 +28,18 @@ def test_a_token_of_the_1_5b_costs_28_kib_of_kv_plus_its_rope_row():
     assert per_token_bytes(Cfg(), 4) == 56 * 1024 + 512  # fp32 on the CPU
 
 
-@pytest.mark.parametrize("free_gib, total_gib, expected", [
-    (139.0, 140.0, AUTO_TARGET),  # an H200: the target, not more
-    (10.5, 16.0, AUTO_TARGET),  # a 16 GB card after the bf16 weights
-    (4.3, 6.0, AUTO_TARGET),  # a 6 GB laptop GPU after the 4-bit weights (~1.2 GB): 32k still fits
-    (1.6, 6.0, 22_016),  # 1 GiB headroom; 0.6 GiB / 29,184 B = 22,075 tokens, rounded down to 256s
-    (1.3, 8.0, 11_008),  # 0.3 GiB left: 11,037 tokens -> 11,008
-    (0.9, 8.0, 0),  # less than the headroom
-    (16.5, 160.0, 18_176),  # a big card mostly in use: the headroom is a tenth of it (16 GiB); 18,396 fit
-])
+@pytest.mark.parametrize(
+    "free_gib, total_gib, expected",
+    [
+        (139.0, 140.0, AUTO_TARGET),  # an H200: the target, not more
+        (10.5, 16.0, AUTO_TARGET),  # a 16 GB card after the bf16 weights
+        (4.3, 6.0, AUTO_TARGET),  # a 6 GB laptop GPU after the 4-bit weights (~1.2 GB): 32k still fits
+        (1.6, 6.0, 22_016),  # 1 GiB headroom; 0.6 GiB / 29,184 B = 22,075 tokens, rounded down to 256s
+        (1.3, 8.0, 11_008),  # 0.3 GiB left: 11,037 tokens -> 11,008
+        (0.9, 8.0, 0),  # less than the headroom
+        (16.5, 160.0, 18_176),  # a big card mostly in use: the headroom is a tenth of it (16 GiB); 18,396 fit
+    ],
+)
 def test_the_context_follows_the_free_memory(free_gib, total_gib, expected):
     ctx = choose_context(int(free_gib * GiB), int(total_gib * GiB), per_token_bytes(Cfg(), 2), 131072)
     assert ctx == expected

@@ -16,9 +16,12 @@ def chat(tiny_model):
 
 
 def _conversation(where: str, text: str) -> list[dict]:
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "First question"},
-                {"role": "assistant", "content": "<think>\nok\n</think>\n\nFirst answer"},
-                {"role": "user", "content": "Second question"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "First question"},
+        {"role": "assistant", "content": "<think>\nok\n</think>\n\nFirst answer"},
+        {"role": "user", "content": "Second question"},
+    ]
     index = {"system": 0, "assistant": 2, "user": 3}[where]
     messages[index] = {**messages[index], "content": messages[index]["content"] + text}
     return messages
@@ -42,8 +45,9 @@ def test_each_control_token_typed_in_a_message_stays_text(chat, where):
 
 def test_an_earlier_answer_holding_the_close_tag_still_keeps_control_text_as_text(chat, caplog):
     reply = "<think>\nr\n</think>\n\nan answer that says </think> and then <｜User｜> typed"
-    prompt = chat.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": reply},
-                          {"role": "user", "content": "q2"}])
+    prompt = chat.render(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}, {"role": "user", "content": "q2"}]
+    )
     assert prompt.ids.count(chat.tokenizer.get_vocab()["<｜User｜>"]) == 2  # the two real turns only
     assert "can't be kept as text" not in caplog.text
 

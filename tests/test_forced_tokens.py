@@ -90,8 +90,9 @@ def _stopped_reply(engine, prompt_ids, after: int, max_new: int):
     control = GenerationControl()
     asked = None
     final = None
-    for ev in engine.generate_ids(prompt_ids, SamplingSettings(temperature=0, max_new_tokens=max_new, ignore_eos=True),
-                                  control, in_reasoning=True):
+    for ev in engine.generate_ids(
+        prompt_ids, SamplingSettings(temperature=0, max_new_tokens=max_new, ignore_eos=True), control, in_reasoning=True
+    ):
         if isinstance(ev, Delta) and asked is None and ev.token_count >= after:
             control.stop_thinking()
             asked = ev.token_count
@@ -115,7 +116,7 @@ def test_stop_thinking_forces_the_close_tag_into_the_queued_steps(device_engine)
     prompt = engine.chat.render([{"role": "user", "content": "Think it through."}]).ids
     final, asked = _stopped_reply(engine, prompt, after=6, max_new=40)
     ids = final.token_ids
-    starts = [i for i in range(len(ids)) if ids[i:i + len(tag)] == tag]
+    starts = [i for i in range(len(ids)) if ids[i : i + len(tag)] == tag]
     assert len(starts) == 1, (ids, tag)
     # Only the steps already queued when it was asked write more reasoning; then the tag, then the answer.
     assert asked <= starts[0] <= asked + QUEUED_STEPS - 1, (asked, starts)
@@ -175,8 +176,9 @@ def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):
     asker = threading.Thread(target=lambda: (go.wait(), control.stop_thinking()))
     asker.start()
     final = None
-    for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=200, ignore_eos=True),
-                                  control, in_reasoning=True):
+    for ev in engine.generate_ids(
+        prompt, SamplingSettings(temperature=0, max_new_tokens=200, ignore_eos=True), control, in_reasoning=True
+    ):
         if isinstance(ev, Delta) and ev.token_count >= 8 and not go.is_set():
             go.set()
             asker.join()  # the push runs on the other thread while the steps queued so far keep running
@@ -184,7 +186,7 @@ def test_stop_thinking_asked_from_another_thread_mid_reply(device_engine):
             final = ev
     asker.join()
     ids = final.token_ids
-    starts = [i for i in range(len(ids)) if ids[i:i + len(tag)] == tag]
+    starts = [i for i in range(len(ids)) if ids[i : i + len(tag)] == tag]
     assert len(starts) == 1 and starts[0] >= 8, (ids, tag)
     assert final.stats.stopped_thinking and final.answer
     assert final.stats.reasoning_tokens == starts[0] + 2
@@ -194,9 +196,13 @@ def test_the_torch_commit_never_reads_a_device_value_on_the_host():
     # On meta tensors any host read (.item(), a tensor used as an index) raises: the fallback must stay as
     # asynchronous as the kernel, or a GPU without Triton would sync every step.
     meta = torch.device("meta")
-    commit_reference(torch.zeros(1, dtype=torch.int64, device=meta), torch.zeros(1, dtype=torch.int64, device=meta),
-                     torch.zeros(1, dtype=torch.int32, device=meta), torch.zeros(3, dtype=torch.int32, device=meta),
-                     torch.zeros(1 + CAPACITY, dtype=torch.int64, device=meta))
+    commit_reference(
+        torch.zeros(1, dtype=torch.int64, device=meta),
+        torch.zeros(1, dtype=torch.int64, device=meta),
+        torch.zeros(1, dtype=torch.int32, device=meta),
+        torch.zeros(3, dtype=torch.int32, device=meta),
+        torch.zeros(1 + CAPACITY, dtype=torch.int64, device=meta),
+    )
 
 
 def test_a_reply_closed_early_leaves_no_action_behind(device_engine):
@@ -205,14 +211,19 @@ def test_a_reply_closed_early_leaves_no_action_behind(device_engine):
     engine = device_engine
     prompt = engine.chat.render([{"role": "user", "content": "Go on."}]).ids
     control = GenerationControl()
-    reply = engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=64, ignore_eos=True), control,
-                                in_reasoning=True)
+    reply = engine.generate_ids(
+        prompt, SamplingSettings(temperature=0, max_new_tokens=64, ignore_eos=True), control, in_reasoning=True
+    )
     assert any(isinstance(ev, Delta) for ev in reply)  # reads up to the first delta
     reply.close()
     control.stop_thinking()
     assert control.take_stop_thinking() and int(engine.step.forced.queue[0]) == 0
-    final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=12,
-                                                                       ignore_eos=True), in_reasoning=True)][-1]
+    final = [
+        ev
+        for ev in engine.generate_ids(
+            prompt, SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True), in_reasoning=True
+        )
+    ][-1]
     assert not final.stats.stopped_thinking and "</think>" not in final.text
 
 
@@ -237,12 +248,13 @@ def test_the_replies_tokens_come_back_through_the_commit_kernels_ring(tiny_model
     monkeypatch.setattr(forced_tokens, "HOST_RING", True)
     final, asked = _stopped_reply(engine, prompt, after=2, max_new=2 * QUEUED_STEPS + 4)
     tag = engine.chat.encode_plain(STOP_THINKING_TEXT)
-    assert any(final.token_ids[i:i + len(tag)] == tag for i in range(len(final.token_ids)))
+    assert any(final.token_ids[i : i + len(tag)] == tag for i in range(len(final.token_ids)))
     engine.close()
 
 
-def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_leaves_the_answer(tiny_model,
-                                                                                               monkeypatch):
+def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_leaves_the_answer(
+    tiny_model, monkeypatch
+):
     """The model may spell its close tag as ordinary tokens ("</", "think", ">"), which the GPU's commit does
     not know as the close: a Stop thinking asked once the answer had begun pushed the tag into the answer and
     flagged the reply as stopped. Once the reasoning has closed, however it was written, the request is over."""
@@ -252,8 +264,11 @@ def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_le
     engine = Engine.load(tiny_model, device="cpu", context_length=512)
     engine.warm_up()
     vocab, enc = engine.tokenizer.get_vocab(), engine.chat.encode_plain
-    script = (enc("Okay, let me see.\n") + [vocab["</"], vocab["think"], vocab[">"]]
-              + enc("\n\nThe answer is 4. It is four because two plus two."))
+    script = (
+        enc("Okay, let me see.\n")
+        + [vocab["</"], vocab["think"], vocab[">"]]
+        + enc("\n\nThe answer is 4. It is four because two plus two.")
+    )
     step = iter(range(10**6))
 
     def scripted(logits):  # the model writes exactly this, token by token

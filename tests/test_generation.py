@@ -54,7 +54,7 @@ def test_common_prefix_finds_the_first_difference():
     rng = random.Random(0)
     for _ in range(300):
         a = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
-        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
         limit = rng.randrange(0, min(len(a), len(b)) + 1)
         expected = 0
         while expected < limit and a[expected] == b[expected]:
@@ -109,8 +109,9 @@ def test_stops_at_eos(cpu_engine):
 def test_cancel_stops_within_one_token(cpu_engine):
     control = GenerationControl()
     seen = None
-    for ev in cpu_engine.generate(MESSAGES, SamplingSettings(temperature=0, max_new_tokens=500, ignore_eos=True),
-                                  control):
+    for ev in cpu_engine.generate(
+        MESSAGES, SamplingSettings(temperature=0, max_new_tokens=500, ignore_eos=True), control
+    ):
         if isinstance(ev, Delta) and ev.token_count >= 5 and seen is None:
             seen = ev.token_count
             control.cancel()
@@ -126,8 +127,9 @@ def test_cancel_from_another_thread(cpu_engine):
     canceller = threading.Thread(target=lambda: (started.wait(), control.cancel()))
     canceller.start()
     final = None
-    for ev in cpu_engine.generate(MESSAGES, SamplingSettings(temperature=0, max_new_tokens=100_000, ignore_eos=True),
-                                  control):
+    for ev in cpu_engine.generate(
+        MESSAGES, SamplingSettings(temperature=0, max_new_tokens=100_000, ignore_eos=True), control
+    ):
         started.set()
         if isinstance(ev, Finished):
             final = ev
@@ -138,8 +140,9 @@ def test_cancel_from_another_thread(cpu_engine):
 def test_stop_thinking_closes_the_reasoning_and_answers(cpu_engine):
     control = GenerationControl()
     kinds = []
-    for ev in cpu_engine.generate(MESSAGES, SamplingSettings(temperature=0, max_new_tokens=40, ignore_eos=True),
-                                  control):
+    for ev in cpu_engine.generate(
+        MESSAGES, SamplingSettings(temperature=0, max_new_tokens=40, ignore_eos=True), control
+    ):
         if isinstance(ev, Delta):
             kinds.append(ev.kind)
             if len(kinds) == 5:
@@ -247,6 +250,7 @@ def test_out_of_gpu_memory_while_loading_gives_advice(tiny_model, monkeypatch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(loading, "load_weights", exhausted)
-    with pytest.raises(OutOfMemoryError, match="out of GPU memory while loading tiny-r1; try a shorter context "
-                                               "length or 4-bit"):
+    with pytest.raises(
+        OutOfMemoryError, match="out of GPU memory while loading tiny-r1; try a shorter context length or 4-bit"
+    ):
         Engine.load(tiny_model, device="cpu")

@@ -16,9 +16,11 @@ def fake_nvml(sm=1845, top=1980, reasons=POWER_CAP, renamed=True, fail=False):
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         return reasons
 
-    nvml = SimpleNamespace(NVML_CLOCK_SM=1,
-                           nvmlDeviceGetClockInfo=lambda h, kind: {1: sm}[kind],
-                           nvmlDeviceGetMaxClockInfo=lambda h, kind: {1: top}[kind])
+    nvml = SimpleNamespace(
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetClockInfo=lambda h, kind: {1: sm}[kind],
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: {1: top}[kind],
+    )
     if renamed:  # nvidia-ml-py 12.535+; older ones have only the throttle name
         nvml.nvmlDeviceGetCurrentClocksEventReasons = reasons_of
     nvml.nvmlDeviceGetCurrentClocksThrottleReasons = reasons_of

@@ -19,8 +19,7 @@ NVML = [  # (uuid, utilization %, free, total)
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda index: SimpleNamespace(uuid=CUDA_UUIDS[index]))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=CUDA_UUIDS[index]))
     nvml = types.ModuleType("pynvml")
     handles = {uuid: (util, free, total) for uuid, util, free, total in NVML}
 

@@ -12,15 +12,27 @@ CUDA13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 CUDA124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 
-@pytest.mark.parametrize("entry, capability, runs", [
-    ("sm_80", 80, True), ("sm_80", 86, True), ("sm_80", 89, True),  # a cubin runs on its major's later minors
-    ("sm_86", 80, False), ("sm_90", 100, False), ("sm_90", 120, False),  # not on earlier minors or other majors
-    ("sm_90a", 90, True), ("sm_90a", 100, False),  # architecture-specific code: that GPU only
-    ("sm_100f", 103, True), ("sm_100f", 120, False),  # a family: its major
-    ("compute_90", 120, True), ("compute_90", 89, False),  # PTX: the driver compiles it for any later GPU
-    ("compute_90a", 90, True), ("compute_90a", 100, False), ("compute_100f", 103, True),  # not past its kind
-    ("compute_100f", 120, False),
-])
+@pytest.mark.parametrize(
+    "entry, capability, runs",
+    [
+        ("sm_80", 80, True),
+        ("sm_80", 86, True),
+        ("sm_80", 89, True),  # a cubin runs on its major's later minors
+        ("sm_86", 80, False),
+        ("sm_90", 100, False),
+        ("sm_90", 120, False),  # not on earlier minors or other majors
+        ("sm_90a", 90, True),
+        ("sm_90a", 100, False),  # architecture-specific code: that GPU only
+        ("sm_100f", 103, True),
+        ("sm_100f", 120, False),  # a family: its major
+        ("compute_90", 120, True),
+        ("compute_90", 89, False),  # PTX: the driver compiles it for any later GPU
+        ("compute_90a", 90, True),
+        ("compute_90a", 100, False),
+        ("compute_100f", 103, True),  # not past its kind
+        ("compute_100f", 120, False),
+    ],
+)
 def test_which_code_runs_on_which_gpu(entry, capability, runs):
     assert code_runs_on(entry, capability) is runs
 
@@ -39,8 +51,10 @@ def test_an_unreadable_entry_is_no_verdict():
     assert unsupported_gpu_reason((6, 1), [], "GPU", "2.13.0") is None  # a build that lists nothing
 
 
-@pytest.mark.parametrize("capability, arch_list", [((8, 9), CUDA13), ((7, 5), CUDA13), ((12, 0), CUDA13),
-                                                   ((8, 6), CUDA124), ((12, 0), CUDA124 + ["compute_90"])])
+@pytest.mark.parametrize(
+    "capability, arch_list",
+    [((8, 9), CUDA13), ((7, 5), CUDA13), ((12, 0), CUDA13), ((8, 6), CUDA124), ((12, 0), CUDA124 + ["compute_90"])],
+)
 def test_supported_gpus_pass(capability, arch_list):
     assert unsupported_gpu_reason(capability, arch_list, "GPU", "2.13.0+cu130") is None
 
@@ -48,8 +62,13 @@ def test_supported_gpus_pass(capability, arch_list):
 def test_a_gpu_older_than_the_build_is_told_which_build_has_it():
     msg = unsupported_gpu_reason((6, 1), CUDA13, "NVIDIA GeForce GTX 1060 6GB", "2.13.0+cu130")
     assert "\n" not in msg
-    for fragment in ("NVIDIA GeForce GTX 1060 6GB", "compute capability 6.1", "2.13.0+cu130",
-                     "built for compute capability 7.5, 8.0, 8.6, 9.0, 10.0, 12.0", "whl/cu126"):
+    for fragment in (
+        "NVIDIA GeForce GTX 1060 6GB",
+        "compute capability 6.1",
+        "2.13.0+cu130",
+        "built for compute capability 7.5, 8.0, 8.6, 9.0, 10.0, 12.0",
+        "whl/cu126",
+    ):
         assert fragment in msg, msg
 
 
@@ -60,13 +79,19 @@ def test_a_gpu_older_than_any_build_is_not_sent_to_one():
 
 def test_a_gpu_newer_than_the_build_is_told_to_upgrade():
     msg = unsupported_gpu_reason((12, 0), CUDA124, "NVIDIA GeForce RTX 5070 Laptop GPU", "2.5.1+cu124")
-    for fragment in ("RTX 5070 Laptop GPU", "compute capability 12.0", "2.5.1+cu124", "newer PyTorch build",
-                     "whl/cu130"):
+    for fragment in (
+        "RTX 5070 Laptop GPU",
+        "compute capability 12.0",
+        "2.5.1+cu124",
+        "newer PyTorch build",
+        "whl/cu130",
+    ):
         assert fragment in msg, msg
 
 
 def machine(monkeypatch, gpus: list[tuple[tuple[int, int], str]]):
     """torch's view of a machine with these GPUs (capability, name), in CUDA's order, and PyPI's CUDA 13 build."""
+
     def index(device) -> int:
         if device is None:
             return 0
@@ -151,8 +176,12 @@ def test_the_cli_names_the_cpu_way_out(tiny_model, gtx_1060_with_cuda13_torch, c
     assert main(["chat", "--model", str(tiny_model), "--prompt", "Hi"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Your NVIDIA GeForce GTX 1060 6GB") and "whl/cu126" in err and "--device cpu" in err
-    assert main(["chat", "--model", str(tiny_model), "--prompt", "Hi", "--device", "cpu", "--max-new-tokens", "2",
-                 "--json"]) == 0  # the CPU still works
+    assert (
+        main(
+            ["chat", "--model", str(tiny_model), "--prompt", "Hi", "--device", "cpu", "--max-new-tokens", "2", "--json"]
+        )
+        == 0
+    )  # the CPU still works
 
 
 def test_doctor_reports_it(gtx_1060_with_cuda13_torch, monkeypatch):
@@ -160,8 +189,13 @@ def test_doctor_reports_it(gtx_1060_with_cuda13_torch, monkeypatch):
 
     from model_loader import doctor
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
-        name="NVIDIA GeForce GTX 1060 6GB", major=6, minor=1, total_memory=6 * 2**30))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device=None: SimpleNamespace(
+            name="NVIDIA GeForce GTX 1060 6GB", major=6, minor=1, total_memory=6 * 2**30
+        ),
+    )
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what torch says on any GPU
     info = doctor.collect()
     assert info["compute_capability"] == "6.1"
@@ -178,11 +212,19 @@ def test_doctor_reports_the_gpu_a_load_would_take_and_the_others(monkeypatch):
 
     gpus = [GTX_1060, RTX_4070]
     machine(monkeypatch, gpus)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(
-        name=gpus[index][1], major=gpus[index][0][0], minor=gpus[index][0][1], total_memory=12 * 2**30))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda index=0: SimpleNamespace(
+            name=gpus[index][1], major=gpus[index][0][0], minor=gpus[index][0][1], total_memory=12 * 2**30
+        ),
+    )
     info = doctor.collect()
-    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == ("NVIDIA GeForce RTX 4070", "cuda:1",
-                                                                              "8.9")
+    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == (
+        "NVIDIA GeForce RTX 4070",
+        "cuda:1",
+        "8.9",
+    )
     assert info["default_precision"] == "bfloat16" and "gpu_problem" not in info
     assert info["other_gpus"] == ["cuda:0 NVIDIA GeForce GTX 1060 6GB (not supported by this torch)"]
     assert "cuda:0 NVIDIA GeForce GTX 1060" in doctor.format_report(info)

@@ -26,8 +26,7 @@ def _dtype(device):
 
 # each group size (interleave 4, 8, 16, and 16 with two blocks per group) with widths that are and aren't
 # a multiple of the configs' blocks per program
-SHAPES = [(48, 256, 64), (40, 384, 128), (64, 1024, 32), (24, 768, 256), (16, 192, 64), (32, 896, 128),
-          (24, 384, 32)]
+SHAPES = [(48, 256, 64), (40, 384, 128), (64, 1024, 32), (24, 768, 256), (16, 192, 64), (32, 896, 128), (24, 384, 32)]
 
 
 @pytest.mark.parametrize("n_out,k_in,group", SHAPES)
@@ -65,7 +64,7 @@ def test_int4_dequantize_writes_the_dense_weight(device, n_out, k_in, group):
     dense = int4_triton.int4_dequantize(w, scratch)
     assert dense.shape == (n_out, k_in)
     torch.testing.assert_close(dense, fmt.dequantize_row_packed(w).to(dense.dtype), atol=0, rtol=0)
-    assert torch.isnan(scratch[n_out * k_in:]).all()  # nothing written past the weight
+    assert torch.isnan(scratch[n_out * k_in :]).all()  # nothing written past the weight
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +81,9 @@ def test_engine_runs_awq_on_the_triton_int4_kernels(tiny_awq, device):
     assert triton_engine.info.quantization == "awq-int4 (Triton int4 kernels)"
     layer = triton_engine.model.w["layers"][0]
     assert all(isinstance(layer[k], fmt.RowPackedInt4) for k in ("qkv_w", "o_w", "gate_up_w", "down_w"))
-    dense_engine = Engine.load(tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256,
-                               int4_kernel="dequantize")
+    dense_engine = Engine.load(
+        tiny_awq, device=device, use_triton=True, dtype="fp32", context_length=256, int4_kernel="dequantize"
+    )
     assert dense_engine.info.quantization == "awq (dequantized to float32)"
     assert isinstance(dense_engine.model.w["layers"][0]["qkv_w"], torch.Tensor)
     # 4-bit weights + their scales and zeros: well under half of the dense fp32 linears
@@ -139,14 +139,16 @@ def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
     assert got.shape == (1, 40)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     scratch = torch.empty(80 * 768, device=device, dtype=_dtype(device))
-    torch.testing.assert_close(int4_triton.int4_dequantize(paired, scratch), fmt.dequantize_row_packed(plain).to(
-        scratch.dtype), atol=0, rtol=0)
+    torch.testing.assert_close(
+        int4_triton.int4_dequantize(paired, scratch), fmt.dequantize_row_packed(plain).to(scratch.dtype), atol=0, rtol=0
+    )
     with pytest.raises(ValueError, match="rows in pairs"):
         int4_triton.int4_gemv(x, plain, config, silu_output=True)
 
 
-@pytest.mark.parametrize("n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4),
-                                                             (8, 768, 256, 8)])
+@pytest.mark.parametrize(
+    "n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4), (8, 768, 256, 8)]
+)
 def test_dequantizer_of_torchs_cuda_int4_layout(device, n_out, k_in, group, inner_k_tiles):
     """Prefill on torch's int4 path dequantises its tile layout into the scratch buffer for cuBLAS. The layout
     comes from torch's CUDA source (awq.cuda_int4pack_layout); on a GPU the engine checks it against torch's
@@ -177,16 +179,19 @@ def test_the_load_time_check_of_that_dequantizer_catches_a_wrong_layout(device):
     swapped = good.packed.clone()
     swapped[:, :, [0, 1]] = swapped[:, :, [1, 0]]
     bad = fmt.Int4Weight(swapped, good.scales_and_zeros, 128, 16, 512)
-    dense = ((q.t().float() - 8) * sz[..., 0].float().repeat_interleave(128, 0).t()
-             + sz[..., 1].float().repeat_interleave(128, 0).t()).to(device)
+    dense = (
+        (q.t().float() - 8) * sz[..., 0].float().repeat_interleave(128, 0).t()
+        + sz[..., 1].float().repeat_interleave(128, 0).t()
+    ).to(device)
 
     def torch_kernel(x, w):  # what aten._weight_int4pack_mm computes, from the unpermuted numbers
         return x @ dense.t()
 
     def engine_with(weight):
         linears = Linears({"layers": [{"qkv_w": weight}]}, device, torch.float32)
-        return linears, linears.enable_int4pack_prefill({"layers": [{"qkv_w": weight}]}, device, torch.float32,
-                                                        reference_linear=torch_kernel)
+        return linears, linears.enable_int4pack_prefill(
+            {"layers": [{"qkv_w": weight}]}, device, torch.float32, reference_linear=torch_kernel
+        )
 
     linears, ok = engine_with(good)
     assert ok and linears.int4pack_prefill
@@ -261,7 +266,8 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
     qkv = _on(fmt.to_row_packed(*_random_awq(2048, 1536, 128), 128), device)
     hopper = device == "cuda" and torch.cuda.get_device_capability()[0] == 9
     assert int4_triton.int4_gemv_candidates(qkv, False) == (
-        int4_triton.INT4_GEMV_MEASURED[(2048, 1536, False)] if hopper else every)
+        int4_triton.INT4_GEMV_MEASURED[(2048, 1536, False)] if hopper else every
+    )
     for configs in int4_triton.INT4_GEMV_MEASURED.values():
         assert configs and set(configs) <= set(every)
 
@@ -274,17 +280,29 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
         w = fmt.to_row_packed(*_random_awq(n_out, k_in, 64), 64)
         return fmt.pair_gate_up(w) if pairs else w
 
-    weights = {"layers": [{"qkv_w": packed(48, 256), "o_w": packed(40, 384), "gate_up_w": packed(64, 256, True),
-                           "down_w": packed(48, 256)}]}
+    weights = {
+        "layers": [
+            {
+                "qkv_w": packed(48, 256),
+                "o_w": packed(40, 384),
+                "gate_up_w": packed(64, 256, True),
+                "down_w": packed(48, 256),
+            }
+        ]
+    }
     compiled, timed = [], []
     real_gemv = int4_triton.int4_gemv
-    monkeypatch.setattr(int4_triton, "int4_gemv", lambda x, w, config, silu_output=False: compiled.append(
-        (w.shape, silu_output, config)))
+    monkeypatch.setattr(
+        int4_triton,
+        "int4_gemv",
+        lambda x, w, config, silu_output=False: compiled.append((w.shape, silu_output, config)),
+    )
     linears = Linears(weights, "cpu", torch.float32)
     linears.call_every_candidate(weights, torch.float32)
     expected = {((48, 256), False): measured, ((40, 384), False): every, ((64, 256), True): every}
-    assert {(shape, silu): tuple(c for s, si, c in compiled if (s, si) == (shape, silu))
-            for shape, silu in expected} == expected
+    assert {
+        (shape, silu): tuple(c for s, si, c in compiled if (s, si) == (shape, silu)) for shape, silu in expected
+    } == expected
     # untuned, a single token runs the first candidate
     monkeypatch.setattr(int4_triton, "int4_gemv", real_gemv)
     used = []
@@ -293,8 +311,11 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
     w = _on(weights["layers"][0]["qkv_w"], device)  # the same shape: the same untuned choice
     torch.testing.assert_close(linears(x, w), x @ fmt.dequantize_row_packed(w).t(), rtol=1e-3, atol=1e-3)
     assert used[-1]["BLOCK_N"] == measured[0][0] and used[-1]["NB"] == measured[0][1]
-    monkeypatch.setattr(int4_triton, "time_configs", lambda ws, configs, call: timed.append(
-        (ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {})
+    monkeypatch.setattr(
+        int4_triton,
+        "time_configs",
+        lambda ws, configs, call: timed.append((ws[0].shape, ws[0].gate_up_pairs, tuple(configs))) or {},
+    )
     result = linears.tune(weights, torch.float32)
     assert {(shape, silu): configs for shape, silu, configs in timed} == expected
     # nothing could be timed: the first candidate of each use
@@ -304,8 +325,9 @@ def test_warm_up_compiles_and_times_only_the_int4_configs_that_can_win(monkeypat
 
 def _on(w, device):
     """A RowPackedInt4 with its tensors on `device`."""
-    return fmt.RowPackedInt4(w.qweight.to(device), w.scales.to(device), w.zeros.to(device), w.group_size,
-                             w.interleave, w.gate_up_pairs)
+    return fmt.RowPackedInt4(
+        w.qweight.to(device), w.scales.to(device), w.zeros.to(device), w.group_size, w.interleave, w.gate_up_pairs
+    )
 
 
 class _RecordingKernel:
@@ -320,6 +342,7 @@ class _RecordingKernel:
         def run(*args, **kwargs):
             self.calls.append(kwargs)
             return launcher(*args, **kwargs)
+
         return run
 
     def __getattr__(self, name):

@@ -91,8 +91,12 @@ def test_admission_counts_idle_cached_blocks_as_taken():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["arrive", "grow", "register", "leave"]), st.integers(0, 6),
-                          st.integers(1, 14)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["arrive", "grow", "register", "leave"]), st.integers(0, 6), st.integers(1, 14)),
+        max_size=60,
+    )
+)
 def test_random_schedules_keep_the_accounting_exact(ops):
     """Arrivals (prompts from a few shared stems, so prefixes collide), decode growth, registration of computed
     blocks, departures (finish, cancel and preemption all release): after every operation each block's count

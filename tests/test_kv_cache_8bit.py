@@ -56,7 +56,7 @@ def test_quantized_rows_are_within_e4m3s_precision_of_the_originals():
     codes, scale = reference.quantize_fp8_rows(x)
     assert codes.dtype == torch.float8_e4m3fn and scale.shape == x.shape[:-1]
     back = codes.float() * scale[..., None]
-    subnormal_step = 2.0 ** -9 * scale[..., None]
+    subnormal_step = 2.0**-9 * scale[..., None]
     assert ((back - x).abs() <= torch.maximum(x.abs() / 16, subnormal_step / 2) * 1.0001).all()
     assert not back[0, 0].any()
     peak = x.abs().argmax(-1, keepdim=True)
@@ -89,10 +89,10 @@ def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv
         if mine.dtype == torch.float8_e4m3fn:
             steps = (mine.view(torch.uint8).int() - theirs.view(torch.uint8).int()).abs()
             assert steps.max() <= 1 and (steps > 0).float().mean() < 0.05
-            assert not mine.view(torch.uint8)[:, :start].any() and not mine.view(torch.uint8)[:, start + t:].any()
+            assert not mine.view(torch.uint8)[:, :start].any() and not mine.view(torch.uint8)[:, start + t :].any()
         else:
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=0)
-            assert (mine[:, start:start + t] > 0).all()
+            assert (mine[:, start : start + t] > 0).all()
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
@@ -105,7 +105,7 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(8)).to(device, _dtype(device))
     qkv[0, (hq + hkv) * d + 2] = float("inf")  # token 0: V head 0 overflowed
     qkv[1, hq * d + 5] = float("nan")  # token 1: K head 0
-    qkv[2, (hq + hkv + 1) * d:] = float("nan")  # token 2: V head 1, whole
+    qkv[2, (hq + hkv + 1) * d :] = float("nan")  # token 2: V head 1, whole
     bias = torch.zeros((hq + 2 * hkv) * d, device=device, dtype=qkv.dtype)
     cos, sin = torch.ones(max_ctx, d // 2, device=device), torch.zeros(max_ctx, d // 2, device=device)
     written = []
@@ -113,8 +113,19 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
         k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
         v8 = _in_layout(torch.zeros_like(k8), transposed)
         ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
-        ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, torch.tensor([start], device=device, dtype=torch.int32),
-                            start, hq, hkv, scales=(ks, vs))
+        ops.rope_bias_cache(
+            qkv,
+            bias,
+            cos,
+            sin,
+            k8,
+            v8,
+            torch.tensor([start], device=device, dtype=torch.int32),
+            start,
+            hq,
+            hkv,
+            scales=(ks, vs),
+        )
         assert not (k8.float().isnan().any() or v8.float().isnan().any())
         assert not v8.float()[0, start].any() and vs[0, start] == float("inf")
         assert k8.float()[0, start + 1, 5] == 0 and not v8.float()[1, start + 2].any()
@@ -122,21 +133,30 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
             c.view(torch.uint8)[row] = 0
         written.append((k8.float(), v8.float()))
     (k_ours, v_ours), (k_ref, v_ref) = written
-    assert k_ours[:, start:start + t].abs().sum() > 0 and v_ours[:, start:start + t].abs().sum() > 0
+    assert k_ours[:, start : start + t].abs().sum() > 0 and v_ours[:, start : start + t].abs().sum() > 0
     assert ((k_ours - k_ref).abs() <= k_ref.abs() / 8).all() and ((v_ours - v_ref).abs() <= v_ref.abs() / 8).all()
 
 
 WHOLE_TILES_8BIT = triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True)
-DECODE_8BIT_CONFIGS = triton_ops.DECODE_ATTN_CONFIGS[:2] + triton_ops.KV8_CONFIGS + (
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True), WHOLE_TILES_8BIT)
+DECODE_8BIT_CONFIGS = (
+    triton_ops.DECODE_ATTN_CONFIGS[:2]
+    + triton_ops.KV8_CONFIGS
+    + (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True), WHOLE_TILES_8BIT)
+)
 # V transposed (the model's layout) in every case; row-major V (the kernels read it too) at the 1.5B's shape
-DECODE_8BIT_CASES = [(*shape, length, config, True) for shape in SHAPES for length in (1, 48, 200, 2500)
-                     for config in DECODE_8BIT_CONFIGS] + [
-    (*SHAPES[1], length, config, False) for length in (48, 2500) for config in DECODE_8BIT_CONFIGS]
+DECODE_8BIT_CASES = [
+    (*shape, length, config, True)
+    for shape in SHAPES
+    for length in (1, 48, 200, 2500)
+    for config in DECODE_8BIT_CONFIGS
+] + [(*SHAPES[1], length, config, False) for length in (48, 2500) for config in DECODE_8BIT_CONFIGS]
 
 
-@pytest.mark.parametrize("hq,hkv,d,length,config,transposed", DECODE_8BIT_CASES,
-                         ids=lambda v: str(v) if isinstance(v, triton_ops.DecodeAttnConfig) else None)
+@pytest.mark.parametrize(
+    "hq,hkv,d,length,config,transposed",
+    DECODE_8BIT_CASES,
+    ids=lambda v: str(v) if isinstance(v, triton_ops.DecodeAttnConfig) else None,
+)
 def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config, transposed):
     """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales
     past the depth must not leak in. A transposed value cache's tiles are read whole (into its padding rows: a
@@ -149,8 +169,7 @@ def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, 
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
     scale = 1 / math.sqrt(d)
     ref = reference.decode_attention(q.float(), k8, v8, pos_t, length, scale, scales=(ks, vs))
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, q.dtype,
-                                      configs=triton_ops.DECODE_ATTN_CONFIGS + (config,))
+    attn = triton_ops.DecodeAttention(hq, hkv, d, device, q.dtype, configs=triton_ops.DECODE_ATTN_CONFIGS + (config,))
     out = attn(q, k8, v8, pos_t, length, scale, config=config, scales=(ks, vs))
     tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.float(), ref, **tol)
@@ -179,11 +198,14 @@ PREFILL_8BIT_SPANS = [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16
 
 
 # V transposed (the model's layout) in every case; row-major V in two (a long one in one pass, a short in splits)
-@pytest.mark.parametrize("start,t,splits,pack_gqa,transposed",
-                         [(*span, pack, True) for span in PREFILL_8BIT_SPANS for pack in (False, True)]
-                         + [(*PREFILL_8BIT_SPANS[2], True, False), (*PREFILL_8BIT_SPANS[3], True, False)])
-def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypatch, start, t, splits, pack_gqa,
-                                                                transposed):
+@pytest.mark.parametrize(
+    "start,t,splits,pack_gqa,transposed",
+    [(*span, pack, True) for span in PREFILL_8BIT_SPANS for pack in (False, True)]
+    + [(*PREFILL_8BIT_SPANS[2], True, False), (*PREFILL_8BIT_SPANS[3], True, False)],
+)
+def test_prefill_attention_over_an_8bit_cache_matches_reference(
+    device, monkeypatch, start, t, splits, pack_gqa, transposed
+):
     """Fresh prompts, follow-ups and short injections over an 8-bit cache, whole or in key splits, packed or not
     (a group of 3: idle rows at the end of a packed block); NaN codes and scales past the new tokens must not
     leak in (the 16-bit cache's TMA path is never taken: 8-bit tiles are loaded and dequantized). A transposed
@@ -199,8 +221,9 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(device, monkeypa
     scale = 1 / math.sqrt(d)
     ref = reference.prefill_attention(q.float(), k8, v8, start, scale, scales=(ks, vs))  # dequantized in fp32
     attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
-    out = attn(q, k8, v8, torch.tensor([start], device=device, dtype=torch.int32), scale, splits=splits,
-               scales=(ks, vs))
+    out = attn(
+        q, k8, v8, torch.tensor([start], device=device, dtype=torch.int32), scale, splits=splits, scales=(ks, vs)
+    )
     assert out.dtype == dt
     torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
 
@@ -220,12 +243,23 @@ def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache
     k8.view(torch.uint8).fill_(0x7F)
     v8 = _in_layout(k8, transposed)
     ks, vs = (torch.full((hkv, max_ctx), float("nan"), device=device) for _ in range(2))
-    triton_ops.rope_bias_cache(qkv, bias, cos, sin, k8, v8, torch.tensor([start], device=device, dtype=torch.int32),
-                               start, hq, hkv, scales=(ks, vs))
+    triton_ops.rope_bias_cache(
+        qkv,
+        bias,
+        cos,
+        sin,
+        k8,
+        v8,
+        torch.tensor([start], device=device, dtype=torch.int32),
+        start,
+        hq,
+        hkv,
+        scales=(ks, vs),
+    )
     end = start + t
     rows = STALE_V_ROWS.value
-    assert not v8.view(torch.uint8)[:, end:end + rows].any() and not vs[:, end:end + rows].any()
-    assert v8.float()[:, end + rows:].isnan().all() and vs[:, end + rows:].isnan().all()
+    assert not v8.view(torch.uint8)[:, end : end + rows].any() and not vs[:, end : end + rows].any()
+    assert v8.float()[:, end + rows :].isnan().all() and vs[:, end + rows :].isnan().all()
     assert not (v8.float()[:, start:end].isnan().any() or vs[:, start:end].isnan().any())
 
 
@@ -279,20 +313,26 @@ def test_the_engine_on_an_8bit_cache(tiny_model):
         # V is stored transposed, each of its rows 128 tokens longer (kv_cache.value_cache): 512 + 128 = 640
         assert triton_ops.value_layout(m.v_cache[0]) == (True, 640)
         assert engine.info.kv_cache_bytes == cfg.num_hidden_layers * cfg.num_key_value_heads * (
-            512 * cfg.head_dim + 640 * cfg.head_dim + 2 * 512 * 4)
+            512 * cfg.head_dim + 640 * cfg.head_dim + 2 * 512 * 4
+        )
         # the CPU's "16-bit" cache is the model's fp32 there: 4 bytes a value against 1 + 4 / head_dim
         assert dense.info.kv_cache_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 512 * (
-            cfg.head_dim * 4)
+            cfg.head_dim * 4
+        )
         assert kernel_variant(cfg, m.dtype, None, KV_8BIT) != kernel_variant(cfg, m.dtype, None)
 
         def reply(messages):
-            events = list(engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=12,
-                                                                     ignore_eos=True)))
+            events = list(
+                engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True))
+            )
             return events[-1]
 
         first = reply([{"role": "user", "content": "Tell me a story about a robot."}])
-        follow = [{"role": "user", "content": "Tell me a story about a robot."},
-                  {"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter."}]
+        follow = [
+            {"role": "user", "content": "Tell me a story about a robot."},
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "Shorter."},
+        ]
         reused = reply(follow)
         assert reused.stats.prefix_reused_tokens > 0
         engine.reset_cache()
@@ -318,10 +358,22 @@ def test_the_triton_path_on_an_8bit_cache_gives_the_reference_paths_logits(tiny_
     from model_loader.engine import Engine
 
     on_gpu = torch.cuda.is_available()
-    fused = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32",
-                        context_length=256, kv_cache=KV_8BIT)
-    plain = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=False, dtype="fp32",
-                        context_length=256, kv_cache=KV_8BIT)
+    fused = Engine.load(
+        tiny_model,
+        device="cuda" if on_gpu else "cpu",
+        use_triton=True,
+        dtype="fp32",
+        context_length=256,
+        kv_cache=KV_8BIT,
+    )
+    plain = Engine.load(
+        tiny_model,
+        device="cuda" if on_gpu else "cpu",
+        use_triton=False,
+        dtype="fp32",
+        context_length=256,
+        kv_cache=KV_8BIT,
+    )
     try:
         assert fused.info.kernels == "triton" and plain.info.kernels == "pytorch"
         messages = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -347,8 +399,12 @@ def test_the_triton_path_on_an_8bit_cache_gives_the_reference_paths_logits(tiny_
         model.prefill(torch.tensor(ids, device=dev), 0)
         padded = torch.tensor(new + [0] * (64 - len(new)), device=dev)
         with torch.inference_mode():
-            again = model.prefill_static(padded, torch.tensor([len(new) - 1], device=dev),
-                                         torch.tensor([start], dtype=torch.int32, device=dev), fresh=False)
+            again = model.prefill_static(
+                padded,
+                torch.tensor([len(new) - 1], device=dev),
+                torch.tensor([start], dtype=torch.int32, device=dev),
+                fresh=False,
+            )
         torch.testing.assert_close(again, fresh, atol=1e-4, rtol=1e-4)
     finally:
         fused.close()

@@ -14,8 +14,13 @@ def test_model_loader_imports_neither_qt_nor_desktop():
     offenders = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
             offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
     assert offenders == []
     assert len(list(root.rglob("*.py"))) > 40  # it read the package

@@ -80,8 +80,10 @@ def test_no_weights(folder):
 
 def test_missing_shard_listed_in_the_index(folder):
     (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
-    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-                  "lm_head.weight": "model-00002-of-00002.safetensors"}
+    weight_map = {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors",
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     expect_error(folder, "model-00002-of-00002.safetensors", "missing safetensors shard")
 
@@ -132,12 +134,26 @@ def test_config_that_does_not_match_the_weights(folder):
     expect_error(folder, "model.safetensors", "config.json implies")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_key_value_heads", "2"), ("num_key_value_heads", 2.0), ("num_hidden_layers", True),
-    ("architectures", [None]), ("rope_scaling", "yarn"), ("rope_theta", None), ("rope_theta", "abc"),
-    ("rms_norm_eps", "x"), ("max_position_embeddings", "4096"), ("max_position_embeddings", -5),
-    ("max_position_embeddings", 0), ("head_dim", "16"), ("tie_word_embeddings", "false"),
-    ("eos_token_id", "151643"), ("quantization_config", "awq")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_key_value_heads", "2"),
+        ("num_key_value_heads", 2.0),
+        ("num_hidden_layers", True),
+        ("architectures", [None]),
+        ("rope_scaling", "yarn"),
+        ("rope_theta", None),
+        ("rope_theta", "abc"),
+        ("rms_norm_eps", "x"),
+        ("max_position_embeddings", "4096"),
+        ("max_position_embeddings", -5),
+        ("max_position_embeddings", 0),
+        ("head_dim", "16"),
+        ("tie_word_embeddings", "false"),
+        ("eos_token_id", "151643"),
+        ("quantization_config", "awq"),
+    ],
+)
 def test_a_config_value_of_the_wrong_type_is_named(folder, field, value):
     """json's types are not the ones config.json means (true is 1, 2.0 is 2, "false" is true): each such value
     is a ModelError naming config.json and, where it is wrong by itself, the field (they were TypeErrors from
@@ -150,17 +166,34 @@ def test_a_config_value_of_the_wrong_type_is_named(folder, field, value):
     assert field in msg or field == "architectures" and "unsupported architecture" in msg, msg
 
 
-@pytest.mark.parametrize("quantization, fragment", [
-    ({"group_size": 32.0}, "group size 32.0"), ({"modules_to_not_convert": [None]}, "modules_to_not_convert"),
-    ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert"), ({"bits": "4"}, "'4' bits")])
+@pytest.mark.parametrize(
+    "quantization, fragment",
+    [
+        ({"group_size": 32.0}, "group size 32.0"),
+        ({"modules_to_not_convert": [None]}, "modules_to_not_convert"),
+        ({"modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
+        ({"bits": "4"}, "'4' bits"),
+    ],
+)
 def test_an_awq_config_value_of_the_wrong_type_is_named(folder, quantization, fragment):
-    edit_config(folder, quantization_config={"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
-                                             "zero_point": True, **quantization})
+    edit_config(
+        folder,
+        quantization_config={
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 32,
+            "version": "gemm",
+            "zero_point": True,
+            **quantization,
+        },
+    )
     expect_error(folder, "config.json", fragment)
 
 
-@pytest.mark.parametrize("changes, fragment", [({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-                                               ({"use_sliding_window": True}, "sliding-window attention")])
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [({"hidden_act": "gelu"}, "hidden_act 'gelu'"), ({"use_sliding_window": True}, "sliding-window attention")],
+)
 def test_a_model_our_kernels_would_run_differently_is_refused(folder, changes, fragment):
     """Accepted silently before, and run as SiLU with full attention: different outputs, no word."""
     edit_config(folder, **changes)
@@ -199,11 +232,11 @@ def _rewrite_header(folder, change):
     path = folder / "model.safetensors"
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     change(header)
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
 
 
 def _first_two(header):
@@ -213,6 +246,7 @@ def _first_two(header):
 
 def test_a_header_whose_tensors_share_bytes_is_refused(folder):
     """Two names on one byte range load one tensor's bytes as another's: garbage weights, no error."""
+
     def alias(header):
         a, b = _first_two(header)
         header[b]["data_offsets"] = header[a]["data_offsets"]
@@ -252,8 +286,10 @@ def test_a_tensor_in_two_shards_is_refused(folder):
     expect_error(folder, "lm_head.weight", "holds it twice")
 
 
-@pytest.mark.parametrize("weight_map, fragment", [({}, "names no shard"), ({"a": 5}, "not a file name"),
-                                                  ({"a": "../elsewhere.safetensors"}, "not a file name")])
+@pytest.mark.parametrize(
+    "weight_map, fragment",
+    [({}, "names no shard"), ({"a": 5}, "not a file name"), ({"a": "../elsewhere.safetensors"}, "not a file name")],
+)
 def test_an_index_that_names_no_shard_or_not_a_file_is_refused(folder, weight_map, fragment):
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     expect_error(folder, "model.safetensors.index.json", fragment)
@@ -372,6 +408,8 @@ def test_find_variants_pairs_a_model_with_its_4bit_copy(tiny_model, tmp_path, mo
     other = models / "Other-R1"
     shutil.copytree(tiny_model, other)  # same shape, different name: not a variant
     assert find_variants(dense) == {"dense": dense.resolve(), "awq": (models / "Tiny-R1-AWQ").resolve()}
-    assert find_variants(models / "Tiny-R1-AWQ") == {"dense": dense.resolve(),
-                                                     "awq": (models / "Tiny-R1-AWQ").resolve()}
+    assert find_variants(models / "Tiny-R1-AWQ") == {
+        "dense": dense.resolve(),
+        "awq": (models / "Tiny-R1-AWQ").resolve(),
+    }
     assert find_variants(other)["awq"] is None

@@ -157,8 +157,15 @@ def _replay_check(engine, prompt_ids, settings: SamplingSettings, tokens: list[i
 
 
 # The bias makes token 100 the likeliest until the penalties for repeating it outweigh the bias: both bite.
-PENALISED = SamplingSettings(temperature=0, max_new_tokens=12, frequency_penalty=2.0, presence_penalty=0.5,
-                             logit_bias={100: 14.0}, logprobs=3, ignore_eos=True)
+PENALISED = SamplingSettings(
+    temperature=0,
+    max_new_tokens=12,
+    frequency_penalty=2.0,
+    presence_penalty=0.5,
+    logit_bias={100: 14.0},
+    logprobs=3,
+    ignore_eos=True,
+)
 
 
 def test_the_engine_takes_each_step_by_the_definition_on_the_models_own_logits(engine):
@@ -169,8 +176,9 @@ def test_the_engine_takes_each_step_by_the_definition_on_the_models_own_logits(e
     scored = [e for e in events if isinstance(e, TokenLogprobs)]
     _replay_check(engine, prompt, PENALISED, done.token_ids, scored)
     assert 2 <= done.token_ids.count(100) < 12  # biased towards, then penalised away from
-    plain = [e for e in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=12,
-                                                                         ignore_eos=True))][-1]
+    plain = [
+        e for e in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=12, ignore_eos=True))
+    ][-1]
     assert plain.token_ids != done.token_ids  # the penalties changed the reply
 
 
@@ -189,8 +197,7 @@ def test_the_scheduler_applies_each_sequences_own_options_in_one_batch(engine):
     sched.run_until_idle()
     done = [next(e for e in got[i] if isinstance(e, Finished)) for i in range(3)]
     assert done[0].token_ids == alone  # beside others with other settings, the same as alone
-    _replay_check(engine, prompt, PENALISED, done[0].token_ids,
-                  [e for e in got[0] if isinstance(e, TokenLogprobs)])
+    _replay_check(engine, prompt, PENALISED, done[0].token_ids, [e for e in got[0] if isinstance(e, TokenLogprobs)])
     assert done[2].token_ids == [5] * 12
     assert done[1].token_ids != done[2].token_ids
     assert not any(isinstance(e, TokenLogprobs) for e in got[1])  # only asked for, never sent to others

@@ -23,13 +23,17 @@ PROMPTS = {
 def hf_model(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, local_files_only=True,
-                                                trust_remote_code=False).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, local_files_only=True, trust_remote_code=False
+    ).eval()
 
 
 def _greedy(engine, messages, n):
-    final = [e for e in engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=n, ignore_eos=True))
-             if isinstance(e, Finished)][0]
+    final = [
+        e
+        for e in engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=n, ignore_eos=True))
+        if isinstance(e, Finished)
+    ][0]
     return final
 
 
@@ -65,15 +69,21 @@ def test_greedy_tokens_identical_to_transformers_generate(cpu_engine, hf_model, 
     ids = cpu_engine.chat.render(PROMPTS[name]).ids
     ours = _greedy(cpu_engine, PROMPTS[name], n).token_ids
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                pad_token_id=0)
-    assert ours == out[0, len(ids):].tolist()
+        out = hf_model.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
+        )
+    assert ours == out[0, len(ids) :].tolist()
 
 
 def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model):
     """The Triton path (CUDA kernels; Triton's interpreter on a CPU machine) prefill + decode, greedy."""
-    engine = Engine.load(tiny_model, device="cuda" if torch.cuda.is_available() else "cpu", use_triton=True,
-                         dtype="fp32", context_length=512)
+    engine = Engine.load(
+        tiny_model,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        use_triton=True,
+        dtype="fp32",
+        context_length=512,
+    )
     assert engine.info.kernels == "triton"
     engine.warm_up()
     from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv_split
@@ -83,28 +93,35 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
     layer = engine.model.w["layers"][0]
     down_split = (8, 32, 4, 4)
     assert gemv_split(layer["down_w"].shape[1], down_split)[1] == 4
-    engine.model.linear.gemv_choice = {(tuple(layer["qkv_w"].shape), False): GEMV_CONFIGS[0],
-                                       (tuple(layer["o_w"].shape), False): GEMV_CONFIGS[-1],
-                                       (tuple(layer["gate_up_w"].shape), True): GEMV_CONFIGS[1],
-                                       (tuple(layer["down_w"].shape), False): down_split}
+    engine.model.linear.gemv_choice = {
+        (tuple(layer["qkv_w"].shape), False): GEMV_CONFIGS[0],
+        (tuple(layer["o_w"].shape), False): GEMV_CONFIGS[-1],
+        (tuple(layer["gate_up_w"].shape), True): GEMV_CONFIGS[1],
+        (tuple(layer["down_w"].shape), False): down_split,
+    }
     assert engine.model.linear.dense_gate_up_pairs  # the gate/up GEMV outputs SiLU(gate) * up
     messages = PROMPTS["multi_turn"]
     ids = engine.chat.render(messages).ids
     ours = _greedy(engine, messages, 10).token_ids
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, min_new_tokens=10,
-                                pad_token_id=0)
-    assert ours == out[0, len(ids):].tolist()
+        out = hf_model.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=10, min_new_tokens=10, pad_token_id=0
+        )
+    assert ours == out[0, len(ids) :].tolist()
     # and the next turn reuses the cached prefix through the masked prefill path
     follow = messages + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
-    again = [e for e in engine.generate(follow, SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True))
-             if isinstance(e, Finished)][0]
+    again = [
+        e
+        for e in engine.generate(follow, SamplingSettings(temperature=0, max_new_tokens=4, ignore_eos=True))
+        if isinstance(e, Finished)
+    ][0]
     assert again.stats.prefix_reused_tokens > 0
     ids2 = engine.chat.render(follow).ids
     with torch.no_grad():
-        out2 = hf_model.generate(torch.tensor([ids2]), do_sample=False, max_new_tokens=4, min_new_tokens=4,
-                                 pad_token_id=0)
-    assert again.token_ids == out2[0, len(ids2):].tolist()
+        out2 = hf_model.generate(
+            torch.tensor([ids2]), do_sample=False, max_new_tokens=4, min_new_tokens=4, pad_token_id=0
+        )
+    assert again.token_ids == out2[0, len(ids2) :].tolist()
 
 
 def test_padded_static_prefill_matches_the_plain_prefill(cpu_engine):
@@ -179,8 +196,13 @@ def test_a_prefill_attends_with_every_row_in_all_layers_but_the_last(cpu_engine,
 @pytest.fixture(scope="module")
 def triton_engine(tiny_model):
     """The fused Triton kernels (Triton's interpreter on a CPU machine), fp32 so comparisons can be tight."""
-    engine = Engine.load(tiny_model, device="cuda" if torch.cuda.is_available() else "cpu", use_triton=True,
-                         dtype="fp32", context_length=512)
+    engine = Engine.load(
+        tiny_model,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        use_triton=True,
+        dtype="fp32",
+        context_length=512,
+    )
     assert engine.info.kernels == "triton"
     return engine
 
@@ -200,18 +222,21 @@ def test_graph_prefill_after_a_cached_prefix_gives_what_a_fresh_prefill_gives(tr
     assert start > 0 and len(new) < bucket
     dev = model.device
     fresh = model.prefill(torch.tensor(whole, device=dev), 0)
-    k_fresh, v_fresh = model.k_cache[:, :, :len(whole)].clone(), model.v_cache[:, :, :len(whole)].clone()
+    k_fresh, v_fresh = model.k_cache[:, :, : len(whole)].clone(), model.v_cache[:, :, : len(whole)].clone()
     model.k_cache.zero_()
     model.v_cache.zero_()
     model.prefill(torch.tensor(first, device=dev), 0)  # the earlier turn, cached
     padded = torch.tensor(new + [0] * (bucket - len(new)), device=dev)
     with torch.inference_mode():
-        logits = model.prefill_static(padded, torch.tensor([len(new) - 1], device=dev),
-                                       torch.tensor([start], dtype=torch.int32, device=dev),
-                                       fresh=False)
+        logits = model.prefill_static(
+            padded,
+            torch.tensor([len(new) - 1], device=dev),
+            torch.tensor([start], dtype=torch.int32, device=dev),
+            fresh=False,
+        )
     torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(model.k_cache[:, :, :len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(model.v_cache[:, :, :len(whole)], v_fresh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.k_cache[:, :, : len(whole)], k_fresh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.v_cache[:, :, : len(whole)], v_fresh, atol=1e-5, rtol=1e-5)
     assert logits.argmax().item() == fresh.argmax().item()
 
 
@@ -226,15 +251,17 @@ def test_fp32_means_fp32_greedy_ids_equal_transformers_for_48_tokens(tiny_model,
     against transformers' fp32 forward; without one, Triton's interpreter runs the same kernels (exact fp32
     there, so only the GPU run can catch TF32) on one prompt to keep CI short."""
     on_gpu = torch.cuda.is_available()
-    engine = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32",
-                         context_length=2048)
+    engine = Engine.load(
+        tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32", context_length=2048
+    )
     assert engine.info.kernels == "triton" and engine.info.dtype == "float32"
     engine.warm_up()
-    for name in (PROMPTS if on_gpu else ["multi_turn"]):
+    for name in PROMPTS if on_gpu else ["multi_turn"]:
         ids = engine.chat.render(PROMPTS[name]).ids
         ours = _greedy(engine, PROMPTS[name], 48).token_ids
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=48, min_new_tokens=48,
-                                    pad_token_id=0)
-        assert ours == out[0, len(ids):].tolist(), name
+            out = hf_model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=48, min_new_tokens=48, pad_token_id=0
+            )
+        assert ours == out[0, len(ids) :].tolist(), name
         engine.reset_cache()

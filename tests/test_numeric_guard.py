@@ -26,8 +26,10 @@ def _edited_copy(tiny_model, tmp_path, edit):
 def loud_model(tiny_model, tmp_path):
     """The first layer's MLP writes values of ~1e6 into the residual stream: past fp16's 65,504, well inside bf16's
     and fp32's range (what Qwen2 models do at their first token, more mildly)."""
+
     def scale(tensors):
         tensors["model.layers.0.mlp.down_proj.weight"] *= 1e5
+
     return _edited_copy(tiny_model, tmp_path, scale)
 
 
@@ -53,14 +55,22 @@ def test_the_same_model_in_a_wider_precision_loads(loud_model):
 def test_nan_weights_are_refused_as_damaged(tiny_model, tmp_path):
     def poison(tensors):
         tensors["model.layers.1.self_attn.o_proj.weight"][3, 5] = float("nan")
+
     folder = _edited_copy(tiny_model, tmp_path, poison)
     with pytest.raises(ModelError, match="NaN or infinite values.*download the model again"):
         _load_and_warm(folder, "fp32")
 
 
-@pytest.mark.parametrize("capability, expected", [((9, 0), torch.bfloat16), ((8, 6), torch.bfloat16),
-                                                  ((7, 5), torch.bfloat16), ((7, 0), torch.float16),
-                                                  ((6, 1), torch.float16)])
+@pytest.mark.parametrize(
+    "capability, expected",
+    [
+        ((9, 0), torch.bfloat16),
+        ((8, 6), torch.bfloat16),
+        ((7, 5), torch.bfloat16),
+        ((7, 0), torch.float16),
+        ((6, 1), torch.float16),
+    ],
+)
 def test_the_default_precision_is_one_the_gpu_multiplies(monkeypatch, capability, expected):
     """bf16 from Turing on (emulated there by cuBLAS); fp16 on Pascal and Volta, whose cuBLAS refuses bf16 GEMMs
     although torch.cuda.is_bf16_supported() says yes (it only makes a tensor)."""

@@ -30,9 +30,14 @@ WINDOWS = sys.platform == "win32"
 LINUX = sys.platform.startswith("linux")
 EXE = "r1desk.exe" if WINDOWS else "r1desk"
 VISIBLE_WINDOW_BUDGET_S = 3.0  # the issue's start-up target on a 2-core CPU
-FROZEN_ERRORS = ("Could not find the Qt platform plugin", "could not load the Qt platform plugin",
-                 "no Qt platform plugin could be initialized", "Cannot find font directory",
-                 "app icon not found", "Traceback (most recent")
+FROZEN_ERRORS = (
+    "Could not find the Qt platform plugin",
+    "could not load the Qt platform plugin",
+    "no Qt platform plugin could be initialized",
+    "Cannot find font directory",
+    "app icon not found",
+    "Traceback (most recent",
+)
 
 
 @dataclass
@@ -60,8 +65,20 @@ def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
 def bundle(tmp_path_factory, request):
     work = tmp_path_factory.mktemp("pyinstaller")
     # docs/packaging.md's build command, with the output moved out of the checkout.
-    cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",
-           "--distpath", str(work / "dist"), "--workpath", str(work / "build"), str(SPEC)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "PyInstaller",
+        "--noconfirm",
+        "--clean",
+        "--log-level",
+        "WARN",
+        "--distpath",
+        str(work / "dist"),
+        "--workpath",
+        str(work / "build"),
+        str(SPEC),
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     build_s = time.monotonic() - t0
@@ -86,22 +103,39 @@ def bundle(tmp_path_factory, request):
 def profile(tmp_path) -> dict:
     """Environment for a frozen run: HOME, XDG and AppData folders in tmp_path, offscreen Qt, nothing from this
     Python (the bundle must not lean on the checkout or site-packages)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "QT_", "HF_", "XDG_", "R1DESK_", "TRITON_")) and k != "VIRTUAL_ENV"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "QT_", "HF_", "XDG_", "R1DESK_", "TRITON_")) and k != "VIRTUAL_ENV"
+    }
     home = tmp_path / "home"
     for sub in ("config", "data", "cache", "appdata", "localappdata", "hf"):
         (home / sub).mkdir(parents=True)
     home.chmod(0o700)  # it doubles as XDG_RUNTIME_DIR, which Qt wants private
-    env.update(HOME=str(home), USERPROFILE=str(home), XDG_CONFIG_HOME=str(home / "config"),
-               XDG_DATA_HOME=str(home / "data"), XDG_CACHE_HOME=str(home / "cache"), XDG_RUNTIME_DIR=str(home),
-               APPDATA=str(home / "appdata"), LOCALAPPDATA=str(home / "localappdata"), HF_HOME=str(home / "hf"),
-               QT_QPA_PLATFORM="offscreen")
+    env.update(
+        HOME=str(home),
+        USERPROFILE=str(home),
+        XDG_CONFIG_HOME=str(home / "config"),
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_CACHE_HOME=str(home / "cache"),
+        XDG_RUNTIME_DIR=str(home),
+        APPDATA=str(home / "appdata"),
+        LOCALAPPDATA=str(home / "localappdata"),
+        HF_HOME=str(home / "hf"),
+        QT_QPA_PLATFORM="offscreen",
+    )
     return {"env": env, "home": home, "cwd": tmp_path}
 
 
 def run_frozen(bundle: Bundle, profile: dict, *args: str, env: dict | None = None, timeout: float = 300):
-    return subprocess.run([str(bundle.exe), *args], env={**profile["env"], **(env or {})}, cwd=profile["cwd"],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(bundle.exe), *args],
+        env={**profile["env"], **(env or {})},
+        cwd=profile["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def summary_fields(stdout: str) -> dict[str, str]:
@@ -118,16 +152,25 @@ def report(bundle: Bundle) -> str:
         f"  build: {bundle.build_s:.0f} s; size: {bundle.size_bytes / 2**20:.0f} MiB in {bundle.files} files",
     ]
     if "window_s" in m:
-        lines.append(f"  frozen start, offscreen: visible window {m['window_s']:.2f} s (interpreter up at "
-                     f"{m['launch_s']:.2f} s), Ready {m['ready_s']:.2f} s, self-test done {m['total_s']:.1f} s")
+        lines.append(
+            f"  frozen start, offscreen: visible window {m['window_s']:.2f} s (interpreter up at "
+            f"{m['launch_s']:.2f} s), Ready {m['ready_s']:.2f} s, self-test done {m['total_s']:.1f} s"
+        )
     if "x11_window_s" in m:
-        lines.append(f"  frozen start, X11 (Xvfb, incl. starting it): visible window {m['x11_window_s']:.2f} s, "
-                     f"Ready {m['x11_ready_s']:.2f} s")
+        lines.append(
+            f"  frozen start, X11 (Xvfb, incl. starting it): visible window {m['x11_window_s']:.2f} s, "
+            f"Ready {m['x11_ready_s']:.2f} s"
+        )
     text = "\n".join(lines)
     out = os.environ.get("R1DESK_PACKAGING_REPORT")
     if out:
-        Path(out).write_text(text + "\n" + json.dumps({"build_s": bundle.build_s, "size_bytes": bundle.size_bytes,
-                                                       "files": bundle.files, **m}) + "\n", encoding="utf-8")
+        Path(out).write_text(
+            text
+            + "\n"
+            + json.dumps({"build_s": bundle.build_s, "size_bytes": bundle.size_bytes, "files": bundle.files, **m})
+            + "\n",
+            encoding="utf-8",
+        )
     return text
 
 
@@ -159,9 +202,14 @@ def test_bundle_carries_what_the_frozen_app_needs_and_no_weights(bundle):
     # what the spec leaves out stays out (each is tens to hundreds of MB)
     tops = {p.split("/")[0] for p in rel}
     assert not tops & {"transformers", "scipy", "sympy", "hf_xet"}, tops & {"transformers", "scipy", "sympy", "hf_xet"}
-    stray = [p for p in rel if p.startswith("torch/test/") or "/translations/" in p
-             or any(qt in p for qt in ("Qt6WebEngine", "Qt6Qml", "Qt6Quick", "Qt6Pdf", "Qt6Multimedia"))
-             or (p.startswith(("torch/_inductor/", "torch/_dynamo/")) and p.endswith(".py"))]
+    stray = [
+        p
+        for p in rel
+        if p.startswith("torch/test/")
+        or "/translations/" in p
+        or any(qt in p for qt in ("Qt6WebEngine", "Qt6Qml", "Qt6Quick", "Qt6Pdf", "Qt6Multimedia"))
+        or (p.startswith(("torch/_inductor/", "torch/_dynamo/")) and p.endswith(".py"))
+    ]
     assert not stray, stray[:20]
     import torch
 
@@ -186,9 +234,22 @@ def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profi
     # The user's message goes through the markdown/code/math renderer too: pygments and matplotlib frozen.
     prompt = r"Check $\frac{17 \cdot 23}{2}$ and `x = 1`. Reason step by step."
     t0 = time.monotonic()
-    proc = run_frozen(bundle, profile, "--self-test", "--model", str(tiny_model), "--device", "cpu",
-                      "--max-new-tokens", "16", "--prompt", prompt, "--screenshot", str(shot),
-                      env={"R1DESK_STARTUP_TRACE": str(trace)})
+    proc = run_frozen(
+        bundle,
+        profile,
+        "--self-test",
+        "--model",
+        str(tiny_model),
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "16",
+        "--prompt",
+        prompt,
+        "--screenshot",
+        str(shot),
+        env={"R1DESK_STARTUP_TRACE": str(trace)},
+    )
     total_s = time.monotonic() - t0
     assert proc.returncode == 0, f"frozen self-test failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
     fields = summary_fields(proc.stdout)
@@ -207,8 +268,9 @@ def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profi
     marks = dict((k, float(v)) for k, v in (ln.split() for ln in trace.read_text().splitlines()))
     assert {"launch", "window", "ready"} <= set(marks), marks
     assert marks["launch"] < marks["window"] < marks["ready"]
-    bundle.measured.update(launch_s=marks["launch"] - t0, window_s=marks["window"] - t0,
-                           ready_s=marks["ready"] - t0, total_s=total_s)
+    bundle.measured.update(
+        launch_s=marks["launch"] - t0, window_s=marks["window"] - t0, ready_s=marks["ready"] - t0, total_s=total_s
+    )
 
     # settings, history and caches went to the user's folders; nothing was written into the bundle
     assert tree_state(bundle.folder) == before, "the frozen app wrote into its own folder"
@@ -227,9 +289,27 @@ def test_frozen_self_test_on_an_x11_display(bundle, profile, tiny_model):
     trace = profile["cwd"] / "startup-x11.txt"
     env = {**profile["env"], "QT_QPA_PLATFORM": "xcb", "R1DESK_STARTUP_TRACE": str(trace)}
     t0 = time.monotonic()
-    proc = subprocess.run([xvfb_run, "-a", "-s", "-screen 0 1280x800x24", str(bundle.exe), "--self-test",
-                           "--model", str(tiny_model), "--device", "cpu", "--max-new-tokens", "4"],
-                          env=env, cwd=profile["cwd"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            xvfb_run,
+            "-a",
+            "-s",
+            "-screen 0 1280x800x24",
+            str(bundle.exe),
+            "--self-test",
+            "--model",
+            str(tiny_model),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "4",
+        ],
+        env=env,
+        cwd=profile["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     assert int(summary_fields(proc.stdout)["tokens"]) > 0
     assert not [e for e in FROZEN_ERRORS if e in proc.stderr], proc.stderr[-4000:]
@@ -247,8 +327,9 @@ def test_frozen_app_finds_a_model_in_the_hugging_face_cache(bundle, profile, tin
     shutil.copytree(tiny_model, repo / "snapshots" / sha)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(sha)
-    proc = run_frozen(bundle, profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu",
-                      "--max-new-tokens", "4")
+    proc = run_frozen(
+        bundle, profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu", "--max-new-tokens", "4"
+    )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     assert int(summary_fields(proc.stdout)["tokens"]) > 0
 
@@ -274,8 +355,15 @@ def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profil
     hub = FakeHub("test-org/tiny-r1", tiny_model)
     try:
         dest = profile["home"] / "data" / "r1desk" / "models" / "tiny-r1"
-        proc = run_frozen(bundle, profile, "--download-worker", "test-org/tiny-r1", str(dest),
-                          env={"HF_ENDPOINT": hub.url}, timeout=300)
+        proc = run_frozen(
+            bundle,
+            profile,
+            "--download-worker",
+            "test-org/tiny-r1",
+            str(dest),
+            env={"HF_ENDPOINT": hub.url},
+            timeout=300,
+        )
     finally:
         hub.close()
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -285,8 +373,18 @@ def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profil
         assert (dest / name).read_bytes() == (Path(tiny_model) / name).read_bytes()
     empty_hf = profile["home"] / "hf-empty"  # so the repo id can only resolve to r1desk's own models folder
     empty_hf.mkdir()
-    proc = run_frozen(bundle, profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu",
-                      "--max-new-tokens", "2", env={"HF_HOME": str(empty_hf)})
+    proc = run_frozen(
+        bundle,
+        profile,
+        "--self-test",
+        "--model",
+        "test-org/tiny-r1",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "2",
+        env={"HF_HOME": str(empty_hf)},
+    )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
 
 
@@ -389,24 +487,27 @@ def test_the_spec_and_the_proof_script_leave_out_one_list():
     assert "exclusions.left_out(dest, STUBS) is not None" in spec  # applied to every binary and data file's destination
 
 
-@pytest.mark.parametrize("path, left_out", [
-    ("nvidia/cu13/lib/libcusolverMg.so.12", True),
-    ("nvidia/cu13/lib/libnvrtc.alt.so.13", True),
-    ("nvidia/cu13/lib/libnvrtc.so.13", False),  # torch links it
-    ("nvidia/cu13/lib/libnvrtc-builtins.alt.so.13.0", True),
-    ("nvidia/cu13/lib/libnvrtc-builtins.so.13.0", True),  # loaded only by NVRTC, which ships as a stub
-    ("nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9", True),  # SDPA never runs cuDNN's attention here
-    ("nvidia/cudnn/lib/libcudnn.so.9", False),  # torch links it
-    ("nvidia/cudnn/lib/libcudnn_graph.so.9", False),  # torch loads it at run time (seen on the H200)
-    ("nvidia/cu13/lib/libcupti.so.13", False),  # torch preloads it at import; not yet shown unneeded on a GPU
-    ("nvidia/cu13/lib/libcublasLt.so.13", False),
-    ("nvidia/cu13/include/cuda.h", True),
-    ("triton/backends/nvidia/include/cuda.h", False),  # Triton compiles its launcher with these
-    ("triton/backends/nvidia/lib/cupti/libcupti_static.a", True),
-    ("nvidia\\nvshmem\\lib\\nvshmem_transport_ucx.so.3", True),  # Windows separators
-    ("nvidia/nvshmem/lib/libnvshmem_host.so.3", False),  # libtorch_nvshmem links it
-    ("torch/lib/libtorch_cuda.so", False),
-])
+@pytest.mark.parametrize(
+    "path, left_out",
+    [
+        ("nvidia/cu13/lib/libcusolverMg.so.12", True),
+        ("nvidia/cu13/lib/libnvrtc.alt.so.13", True),
+        ("nvidia/cu13/lib/libnvrtc.so.13", False),  # torch links it
+        ("nvidia/cu13/lib/libnvrtc-builtins.alt.so.13.0", True),
+        ("nvidia/cu13/lib/libnvrtc-builtins.so.13.0", True),  # loaded only by NVRTC, which ships as a stub
+        ("nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9", True),  # SDPA never runs cuDNN's attention here
+        ("nvidia/cudnn/lib/libcudnn.so.9", False),  # torch links it
+        ("nvidia/cudnn/lib/libcudnn_graph.so.9", False),  # torch loads it at run time (seen on the H200)
+        ("nvidia/cu13/lib/libcupti.so.13", False),  # torch preloads it at import; not yet shown unneeded on a GPU
+        ("nvidia/cu13/lib/libcublasLt.so.13", False),
+        ("nvidia/cu13/include/cuda.h", True),
+        ("triton/backends/nvidia/include/cuda.h", False),  # Triton compiles its launcher with these
+        ("triton/backends/nvidia/lib/cupti/libcupti_static.a", True),
+        ("nvidia\\nvshmem\\lib\\nvshmem_transport_ucx.so.3", True),  # Windows separators
+        ("nvidia/nvshmem/lib/libnvshmem_host.so.3", False),  # libtorch_nvshmem links it
+        ("torch/lib/libtorch_cuda.so", False),
+    ],
+)
 def test_what_the_gpu_release_leaves_out(path, left_out):
     assert (_exclusions().left_out(path) is not None) == left_out
 
@@ -435,32 +536,70 @@ def test_stub_libraries_keep_the_name_and_versions_and_only_what_their_users_imp
     real_dir, stub_dir = tmp_path / "real", tmp_path / "stub"
     real_dir.mkdir()
     stub_dir.mkdir()
-    (tmp_path / "real.c").write_text("int big_used(int x) { return x + 1; }\nint big_unused(void) { return 2; }\n"
-                                     "int big_table[4] = {1, 2, 3, 4};\n"
-                                     "void _ZdlPvm(void *p, unsigned long n) { (void)p; (void)n; }\n")
+    (tmp_path / "real.c").write_text(
+        "int big_used(int x) { return x + 1; }\nint big_unused(void) { return 2; }\n"
+        "int big_table[4] = {1, 2, 3, 4};\n"
+        "void _ZdlPvm(void *p, unsigned long n) { (void)p; (void)n; }\n"
+    )
     (tmp_path / "real.map").write_text("libbig.so.7 { global: *; };\n")
     cc = stubs.compiler()
     assert cc, "a C compiler (cc or gcc) is needed to build the GPU release's stub libraries"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libbig.so.7", f"-Wl,--version-script={tmp_path / 'real.map'}",
-                    "-o", str(real_dir / "libbig.so.7"), str(tmp_path / "real.c")], check=True)
-    (tmp_path / "user.c").write_text("extern int big_used(int); extern int big_table[];\n"
-                                     "extern void _ZdlPvm(void *, unsigned long);\n"
-                                     "int user_calls(int x) { _ZdlPvm(0, 0); return big_used(x) + big_table[0]; }\n")
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libbig.so.7",
+            f"-Wl,--version-script={tmp_path / 'real.map'}",
+            "-o",
+            str(real_dir / "libbig.so.7"),
+            str(tmp_path / "real.c"),
+        ],
+        check=True,
+    )
+    (tmp_path / "user.c").write_text(
+        "extern int big_used(int); extern int big_table[];\n"
+        "extern void _ZdlPvm(void *, unsigned long);\n"
+        "int user_calls(int x) { _ZdlPvm(0, 0); return big_used(x) + big_table[0]; }\n"
+    )
     user = real_dir / "libuser.so"
     # linked as torch's libraries are: the C++ runtime first, so operator delete binds to it, not to libbig
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(user), str(tmp_path / "user.c"), "-l:libstdc++.so.6",
-                    f"-L{real_dir}", "-l:libbig.so.7"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(user),
+            str(tmp_path / "user.c"),
+            "-l:libstdc++.so.6",
+            f"-L{real_dir}",
+            "-l:libbig.so.7",
+        ],
+        check=True,
+    )
     real = real_dir / "libbig.so.7"
     stub = stubs.make_stub(real, stub_dir / "libbig.so.7", stubs.consumers_of(real, real_dir))
     assert stubs.soname(stub) == "libbig.so.7" and stubs.version_nodes(stub) == ["libbig.so.7"]
     assert {name for name, _, _ in stubs.exported(stub)} == {"big_used", "big_table"}
-    script = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
-              "u = ctypes.CDLL(sys.argv[2]); print('loaded', flush=True); u.user_calls(1)")
+    script = (
+        "import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+        "u = ctypes.CDLL(sys.argv[2]); print('loaded', flush=True); u.user_calls(1)"
+    )
     done = subprocess.run([sys.executable, "-c", script, str(stub), str(user)], capture_output=True, text=True)
     assert done.stdout.strip() == "loaded" and done.returncode != 0
     assert "this build leaves libbig.so.7 out" in done.stderr and "big_used was called" in done.stderr
-    with_real = subprocess.run([sys.executable, "-c", script.replace("u.user_calls(1)", "print(u.user_calls(1))"),
-                                str(real_dir / "libbig.so.7"), str(user)], capture_output=True, text=True)
+    with_real = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script.replace("u.user_calls(1)", "print(u.user_calls(1))"),
+            str(real_dir / "libbig.so.7"),
+            str(user),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert with_real.stdout.split() == ["loaded", "3"]  # the same consumer with the real library
 
 

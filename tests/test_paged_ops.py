@@ -27,16 +27,16 @@ def test_decode_attention_over_block_tables_matches_the_reference(device, dtype,
     tables, used = [], 0
     for n in lengths:
         need = -(-n // block_size)
-        tables.append(perm[used:used + need])
+        tables.append(perm[used : used + need])
         used += need
     width = max(len(t) for t in tables)
     table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
     q = torch.randn(len(lengths), HQ, D, generator=torch.Generator().manual_seed(2)).to(dtype).to(device)
     attention = PagedDecodeAttention(HQ, HKV, D, block_size, max_batch=8, device=device, dtype=dtype)
-    out = attention(q, k, v, table_t, torch.tensor(lengths, dtype=torch.int32, device=device), D ** -0.5)
+    out = attention(q, k, v, table_t, torch.tensor(lengths, dtype=torch.int32, device=device), D**-0.5)
     for i, n in enumerate(lengths):
         slots = torch.tensor([b * block_size + o for b in tables[i] for o in range(block_size)][:n], device=device)
-        want = reference.decode_attention(q[i], k[:, slots], v[:, slots], None, n, D ** -0.5)
+        want = reference.decode_attention(q[i], k[:, slots], v[:, slots], None, n, D**-0.5)
         tol = 1e-5 if dtype == torch.float32 else 2e-3
         torch.testing.assert_close(out[i].float(), want.float(), atol=tol, rtol=tol)
 
@@ -54,12 +54,13 @@ def test_rope_write_puts_each_row_at_its_own_position_and_slot(device):
     cos, sin = freqs.cos().to(device), freqs.sin().to(device)
     k = torch.zeros(HKV, 64, D, device=device)
     v = torch.zeros(HKV, 64, D, device=device)
-    q = paged_rope_write(qkv, bias, cos, sin, k, v, torch.tensor(positions, device=device),
-                         torch.tensor(slots, device=device), HQ, HKV)
+    q = paged_rope_write(
+        qkv, bias, cos, sin, k, v, torch.tensor(positions, device=device), torch.tensor(slots, device=device), HQ, HKV
+    )
     written = torch.zeros(HKV, 64, D, dtype=torch.bool)
     for row, (pos, slot) in enumerate(zip(positions, slots)):
         kr, vr = torch.zeros(HKV, 32, D, device=device), torch.zeros(HKV, 32, D, device=device)
-        want_q = reference.rope_bias_cache(qkv[row:row + 1], bias, cos, sin, kr, vr, None, pos, HQ, HKV)
+        want_q = reference.rope_bias_cache(qkv[row : row + 1], bias, cos, sin, kr, vr, None, pos, HQ, HKV)
         torch.testing.assert_close(q[row], want_q[0], atol=1e-5, rtol=1e-5)
         if slot >= 0:
             torch.testing.assert_close(k[:, slot], kr[:, pos], atol=1e-5, rtol=1e-5)

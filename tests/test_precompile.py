@@ -15,8 +15,12 @@ def _our_kernels():
     # earlier test file compiled in this process hide its compiles from the test below
     from triton.runtime.jit import JITFunction
 
-    return [obj for module in (jit_ops, jit_int4, jit_sampler) for obj in vars(module).values()
-            if isinstance(obj, JITFunction)]
+    return [
+        obj
+        for module in (jit_ops, jit_int4, jit_sampler)
+        for obj in vars(module).values()
+        if isinstance(obj, JITFunction)
+    ]
 
 
 def test_launch_is_the_plain_launch_outside_compiling_ahead():
@@ -87,12 +91,20 @@ def _record_compiles(monkeypatch) -> list[tuple[str, str]]:
     return compiled_on
 
 
-@pytest.mark.parametrize("kind,beside_load", [("dense", True), ("dense", False), ("awq", True),
-                                              ("dense", "walk fails"), ("dense-8bit", True)],
-                         ids=["beside-the-load", "after-the-load", "awq-beside-the-load", "twin-walk-fails",
-                              "8-bit-kv-cache-beside-the-load"])
-def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny_model, device, monkeypatch,
-                                                         tmp_path, request):
+@pytest.mark.parametrize(
+    "kind,beside_load",
+    [("dense", True), ("dense", False), ("awq", True), ("dense", "walk fails"), ("dense-8bit", True)],
+    ids=[
+        "beside-the-load",
+        "after-the-load",
+        "awq-beside-the-load",
+        "twin-walk-fails",
+        "8-bit-kv-cache-beside-the-load",
+    ],
+)
+def test_a_first_start_compiles_every_kernel_on_the_pool(
+    kind, beside_load, tiny_model, device, monkeypatch, tmp_path, request
+):
     """Every Triton compile of a first start (a disk-cache hit still goes through triton's compile()) runs on a
     compile-pool thread: the pass ahead, over the model's shape twin while the weights load (model_loader.
     compile_ahead) or over the loaded model where the twin doesn't fit, submitted each variant the warm-up
@@ -107,14 +119,20 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(kind, beside_load, tiny
     if not beside_load:
         monkeypatch.setattr(compile_ahead, "TWIN_HEADROOM", 1 << 60)  # "the twin would not fit"
     if beside_load == "walk fails":  # the twin's walk stops early: the warm-up must walk the loaded model
+
         def failing_walk(model, buckets, graphs, **kwargs):
             raise RuntimeError("out of something")
 
         monkeypatch.setattr(compile_ahead, "walk_warm_up_paths", failing_walk)
     compiled_on = _record_compiles(monkeypatch) if on_gpu else []
     folder = tiny_model if kind.startswith("dense") else request.getfixturevalue("awq_model")
-    engine = Engine.load(folder, device=device, use_triton=True, context_length=1024 if on_gpu else 128,
-                         kv_cache="8-bit" if kind == "dense-8bit" else "16-bit")
+    engine = Engine.load(
+        folder,
+        device=device,
+        use_triton=True,
+        context_length=1024 if on_gpu else 128,
+        kv_cache="8-bit" if kind == "dense-8bit" else "16-bit",
+    )
     assert engine.first_start == on_gpu  # the CPU interpreter compiles nothing, so there is nothing to do ahead
     assert ("compile_walk_s" in engine.info.load_breakdown) == (on_gpu and bool(beside_load))
     engine.warm_up()

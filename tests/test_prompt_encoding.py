@@ -11,9 +11,42 @@ from model_loader.common_prefix import common_prefix
 from model_loader.prompt_encoding import IncrementalEncoder
 from model_loader.tokenizer import load_tokenizer
 
-PIECES = ["the", " model", "  ", "\n", "\n\n", "\t", " ", "def f(x):", "    return x*x", "你好", "世界", "🎉", "👩‍💻",
-          "e\u0301", "\u0301", "123", "4567", "<｜User｜>", "<｜Assistant｜>", "</think>", "<think>", "<｜Us", "｜>",
-          "<|im_end|>", "<", ">", "'s", " don't", "ＡＢ", "ﬁ", "…", "$x^2$", "```python\n", "```"]
+PIECES = [
+    "the",
+    " model",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    " ",
+    "def f(x):",
+    "    return x*x",
+    "你好",
+    "世界",
+    "🎉",
+    "👩‍💻",
+    "e\u0301",
+    "\u0301",
+    "123",
+    "4567",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "</think>",
+    "<think>",
+    "<｜Us",
+    "｜>",
+    "<|im_end|>",
+    "<",
+    ">",
+    "'s",
+    " don't",
+    "ＡＢ",
+    "ﬁ",
+    "…",
+    "$x^2$",
+    "```python\n",
+    "```",
+]
 
 
 def text(rng: random.Random, n: int) -> str:
@@ -55,8 +88,9 @@ def test_same_ids_as_a_full_tokenization_over_random_chats(chat):
             checked += 1
             action = rng.random()
             if action < 0.6:  # the reply, then a follow-up
-                messages.append({"role": "assistant", "content": f"<think>\n{text(rng, 40)}\n</think>\n\n"
-                                                                  + text(rng, 30)})
+                messages.append(
+                    {"role": "assistant", "content": f"<think>\n{text(rng, 40)}\n</think>\n\n" + text(rng, 30)}
+                )
                 messages.append({"role": "user", "content": text(rng, 20)})
             elif action < 0.75:  # regenerate: the same prompt again
                 pass
@@ -71,10 +105,14 @@ def test_follow_ups_tokenize_only_what_is_new(chat):
     encoder = chat.prompt_encoder
     long_history = "word " * 3000
     first = chat.render([{"role": "user", "content": long_history}])
-    second = chat.render([{"role": "user", "content": long_history},
-                          {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nAn answer."},
-                          {"role": "user", "content": "And then?"}])
-    assert second.ids[:len(first.ids) - 3] == first.ids[:len(first.ids) - 3]
+    second = chat.render(
+        [
+            {"role": "user", "content": long_history},
+            {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nAn answer."},
+            {"role": "user", "content": "And then?"},
+        ]
+    )
+    assert second.ids[: len(first.ids) - 3] == first.ids[: len(first.ids) - 3]
     # all of the long first message is reused: the cut is at the <｜Assistant｜> after it
     assert encoder.reused_ids >= len(first.ids) - 3 >= 3000
     assert second.ids == chat.tokenizer.encode(second.text, add_special_tokens=False)
@@ -90,9 +128,17 @@ def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
     vocab = {c: i for i, c in enumerate(sorted(set("abc xyz\n ")))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.add_special_tokens([AddedToken("<L>", lstrip=True), AddedToken("<R>", rstrip=True),
-                            AddedToken("<W>", single_word=True), AddedToken("<P>"), AddedToken("b<P>"),
-                            AddedToken("<P>x"), AddedToken("a<P>b")])
+    tok.add_special_tokens(
+        [
+            AddedToken("<L>", lstrip=True),
+            AddedToken("<R>", rstrip=True),
+            AddedToken("<W>", single_word=True),
+            AddedToken("<P>"),
+            AddedToken("b<P>"),
+            AddedToken("<P>x"),
+            AddedToken("a<P>b"),
+        ]
+    )
     encoder = IncrementalEncoder(tok)
     assert {tok.id_to_token(i) for i in encoder._cut_tokens} == {"<P>", "b<P>", "<P>x", "a<P>b"}
     for text in ["a<P>y", "a<P>b"]:  # the second completes "a<P>b" over the first's cut at "<P>"
@@ -102,7 +148,7 @@ def test_a_tokenizer_with_stripping_and_overlapping_added_tokens():
     base = ""
     reused = 0
     for _ in range(3000):
-        base = base[:rng.randint(0, len(base))] + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        base = base[: rng.randint(0, len(base))] + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
         assert encoder.encode(base) == tok.encode(base, add_special_tokens=False).ids, repr(base)
         reused += encoder.reused_ids
     assert reused > 0
@@ -121,8 +167,7 @@ def test_a_finished_reply_is_tokenized_before_the_follow_up_asks(cpu_engine):
     control.stop_thinking()  # the random model never closes its reasoning: close it, so an answer follows
     final = [ev for ev in cpu_engine.generate(messages, settings, control) if isinstance(ev, Finished)][0]
     assert final.reasoning and final.answer
-    history = [*messages, {"role": "assistant", "content": history_content(final.text, final.reasoning,
-                                                                           final.answer)}]
+    history = [*messages, {"role": "assistant", "content": history_content(final.text, final.reasoning, final.answer)}]
     ahead = chat.tokenizer.encode(chat._template_text(history, add_generation_prompt=False))
     prompt = chat.render([*history, {"role": "user", "content": "And?"}])
     assert prompt.ids == chat.tokenizer.encode(prompt.text, add_special_tokens=False)

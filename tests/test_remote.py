@@ -39,8 +39,9 @@ def test_cancel_ends_the_remote_reply_with_what_came(server):
     engine = RemoteEngine(url, model)
     control = GenerationControl()
     texts = []
-    for ev in engine.generate([{"role": "user", "content": "hi"}], SamplingSettings(temperature=0,
-                                                                                  max_new_tokens=300), control):
+    for ev in engine.generate(
+        [{"role": "user", "content": "hi"}], SamplingSettings(temperature=0, max_new_tokens=300), control
+    ):
         if isinstance(ev, Delta):
             texts.append(ev.text)
             if len(texts) == 3:
@@ -93,9 +94,17 @@ def _run(url):
 
 def test_reasoning_in_its_own_field_under_either_name(scripted):
     url, script = scripted
-    script.update(status=200, drop=False, lines=[_chunk(role="assistant", content=""), _chunk(reasoning="thinking "),
-                                                 _chunk(reasoning_content="hard"), _chunk(content="42"),
-                                                 "data: [DONE]"])
+    script.update(
+        status=200,
+        drop=False,
+        lines=[
+            _chunk(role="assistant", content=""),
+            _chunk(reasoning="thinking "),
+            _chunk(reasoning_content="hard"),
+            _chunk(content="42"),
+            "data: [DONE]",
+        ],
+    )
     done, deltas = _run(url)
     assert (done.reasoning, done.answer) == ("thinking hard", "42")
     assert [d.kind for d in deltas] == ["reasoning", "reasoning", "answer"]
@@ -104,8 +113,16 @@ def test_reasoning_in_its_own_field_under_either_name(scripted):
 
 def test_think_tags_inside_content(scripted):
     url, script = scripted
-    script.update(status=200, drop=False, lines=[_chunk(content="<thi"), _chunk(content="nk>\nstep one"),
-                                                 _chunk(content=" done</think>\n\nThe answer"), "data: [DONE]"])
+    script.update(
+        status=200,
+        drop=False,
+        lines=[
+            _chunk(content="<thi"),
+            _chunk(content="nk>\nstep one"),
+            _chunk(content=" done</think>\n\nThe answer"),
+            "data: [DONE]",
+        ],
+    )
     done, _ = _run(url)
     assert (done.reasoning, done.answer) == ("\nstep one done", "\n\nThe answer")
     script.update(lines=[_chunk(content="<b>bold</b> plain answer"), "data: [DONE]"])  # not a think tag

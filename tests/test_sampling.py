@@ -51,6 +51,7 @@ def test_samples_follow_the_nucleus_distribution(device, dtype, temperature, top
 # in Triton's interpreter on the CPU (slow: few draws, so the checks are the exact ones plus a coarse frequency
 # check) and for real on a GPU (many draws).
 
+
 def _keys(x: torch.Tensor) -> torch.Tensor:
     b = x.view(torch.int16).to(torch.int32) & 0xFFFF
     return torch.where(b >= 0x8000, 0xFFFF - b, b + 0x8000)
@@ -87,9 +88,18 @@ def test_fused_sampler_keeps_exactly_the_defined_set(device, case):
     g = torch.Generator().manual_seed(100 + case)
     vocab = [40, 300, 1000, 777, 300][case % 5]
     scale, decimals = [(0.5, 1), (2.0, 0), (8.0, 1), (2.0, 2), (1.0, 0)][case % 5]
-    temperature, top_p, top_k = [(0.6, 0.95, 0), (1.0, 0.5, 0), (0.3, 1.0, 7), (1.5, 0.9, 50), (0.7, 0.1, 0),
-                                 (1.0, 1.0, 0), (0.6, 0.95, 1), (1.2, 0.99, vocab - 1), (0.8, 0.7, 3),
-                                 (0.6, 0.999, 0)][case]
+    temperature, top_p, top_k = [
+        (0.6, 0.95, 0),
+        (1.0, 0.5, 0),
+        (0.3, 1.0, 7),
+        (1.5, 0.9, 50),
+        (0.7, 0.1, 0),
+        (1.0, 1.0, 0),
+        (0.6, 0.95, 1),
+        (1.2, 0.99, vocab - 1),
+        (0.8, 0.7, 3),
+        (0.6, 0.999, 0),
+    ][case]
     dtype = torch.float16 if case % 3 == 2 else torch.bfloat16  # GPUs without bf16 decode in fp16
     logits = (torch.randn(1, vocab, generator=g) * scale).round(decimals=decimals).to(dtype)
     params = SamplerParams(device)
@@ -149,7 +159,7 @@ def test_fused_sampler_picks_kept_ties_uniformly(device):
     ties = (picks != 5).double().mean().item()
     assert abs(ties - n_ties * w_tie / z) <= 5 * math.sqrt(ties * (1 - ties) / draws) + 0.02
     if device == "cuda":  # enough draws to see each kept tie's share
-        counts = torch.bincount(picks, minlength=vocab)[20:20 + n_ties].double() / draws
+        counts = torch.bincount(picks, minlength=vocab)[20 : 20 + n_ties].double() / draws
         share = w_tie / z
         assert torch.all((counts - share).abs() <= 5 * math.sqrt(share * (1 - share) / draws))
 
@@ -223,13 +233,15 @@ def test_sampling_works_where_triton_is_missing():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['triton'] = None\n"  # any import of triton now raises ImportError
-            "import torch\n"
-            "from model_loader.sampling import SamplerParams, sample\n"
-            "p = SamplerParams('cpu'); p.set(0.6, 0.95, 0, 50)\n"
-            "for dtype in (torch.float32, torch.bfloat16):\n"
-            "    t = sample(torch.randn(1, 50).to(dtype), p, torch.Generator().manual_seed(0))\n"
-            "    assert 0 <= t.item() < 50\n"
-            "print('ok')\n")
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # any import of triton now raises ImportError
+        "import torch\n"
+        "from model_loader.sampling import SamplerParams, sample\n"
+        "p = SamplerParams('cpu'); p.set(0.6, 0.95, 0, 50)\n"
+        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "    t = sample(torch.randn(1, 50).to(dtype), p, torch.Generator().manual_seed(0))\n"
+        "    assert 0 <= t.item() < 50\n"
+        "print('ok')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -21,8 +21,13 @@ def engine(tiny_model):
 @pytest.fixture(scope="module")
 def prompts(engine):
     """Prompts of 9 to ~300 tokens (one over several prefill chunks)."""
-    texts = ["Hi", "What is 2 + 2? Reason step by step.", "Tell me a long story about a cat. " * 25,
-             "Écris un poème sur la mer 🌊", "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2) " * 3]
+    texts = [
+        "Hi",
+        "What is 2 + 2? Reason step by step.",
+        "Tell me a long story about a cat. " * 25,
+        "Écris un poème sur la mer 🌊",
+        "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2) " * 3,
+    ]
     return [engine.chat.render([{"role": "user", "content": t}]).ids for t in texts]
 
 
@@ -42,8 +47,9 @@ class Collect:
 
 
 def make(engine, blocks=256, **config) -> Scheduler:
-    return Scheduler(engine.model, engine.chat, blocks, SchedulerConfig(**{"max_seqs": 8, "chunk": 64,
-                                                                           "block_size": 16, **config}))
+    return Scheduler(
+        engine.model, engine.chat, blocks, SchedulerConfig(**{"max_seqs": 8, "chunk": 64, "block_size": 16, **config})
+    )
 
 
 def alone(engine, ids, settings=GREEDY) -> Finished:
@@ -64,14 +70,15 @@ def test_a_sequence_alone_decodes_what_the_single_sequence_engine_decodes(engine
 
 def test_batched_equals_alone_with_sequences_joining_and_leaving(engine, prompts):
     """Mixed prompt lengths, different reply lengths (sequences leave mid-batch) and arrivals between steps."""
-    expected = [alone(engine, ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True))
-                for i, ids in enumerate(prompts)]
+    expected = [
+        alone(engine, ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True))
+        for i, ids in enumerate(prompts)
+    ]
     scheduler = make(engine, max_seqs=3)  # fewer slots than requests: some wait for others to leave
     sinks = [Collect() for _ in prompts]
     steps = 0
     for i, ids in enumerate(prompts):
-        scheduler.submit(ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True),
-                         sink=sinks[i])
+        scheduler.submit(ids, SamplingSettings(temperature=0, max_new_tokens=8 + 6 * i, ignore_eos=True), sink=sinks[i])
         for _ in range(3):  # the next one arrives while these decode
             steps += scheduler.step()
     scheduler.run_until_idle()
@@ -87,23 +94,27 @@ def test_cancelling_one_of_four_leaves_the_others_unchanged(engine, prompts):
     scheduler = make(engine)
     controls = [GenerationControl() for _ in range(4)]
     sinks = [Collect() for _ in range(4)]
-    seqs = [scheduler.submit(ids, GREEDY, control=control, sink=sink)
-            for ids, control, sink in zip(prompts, controls, sinks)]
+    seqs = [
+        scheduler.submit(ids, GREEDY, control=control, sink=sink)
+        for ids, control, sink in zip(prompts, controls, sinks)
+    ]
     while len(seqs[1].output) < 5:
         scheduler.step()
     controls[1].cancel()
     scheduler.run_until_idle()
     assert sinks[1].final.stats.finish_reason == "cancelled"
     assert 5 <= len(sinks[1].final.token_ids) < GREEDY.max_new_tokens
-    assert sinks[1].final.token_ids == expected[1].token_ids[:len(sinks[1].final.token_ids)]
+    assert sinks[1].final.token_ids == expected[1].token_ids[: len(sinks[1].final.token_ids)]
     for i in (0, 2, 3):
         assert sinks[i].final.token_ids == expected[i].token_ids
     assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
 
 
 def test_a_seed_gives_the_same_text_alone_or_batched(engine, prompts):
-    settings = [SamplingSettings(temperature=0.9, top_p=0.9, top_k=50, max_new_tokens=20, seed=s, ignore_eos=True)
-                for s in (1, 2, 3)]
+    settings = [
+        SamplingSettings(temperature=0.9, top_p=0.9, top_k=50, max_new_tokens=20, seed=s, ignore_eos=True)
+        for s in (1, 2, 3)
+    ]
     expected = [alone(engine, prompts[1], s) for s in settings]
     assert len({tuple(e.token_ids) for e in expected}) == 3, "different seeds, different samples"
     scheduler = make(engine)
@@ -121,8 +132,9 @@ def test_samples_of_one_prompt_share_its_prefill(engine, prompts):
     ids = prompts[2]  # ~300 tokens: many full blocks
     scheduler = make(engine)
     sinks = [Collect() for _ in range(3)]
-    seqs = scheduler.submit_samples(ids, SamplingSettings(temperature=0.7, max_new_tokens=10, seed=5,
-                                                          ignore_eos=True), 3, sinks=sinks)
+    seqs = scheduler.submit_samples(
+        ids, SamplingSettings(temperature=0.7, max_new_tokens=10, seed=5, ignore_eos=True), 3, sinks=sinks
+    )
     scheduler.run_until_idle()
     reused = [sink.final.stats.prefix_reused_tokens for sink in sinks]
     assert reused[0] == 0
@@ -190,8 +202,9 @@ def test_a_long_prompt_pauses_the_others_by_one_chunk_at_a_time(engine, prompts)
     scheduler.submit(long, GREEDY)
     rows = []
     real_step = scheduler.forward.step
-    scheduler.forward.step = lambda tokens, positions, seqs: rows.append(len(tokens)) or real_step(tokens, positions,
-                                                                                                     seqs)
+    scheduler.forward.step = lambda tokens, positions, seqs: (
+        rows.append(len(tokens)) or real_step(tokens, positions, seqs)
+    )
     before = [len(seq.output) for seq in scheduler.running]
     while len(rows) < -(-len(long) // 64):
         scheduler.step()
@@ -233,8 +246,11 @@ def test_a_failing_sequence_fails_alone_and_the_others_finish(engine, prompts):
         at = len(poison) + 2
         for seq in seqs:
             start = seq.context - seq.rows
-            if start <= at < seq.context and tokens[seq.row0 + at - start] == poisoned["token"] and \
-                    tokens[seq.row0] == ([*poison, *poisoned["ids"]])[start]:
+            if (
+                start <= at < seq.context
+                and tokens[seq.row0 + at - start] == poisoned["token"]
+                and tokens[seq.row0] == ([*poison, *poisoned["ids"]])[start]
+            ):
                 raise RuntimeError("an illegal memory access")
         return real_step(tokens, positions, seqs)
 
@@ -266,8 +282,13 @@ def test_stop_thinking_closes_one_sequences_reasoning(engine, prompts):
     controls = [GenerationControl(), GenerationControl()]
     sinks = [Collect(), Collect()]
     for i in range(2):
-        scheduler.submit(prompts[i], SamplingSettings(temperature=0, max_new_tokens=30, ignore_eos=True),
-                         control=controls[i], sink=sinks[i], in_reasoning=True)
+        scheduler.submit(
+            prompts[i],
+            SamplingSettings(temperature=0, max_new_tokens=30, ignore_eos=True),
+            control=controls[i],
+            sink=sinks[i],
+            in_reasoning=True,
+        )
     for _ in range(4):
         scheduler.step()
     controls[0].stop_thinking()
@@ -275,12 +296,14 @@ def test_stop_thinking_closes_one_sequences_reasoning(engine, prompts):
     done = sinks[0].final
     assert done.stats.stopped_thinking
     tag = engine.chat.encode_plain("\n</think>\n\n")
-    start = next(i for i in range(len(done.token_ids)) if done.token_ids[i:i + len(tag)] == tag)
+    start = next(i for i in range(len(done.token_ids)) if done.token_ids[i : i + len(tag)] == tag)
     assert 2 <= start <= 6
     assert "</think>" in done.text and done.answer
     assert not sinks[1].final.stats.stopped_thinking
-    assert sinks[1].final.token_ids == alone(engine, prompts[1], SamplingSettings(
-        temperature=0, max_new_tokens=30, ignore_eos=True)).token_ids
+    assert (
+        sinks[1].final.token_ids
+        == alone(engine, prompts[1], SamplingSettings(temperature=0, max_new_tokens=30, ignore_eos=True)).token_ids
+    )
 
 
 def test_batched_decode_attention_matches_per_sequence_attention(engine, prompts):
@@ -315,8 +338,9 @@ def test_a_sequences_logits_are_bitwise_the_same_alone_or_batched(engine, prompt
         forward = PagedForward(engine.model, PagedKVCache(engine.model, 8, 16))
         first = SeqSlice(0, len(a), len(a), blocks_a, True)
         if together:
-            logits = forward.step(a + b, [*range(len(a)), *range(len(b))],
-                                  [first, SeqSlice(len(a), len(b), len(b), blocks_b, True)])
+            logits = forward.step(
+                a + b, [*range(len(a)), *range(len(b))], [first, SeqSlice(len(a), len(b), len(b), blocks_b, True)]
+            )
         else:
             logits = forward.step(a, list(range(len(a))), [first])
         nxt = int(logits[0].argmax())
@@ -393,8 +417,13 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 
 
 @hyp_settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["submit", "cancel", "step"]), st.integers(0, 7), st.integers(1, 12)),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["submit", "cancel", "step"]), st.integers(0, 7), st.integers(1, 12)),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_random_arrivals_and_cancels_keep_the_block_accounting_exact(engine, stems, schedule):
     """Through the real scheduler: arrivals sharing prefixes, cancels of waiting and running sequences, and a cache
     too small for all of them (waiting, preemption). After every step each block's count equals the tables that
@@ -406,10 +435,13 @@ def test_random_arrivals_and_cancels_keep_the_block_accounting_exact(engine, ste
     schedule = [("submit", pick, 12) for pick in (1, 0, 1, 2)] + schedule  # enough at once to run out of blocks
     for op, pick, n in schedule:
         if op == "submit":
-            seq = scheduler.submit(stems[pick % 3], SamplingSettings(temperature=0.7, max_new_tokens=n, seed=pick,
-                                                                     ignore_eos=True),
-                                   sink=lambda ev, i=len(seqs): ended.__setitem__(i, ended.get(i, 0) + 1)
-                                   if isinstance(ev, (Finished, Failed)) else None)
+            seq = scheduler.submit(
+                stems[pick % 3],
+                SamplingSettings(temperature=0.7, max_new_tokens=n, seed=pick, ignore_eos=True),
+                sink=lambda ev, i=len(seqs): (
+                    ended.__setitem__(i, ended.get(i, 0) + 1) if isinstance(ev, (Finished, Failed)) else None
+                ),
+            )
             seqs.append(seq)
         elif op == "cancel" and seqs:
             seqs[pick % len(seqs)].control.cancel()

@@ -7,17 +7,20 @@ import pytest
 from model_loader.stats import percentile
 
 
-@pytest.mark.parametrize("values,q,expected", [
-    ([1, 2, 3, 4, 5], 50, 3.0),
-    ([1, 2, 3, 4], 50, 2.5),  # interpolated between the middle two
-    (list(range(1, 101)), 95, 95.05),  # numpy.percentile(range(1, 101), 95)
-    ([10, 20, 30, 40, 50, 60, 70, 80, 90, 1000], 95, 590.5),  # one outlier: P95 is not the maximum
-    ([10, 20, 30, 40, 50, 60, 70, 80, 90, 1000], 50, 55.0),
-    ([3, 1, 2], 50, 2.0),  # order of the samples does not matter
-    ([7.5], 95, 7.5),
-    ([1, 2, 3, 4, 5], 0, 1.0),
-    ([1, 2, 3, 4, 5], 100, 5.0),
-])
+@pytest.mark.parametrize(
+    "values,q,expected",
+    [
+        ([1, 2, 3, 4, 5], 50, 3.0),
+        ([1, 2, 3, 4], 50, 2.5),  # interpolated between the middle two
+        (list(range(1, 101)), 95, 95.05),  # numpy.percentile(range(1, 101), 95)
+        ([10, 20, 30, 40, 50, 60, 70, 80, 90, 1000], 95, 590.5),  # one outlier: P95 is not the maximum
+        ([10, 20, 30, 40, 50, 60, 70, 80, 90, 1000], 50, 55.0),
+        ([3, 1, 2], 50, 2.0),  # order of the samples does not matter
+        ([7.5], 95, 7.5),
+        ([1, 2, 3, 4, 5], 0, 1.0),
+        ([1, 2, 3, 4, 5], 100, 5.0),
+    ],
+)
 def test_percentile_matches_known_samples(values, q, expected):
     assert percentile(values, q) == pytest.approx(expected)
 

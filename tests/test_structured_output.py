@@ -20,10 +20,12 @@ WORDS = ["name", "id", "tags", "city", "ok", "score", "items", "kind", "note", "
 
 leaf = st.one_of(
     st.integers(1, 12).map(lambda n: {"type": "string", "maxLength": n}),
-    st.lists(st.sampled_from(["red", "green", "blue", "a b", "x\"y", "日本"]), min_size=1, max_size=4,
-             unique=True).map(lambda e: {"enum": e}),
+    st.lists(st.sampled_from(["red", "green", "blue", "a b", 'x"y', "日本"]), min_size=1, max_size=4, unique=True).map(
+        lambda e: {"enum": e}
+    ),
     st.tuples(st.integers(-50, 50), st.integers(0, 100)).map(
-        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}),
+        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}
+    ),
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
     st.just({"type": "string", "pattern": "^[a-z]{1,6}$"}),
@@ -32,19 +34,28 @@ leaf = st.one_of(
 
 
 def _containers(children):
-    objects = st.lists(st.tuples(st.sampled_from(WORDS), children, st.booleans()), min_size=1, max_size=4,
-                       unique_by=lambda t: t[0]).map(
-        lambda props: {"type": "object", "properties": {k: v for k, v, _ in props},
-                       "required": [k for k, _, req in props if req], "additionalProperties": False})
-    arrays = st.tuples(children, st.integers(0, 3)).map(
-        lambda t: {"type": "array", "items": t[0], "maxItems": t[1]})
+    objects = st.lists(
+        st.tuples(st.sampled_from(WORDS), children, st.booleans()), min_size=1, max_size=4, unique_by=lambda t: t[0]
+    ).map(
+        lambda props: {
+            "type": "object",
+            "properties": {k: v for k, v, _ in props},
+            "required": [k for k, _, req in props if req],
+            "additionalProperties": False,
+        }
+    )
+    arrays = st.tuples(children, st.integers(0, 3)).map(lambda t: {"type": "array", "items": t[0], "maxItems": t[1]})
     either = st.tuples(children, children).map(lambda t: {"anyOf": [t[0], t[1]]})
     return st.one_of(objects, arrays, either)
 
 
 schemas = st.recursive(leaf, _containers, max_leaves=8).map(
-    lambda s: s if s.get("type") == "object" else {"type": "object", "properties": {"value": s},
-                                                  "required": ["value"], "additionalProperties": False})
+    lambda s: (
+        s
+        if s.get("type") == "object"
+        else {"type": "object", "properties": {"value": s}, "required": ["value"], "additionalProperties": False}
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +78,12 @@ def _reply(engine, constraint, **settings) -> Finished:
     return events[-1]
 
 
-@hyp_settings(max_examples=20, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hyp_settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(schema=schemas, temperature=st.sampled_from([0.0, 1.0]))
 def test_replies_under_a_random_schema_parse_and_validate(engine, schema, temperature):
     constraint = compile_json(engine.folder.path, engine.model.cfg.vocab_size, schema)
@@ -84,17 +99,21 @@ def test_json_object_gives_an_object_where_the_same_settings_without_it_give_no_
     free = _reply(engine, None, temperature=0, max_new_tokens=10, logit_bias=bias)
     with pytest.raises(ValueError):
         json.loads(free.answer)
-    done = _reply(engine, compile_json(engine.folder.path, engine.model.cfg.vocab_size, None), temperature=0,
-                  logit_bias=bias)
+    done = _reply(
+        engine, compile_json(engine.folder.path, engine.model.cfg.vocab_size, None), temperature=0, logit_bias=bias
+    )
     assert done.stats.finish_reason == "eos"
     assert json.loads(done.answer) == {}
 
 
-@pytest.mark.parametrize("schema,reason", [
-    ({"type": "strin"}, "strin"),
-    ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, "missing"),
-    ({"type": "string", "pattern": "(unclosed"}, ""),
-])
+@pytest.mark.parametrize(
+    "schema,reason",
+    [
+        ({"type": "strin"}, "strin"),
+        ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, "missing"),
+        ({"type": "string", "pattern": "(unclosed"}, ""),
+    ],
+)
 def test_a_schema_it_cant_compile_is_refused_with_the_reason(engine, schema, reason):
     with pytest.raises(GrammarError) as err:
         compile_json(engine.folder.path, engine.model.cfg.vocab_size, schema)
@@ -107,16 +126,22 @@ def test_the_reasoning_stays_free_and_the_answer_follows_the_schema(tiny_model):
     from model_loader.engine import Engine
 
     engine = Engine.load(tiny_model, device="cpu", context_length=1024)
-    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999}},
-              "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     constraint = compile_json(tiny_model, engine.model.cfg.vocab_size, schema)
 
     def run(constraint):
         control = GenerationControl()
         events = []
-        for event in engine.generate([{"role": "user", "content": "What is 6 x 7?"}],
-                                     SamplingSettings(temperature=0, max_new_tokens=60, constraint=constraint),
-                                     control):
+        for event in engine.generate(
+            [{"role": "user", "content": "What is 6 x 7?"}],
+            SamplingSettings(temperature=0, max_new_tokens=60, constraint=constraint),
+            control,
+        ):
             events.append(event)
             if isinstance(event, Delta) and event.token_count == 8:
                 control.stop_thinking()

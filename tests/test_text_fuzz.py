@@ -22,9 +22,12 @@ def tokenizer(tiny_model):
 
 # Ids the model can emit: any of the byte-level BPE (partial UTF-8 included), the special tokens, and the
 # padding rows past the tokenizer's end that a random or broken model can still sample.
-token_ids = st.lists(st.one_of(st.integers(0, 151_935), st.sampled_from([151643, 151648, 151649, 151644, 151645]),
-                               st.integers(0, 300)),  # low ids are single bytes: split characters are likely
-                     max_size=120)
+token_ids = st.lists(
+    st.one_of(
+        st.integers(0, 151_935), st.sampled_from([151643, 151648, 151649, 151644, 151645]), st.integers(0, 300)
+    ),  # low ids are single bytes: split characters are likely
+    max_size=120,
+)
 
 
 @FUZZ
@@ -51,9 +54,15 @@ def _split(chunks: list[str], in_reasoning: bool = True) -> tuple[str, str, bool
     return "".join(out["reasoning"]), "".join(out["answer"]), splitter.in_reasoning
 
 
-tag_soup = st.lists(st.one_of(st.sampled_from(["<think>", "</think>", "<", "</", "</th", "think>", ">", "\n", "\n\n",
-                                               " ", "</think", "<think", "/"]),
-                              st.text(max_size=12)), max_size=40).map("".join)
+tag_soup = st.lists(
+    st.one_of(
+        st.sampled_from(
+            ["<think>", "</think>", "<", "</", "</th", "think>", ">", "\n", "\n\n", " ", "</think", "<think", "/"]
+        ),
+        st.text(max_size=12),
+    ),
+    max_size=40,
+).map("".join)
 
 
 @FUZZ

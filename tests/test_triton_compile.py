@@ -16,11 +16,20 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="records launches through Triton's interpreter (a GPU compiles for real)")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="records launches through Triton's interpreter (a GPU compiles for real)",
+)
 
-_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
-                  torch.int64: "*i64", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
+_POINTER_TYPES = {
+    torch.float32: "*fp32",
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.uint8: "*u8",
+    torch.float8_e4m3fn: "*fp8e4nv",
+}
 _LAUNCH_OPTIONS = ("num_warps", "num_stages")
 # The most shared memory a program may have on an RTX 30- or 40-series card (sm_86 / sm_89: 99 KB; the H200 has
 # 227 KB) and on a Turing card (sm_75: RTX 20-series, GTX 16-series, many 6 GB laptops: 64 KB), where r1desk runs
@@ -46,16 +55,22 @@ def _spec(fn, args, kwargs) -> dict:
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if value % 16 == 0:
                 aligned.append(i)
         else:
             signature[name] = "fp32"
     # "aligned": the arguments a GPU launch specializes as divisible by 16 (pointers, and ints), as Triton does at
     # run time: it lets loads become 16-byte async copies, which changes the shared memory a kernel asks for.
-    return {"module": fn.__module__, "file": inspect.getsourcefile(fn), "name": fn.__name__,
-            "signature": signature, "constexprs": constexprs, "aligned": aligned,
-            "options": {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS}}
+    return {
+        "module": fn.__module__,
+        "file": inspect.getsourcefile(fn),
+        "name": fn.__name__,
+        "signature": signature,
+        "constexprs": constexprs,
+        "aligned": aligned,
+        "options": {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS},
+    }
 
 
 # Runs in a fresh interpreter: once the interpreter has run kernels in a process, Triton's language module is
@@ -146,8 +161,7 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     for shape in {shape for _, shape in attention.SHAPES}:  # every block shape, in one pass and in key splits
         attention._tuned = lambda n, shape=shape: shape
         for splits in (1, 2):
-            attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25,
-                      splits=splits)
+            attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25, splits=splits)
     del attention._tuned
     pos = torch.tensor([ids.numel()], dtype=torch.int32)
     for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
@@ -162,9 +176,16 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     for config in triton_ops.GEMV_SPLIT_CONFIGS:
         triton_ops.gemv(torch.randn(1, wide.shape[1], dtype=torch.bfloat16), wide, config)
     names = _compile_all(launches)
-    assert {"_add_rms_norm_kernel", "_rope_bias_cache_kernel", "_silu_mul_kernel", "_decode_attn_split_kernel",
-            "_decode_attn_reduce_kernel", "_prefill_attn_kernel", "_prefill_attn_reduce_kernel",
-            "_gemv_kernel"} <= names.keys()
+    assert {
+        "_add_rms_norm_kernel",
+        "_rope_bias_cache_kernel",
+        "_silu_mul_kernel",
+        "_decode_attn_split_kernel",
+        "_decode_attn_reduce_kernel",
+        "_prefill_attn_kernel",
+        "_prefill_attn_reduce_kernel",
+        "_gemv_kernel",
+    } <= names.keys()
     _assert_fit_everywhere(names)
 
 
@@ -188,8 +209,9 @@ def test_the_int4_kernels_compile_for_a_gpu(launches):
     packed = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8), sz, 128, 48, 1024)
     int4_triton.int4pack_dequantize(packed, torch.empty(48 * 1024, dtype=torch.bfloat16))
     # a narrower interleave and a group per nibble (Qwen2-0.5B's width 896 takes interleave 16)
-    narrow = fmt.to_row_packed(torch.randint(0, 16, (896, 32)), torch.randint(0, 16, (28, 32)),
-                               torch.rand(28, 32).half(), 32)
+    narrow = fmt.to_row_packed(
+        torch.randint(0, 16, (896, 32)), torch.randint(0, 16, (28, 32)), torch.rand(28, 32).half(), 32
+    )
     int4_triton.int4_gemv(torch.randn(1, 896, dtype=torch.bfloat16), narrow)
     int4_triton.int4_dequantize(narrow, torch.empty(32 * 896, dtype=torch.bfloat16))
     names = _compile_all(launches)
@@ -210,14 +232,20 @@ def test_the_fused_sampler_compiles_for_a_gpu(launches):
     params.set(0.6, 0.95, 0, 151_936)
     fused_sample(torch.randn(1, 151_936).to(torch.bfloat16), params)
     names = _compile_all(launches)
-    assert {"_sampler_max_kernel", "_sampler_top_k_kernel", "_sampler_mass_high_kernel", "_sampler_mass_low_kernel",
-            "_sampler_draw_kernel"} <= names.keys()
+    assert {
+        "_sampler_max_kernel",
+        "_sampler_top_k_kernel",
+        "_sampler_mass_high_kernel",
+        "_sampler_mass_low_kernel",
+        "_sampler_draw_kernel",
+    } <= names.keys()
     _assert_fit_everywhere(names)
 
 
 def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeypatch):
     """The check itself: a kernel reading a plain Python global runs in the interpreter but must not compile."""
-    (tmp_path / "r1desk_bad_kernel.py").write_text(inspect.cleandoc('''
+    (tmp_path / "r1desk_bad_kernel.py").write_text(
+        inspect.cleandoc("""
         import triton
         import triton.language as tl
         SCALE = 2.0
@@ -226,7 +254,8 @@ def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeyp
         def scale_kernel(x_ptr, BLOCK: tl.constexpr):
             offs = tl.arange(0, BLOCK)
             tl.store(x_ptr + offs, tl.load(x_ptr + offs) * SCALE)
-        '''))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import r1desk_bad_kernel
 
@@ -237,15 +266,15 @@ def test_a_kernel_the_gpu_compiler_rejects_is_caught(launches, tmp_path, monkeyp
         _compile_all(launches)
 
 
-
 def _compiled(specs: list[dict]) -> list[list[str]]:
     """Each launch spec compiled for its "arch" (sm_86 unless given) in a fresh interpreter (_COMPILER): its
     line of output split (kernel name, shared memory, global loads, of them with an L2 hint, evict_first used),
     or AssertionError with the compiler's message."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _COMPILER], input=json.dumps(specs), capture_output=True, text=True,
-                          env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILER], input=json.dumps(specs), capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
     return [line.split() for line in done.stdout.splitlines()]
 
@@ -255,9 +284,17 @@ def _compiled_shared(specs: list[dict]) -> list[int]:
     return [int(fields[1]) for fields in _compiled(specs)]
 
 
-@pytest.mark.parametrize("kind, arch, limit", [("bf16", 86, SMALL_GPU_SHARED), ("fp32", 86, SMALL_GPU_SHARED),
-                                               ("8-bit", 89, SMALL_GPU_SHARED), ("fp16", 75, TURING_SHARED),
-                                               ("bf16", 120, SMALL_GPU_SHARED), ("8-bit", 120, SMALL_GPU_SHARED)])
+@pytest.mark.parametrize(
+    "kind, arch, limit",
+    [
+        ("bf16", 86, SMALL_GPU_SHARED),
+        ("fp32", 86, SMALL_GPU_SHARED),
+        ("8-bit", 89, SMALL_GPU_SHARED),
+        ("fp16", 75, TURING_SHARED),
+        ("bf16", 120, SMALL_GPU_SHARED),
+        ("8-bit", 120, SMALL_GPU_SHARED),
+    ],
+)
 def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits(launches, kind, arch, limit):
     """At the 1.5B's shapes (12 query heads, 2 KV heads, head dim 128), every decode attention shape the warm-up
     may pick on a GPU without programmatic dependent launch (an RTX 30/40-series card), followed by its
@@ -301,23 +338,38 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
         chain = [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
         for c in chain:  # records each shape's launch
-            attn(q, k, v, pos, length, d ** -0.5, config=c, scales=scales)
+            attn(q, k, v, pos, length, d**-0.5, config=c, scales=scales)
         chains.append([key(c) for c in chain])
         attn.shared_limit, attn.pipelined = limit, arch >= 80  # what DecodeAttention reads from such a GPU
         firsts.append(key(attn.candidates(attn.resolve(config), triton_ops.decode_tile_bytes(k, v))[0]))
-    specs = [dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl}) for spec in launches.values()
-             if spec["name"] == "_decode_attn_split_kernel"]
-    shared = {(c["BLOCK_N"], c["MAX_SPLITS"], s["options"]["num_stages"], c["EARLY_TILE"], c["LATE_LAUNCH"],
-               s["options"]["num_warps"]): b for s, b in zip(specs, _compiled_shared(specs)) for c in [s["constexprs"]]}
+    specs = [
+        dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl})
+        for spec in launches.values()
+        if spec["name"] == "_decode_attn_split_kernel"
+    ]
+    shared = {
+        (
+            c["BLOCK_N"],
+            c["MAX_SPLITS"],
+            s["options"]["num_stages"],
+            c["EARLY_TILE"],
+            c["LATE_LAUNCH"],
+            s["options"]["num_warps"],
+        ): b
+        for s, b in zip(specs, _compiled_shared(specs))
+        for c in [s["constexprs"]]
+    }
     for chain in chains:
         fits = [shape for shape in chain if shared[shape] <= limit]
         assert fits, f"no shape of {chain} fits {limit} bytes: {[shared[s] for s in chain]}"
     if kind in ("bf16", "8-bit", "fp16"):  # the shape tried first there (and compiled ahead on a first start) fits
         assert all(shared[first] <= limit for first in firsts), [(first, shared[first]) for first in firsts]
     # the bound that rules shapes out is at most what Triton asks for each (8-bit: V transposed, a byte a value)
-    bound = {key(c): triton_ops.decode_pipeline_bytes(c, d, triton_ops.decode_tile_bytes(k, v), arch >= 80)
-             for config in configs for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(
-                 attn.resolve(config))]}
+    bound = {
+        key(c): triton_ops.decode_pipeline_bytes(c, d, triton_ops.decode_tile_bytes(k, v), arch >= 80)
+        for config in configs
+        for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
+    }
     assert all(bound[shape] <= shared[shape] for shape in bound), {s: (bound[s], shared[s]) for s in bound}
 
 
@@ -330,14 +382,22 @@ def _as_hopper_launch(spec: dict) -> dict:
         return dict(spec, constexprs={**c, "PDL": True})
     names = list(spec["signature"])
     desc = f"tensordesc<{spec['signature']['k_ptr'][1:]}[{c['BLOCK_N']}, {c['D']}]>"
-    return dict(spec, signature={**spec["signature"], "k_ptr": desc, "v_ptr": desc},
-                constexprs={**c, "PDL": True, "TMA": True},
-                aligned=[i for i in spec["aligned"] if names[i] not in ("k_ptr", "v_ptr")])
+    return dict(
+        spec,
+        signature={**spec["signature"], "k_ptr": desc, "v_ptr": desc},
+        constexprs={**c, "PDL": True, "TMA": True},
+        aligned=[i for i in spec["aligned"] if names[i] not in ("k_ptr", "v_ptr")],
+    )
 
 
-@pytest.mark.parametrize("dtype, arch, limit", [(torch.bfloat16, 86, SMALL_GPU_SHARED),
-                                                (torch.float16, 75, TURING_SHARED),
-                                                (torch.bfloat16, 120, SMALL_GPU_SHARED)])
+@pytest.mark.parametrize(
+    "dtype, arch, limit",
+    [
+        (torch.bfloat16, 86, SMALL_GPU_SHARED),
+        (torch.float16, 75, TURING_SHARED),
+        (torch.bfloat16, 120, SMALL_GPU_SHARED),
+    ],
+)
 def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(launches, dtype, arch, limit):
     """The same for the prefill attention at the 1.5B's shapes: its tuned tile shape and then its FALLBACKS
     (what PrefillAttention runs when Triton refuses a launch for shared memory), compiled for an RTX 30-series
@@ -354,7 +414,7 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
     for shape in chain:
         attn._tuned = lambda n, shape=shape: shape
         for splits in (1, 2):
-            attn(q, k, v, torch.tensor([start], dtype=torch.int32), d ** -0.5, splits=splits)
+            attn(q, k, v, torch.tensor([start], dtype=torch.int32), d**-0.5, splits=splits)
     specs = [dict(spec, arch=arch) for spec in launches.values() if spec["name"] == "_prefill_attn_kernel"]
     if arch >= 90:
         specs = [_as_hopper_launch(spec) for spec in specs]
@@ -367,7 +427,6 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
         assert any(shared[shape, split] <= limit for shape in chain), (split, shared)
 
 
-
 def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     """The dense and 4-bit GEMVs, as the engine launches them, compiled for sm_90: their weight loads carry an L2
     cache hint with the evict_first policy (triton_ops.GEMV_WEIGHT_EVICTION; the weights stream through L2 once a
@@ -378,8 +437,7 @@ def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
 
     x = torch.randn(1, 256, dtype=torch.bfloat16)
     triton_ops.gemv(x, torch.randn(40, 256, dtype=torch.bfloat16), triton_ops.GEMV_CONFIGS[0])
-    w = fmt.to_row_packed(torch.randint(0, 16, (256, 48)), torch.randint(0, 16, (2, 48)),
-                          torch.rand(2, 48).half(), 128)
+    w = fmt.to_row_packed(torch.randint(0, 16, (256, 48)), torch.randint(0, 16, (2, 48)), torch.rand(2, 48).half(), 128)
     int4_triton.int4_gemv(x, w)
     found = {}
     for name, _, loads, hinted, evict_first in _compiled([dict(spec, arch=90) for spec in launches.values()]):

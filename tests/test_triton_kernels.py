@@ -92,7 +92,7 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
     qkv, bias, cos, sin, caches = _rope_inputs(device, hq, hkv, d, t, seed=1)
     pos_t = torch.tensor([start], device=device, dtype=torch.int32)
     _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, start, start, hq, hkv, device)
-    assert caches[2][:, start + t:].abs().sum() == 0  # nothing written past the new tokens
+    assert caches[2][:, start + t :].abs().sum() == 0  # nothing written past the new tokens
 
 
 # 66 splits (132 SMs / 2 KV heads) of chunks aligned to 1 token: 2,500 tokens -> 38-token chunks, 3 loop steps of
@@ -103,9 +103,11 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 # whole_tiles: the early tile takes each split's part tile (38-token chunks of 16-token tiles: 6 tokens, then two
 # whole tiles), and 16-bit models take exp2; without the early tile (GPUs without PDL), exp2 alone: the same
 # kernel as the plain one for fp32 (IEEE), so only the 16-bit test below runs it.
-ODD_SPLITS = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
-              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),
-              triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True))
+ODD_SPLITS = (
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),
+    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True),
+)
 EXP2_ONLY = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, whole_tiles=True),)
 
 
@@ -156,8 +158,9 @@ def test_decode_attention_of_16_bit_inputs_matches_reference(device, length, con
         ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, scale)
         k[:, length:] = float("nan")
         v[:, length:] = float("nan")
-        attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt,
-                                          configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY)
+        attn = triton_ops.DecodeAttention(
+            hq, hkv, d, device, dt, configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY
+        )
         out = attn(q, k, v, pos_t, length, scale, config=config)
         assert out.dtype == dt
         torch.testing.assert_close(out.float(), ref, atol=2e-3 if dt == torch.float16 else 1.6e-2, rtol=1e-2)
@@ -241,7 +244,8 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
     for kv_cache, wanted in (("16-bit", False), ("8-bit", True)):
         engine = Engine.load(tiny_model, device=device, use_triton=True, kv_cache=kv_cache)
         assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(
-            engine.model.device, kv8=wanted)
+            engine.model.device, kv8=wanted
+        )
         attn = engine.model.decode_attention
         assert attn.max_splits == max(attn.resolve(c).max_splits for c in engine.model.decode_attention_candidates())
         assert attn.max_splits == attn.sm_splits * (2 if wanted else 1)
@@ -260,8 +264,12 @@ def test_single_token_gemv_matches_linear(device, n, k, config, early, monkeypat
     x = torch.randn(1, k, generator=g).to(device, dt)
     w = torch.randn(n, k, generator=g).to(device, dt)
     ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
-    torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
-                               rtol=2e-2 if device == "cuda" else 1e-5)
+    torch.testing.assert_close(
+        triton_ops.gemv(x, w, config),
+        ref,
+        atol=5e-2 if device == "cuda" else 1e-4,
+        rtol=2e-2 if device == "cuda" else 1e-5,
+    )
 
 
 @pytest.mark.parametrize("config", [(4, 64, 4, 2), (8, 64, 4, 3), (16, 128, 8, 4), (4, 512, 4, 7)])
@@ -279,8 +287,12 @@ def test_single_token_gemv_split_along_k_matches_linear(device, n, k, config):
     assert per_split % config[1] == 0 and (splits - 1) * per_split < k <= splits * per_split
     assert splits > 1 or k <= config[1]  # one chunk of 512 covers 448 inputs: no split
     for _ in range(2):
-        torch.testing.assert_close(triton_ops.gemv(x, w, config), ref, atol=5e-2 if device == "cuda" else 1e-4,
-                                   rtol=2e-2 if device == "cuda" else 1e-5)
+        torch.testing.assert_close(
+            triton_ops.gemv(x, w, config),
+            ref,
+            atol=5e-2 if device == "cuda" else 1e-4,
+            rtol=2e-2 if device == "cuda" else 1e-5,
+        )
     assert not triton_ops.split_counters(x.device).any()
 
 
@@ -302,8 +314,12 @@ def test_gate_up_gemv_on_paired_rows_outputs_silu_gate_times_up(device, config):
     got = triton_ops.gemv(x, paired, config, silu_output=True)
     assert got.shape == (1, 40)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
-    torch.testing.assert_close(got, reference.silu_mul(torch.nn.functional.linear(x.float(), w.float()).to(dt)),
-                               atol=5e-2 if device == "cuda" else 1e-4, rtol=2e-2 if device == "cuda" else 1e-4)
+    torch.testing.assert_close(
+        got,
+        reference.silu_mul(torch.nn.functional.linear(x.float(), w.float()).to(dt)),
+        atol=5e-2 if device == "cuda" else 1e-4,
+        rtol=2e-2 if device == "cuda" else 1e-4,
+    )
 
 
 def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_cannot(device, monkeypatch):
@@ -346,21 +362,36 @@ def test_a_prefills_rope_kernel_zeroes_the_stale_value_rows_a_whole_key_tile_rea
     triton_ops.rope_bias_cache(qkv, bias, cos, sin, k, v, start_t, start, hq, hkv)
     end = start + t
     assert not k[:, start:end].isnan().any() and not v[:, start:end].isnan().any()
-    zeroed = v[:, end:end + stale_rows]
+    zeroed = v[:, end : end + stale_rows]
     assert zeroed.shape[1] == min(stale_rows, max_ctx - end) and not zeroed.any()
-    assert v[:, end + stale_rows:].isnan().all() and v[:, :start].isnan().all()
+    assert v[:, end + stale_rows :].isnan().all() and v[:, :start].isnan().all()
     assert k[:, end:].isnan().all() and k[:, :start].isnan().all()
     one = triton_ops.rope_bias_cache(qkv[:1], bias, cos, sin, k, v, start_t, start, hq, hkv)
-    assert one.shape[0] == 1 and v[:, end + stale_rows:].isnan().all()
+    assert one.shape[0] == 1 and v[:, end + stale_rows :].isnan().all()
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
-@pytest.mark.parametrize("start,t,splits", [(0, 5, None), (0, 70, None), (0, 70, 16), (37, 1, None), (37, 1, 16),
-                                             (37, 16, 3), (300, 130, None), (300, 130, 3), (200, 300, None),
-                                             (200, 300, 3), (1000, 3, None), (1000, 3, 16)])
+@pytest.mark.parametrize(
+    "start,t,splits",
+    [
+        (0, 5, None),
+        (0, 70, None),
+        (0, 70, 16),
+        (37, 1, None),
+        (37, 1, 16),
+        (37, 16, 3),
+        (300, 130, None),
+        (300, 130, 3),
+        (200, 300, None),
+        (200, 300, 3),
+        (1000, 3, None),
+        (1000, 3, 16),
+    ],
+)
 @pytest.mark.parametrize("pack_gqa", [False, True])
-def test_prefill_attention_after_a_cached_prefix_matches_reference(device, monkeypatch, hq, hkv, d, hidden, start, t,
-                                                                   splits, pack_gqa):
+def test_prefill_attention_after_a_cached_prefix_matches_reference(
+    device, monkeypatch, hq, hkv, d, hidden, start, t, splits, pack_gqa
+):
     """Bottom-right causal attention over the cache with the prefix length read from a device tensor: fresh
     prompts (start 0), follow-ups and short injections, whole or cut into key splits (what short prefills over
     long prefixes use), with garbage past the new tokens that must not leak in; a query head per row block, or
@@ -371,8 +402,8 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, monke
     max_ctx = 1152
     k = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
     v = torch.randn(hkv, max_ctx, d, generator=g).to(device, dt)
-    k[:, start + t:] = 1e4
-    v[:, start + t:] = 1e4
+    k[:, start + t :] = 1e4
+    v[:, start + t :] = 1e4
     q = torch.randn(t, hq, d, generator=g).to(device, dt)
     scale = 1 / math.sqrt(d)
     ref = reference.prefill_attention(q, k, v, start, scale)
@@ -383,8 +414,10 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(device, monke
     torch.testing.assert_close(attn(q, k, v, start_t, scale, splits=splits), ref, **_tol(device))
 
 
-@pytest.mark.parametrize("start,t,splits", [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (0, 70, 1),
-                                             (300, 130, 1), (37, 200, 1)])
+@pytest.mark.parametrize(
+    "start,t,splits",
+    [(0, 70, None), (37, 16, 3), (300, 130, None), (1000, 3, 16), (0, 70, 1), (300, 130, 1), (37, 200, 1)],
+)
 @pytest.mark.parametrize("pack_gqa", [False, True])
 def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatch, start, t, splits, pack_gqa):
     """16-bit inputs take the exp2 softmax with its running max in log2 units, and split results go back to
@@ -406,9 +439,9 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatc
         q = torch.randn(t, hq, d, generator=g).to(device, dt)
         scale = 1 / math.sqrt(d)
         ref = reference.prefill_attention(q.float(), k.float(), v.float(), start, scale)
-        k[:, start + t:] = float("nan")
-        v[:, start + t:start + t + STALE_V_ROWS.value] = 0.0
-        v[:, start + t + STALE_V_ROWS.value:] = float("nan")
+        k[:, start + t :] = float("nan")
+        v[:, start + t : start + t + STALE_V_ROWS.value] = 0.0
+        v[:, start + t + STALE_V_ROWS.value :] = float("nan")
         attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
         assert attn.tma == (device == "cuda" and torch.cuda.get_device_capability() >= (9, 0))
         start_t = torch.tensor([start], device=device, dtype=torch.int32)
@@ -435,8 +468,9 @@ def test_tensor_descriptors_only_where_tma_runs(monkeypatch):
 
 
 @pytest.mark.parametrize("max_stages,expected", [(1, (64, 64, 4, 1)), (2, (64, 64, 4, 2))])
-def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_short(device, monkeypatch,
-                                                                                     max_stages, expected):
+def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_short(
+    device, monkeypatch, max_stages, expected
+):
     """The tuned tiles (H200, bf16) need more shared memory than fp32 models or small GPUs have: Triton refuses
     them at launch (OutOfResources) and the next smaller tile shape must run instead, with the same result, and
     be remembered so that a refused shape is not compiled again. The GPU's limit is simulated here: shapes
@@ -454,6 +488,7 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
                     refused.append((kw["BLOCK_M"], kw["num_stages"]))
                     raise OutOfResources(200_000, 101_376, "shared memory")
                 return real[grid](*args, **kw)
+
             return launch
 
     monkeypatch.setattr(triton_ops, "_prefill_attn_kernel", SmallGpu())
@@ -489,6 +524,7 @@ def _small_gpu_decode_kernel(monkeypatch, refuse):
                     refused.append((kw["BLOCK_N"], kw["num_stages"]))
                     raise OutOfResources(139_520, 101_376, "shared memory")
                 return real[grid](*args, **kw)
+
             return launch
 
     monkeypatch.setattr(triton_ops, "_decode_attn_split_kernel", SmallGpu())
@@ -517,8 +553,9 @@ def test_decode_attention_falls_back_where_shared_memory_is_short(device, monkey
     attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
     ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
     out = attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
-    torch.testing.assert_close(out.float(), ref, atol=2e-2 if dt != torch.float32 else 1e-5,
-                               rtol=2e-2 if dt != torch.float32 else 1e-5)
+    torch.testing.assert_close(
+        out.float(), ref, atol=2e-2 if dt != torch.float32 else 1e-5, rtol=2e-2 if dt != torch.float32 else 1e-5
+    )
     ran = attn.working[attn.resolve(config)]
     assert (ran.block_n, ran.num_stages) == ((64, 2) if fp32 else (128, 2))
     before = len(refused)
@@ -533,11 +570,13 @@ def test_a_prefill_on_a_gpu_short_of_shared_memory_runs_its_last_row_through_a_f
     from model_loader.engine import Engine
 
     on_gpu = torch.cuda.is_available()
-    engine = Engine.load(tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32",
-                         context_length=256)
+    engine = Engine.load(
+        tiny_model, device="cuda" if on_gpu else "cpu", use_triton=True, dtype="fp32", context_length=256
+    )
     try:
-        ids = torch.tensor(engine.chat.render([{"role": "user", "content": "Hello there"}]).ids,
-                           device=engine.model.device)
+        ids = torch.tensor(
+            engine.chat.render([{"role": "user", "content": "Hello there"}]).ids, device=engine.model.device
+        )
         expected = engine.model.prefill(ids, 0)
         refused = _small_gpu_decode_kernel(monkeypatch, lambda kw: kw["num_stages"] > 2 or kw["BLOCK_N"] > 64)
         engine.model.decode_attention.working.clear()
@@ -602,22 +641,39 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
 
     big_k = triton_ops.GEMV_SPLIT_MIN_K
     gate_up = torch.randn(2 * 24, 64)
-    weights = {"layers": [{"qkv_w": torch.randn(48, 64), "o_w": torch.randn(64, 32), "gate_up_w": gate_up.clone(),
-                           "down_w": torch.randn(64, big_k)}]}
+    weights = {
+        "layers": [
+            {
+                "qkv_w": torch.randn(48, 64),
+                "o_w": torch.randn(64, 32),
+                "gate_up_w": gate_up.clone(),
+                "down_w": torch.randn(64, big_k),
+            }
+        ]
+    }
     linears = Linears(weights, "cpu", torch.float32)
     linears.pair_dense_gate_up(weights)
     assert linears.dense_gate_up_pairs
     assert torch.equal(weights["layers"][0]["gate_up_w"][0::2], gate_up[:24])
     compiled, timed = [], []
-    monkeypatch.setattr(triton_ops, "gemv", lambda x, w, config, silu_output=False: compiled.append(
-        (tuple(w.shape), silu_output, config)))
+    monkeypatch.setattr(
+        triton_ops,
+        "gemv",
+        lambda x, w, config, silu_output=False: compiled.append((tuple(w.shape), silu_output, config)),
+    )
     linears.call_every_candidate(weights, torch.float32)
-    expected = {((48, 64), False): triton_ops.GEMV_CONFIGS, ((64, 32), False): triton_ops.GEMV_CONFIGS,
-                ((48, 64), True): triton_ops.GEMV_SILU_CONFIGS,
-                ((64, big_k), False): triton_ops.GEMV_CONFIGS + triton_ops.GEMV_SPLIT_CONFIGS}
+    expected = {
+        ((48, 64), False): triton_ops.GEMV_CONFIGS,
+        ((64, 32), False): triton_ops.GEMV_CONFIGS,
+        ((48, 64), True): triton_ops.GEMV_SILU_CONFIGS,
+        ((64, big_k), False): triton_ops.GEMV_CONFIGS + triton_ops.GEMV_SPLIT_CONFIGS,
+    }
     assert {use: tuple(c for s, si, c in compiled if (s, si) == use) for use in expected} == expected
-    monkeypatch.setattr(triton_ops, "time_configs", lambda ws, configs, call: timed.append(
-        (tuple(ws[0].shape), tuple(configs))) or {None: 1.0})
+    monkeypatch.setattr(
+        triton_ops,
+        "time_configs",
+        lambda ws, configs, call: timed.append((tuple(ws[0].shape), tuple(configs))) or {None: 1.0},
+    )
     linears.tune(weights, torch.float32)
     assert sorted(timed) == sorted((shape, (None,) + configs) for (shape, _), configs in expected.items())
 

@@ -13,13 +13,16 @@ def test_the_last_boxed_answer_is_taken_with_nested_braces():
     assert extract_answer("") is None
 
 
-@pytest.mark.parametrize("forms, key", [
-    ([r"\frac{3}{4}", "3/4", "0.75", r"$\dfrac{6}{8}$.", r"\tfrac34"], "3/4"),
-    (["1,000", "1000.0", "1000", r"\text{1000}", "$1000$"], "1000"),
-    (["x = 5", "5", "The answer is 5.", r"5^\circ", "5%"], "5"),
-    ([r"-\frac{1}{2}", "-0.5", "-1/2"], "-1/2"),
-    ([r"2\sqrt{3}", r"2 \sqrt{3}", r"2\sqrt{3}."], "2sqrt3"),
-])
+@pytest.mark.parametrize(
+    "forms, key",
+    [
+        ([r"\frac{3}{4}", "3/4", "0.75", r"$\dfrac{6}{8}$.", r"\tfrac34"], "3/4"),
+        (["1,000", "1000.0", "1000", r"\text{1000}", "$1000$"], "1000"),
+        (["x = 5", "5", "The answer is 5.", r"5^\circ", "5%"], "5"),
+        ([r"-\frac{1}{2}", "-0.5", "-1/2"], "-1/2"),
+        ([r"2\sqrt{3}", r"2 \sqrt{3}", r"2\sqrt{3}."], "2sqrt3"),
+    ],
+)
 def test_equal_answers_written_differently_normalise_alike(forms, key):
     assert {normalize(f) for f in forms} == {key}
 
@@ -29,8 +32,16 @@ def test_different_answers_stay_apart():
 
 
 def test_the_majority_wins_with_its_support_and_every_chain_kept():
-    answers = [r"So \boxed{42}.", "Final answer: 41", r"\boxed{42.0}", r"\boxed{\frac{84}{2}}", "",
-               r"hence \boxed{41}", r"\boxed{42}", "Therefore the result is 42."]
+    answers = [
+        r"So \boxed{42}.",
+        "Final answer: 41",
+        r"\boxed{42.0}",
+        r"\boxed{\frac{84}{2}}",
+        "",
+        r"hence \boxed{41}",
+        r"\boxed{42}",
+        "Therefore the result is 42.",
+    ]
     result = vote(answers)
     assert result.winner.key == "42"
     assert result.winner.display == "42"

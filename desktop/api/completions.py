@@ -14,15 +14,44 @@ from dataclasses import dataclass, field
 
 from model_loader.chat import FIM_TOKENS
 
-from desktop.api.schema import (BOOKKEEPING, MAX_N, MAX_STOP_STRINGS, ApiError, _bad, _check_unicode, _integer,
-                                _number, completion_id, sampler_options)
+from desktop.api.schema import (
+    BOOKKEEPING,
+    MAX_N,
+    MAX_STOP_STRINGS,
+    ApiError,
+    _bad,
+    _check_unicode,
+    _integer,
+    _number,
+    completion_id,
+    sampler_options,
+)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_PROMPTS = 16
 FIM = FIM_TOKENS
-HONOURED = {"model", "prompt", "suffix", "echo", "n", "best_of", "stream", "stream_options", "max_tokens",
-            "temperature", "top_p", "top_k", "min_p", "seed", "stop", "frequency_penalty", "presence_penalty",
-            "repetition_penalty", "logit_bias", "logprobs"}
+HONOURED = {
+    "model",
+    "prompt",
+    "suffix",
+    "echo",
+    "n",
+    "best_of",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+}
 MAX_LOGPROBS = 5  # OpenAI's limit for completions
 
 
@@ -39,8 +68,7 @@ class CompletionRequest:
     logprobs: int | None = None
 
 
-def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: int, fim: bool
-                             ) -> CompletionRequest:
+def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: int, fim: bool) -> CompletionRequest:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:
@@ -63,8 +91,11 @@ def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: 
         if not isinstance(suffix, str):
             raise _bad("suffix", "'suffix' must be a string")
         if not fim:
-            raise _bad("suffix", "'suffix' needs a model whose tokenizer has fill-in-the-middle tokens "
-                                 f"({', '.join(FIM)}); this one's hasn't")
+            raise _bad(
+                "suffix",
+                "'suffix' needs a model whose tokenizer has fill-in-the-middle tokens "
+                f"({', '.join(FIM)}); this one's hasn't",
+            )
         if any(not isinstance(p, str) for p in prompts):
             raise _bad("suffix", "'suffix' goes with a text prompt, not token ids")
         prompts = [f"{FIM[0]}{p}{FIM[1]}{suffix}{FIM[2]}" for p in prompts]
@@ -83,35 +114,46 @@ def parse_completion_request(raw: bytes, model_ids, defaults: dict, vocab_size: 
         raise _bad("echo", "'echo' must be true or false")
     logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS)
     if echo and logprobs is not None:
-        raise _bad("echo", "'echo' with 'logprobs' (the prompt's own log-probabilities) is not supported; ask for "
-                           "one or the other")
+        raise _bad(
+            "echo",
+            "'echo' with 'logprobs' (the prompt's own log-probabilities) is not supported; ask for one or the other",
+        )
     if echo and any(not isinstance(p, str) for p in given):
         raise _bad("echo", "'echo' goes with a text prompt, not token ids")
-    settings = {"temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
-                "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95)),
-                "max_new_tokens": _integer(body, "max_tokens", 1) or DEFAULT_MAX_TOKENS,
-                "verbatim": True}
+    settings = {
+        "temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
+        "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95)),
+        "max_new_tokens": _integer(body, "max_tokens", 1) or DEFAULT_MAX_TOKENS,
+        "verbatim": True,
+    }
     if settings["top_p"] <= 0:
         raise _bad("top_p", "'top_p' must be greater than 0")
     settings.update(sampler_options({k: v for k, v in body.items() if k != "logprobs"}, vocab_size))
     if logprobs is not None:
         settings["logprobs"] = logprobs
-    seed = _integer(body, "seed", -(2 ** 63))
+    seed = _integer(body, "seed", -(2**63))
     if seed is not None:
-        settings["seed"] = seed % (2 ** 32)
+        settings["seed"] = seed % (2**32)
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [] if stop is None else None
     if stops is None or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_STRINGS:
         raise _bad("stop", f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings")
-    return CompletionRequest(model=model, prompts=prompts, settings=settings, stream=stream,
-                             include_usage=options.get("include_usage", False), stop=[s for s in stops if s], n=n,
-                             echo_texts=list(given) if echo else None, logprobs=logprobs)
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        settings=settings,
+        stream=stream,
+        include_usage=options.get("include_usage", False),
+        stop=[s for s in stops if s],
+        n=n,
+        echo_texts=list(given) if echo else None,
+        logprobs=logprobs,
+    )
 
 
 def _prompts(value, vocab_size: int) -> list:
     def ids_ok(ids) -> bool:
-        return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (vocab_size or 2 ** 31)
-                   for t in ids)
+        return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (vocab_size or 2**31) for t in ids)
 
     if isinstance(value, str):
         prompts = [value]
@@ -133,7 +175,7 @@ def _prompts(value, vocab_size: int) -> list:
 
 # ---------------------------------------------------------------------------------------------- responses
 def completion_name() -> str:
-    return "cmpl-" + completion_id()[len("chatcmpl-"):]
+    return "cmpl-" + completion_id()[len("chatcmpl-") :]
 
 
 class LegacyLogprobs:
@@ -155,8 +197,12 @@ class LegacyLogprobs:
         self.offset += len(scored["token"])
 
     def take(self) -> dict:
-        out = {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top,
-               "text_offset": self.offsets}
+        out = {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top,
+            "text_offset": self.offsets,
+        }
         self.tokens, self.token_logprobs, self.top, self.offsets = [], [], [], []
         return out
 

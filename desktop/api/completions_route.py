@@ -13,8 +13,9 @@ async def handle(server, request: web.Request) -> web.StreamResponse:
     server._require_model()
     body = await server._body(request)
     info = server.service.info or {}
-    req = cmp.parse_completion_request(body, server.model_ids, server.defaults, int(info.get("vocab_size") or 0),
-                                       bool(info.get("fim")))
+    req = cmp.parse_completion_request(
+        body, server.model_ids, server.defaults, int(info.get("vocab_size") or 0), bool(info.get("fim"))
+    )
     req.settings["length_strict"] = True  # max_tokens is always set here (16 by default)
     cid = cmp.completion_name()
     prompts = [([], {**req.settings, "raw_prompt": p}) for p in req.prompts]
@@ -56,8 +57,9 @@ async def _collect(req, gens, events, cid) -> web.Response:
             stats[i] = ev[2]["stats"]
             texts[i].append(stops[i].flush())
             finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
-            choices[i] = cmp.choice(i, "".join(texts[i]), finish,
-                                    scored[i].take() if req.logprobs is not None else None)
+            choices[i] = cmp.choice(
+                i, "".join(texts[i]), finish, scored[i].take() if req.logprobs is not None else None
+            )
         elif kind == "failed":
             raise _generation_error(ev[2], ev[3], started=True)
         elif kind == "shutdown":

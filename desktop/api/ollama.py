@@ -21,12 +21,38 @@ from dataclasses import dataclass, field
 
 from desktop.api.schema import ApiError, _check_unicode, _tools, parse_messages, sampler_options
 
-RUNTIME_OPTIONS = {"num_gpu", "main_gpu", "num_thread", "num_batch", "use_mmap", "use_mlock", "numa", "low_vram",
-                   "f16_kv", "vocab_only", "num_keep", "logits_all", "embedding_only"}
-NO_OP_VALUES = {"mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "penalize_newline": (False,),
-                "repeat_last_n": (-1,), "mirostat_eta": None, "mirostat_tau": None}  # None: any (mirostat off)
-NUMBER_OPTIONS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
-                  "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0), "repeat_penalty": (0.0, 2.0)}
+RUNTIME_OPTIONS = {
+    "num_gpu",
+    "main_gpu",
+    "num_thread",
+    "num_batch",
+    "use_mmap",
+    "use_mlock",
+    "numa",
+    "low_vram",
+    "f16_kv",
+    "vocab_only",
+    "num_keep",
+    "logits_all",
+    "embedding_only",
+}
+NO_OP_VALUES = {
+    "mirostat": (0,),
+    "tfs_z": (1, 1.0),
+    "typical_p": (1, 1.0),
+    "penalize_newline": (False,),
+    "repeat_last_n": (-1,),
+    "mirostat_eta": None,
+    "mirostat_tau": None,
+}  # None: any (mirostat off)
+NUMBER_OPTIONS = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "repeat_penalty": (0.0, 2.0),
+}
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -83,8 +109,9 @@ def options(body: dict, context_length: int) -> tuple[dict, list[str]]:
             allowed = NO_OP_VALUES[name]
             if allowed is None or value in allowed:
                 continue
-            raise bad(f"'{where}' is not supported by this server (only its no-op value "
-                      f"{allowed[0]!r} is accepted)", where)
+            raise bad(
+                f"'{where}' is not supported by this server (only its no-op value {allowed[0]!r} is accepted)", where
+            )
         if name in NUMBER_OPTIONS:
             lo, hi = NUMBER_OPTIONS[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
@@ -96,14 +123,17 @@ def options(body: dict, context_length: int) -> tuple[dict, list[str]]:
             if name == "top_k":
                 openai_style["top_k"] = value
             elif name == "seed":
-                settings["seed"] = value % (2 ** 32)
+                settings["seed"] = value % (2**32)
             elif name == "num_predict" and value > 0:
                 settings["max_new_tokens"] = value
             elif name == "num_predict" and value not in (-1, -2):
                 raise bad(f"'{where}' must be positive, -1 (no limit) or -2 (fill the context)", where)
             elif name == "num_ctx" and value > context_length:
-                raise bad(f"'{where}': this server's context is {context_length} tokens (the app's context length "
-                          "setting); ask for at most that", where)
+                raise bad(
+                    f"'{where}': this server's context is {context_length} tokens (the app's context length "
+                    "setting); ask for at most that",
+                    where,
+                )
         elif name == "stop":
             continue
         else:
@@ -149,8 +179,11 @@ def _common(body: dict, req: OllamaRequest, context_length: int, reasons: bool) 
     if think is not None and not isinstance(think, bool):
         raise bad("'think' must be true or false (levels are for other models)", "think")
     if think is False and reasons:
-        raise bad("'think': this model always reasons before it answers; leave think out or set it true (the "
-                  "reasoning comes in 'thinking')", "think")
+        raise bad(
+            "'think': this model always reasons before it answers; leave think out or set it true (the "
+            "reasoning comes in 'thinking')",
+            "think",
+        )
     if think is True and not reasons:
         raise bad("'think': this model does not reason", "think")
     req.think = think
@@ -194,24 +227,34 @@ def _openai_message(m) -> dict:
         return m
     out = {"role": m.get("role"), "content": m.get("content")}
     if m.get("tool_calls"):
-        out["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                              "function": {"name": (c.get("function") or {}).get("name"),
-                                           "arguments": json.dumps((c.get("function") or {}).get("arguments", {}))}}
-                             for i, c in enumerate(m["tool_calls"]) if isinstance(c, dict)]
+        out["tool_calls"] = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": (c.get("function") or {}).get("name"),
+                    "arguments": json.dumps((c.get("function") or {}).get("arguments", {})),
+                },
+            }
+            for i, c in enumerate(m["tool_calls"])
+            if isinstance(c, dict)
+        ]
     if m.get("role") == "tool":
         out["tool_call_id"] = m.get("tool_name") or "call"
     return out
 
 
-def parse_generate(raw: bytes, model_ids, defaults: dict, context_length: int, reasons: bool, fim: bool
-                   ) -> OllamaRequest:
+def parse_generate(
+    raw: bytes, model_ids, defaults: dict, context_length: int, reasons: bool, fim: bool
+) -> OllamaRequest:
     from desktop.api.completions import FIM
 
     body = _json(raw)
     req = OllamaRequest(model=_model(body, model_ids), messages=[], settings=_defaults(defaults))
-    for name, why in (("template", "this server renders the model's own chat template"),
-                      ("context", "the deprecated context field is not supported; send the conversation to "
-                                  "/api/chat")):
+    for name, why in (
+        ("template", "this server renders the model's own chat template"),
+        ("context", "the deprecated context field is not supported; send the conversation to /api/chat"),
+    ):
         if body.get(name):
             raise bad(f"'{name}' is not supported: {why}", name)
     prompt, system, suffix = body.get("prompt") or "", body.get("system"), body.get("suffix")
@@ -229,8 +272,9 @@ def parse_generate(raw: bytes, model_ids, defaults: dict, context_length: int, r
     elif body.get("raw"):
         req.settings.update(raw_prompt=prompt, verbatim=True)
     else:
-        req.messages = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": "user", "content": prompt}]
+        req.messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
     return req
 
 
@@ -244,17 +288,28 @@ def final_stats(stats: dict) -> dict:
     """The timings Ollama reports, in nanoseconds, from a reply's GenerationStats."""
     total = int(stats.get("total_s", 0) * 1e9)
     prompt = int(stats.get("ttft_ms", 0) * 1e6)
-    return {"total_duration": total, "load_duration": 0, "prompt_eval_count": int(stats.get("prompt_tokens", 0)),
-            "prompt_eval_duration": prompt, "eval_count": int(stats.get("completion_tokens", 0)),
-            "eval_duration": max(0, total - prompt)}
+    return {
+        "total_duration": total,
+        "load_duration": 0,
+        "prompt_eval_count": int(stats.get("prompt_tokens", 0)),
+        "prompt_eval_duration": prompt,
+        "eval_count": int(stats.get("completion_tokens", 0)),
+        "eval_duration": max(0, total - prompt),
+    }
 
 
 DONE_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length", "cancelled": "stop"}
 
 
 def logprob_entries(entries: list[dict]) -> list[dict]:
-    return [{"token": e["token"], "logprob": e["logprob"],
-             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top"]]} for e in entries]
+    return [
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top"]],
+        }
+        for e in entries
+    ]
 
 
 def details(info: dict) -> dict:
@@ -264,9 +319,16 @@ def details(info: dict) -> dict:
     if not quant and info.get("weights_bytes"):
         per = 4 if dtype == "float32" else 2
         params = f"{info['weights_bytes'] / per / 1e9:.1f}B"
-    return {"parent_model": "", "format": "safetensors", "family": "qwen2", "families": ["qwen2"],
-            "parameter_size": params, "quantization_level": "AWQ 4-bit" if quant else dtype.upper().replace(
-                "BFLOAT16", "BF16").replace("FLOAT16", "F16").replace("FLOAT32", "F32")}
+    return {
+        "parent_model": "",
+        "format": "safetensors",
+        "family": "qwen2",
+        "families": ["qwen2"],
+        "parameter_size": params,
+        "quantization_level": "AWQ 4-bit"
+        if quant
+        else dtype.upper().replace("BFLOAT16", "BF16").replace("FLOAT16", "F16").replace("FLOAT32", "F32"),
+    }
 
 
 def digest(info: dict) -> str:
@@ -275,15 +337,35 @@ def digest(info: dict) -> str:
 
 
 def tags(names, info: dict, modified: str) -> dict:
-    return {"models": [{"name": n, "model": n, "modified_at": modified, "size": int(info.get("weights_bytes", 0)),
-                        "digest": digest(info), "details": details(info)} for n in names]}
+    return {
+        "models": [
+            {
+                "name": n,
+                "model": n,
+                "modified_at": modified,
+                "size": int(info.get("weights_bytes", 0)),
+                "digest": digest(info),
+                "details": details(info),
+            }
+            for n in names
+        ]
+    }
 
 
 def show(info: dict, modified: str) -> dict:
-    capabilities = ["completion"] + (["tools"] if info.get("tools") else []) + \
-        (["thinking"] if info.get("reasons") else []) + (["insert"] if info.get("fim") else [])
+    capabilities = (
+        ["completion"]
+        + (["tools"] if info.get("tools") else [])
+        + (["thinking"] if info.get("reasons") else [])
+        + (["insert"] if info.get("fim") else [])
+    )
     # no template: Ollama's are Go templates, and the model's own (Jinja) would mislead a client that reads it
-    return {"modelfile": "", "parameters": "", "template": "", "details": details(info),
-            "model_info": {"general.architecture": "qwen2", "qwen2.context_length": int(info.get("context_length",
-                                                                                                 0))},
-            "capabilities": capabilities, "modified_at": modified}
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "details": details(info),
+        "model_info": {"general.architecture": "qwen2", "qwen2.context_length": int(info.get("context_length", 0))},
+        "capabilities": capabilities,
+        "modified_at": modified,
+    }

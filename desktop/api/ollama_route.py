@@ -10,13 +10,25 @@ from aiohttp import web
 
 from desktop.api import ollama, schema
 
-ROUTES = (("GET", "/api/version"), ("GET", "/api/tags"), ("POST", "/api/show"), ("GET", "/api/ps"),
-          ("POST", "/api/chat"), ("POST", "/api/generate"))
+ROUTES = (
+    ("GET", "/api/version"),
+    ("GET", "/api/tags"),
+    ("POST", "/api/show"),
+    ("GET", "/api/ps"),
+    ("POST", "/api/chat"),
+    ("POST", "/api/generate"),
+)
 
 
 def add_routes(app: web.Application, server) -> None:
-    handlers = {"/api/version": version, "/api/tags": tags, "/api/show": show, "/api/ps": ps, "/api/chat": chat,
-                "/api/generate": generate}
+    handlers = {
+        "/api/version": version,
+        "/api/tags": tags,
+        "/api/show": show,
+        "/api/ps": ps,
+        "/api/chat": chat,
+        "/api/generate": generate,
+    }
     for method, path in ROUTES:
         handler = handlers[path]
         app.router.add_route(method, path, lambda request, h=handler: h(server, request))
@@ -45,11 +57,23 @@ async def ps(server, request: web.Request) -> web.Response:
     if not info:
         return web.json_response({"models": []})
     size = int(info.get("weights_bytes", 0)) + int(info.get("kv_cache_bytes", 0))
-    return web.json_response({"models": [{"name": n, "model": n, "size": size, "size_vram": size,
-                                          "digest": ollama.digest(info), "details": ollama.details(info),
-                                          "expires_at": "0001-01-01T00:00:00Z",  # loaded while the app runs
-                                          "context_length": int(info.get("context_length", 0))}
-                                         for n in server.model_ids]})
+    return web.json_response(
+        {
+            "models": [
+                {
+                    "name": n,
+                    "model": n,
+                    "size": size,
+                    "size_vram": size,
+                    "digest": ollama.digest(info),
+                    "details": ollama.details(info),
+                    "expires_at": "0001-01-01T00:00:00Z",  # loaded while the app runs
+                    "context_length": int(info.get("context_length", 0)),
+                }
+                for n in server.model_ids
+            ]
+        }
+    )
 
 
 async def show(server, request: web.Request) -> web.Response:
@@ -68,19 +92,31 @@ def _modified(server) -> str:
 async def chat(server, request: web.Request) -> web.StreamResponse:
     server._require_model()
     info = server.service.info or {}
-    req = ollama.parse_chat(await server._body(request), server.model_ids, server.defaults,
-                            int(info.get("context_length", 0)), bool(info.get("reasons")))
+    req = ollama.parse_chat(
+        await server._body(request),
+        server.model_ids,
+        server.defaults,
+        int(info.get("context_length", 0)),
+        bool(info.get("reasons")),
+    )
     return await _answer(server, request, req, "message")
 
 
 async def generate(server, request: web.Request) -> web.StreamResponse:
     server._require_model()
     info = server.service.info or {}
-    req = ollama.parse_generate(await server._body(request), server.model_ids, server.defaults,
-                                int(info.get("context_length", 0)), bool(info.get("reasons")), bool(info.get("fim")))
+    req = ollama.parse_generate(
+        await server._body(request),
+        server.model_ids,
+        server.defaults,
+        int(info.get("context_length", 0)),
+        bool(info.get("reasons")),
+        bool(info.get("fim")),
+    )
     if req.load_only:
-        return web.json_response({"model": req.model, "created_at": ollama.now_iso(), "response": "", "done": True,
-                                  "done_reason": "load"})
+        return web.json_response(
+            {"model": req.model, "created_at": ollama.now_iso(), "response": "", "done": True, "done_reason": "load"}
+        )
     return await _answer(server, request, req, "response")
 
 
@@ -93,8 +129,7 @@ async def _answer(server, request, req: ollama.OllamaRequest, shape: str) -> web
         req.settings["tools"] = req.tools
     if req.response_format is not None:
         req.settings["constraint"] = await server._constraint(req.response_format)
-    async with server.generations(request, [(req.messages, req.settings)], 1, schema.completion_id()) as (gens,
-                                                                                                          events):
+    async with server.generations(request, [(req.messages, req.settings)], 1, schema.completion_id()) as (gens, events):
         reply = _Reply(req, shape)
         if not req.stream:
             while not reply.done:
@@ -131,8 +166,14 @@ class _Reply:
         self.error = None  # the ApiError a failed reply ended with
         self.all_logprobs: list[dict] = []  # every scored token (the whole reply's object)
 
-    def _line(self, content: str = "", thinking: str = "", calls: list | None = None, logprobs: list | None = None,
-              final: dict | None = None) -> dict:
+    def _line(
+        self,
+        content: str = "",
+        thinking: str = "",
+        calls: list | None = None,
+        logprobs: list | None = None,
+        final: dict | None = None,
+    ) -> dict:
         obj = {"model": self.req.model, "created_at": ollama.now_iso()}
         if self.shape == "message":
             message = {"role": "assistant", "content": content}
@@ -213,5 +254,10 @@ class _Reply:
     def whole(self) -> dict:
         if self.error is not None:
             raise self.error
-        return self._line(content="".join(self.content), thinking="".join(self.thinking), calls=self.calls,
-                          logprobs=self.all_logprobs + self.logprobs, final=self.final)
+        return self._line(
+            content="".join(self.content),
+            thinking="".join(self.thinking),
+            calls=self.calls,
+            logprobs=self.all_logprobs + self.logprobs,
+            final=self.final,
+        )

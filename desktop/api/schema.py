@@ -29,8 +29,15 @@ FINISH_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "le
 class ApiError(Exception):
     """An HTTP error in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = headers or {}
@@ -39,8 +46,9 @@ class ApiError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -84,8 +92,10 @@ def _integer(body: dict, name: str, lo: int, hi: int | None = None):
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(name, f"'{name}' must be an integer")
     if value < lo or (hi is not None and value > hi):
-        raise _bad(name, f"'{name}' must be at least {lo}" + (f" and at most {hi}" if hi is not None else "")
-                   + f"; got {value}")
+        raise _bad(
+            name,
+            f"'{name}' must be at least {lo}" + (f" and at most {hi}" if hi is not None else "") + f"; got {value}",
+        )
     return value
 
 
@@ -122,8 +132,11 @@ def _check_unicode(body: dict) -> None:
                         text.encode("utf-8")
                     except UnicodeEncodeError as err:
                         name = path.encode("utf-8", "backslashreplace").decode()
-                        raise _bad(name, f"'{name}' is not valid Unicode text: an unpaired surrogate "
-                                         f"({text[err.start]!r}) at character {err.start}") from None
+                        raise _bad(
+                            name,
+                            f"'{name}' is not valid Unicode text: an unpaired surrogate "
+                            f"({text[err.start]!r}) at character {err.start}",
+                        ) from None
             if isinstance(item, (dict, list)):
                 todo.append((path, item))
 
@@ -138,21 +151,27 @@ def parse_messages(value) -> list[dict]:
             raise _bad(where, f"'{where}' must be an object with 'role' and 'content'")
         role = m.get("role")
         if role not in ROLES:
-            raise _bad(f"{where}.role", f"'{where}.role' must be one of system, developer, user, assistant, tool "
-                                        f"(got {role!r})")
+            raise _bad(
+                f"{where}.role",
+                f"'{where}.role' must be one of system, developer, user, assistant, tool (got {role!r})",
+            )
         if "content" not in m and role != "assistant":
             raise _bad(f"{where}.content", f"'{where}.content' is required")
         # Earlier assistant reasoning is dropped by the chat template (only the text after </think> goes back);
         # a client's reasoning_content field is not part of the prompt either.
-        message = {"role": ROLES[role], "content": _content(m.get("content"), f"{where}.content",
-                                                             allow_none=role == "assistant")}
+        message = {
+            "role": ROLES[role],
+            "content": _content(m.get("content"), f"{where}.content", allow_none=role == "assistant"),
+        }
         if role == "assistant" and m.get("tool_calls") is not None:
             message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
-                raise _bad(f"{where}.tool_call_id", f"'{where}.tool_call_id' is required: the id of the call this "
-                                                    "is the result of")
+                raise _bad(
+                    f"{where}.tool_call_id",
+                    f"'{where}.tool_call_id' is required: the id of the call this is the result of",
+                )
             message["tool_call_id"] = call_id
         out.append(message)
     return out
@@ -167,12 +186,22 @@ def _tool_calls(value, where: str) -> list[dict]:
     for j, call in enumerate(value):
         here = f"{where}[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
-                not isinstance(fn.get("arguments", ""), str):
-            raise _bad(here, f"'{here}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                             f"\"arguments\": a JSON string}}}}")
-        calls.append({"id": str(call.get("id") or ""), "type": "function",
-                      "function": {"name": fn["name"], "arguments": fn.get("arguments") or "{}"}})
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", ""), str)
+        ):
+            raise _bad(
+                here,
+                f'\'{here}\' must be {{"id", "type": "function", "function": {{"name", "arguments": a JSON string}}}}',
+            )
+        calls.append(
+            {
+                "id": str(call.get("id") or ""),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": fn.get("arguments") or "{}"},
+            }
+        )
     return calls
 
 
@@ -196,8 +225,12 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     model_ids = (model_ids,) if isinstance(model_ids, str) else tuple(model_ids)
     if model not in model_ids:
         names = " or ".join(f"'{m}'" for m in model_ids)
-        raise ApiError(404, f"The model '{model}' does not exist; this server has {names} loaded",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this server has {names} loaded",
+            param="model",
+            code="model_not_found",
+        )
     messages = parse_messages(body.get("messages"))
     n = _integer(body, "n", 1)
     if n is not None and n > MAX_N:
@@ -219,8 +252,10 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     limit, legacy = _integer(body, "max_completion_tokens", 1), _integer(body, "max_tokens", 1)
     if limit is None:
         limit = legacy
-    settings = {"temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
-                "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95))}
+    settings = {
+        "temperature": _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.6)),
+        "top_p": _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 0.95)),
+    }
     if settings["top_p"] <= 0:
         raise _bad("top_p", "'top_p' must be greater than 0")
     settings.update(sampler_options(body, vocab_size))
@@ -229,9 +264,9 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
     response_format = _response_format(body)
     if response_format is not None and tool_choice in ("required", "function"):
         raise _bad("response_format", "'response_format' can't be combined with a required tool call")
-    seed = _integer(body, "seed", -(2 ** 63))
+    seed = _integer(body, "seed", -(2**63))
     if seed is not None:
-        settings["seed"] = seed % (2 ** 32)  # the engine's generator takes 32 bits; equal seeds replay equal
+        settings["seed"] = seed % (2**32)  # the engine's generator takes 32 bits; equal seeds replay equal
     if limit is not None:
         settings["max_new_tokens"] = limit
     stop = body.get("stop")
@@ -245,10 +280,21 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
         raise _bad("stop", "'stop' must be a string or a list of strings")
     if len(stops) > MAX_STOP_STRINGS:
         raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings")
-    return ChatRequest(model=model, messages=messages, settings=settings, stream=stream,
-                       include_usage=include_usage, stop=[s for s in stops if s], n=n or 1,
-                       response_format=response_format, tools=tools, tool_choice=tool_choice,
-                       tool_names=tool_names, parallel_tool_calls=parallel, continue_final=continue_final)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        settings=settings,
+        stream=stream,
+        include_usage=include_usage,
+        stop=[s for s in stops if s],
+        n=n or 1,
+        response_format=response_format,
+        tools=tools,
+        tool_choice=tool_choice,
+        tool_names=tool_names,
+        parallel_tool_calls=parallel,
+        continue_final=continue_final,
+    )
 
 
 # ------------------------------------------------------------------------------------------ field policy
@@ -256,10 +302,33 @@ def parse_chat_request(raw: bytes, model_ids, defaults: dict | None = None, voca
 # output (bookkeeping fields), or refused with a 400 that names it; a field OpenAI doesn't know is refused as
 # OpenAI refuses it ("Unrecognized request argument"). The extensions that vLLM and llama.cpp accept for
 # sampling (top_k, min_p, repetition_penalty) are honoured too.
-HONOURED = {"model", "messages", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-            "temperature", "top_p", "top_k", "min_p", "seed", "stop", "frequency_penalty", "presence_penalty",
-            "repetition_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools",
-            "tool_choice", "parallel_tool_calls", "continue_final_message", "add_generation_prompt"}
+HONOURED = {
+    "model",
+    "messages",
+    "n",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "continue_final_message",
+    "add_generation_prompt",
+}
 BOOKKEEPING = {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "store"}
 # OpenAI's fields this server can't honour, with why
 REFUSED = {
@@ -289,8 +358,10 @@ def _check_fields(body: dict) -> None:
         if name == "chat_template_kwargs":
             if not value:
                 continue
-            raise _bad(name, "'chat_template_kwargs' is not supported: this server renders the model's own chat "
-                             "template as it is")
+            raise _bad(
+                name,
+                "'chat_template_kwargs' is not supported: this server renders the model's own chat template as it is",
+            )
         raise _bad(name, f"Unrecognized request argument supplied: {name}")
     if body.get("store") not in (None, False):
         raise _bad("store", "'store': this server keeps no completions; send false or leave it out")
@@ -308,16 +379,20 @@ def _continuation(body: dict, messages: list[dict]) -> bool:
             raise _bad(name, f"'{name}' must be true or false")
     if not cont:
         if gen is False:
-            raise _bad("add_generation_prompt", "'add_generation_prompt': false is supported only with "
-                                                "continue_final_message: true")
+            raise _bad(
+                "add_generation_prompt",
+                "'add_generation_prompt': false is supported only with continue_final_message: true",
+            )
         return False
     if gen:
-        raise _bad("add_generation_prompt", "'add_generation_prompt' and 'continue_final_message' can't both be "
-                                            "true")
+        raise _bad("add_generation_prompt", "'add_generation_prompt' and 'continue_final_message' can't both be true")
     raw = body["messages"][-1]
     if messages[-1]["role"] != "assistant" or len(messages) < 2:
-        raise _bad("messages", "'continue_final_message' needs an assistant message last (the reply so far), after "
-                               "the messages it answers")
+        raise _bad(
+            "messages",
+            "'continue_final_message' needs an assistant message last (the reply so far), after "
+            "the messages it answers",
+        )
     reasoning = raw.get("reasoning_content", raw.get("reasoning"))
     if reasoning is not None:
         if not isinstance(reasoning, str):
@@ -340,13 +415,16 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, list[str], bool]:
         for i, tool in enumerate(tools):
             fn = tool.get("function") if isinstance(tool, dict) else None
             if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-                raise _bad(f"tools[{i}]", f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{...}}}}")
+                raise _bad(f"tools[{i}]", f'\'tools[{i}]\' must be {{"type": "function", "function": {{...}}}}')
             if not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
-                raise _bad(f"tools[{i}].function.name", f"'tools[{i}].function.name' must be 1 to 64 letters, "
-                                                         "digits, underscores or dashes")
+                raise _bad(
+                    f"tools[{i}].function.name",
+                    f"'tools[{i}].function.name' must be 1 to 64 letters, digits, underscores or dashes",
+                )
             if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-                raise _bad(f"tools[{i}].function.parameters", f"'tools[{i}].function.parameters' must be a JSON "
-                                                               "Schema object")
+                raise _bad(
+                    f"tools[{i}].function.parameters", f"'tools[{i}].function.parameters' must be a JSON Schema object"
+                )
     names = [t["function"]["name"] for t in tools or []]
     if choice is None:
         choice = "auto"
@@ -354,8 +432,10 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, list[str], bool]:
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if choice.get("type") != "function" or not isinstance(name, str):
-            raise _bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
-                                      "\"function\": {\"name\": ...}}")
+            raise _bad(
+                "tool_choice",
+                '\'tool_choice\' must be none, auto, required or {"type": "function", "function": {"name": ...}}',
+            )
         if name not in names:
             raise _bad("tool_choice", f"'tool_choice' names the function {name!r}, which is not in 'tools'")
         return tools, "function", [name], False
@@ -383,19 +463,25 @@ def _response_format(body: dict) -> dict | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise _bad("response_format.json_schema", "'response_format.json_schema' must be an object with a "
-                                                      "'name' and a 'schema'")
+            raise _bad(
+                "response_format.json_schema",
+                "'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+            )
         schema = spec.get("schema", {})
         if not isinstance(schema, dict):
-            raise _bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a "
-                                                             "JSON Schema object")
+            raise _bad(
+                "response_format.json_schema.schema",
+                "'response_format.json_schema.schema' must be a JSON Schema object",
+            )
         if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-            raise _bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be true "
-                                                             "or false")
+            raise _bad(
+                "response_format.json_schema.strict", "'response_format.json_schema.strict' must be true or false"
+            )
         # strict or not, the output follows the schema: decoding is constrained either way
         return {"schema": schema, "param": "response_format.json_schema.schema"}
-    raise _bad("response_format.type", f"'response_format.type' must be text, json_object or json_schema "
-                                       f"(got {kind!r})")
+    raise _bad(
+        "response_format.type", f"'response_format.type' must be text, json_object or json_schema (got {kind!r})"
+    )
 
 
 def sampler_options(body: dict, vocab_size: int = 0) -> dict:
@@ -429,8 +515,10 @@ def sampler_options(body: dict, vocab_size: int = 0) -> dict:
             except ValueError:
                 raise _bad("logit_bias", f"'logit_bias': {key!r} is not a token id") from None
             if token < 0 or (vocab_size and token >= vocab_size):
-                raise _bad("logit_bias", f"'logit_bias': token id {token} is outside the model's vocabulary "
-                                         f"(0..{vocab_size - 1})")
+                raise _bad(
+                    "logit_bias",
+                    f"'logit_bias': token id {token} is outside the model's vocabulary (0..{vocab_size - 1})",
+                )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
                 raise _bad("logit_bias", f"'logit_bias[{key}]' must be a number between -100 and 100")
             if value:
@@ -466,15 +554,15 @@ class StopMatcher:
         found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         if found:
             self.hit, self.held = True, ""
-            return buf[:min(found)]
+            return buf[: min(found)]
         keep = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), keep, -1):
                 if buf.endswith(s[:k]):
                     keep = k
                     break
-        self.held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep]
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
 
     def flush(self) -> str:
         held, self.held = self.held, ""
@@ -493,14 +581,23 @@ def usage(stats: dict | list[dict]) -> dict:
     first = all_stats[0]
     prompt = int(first.get("prompt_tokens", 0))
     completion = sum(int(s.get("completion_tokens", 0)) for s in all_stats)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": int(first.get("prefix_reused_tokens", 0))},
-            "completion_tokens_details": {"reasoning_tokens": sum(int(s.get("reasoning_tokens", 0))
-                                                                  for s in all_stats)}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": int(first.get("prefix_reused_tokens", 0))},
+        "completion_tokens_details": {"reasoning_tokens": sum(int(s.get("reasoning_tokens", 0)) for s in all_stats)},
+    }
 
 
-def choice(index: int, reasoning: str, answer: str | None, finish: str, logprobs: dict | None = None,
-           tool_calls: list[dict] | None = None) -> dict:
+def choice(
+    index: int,
+    reasoning: str,
+    answer: str | None,
+    finish: str,
+    logprobs: dict | None = None,
+    tool_calls: list[dict] | None = None,
+) -> dict:
     message = {"role": "assistant", "content": answer}
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
@@ -544,8 +641,12 @@ class StreamedToolCalls:
                     out.append(self.chunks({"content": x}, logprobs=logprobs))
                     logprobs = None
                 continue
-            head = {"index": self.count, "id": tool_call_id(), "type": "function",
-                    "function": {"name": x["name"], "arguments": ""}}
+            head = {
+                "index": self.count,
+                "id": tool_call_id(),
+                "type": "function",
+                "function": {"name": x["name"], "arguments": ""},
+            }
             out.append(self.chunks({"tool_calls": [head]}, logprobs=logprobs))
             logprobs = None
             out.append(self.chunks({"tool_calls": [{"index": self.count, "function": {"arguments": x["arguments"]}}]}))
@@ -557,9 +658,12 @@ class StreamedToolCalls:
 
 def logprob_entry(scored: dict) -> dict:
     """OpenAI's shape of one token's log-probabilities (model_loader.events.TokenLogprobs as a dict)."""
-    return {"token": scored["token"], "logprob": scored["logprob"], "bytes": scored["bytes"],
-            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
-                             for t in scored["top"]]}
+    return {
+        "token": scored["token"],
+        "logprob": scored["logprob"],
+        "bytes": scored["bytes"],
+        "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]} for t in scored["top"]],
+    }
 
 
 class LogprobsBuffer:
@@ -587,19 +691,43 @@ class LogprobsBuffer:
 
 
 def completion(cid: str, created: int, model: str, choices: list[dict], stats: dict | list[dict]) -> dict:
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-            "usage": usage(stats)}
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(stats),
+    }
 
 
-def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, index: int = 0,
-          logprobs: dict | None = None) -> dict:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
+def chunk(
+    cid: str,
+    created: int,
+    model: str,
+    delta: dict,
+    finish: str | None = None,
+    index: int = 0,
+    logprobs: dict | None = None,
+) -> dict:
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
+    }
 
 
 def usage_chunk(cid: str, created: int, model: str, stats: dict | list[dict]) -> dict:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-            "usage": usage(stats)}
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(stats),
+    }
 
 
 def delta_for(kind: str, text: str) -> dict:
@@ -609,8 +737,10 @@ def delta_for(kind: str, text: str) -> dict:
 def models_list(model_ids, created: int) -> dict:
     """model_ids: the names of the loaded model (a str: one)."""
     model_ids = (model_ids,) if isinstance(model_ids, str) else model_ids
-    return {"object": "list", "data": [{"id": m, "object": "model", "created": created, "owned_by": "r1desk"}
-                                       for m in model_ids]}
+    return {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "created": created, "owned_by": "r1desk"} for m in model_ids],
+    }
 
 
 def sse(obj) -> bytes:

@@ -24,7 +24,7 @@ from desktop.api import schema
 from desktop.api.schema import ApiError
 from desktop.service import NotReady, QueueFull
 
-MAX_BODY_BYTES = 4 * 2 ** 20
+MAX_BODY_BYTES = 4 * 2**20
 LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost", "ip6-loopback"}
 RETRY_AFTER_S = 5
 # A preflight that names no headers gets these; one that names its own (the OpenAI JavaScript SDK sends
@@ -33,8 +33,12 @@ PREFLIGHT_HEADERS = "Authorization, Content-Type"
 
 SHUTDOWN_GRACE_S = 1.0  # what a closing server gives its connections once every handler was told to end
 # The body of every 500: what went wrong is in the server's log, never in an answer (it can name files, paths)
-INTERNAL_ERROR = ApiError(500, "the server failed to answer this request; its log has the details",
-                          type_="server_error", code="internal_error")
+INTERNAL_ERROR = ApiError(
+    500,
+    "the server failed to answer this request; its log has the details",
+    type_="server_error",
+    code="internal_error",
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ def _host_name(header: str) -> str:
     """The host part of a Host header: "[::1]:8080" -> "::1", "localhost:80" -> "localhost"."""
     header = header.strip()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
+        return header[1 : header.find("]")] if "]" in header else header
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -68,9 +72,16 @@ class ApiServer:
     """One server for one EngineService. start() binds and returns the port; stop() closes connections
     (requests in flight are cancelled through their disconnect)."""
 
-    def __init__(self, service, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 allowed_origins: list[str] | tuple = (), defaults: dict | None = None,
-                 served_names: list[str] | tuple = ()):
+    def __init__(
+        self,
+        service,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        allowed_origins: list[str] | tuple = (),
+        defaults: dict | None = None,
+        served_names: list[str] | tuple = (),
+    ):
         """served_names: the model ids clients may ask for (the first is the one /v1/models lists first);
         none: the loaded folder's name."""
         if not is_loopback(host) and not api_key:
@@ -110,8 +121,9 @@ class ApiServer:
 
     async def start(self) -> int:
         # handler_cancellation: a client that hangs up cancels its handler, which cancels its generation.
-        self.runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=SHUTDOWN_GRACE_S)
+        self.runner = web.AppRunner(
+            self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+        )
         await self.runner.setup()
         # reuse_address left to asyncio: on POSIX it is on (a restart rebinds a port still in TIME_WAIT); on
         # Windows SO_REUSEADDR would let another program bind the same port beside us
@@ -175,11 +187,16 @@ class ApiServer:
             if status == 404:
                 err = ApiError(404, f"no route {request.method} {request.path}", code="not_found")
             elif status == 405:
-                err = ApiError(405, f"{request.method} is not allowed on {request.path}", code="method_not_allowed",
-                               headers={"Allow": exc.headers.get("Allow", "")})
+                err = ApiError(
+                    405,
+                    f"{request.method} is not allowed on {request.path}",
+                    code="method_not_allowed",
+                    headers={"Allow": exc.headers.get("Allow", "")},
+                )
             elif status == 413:
-                err = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB",
-                               code="request_too_large")
+                err = ApiError(
+                    413, f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB", code="request_too_large"
+                )
             else:
                 err = ApiError(status, exc.reason or str(exc))
             return _error_response(err, request.path)
@@ -193,26 +210,39 @@ class ApiServer:
     async def _guard(self, request: web.Request, handler):
         host = _host_name(request.headers.get("Host", ""))
         if not self._host_allowed(host):
-            raise ApiError(403, f"the Host header {host!r} is not a loopback name or address (requests through "
-                                "another name are refused: DNS-rebinding protection)", type_="permission_error",
-                           code="forbidden_host")
+            raise ApiError(
+                403,
+                f"the Host header {host!r} is not a loopback name or address (requests through "
+                "another name are refused: DNS-rebinding protection)",
+                type_="permission_error",
+                code="forbidden_host",
+            )
         origin = self._listed_origin(request)
         if "Origin" in request.headers and origin is None:
             # A web page's request (a browser always names the page's origin; programs send none): a page not
             # listed gets nothing done. Without this, a form-like POST (text/plain needs no preflight) from any
             # site the user visits would make this computer generate, key or no key when none is set.
-            raise ApiError(403, f"requests from the web page origin {request.headers['Origin']!r} are not allowed "
-                                "(list it with --allow-origin, or in Settings, to let that page use the API)",
-                           type_="permission_error", code="forbidden_origin")
+            raise ApiError(
+                403,
+                f"requests from the web page origin {request.headers['Origin']!r} are not allowed "
+                "(list it with --allow-origin, or in Settings, to let that page use the API)",
+                type_="permission_error",
+                code="forbidden_origin",
+            )
         if request.method == "OPTIONS" and origin:  # a browser's preflight for a listed origin
             asked = request.headers.get("Access-Control-Request-Headers", "").strip()
             return web.Response(status=204, headers=self._cors_headers(origin, preflight=asked or PREFLIGHT_HEADERS))
         if request.method == "POST" and request.content_type != "application/json":
-            raise ApiError(415, f"the request body must be JSON sent as 'Content-Type: application/json' (got "
-                                f"{request.headers.get('Content-Type', 'none')!r})", code="unsupported_media_type")
+            raise ApiError(
+                415,
+                f"the request body must be JSON sent as 'Content-Type: application/json' (got "
+                f"{request.headers.get('Content-Type', 'none')!r})",
+                code="unsupported_media_type",
+            )
         if request.path.startswith(("/v1/", "/api/")) and self.api_key and not self._key_ok(request):
-            raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
+            raise ApiError(
+                401, "a valid API key is required: send it as 'Authorization: Bearer KEY'", code="invalid_api_key"
+            )
         return await handler(request)
 
     def _listed_origin(self, request: web.Request) -> str | None:
@@ -233,15 +263,22 @@ class ApiServer:
         scheme, _, token = auth.partition(" ")
         # surrogateescape: a header's bytes that aren't UTF-8 (aiohttp keeps them as surrogates) compare unequal
         # instead of raising
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"),
-                                                                  self.api_key.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("utf-8", "surrogateescape"), self.api_key.encode()
+        )
 
     def _cors_headers(self, origin: str, preflight: str = "") -> dict:
         """preflight: the headers the preflight's answer allows (a preflight only)."""
         h = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if preflight:
-            h.update({"Access-Control-Allow-Methods": "GET, POST, OPTIONS", "Access-Control-Allow-Headers": preflight,
-                      "Access-Control-Max-Age": "600", "Vary": "Origin, Access-Control-Request-Headers"})
+            h.update(
+                {
+                    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                    "Access-Control-Allow-Headers": preflight,
+                    "Access-Control-Max-Age": "600",
+                    "Vary": "Origin, Access-Control-Request-Headers",
+                }
+            )
         return h
 
     # ------------------------------------------------------------------ routes
@@ -254,14 +291,22 @@ class ApiServer:
         # Open without a key (a liveness probe), but what the last request was is for key holders only.
         last = s.last if not self.api_key or self._key_ok(request) else None
         status = {"ready": "ok", "warming": "loading"}.get(s.state, s.state)  # to a probe, warming up is loading
-        return web.json_response({"status": status, "model": self.model_id,
-                                  "running": len(s.active), "waiting": len(s.waiting), "last": last})
+        return web.json_response(
+            {
+                "status": status,
+                "model": self.model_id,
+                "running": len(s.active),
+                "waiting": len(s.waiting),
+                "last": last,
+            }
+        )
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         """Prometheus' text format; behind the API key where one is set (a shared server's load is its own)."""
         if self.api_key and not self._key_ok(request):
-            raise ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
+            raise ApiError(
+                401, "a valid API key is required: send it as 'Authorization: Bearer KEY'", code="invalid_api_key"
+            )
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -280,8 +325,13 @@ class ApiServer:
         if self.closing:
             raise ApiError(503, "the server is shutting down", type_="server_error", code="server_shutdown")
         if self.service.state != "ready" or model_id is None:
-            raise ApiError(503, "the model is not loaded yet; try again when it is ready", type_="server_error",
-                           code="model_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(
+                503,
+                "the model is not loaded yet; try again when it is ready",
+                type_="server_error",
+                code="model_not_ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         return model_id
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -292,14 +342,20 @@ class ApiServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         model_id = self._require_model()
         body = await self._body(request)
-        req = schema.parse_chat_request(body, self.model_ids, self.defaults,
-                                        int((self.service.info or {}).get("vocab_size") or 0))
+        req = schema.parse_chat_request(
+            body, self.model_ids, self.defaults, int((self.service.info or {}).get("vocab_size") or 0)
+        )
         model_id = req.model  # the name it asked for, of those it may (--served-model-name)
         if req.tools is not None:
             if not (self.service.info or {}).get("tools"):
-                raise ApiError(400, "'tools': this model's chat template has no tool support (it doesn't render "
-                                    "tool definitions: the DeepSeek-R1 distills' doesn't); send the request without "
-                                    "tools, or with tool_choice none", param="tools", code="tools_not_supported")
+                raise ApiError(
+                    400,
+                    "'tools': this model's chat template has no tool support (it doesn't render "
+                    "tool definitions: the DeepSeek-R1 distills' doesn't); send the request without "
+                    "tools, or with tool_choice none",
+                    param="tools",
+                    code="tools_not_supported",
+                )
             req.settings["tools"] = req.tools
         if req.response_format is not None:
             req.settings["constraint"] = await self._constraint(req.response_format)
@@ -332,31 +388,52 @@ class ApiServer:
         block (the answer sent, the client gone, the server closing), replies still running are cancelled."""
         events: asyncio.Queue = asyncio.Queue()
         total = n * len(prompts)
-        if total > 1 and self.service.state == "ready" and \
-                len(self.service.waiting) + total > self.service.max_waiting:
-            raise ApiError(429, f"too many requests are waiting ({len(self.service.waiting)} of "
-                                f"{self.service.max_waiting}, and this one asks for {total} replies); retry later",
-                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        if total > 1 and self.service.state == "ready" and len(self.service.waiting) + total > self.service.max_waiting:
+            raise ApiError(
+                429,
+                f"too many requests are waiting ({len(self.service.waiting)} of "
+                f"{self.service.max_waiting}, and this one asks for {total} replies); retry later",
+                type_="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         gens = []
         try:
             for p, (messages, base) in enumerate(prompts):
                 for j in range(n):
                     settings = dict(base)
                     if "seed" in settings:  # n samples of one seed: seed, seed + 1, ... (each replays alone)
-                        settings["seed"] = (settings["seed"] + j) % (2 ** 32)
-                    gens.append(self.service.submit(messages, settings, client="api", label=_client_label(request),
-                                                    samples_of=(f"{name}/{p}", n) if n > 1 else None))
+                        settings["seed"] = (settings["seed"] + j) % (2**32)
+                    gens.append(
+                        self.service.submit(
+                            messages,
+                            settings,
+                            client="api",
+                            label=_client_label(request),
+                            samples_of=(f"{name}/{p}", n) if n > 1 else None,
+                        )
+                    )
                     self._route(gens[-1], len(gens) - 1, events)
         except QueueFull as err:
             for gen in gens:
                 gen.cancel()
-            raise ApiError(429, f"too many requests are waiting ({err}); retry later", type_="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise ApiError(
+                429,
+                f"too many requests are waiting ({err}); retry later",
+                type_="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
         except NotReady as err:
             for gen in gens:
                 gen.cancel()
-            raise ApiError(503, f"{err}; try again when it is ready", type_="server_error", code="model_not_ready",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise ApiError(
+                503,
+                f"{err}; try again when it is ready",
+                type_="server_error",
+                code="model_not_ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
         self._open.add(events)
         try:
             first = await events.get()  # waits in the queue, then through the prefill
@@ -380,11 +457,15 @@ class ApiServer:
         info = self.service.info or {}
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                None, compile_json, info.get("model_path"), int(info.get("vocab_size") or 0),
-                response_format["schema"])
+                None, compile_json, info.get("model_path"), int(info.get("vocab_size") or 0), response_format["schema"]
+            )
         except GrammarError as err:
-            raise ApiError(400, f"'{response_format['param']}' can't be used: {err}",
-                           param=response_format["param"], code="invalid_schema") from None
+            raise ApiError(
+                400,
+                f"'{response_format['param']}' can't be used: {err}",
+                param=response_format["param"],
+                code="invalid_schema",
+            ) from None
 
     async def _tool_constraint(self, req):
         from model_loader.grammar import GrammarError, compile_tool_calls
@@ -392,17 +473,25 @@ class ApiServer:
         info = self.service.info or {}
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                None, compile_tool_calls, info.get("model_path"), int(info.get("vocab_size") or 0), req.tools,
-                req.tool_names, req.parallel_tool_calls)
+                None,
+                compile_tool_calls,
+                info.get("model_path"),
+                int(info.get("vocab_size") or 0),
+                req.tools,
+                req.tool_names,
+                req.parallel_tool_calls,
+            )
         except GrammarError as err:
-            raise ApiError(400, f"'tools': the parameters can't be used: {err}", param="tools",
-                           code="invalid_schema") from None
+            raise ApiError(
+                400, f"'tools': the parameters can't be used: {err}", param="tools", code="invalid_schema"
+            ) from None
 
     async def open_stream(self, request: web.Request, content_type: str = "text/event-stream") -> web.StreamResponse:
         """A streamed answer's response, prepared (its headers go out with the first write), with the CORS
         headers a listed origin gets."""
-        resp = _SseResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache",
-                                     "X-Accel-Buffering": "no"})
+        resp = _SseResponse(
+            headers={"Content-Type": content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         origin = self._listed_origin(request)
         if origin:
             resp.headers.update(self._cors_headers(origin))
@@ -444,8 +533,9 @@ class ApiServer:
                 text = "".join(answer[i])
                 if req.tools is not None:
                     content, calls = schema.split_tool_calls(text)
-                    choices[i] = schema.choice(i, "".join(reasoning[i]), content, "tool_calls" if calls else finish,
-                                               logprobs, calls)
+                    choices[i] = schema.choice(
+                        i, "".join(reasoning[i]), content, "tool_calls" if calls else finish, logprobs, calls
+                    )
                 else:
                     choices[i] = schema.choice(i, "".join(reasoning[i]), text, finish, logprobs)
             elif kind == "failed":
@@ -517,8 +607,9 @@ class _SseResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-SHUTTING_DOWN = ApiError(503, "the server is shutting down; the reply was ended", type_="server_error",
-                         code="server_shutdown")
+SHUTTING_DOWN = ApiError(
+    503, "the server is shutting down; the reply was ended", type_="server_error", code="server_shutdown"
+)
 
 
 def _dumps(obj) -> str:
@@ -533,11 +624,16 @@ def _error_response(err: ApiError, path: str = "") -> web.Response:
 
 def _generation_error(kind: str, message: str, started: bool = False) -> ApiError:
     if kind == "context_full" and not started:
-        return ApiError(400, f"This model's context is too small for these messages: {message}",
-                        param="messages", code="context_length_exceeded")
+        return ApiError(
+            400,
+            f"This model's context is too small for these messages: {message}",
+            param="messages",
+            code="context_length_exceeded",
+        )
     if kind in ("unloaded", "not_ready"):
-        return ApiError(503, message, type_="server_error", code="model_not_ready",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ApiError(
+            503, message, type_="server_error", code="model_not_ready", headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     if kind == "cancelled":
         return ApiError(503, f"the request was cancelled: {message}", type_="server_error", code="cancelled")
     if kind == "oom":
@@ -555,4 +651,3 @@ def _client_label(request: web.Request) -> str:
     if agent and is_loopback(peer):  # this computer: the program's name says who it is
         return agent
     return f"{peer} · {agent}" if agent else peer
-

@@ -45,6 +45,9 @@ def triton_works(device) -> bool:
             log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")
         return bool(ok)
     except Exception as err:  # no C compiler, no Python headers, an unsupported GPU, a broken install
-        log.warning("Triton is unusable here (%s: %s); using plain PyTorch kernels", type(err).__name__,
-                    str(err).splitlines()[0] if str(err) else "")
+        log.warning(
+            "Triton is unusable here (%s: %s); using plain PyTorch kernels",
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+        )
         return False

@@ -128,12 +128,25 @@ def _warm_compiler(target: tuple) -> float | None:
         with tempfile.TemporaryDirectory(prefix="r1desk-warm-") as scratch:
             knobs.cache.dir = scratch  # nothing of this lands in the real cache
             try:
-                triton.compile(ASTSource(jit_ops._add_rms_norm_kernel,
-                                         {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
-                                          "n_cols": "i32", "eps": "fp32", "HAS_RES": "constexpr",
-                                          "BLOCK": "constexpr", "PDL": "constexpr"},
-                                         {(6,): True, (7,): 256, (8,): False}),
-                               target=GPUTarget(*target), options={"num_warps": 4})
+                triton.compile(
+                    ASTSource(
+                        jit_ops._add_rms_norm_kernel,
+                        {
+                            "x_ptr": "*bf16",
+                            "res_ptr": "*bf16",
+                            "w_ptr": "*bf16",
+                            "out_ptr": "*bf16",
+                            "n_cols": "i32",
+                            "eps": "fp32",
+                            "HAS_RES": "constexpr",
+                            "BLOCK": "constexpr",
+                            "PDL": "constexpr",
+                        },
+                        {(6,): True, (7,): 256, (8,): False},
+                    ),
+                    target=GPUTarget(*target),
+                    options={"num_warps": 4},
+                )
             finally:
                 knobs.cache.dir = shared
     except Exception as err:  # only a head start lost: the real compiles report their own problems
@@ -142,8 +155,14 @@ def _warm_compiler(target: tuple) -> float | None:
     return time.perf_counter() - t0
 
 
-def _compile(module: str, name: str, specialization: str, target: tuple,
-             source_hash: str | None = None, sources: str | None = None) -> tuple[str, float]:
+def _compile(
+    module: str,
+    name: str,
+    specialization: str,
+    target: tuple,
+    source_hash: str | None = None,
+    sources: str | None = None,
+) -> tuple[str, float]:
     """Compile one kernel variant into the Triton cache; returns its cache key (CompiledKernel.hash) and the
     seconds it took. source_hash: the parent's hash of the same source (see _source_hash), used only where this
     process read the same kernel sources as the parent (`sources`: kernel_sources()), not a file changed since."""
@@ -191,9 +210,11 @@ def rebuild_source(module: str, name: str, specialization: str):
     fn = getattr(importlib.import_module(module), name)
     spec = json.loads(specialization)
     constexprs = {
-        tuple(key): tl.dtype(value) if tl.dtype.is_dtype(value) else
-        tl.constexpr(_tuples(value["constexpr"])) if isinstance(value, dict) and "constexpr" in value else
-        _tuples(value)
+        tuple(key): tl.dtype(value)
+        if tl.dtype.is_dtype(value)
+        else tl.constexpr(_tuples(value["constexpr"]))
+        if isinstance(value, dict) and "constexpr" in value
+        else _tuples(value)
         for key, value in zip(spec["constant_keys"], spec["constant_vals"])
     }
     attrs = {tuple(key): value for key, value in zip(spec["attrs_keys"], spec["attrs_vals"])}
@@ -247,8 +268,11 @@ class WorkerCompiler:
         self._started: dict[tuple, Future] = {}  # one job per kernel variant (see submit)
 
     def submit(self, module: str, name: str, specialization: str, target: tuple) -> Future | None:
-        failed = None if self.broken else next(
-            (f.exception() for f in self.booted if f.done() and f.exception() is not None), None)
+        failed = (
+            None
+            if self.broken
+            else next((f.exception() for f in self.booted if f.done() and f.exception() is not None), None)
+        )
         if failed is not None:  # a worker could not start, or sees another Triton cache: results would be lost
             self.broken = True
             log.warning("compile workers unusable (%s: %s); compiling on threads", type(failed).__name__, failed)
@@ -264,8 +288,14 @@ class WorkerCompiler:
         try:
             self.submitted += 1
             self._started[dedup] = future = self.executor.submit(
-                _compile, module, name, specialization, target, _source_hash(module, name, specialization),
-                kernel_sources())
+                _compile,
+                module,
+                name,
+                specialization,
+                target,
+                _source_hash(module, name, specialization),
+                kernel_sources(),
+            )
             return future
         except Exception as err:  # the pool broke (a worker died): the threads compile from here on
             self.broken = True
@@ -372,8 +402,15 @@ def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **extra
     _state.pending = None
     previous = _previous_hook
     if previous is not None:
-        result = previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
-                          already_compiled=already_compiled, **extra)
+        result = previous(
+            key=key,
+            repr=repr,
+            fn=fn,
+            compile=compile,
+            is_manual_warmup=is_manual_warmup,
+            already_compiled=already_compiled,
+            **extra,
+        )
         if result:
             return result
     try:
@@ -383,8 +420,9 @@ def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **extra
         if pool is None or pool.workers is None or fn.module not in WORKER_MODULES:
             return None
         target = fn.jit_function.device_caches[compile["device"]][2]
-        _state.pending = pool.workers.submit(fn.module, fn.name, compile["specialization_data"],
-                                             (target.backend, target.arch, target.warp_size))
+        _state.pending = pool.workers.submit(
+            fn.module, fn.name, compile["specialization_data"], (target.backend, target.arch, target.warp_size)
+        )
     except Exception as err:  # an internal API: never let it stop the compile it was meant to speed up
         log.debug("not compiling %s in a worker (%s: %s)", getattr(fn, "name", "?"), type(err).__name__, err)
     return None

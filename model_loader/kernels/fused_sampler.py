@@ -13,8 +13,13 @@ import torch
 import triton
 
 from model_loader.kernels import jit_sampler
-from model_loader.kernels.jit_sampler import (_sampler_draw_kernel, _sampler_mass_high_kernel,
-                                              _sampler_mass_low_kernel, _sampler_max_kernel, _sampler_top_k_kernel)
+from model_loader.kernels.jit_sampler import (
+    _sampler_draw_kernel,
+    _sampler_mass_high_kernel,
+    _sampler_mass_low_kernel,
+    _sampler_max_kernel,
+    _sampler_top_k_kernel,
+)
 from model_loader.kernels.precompile import launch
 
 # Logits per program: 38 programs for Qwen2's 151,936. The whole sampler on the H200 (benchmarks/sampler_cost.py,
@@ -57,13 +62,30 @@ def fused_sample(logits: torch.Tensor, params, block: int = BLOCK) -> torch.Tens
     fence = logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
     shape = dict(BLOCK=s.block, FENCE=fence, num_warps=NUM_WARPS)
     npow = triton.next_power_of_2(n)
-    launch(_sampler_max_kernel, grid)(logits, params.top_k, s.istate, s.fstate, s.part_f, s.hist_c, vocab, n,
-                                      NPOW=npow, **shape)
+    launch(_sampler_max_kernel, grid)(
+        logits, params.top_k, s.istate, s.fstate, s.part_f, s.hist_c, vocab, n, NPOW=npow, **shape
+    )
     launch(_sampler_top_k_kernel, grid)(logits, params.top_k, s.istate, s.hist_c, vocab, n, **shape)
-    launch(_sampler_mass_high_kernel, grid)(logits, params.temperature, params.top_p, s.istate, s.fstate, s.lstate,
-                                            s.hist_w, vocab, n, **shape)
-    launch(_sampler_mass_low_kernel, grid)(logits, params.temperature, s.istate, s.fstate, s.lstate, s.hist_w,
-                                           s.hist_c, vocab, n, **shape)
-    launch(_sampler_draw_kernel, grid)(logits, params.temperature, params.seed, s.steps, s.istate, s.fstate, s.part_f,
-                                       s.part_i, s.part_t, s.out, vocab, n, NPOW=npow, **shape)
+    launch(_sampler_mass_high_kernel, grid)(
+        logits, params.temperature, params.top_p, s.istate, s.fstate, s.lstate, s.hist_w, vocab, n, **shape
+    )
+    launch(_sampler_mass_low_kernel, grid)(
+        logits, params.temperature, s.istate, s.fstate, s.lstate, s.hist_w, s.hist_c, vocab, n, **shape
+    )
+    launch(_sampler_draw_kernel, grid)(
+        logits,
+        params.temperature,
+        params.seed,
+        s.steps,
+        s.istate,
+        s.fstate,
+        s.part_f,
+        s.part_i,
+        s.part_t,
+        s.out,
+        vocab,
+        n,
+        NPOW=npow,
+        **shape,
+    )
     return s.out

@@ -67,8 +67,11 @@ MEASURED_ON = {"capability_major": 9, "group_size": 128}  # the H200's generatio
 
 def _measured_here(w: RowPackedInt4) -> bool:
     device = w.qweight.device
-    return (device.type == "cuda" and w.group_size == MEASURED_ON["group_size"]
-            and torch.cuda.get_device_capability(device)[0] == MEASURED_ON["capability_major"])
+    return (
+        device.type == "cuda"
+        and w.group_size == MEASURED_ON["group_size"]
+        and torch.cuda.get_device_capability(device)[0] == MEASURED_ON["capability_major"]
+    )
 
 
 def int4_gemv_candidates(w: RowPackedInt4, silu_output: bool) -> tuple:
@@ -79,8 +82,13 @@ def int4_gemv_candidates(w: RowPackedInt4, silu_output: bool) -> tuple:
     return INT4_GEMV_CONFIGS
 
 
-def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GEMV,
-              silu_output: bool = False, maxnreg: int | None = None) -> torch.Tensor:
+def int4_gemv(
+    x: torch.Tensor,
+    w: RowPackedInt4,
+    config: tuple = DEFAULT_INT4_GEMV,
+    silu_output: bool = False,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
     awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up].
     maxnreg: a register cap per thread (for experiments; benchmarks/int4_registers.py found none that helps)."""
@@ -97,11 +105,32 @@ def int4_gemv(x: torch.Tensor, w: RowPackedInt4, config: tuple = DEFAULT_INT4_GE
     out = torch.empty((1, n // 2 if silu_output else n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     launch(_int4_gemv_kernel, (triton.cdiv(n, block_n), splits))(
-        x, w.qweight, w.scales, w.zeros, out, partials, split_counters(x.device), n, k // 8, w.scales.shape[1],
-        blocks, splits, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n,
-        NB=nb, CHUNKS=chunks, EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0, SILU_OUTPUT=silu_output,
-        W_EVICT=triton_ops.GEMV_WEIGHT_EVICTION, num_warps=warps, **pdl_launch_args(x.device),
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+        x,
+        w.qweight,
+        w.scales,
+        w.zeros,
+        out,
+        partials,
+        split_counters(x.device),
+        n,
+        k // 8,
+        w.scales.shape[1],
+        blocks,
+        splits,
+        SIXTEEN_BITS,
+        TWO_FIFTY_SIX_BITS,
+        GROUP=w.group_size,
+        IB=w.interleave,
+        BLOCK_N=block_n,
+        NB=nb,
+        CHUNKS=chunks,
+        EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0,
+        SILU_OUTPUT=silu_output,
+        W_EVICT=triton_ops.GEMV_WEIGHT_EVICTION,
+        num_warps=warps,
+        **pdl_launch_args(x.device),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
+    )
     return out
 
 
@@ -111,8 +140,19 @@ def int4_dequantize(w: RowPackedInt4, out: torch.Tensor) -> torch.Tensor:
     dense = out.view(-1)[: n * k].view(n, k)
     block_n = 16
     launch(_int4_dequantize_kernel, (triton.cdiv(n, block_n), k // (8 * w.interleave)))(
-        w.qweight, w.scales, w.zeros, dense, n, k, w.scales.shape[1],
-        GROUP=w.group_size, IB=w.interleave, BLOCK_N=block_n, GATE_UP_PAIRS=w.gate_up_pairs, num_warps=4)
+        w.qweight,
+        w.scales,
+        w.zeros,
+        dense,
+        n,
+        k,
+        w.scales.shape[1],
+        GROUP=w.group_size,
+        IB=w.interleave,
+        BLOCK_N=block_n,
+        GATE_UP_PAIRS=w.gate_up_pairs,
+        num_warps=4,
+    )
     return dense
 
 
@@ -122,8 +162,18 @@ def int4pack_dequantize(w, out: torch.Tensor) -> torch.Tensor:
     dense = out.view(-1)[: n * k].view(n, k)
     block_n, block_k = 16, 128
     launch(_int4pack_dequantize_kernel, (triton.cdiv(n, block_n), triton.cdiv(k, block_k)))(
-        w.packed, w.scales_and_zeros, dense, n, k, w.packed.shape[1], w.packed.shape[3],
-        GROUP=w.group_size, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        w.packed,
+        w.scales_and_zeros,
+        dense,
+        n,
+        k,
+        w.packed.shape[1],
+        w.packed.shape[3],
+        GROUP=w.group_size,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=4,
+    )
     return dense
 
 

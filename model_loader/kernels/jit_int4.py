@@ -14,8 +14,22 @@ MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small
 
 
 @triton.jit
-def _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk, i, KP, GROUPS, NUM_BLOCKS,
-                      GROUP: tl.constexpr, IB: tl.constexpr, EVEN: tl.constexpr, W_EVICT: tl.constexpr = ""):
+def _int4_load_blocks(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    row_mask,
+    blk,
+    i,
+    KP,
+    GROUPS,
+    NUM_BLOCKS,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    EVEN: tl.constexpr,
+    W_EVICT: tl.constexpr = "",
+):
     # The [NB, BLOCK_N, IB] packed ints of blocks blk for these rows, and each (block, row)'s scale and zero.
     # W_EVICT: their L2 policy (as the dense GEMV's, jit_ops._gemv_kernel).
     w_ptrs = qw_ptr + rows[None, :, None] * KP + (blk * IB)[:, None, None] + i[None, None, :]
@@ -33,8 +47,21 @@ def _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk, i, KP, GROUPS, 
 
 
 @triton.jit
-def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS,
-                     IB: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
+def _int4_dot_blocks(
+    packed,
+    s,
+    z,
+    x_ptr,
+    blk,
+    i,
+    NUM_BLOCKS,
+    SIXTEEN_BITS,
+    TWO_FIFTY_SIX_BITS,
+    IB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NB: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     # -> [NB, BLOCK_N]: each row's dot product with x over each block, scale and zero applied.
     # One shift serves two nibbles: nibble j lands under the exponent of 16.0f, giving the float 16 + q[j], and
     # nibble j-1 four bits lower, under the exponent of 256.0f: 256 + q[j-1]; each is one and-or (LOP3) away.
@@ -71,10 +98,31 @@ def _int4_dot_blocks(packed, s, z, x_ptr, blk, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, N, KP, GROUPS, NUM_BLOCKS,
-                      SPLITS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, GROUP: tl.constexpr, IB: tl.constexpr,
-                      BLOCK_N: tl.constexpr, NB: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr,
-                      SILU_OUTPUT: tl.constexpr, PDL: tl.constexpr, W_EVICT: tl.constexpr = ""):
+def _int4_gemv_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    KP,
+    GROUPS,
+    NUM_BLOCKS,
+    SPLITS,
+    SIXTEEN_BITS,
+    TWO_FIFTY_SIX_BITS,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NB: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    EVEN: tl.constexpr,
+    SILU_OUTPUT: tl.constexpr,
+    PDL: tl.constexpr,
+    W_EVICT: tl.constexpr = "",
+):
     # Program (r, c) owns rows r*BLOCK_N.. over the CHUNKS*NB packed blocks from c*CHUNKS*NB (one block =
     # 8*IB inputs, IB ints per row, inside one group), as CHUNKS [NB, BLOCK_N, IB] tiles, and requests all of
     # them before any arithmetic: at batch 1 the time goes on latency and instruction issue, not DRAM
@@ -95,37 +143,81 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
     row_mask = rows < N
     i = tl.arange(0, IB)
     blk0 = tl.program_id(1) * (CHUNKS * NB) + tl.arange(0, NB)
-    packed0, s0, z0 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0, i, KP, GROUPS, NUM_BLOCKS,
-                                        GROUP, IB, EVEN, W_EVICT)
+    packed0, s0, z0 = _int4_load_blocks(
+        qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0, i, KP, GROUPS, NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT
+    )
     if CHUNKS > 1:
-        packed1, s1, z1 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
+        packed1, s1, z1 = _int4_load_blocks(
+            qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + NB, i, KP, GROUPS, NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT
+        )
     if CHUNKS > 2:
-        packed2, s2, z2 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 2 * NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
+        packed2, s2, z2 = _int4_load_blocks(
+            qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 2 * NB, i, KP, GROUPS, NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT
+        )
     if CHUNKS > 3:
-        packed3, s3, z3 = _int4_load_blocks(qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 3 * NB, i, KP, GROUPS,
-                                            NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT)
+        packed3, s3, z3 = _int4_load_blocks(
+            qw_ptr, s_ptr, z_ptr, rows, row_mask, blk0 + 3 * NB, i, KP, GROUPS, NUM_BLOCKS, GROUP, IB, EVEN, W_EVICT
+        )
     if PDL:
         tl.extra.cuda.gdc_wait()
-    per_block = _int4_dot_blocks(packed0, s0, z0, x_ptr, blk0, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS,
-                                 IB, BLOCK_N, NB, EVEN)
+    per_block = _int4_dot_blocks(
+        packed0, s0, z0, x_ptr, blk0, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN
+    )
     if CHUNKS > 1:
-        per_block += _int4_dot_blocks(packed1, s1, z1, x_ptr, blk0 + NB, i, NUM_BLOCKS, SIXTEEN_BITS,
-                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
+        per_block += _int4_dot_blocks(
+            packed1, s1, z1, x_ptr, blk0 + NB, i, NUM_BLOCKS, SIXTEEN_BITS, TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN
+        )
     if CHUNKS > 2:
-        per_block += _int4_dot_blocks(packed2, s2, z2, x_ptr, blk0 + 2 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
-                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
+        per_block += _int4_dot_blocks(
+            packed2,
+            s2,
+            z2,
+            x_ptr,
+            blk0 + 2 * NB,
+            i,
+            NUM_BLOCKS,
+            SIXTEEN_BITS,
+            TWO_FIFTY_SIX_BITS,
+            IB,
+            BLOCK_N,
+            NB,
+            EVEN,
+        )
     if CHUNKS > 3:
-        per_block += _int4_dot_blocks(packed3, s3, z3, x_ptr, blk0 + 3 * NB, i, NUM_BLOCKS, SIXTEEN_BITS,
-                                      TWO_FIFTY_SIX_BITS, IB, BLOCK_N, NB, EVEN)
-    _finish_rows(out_ptr, part_ptr, count_ptr, tl.sum(per_block, axis=0), rows, row_mask, N, SPLITS, BLOCK_N,
-                 SILU_OUTPUT)
+        per_block += _int4_dot_blocks(
+            packed3,
+            s3,
+            z3,
+            x_ptr,
+            blk0 + 3 * NB,
+            i,
+            NUM_BLOCKS,
+            SIXTEEN_BITS,
+            TWO_FIFTY_SIX_BITS,
+            IB,
+            BLOCK_N,
+            NB,
+            EVEN,
+        )
+    _finish_rows(
+        out_ptr, part_ptr, count_ptr, tl.sum(per_block, axis=0), rows, row_mask, N, SPLITS, BLOCK_N, SILU_OUTPUT
+    )
 
 
 @triton.jit
-def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
-                            GROUP: tl.constexpr, IB: tl.constexpr, BLOCK_N: tl.constexpr, GATE_UP_PAIRS: tl.constexpr):
+def _int4_dequantize_kernel(
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    w_ptr,
+    N,
+    K,
+    GROUPS,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GATE_UP_PAIRS: tl.constexpr,
+):
     # One packed block of BLOCK_N rows -> 8 contiguous runs of IB outputs per row. GATE_UP_PAIRS: stored rows
     # (gate i, up i) go back to rows i and N/2 + i of the dense [gate; up] weight.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -143,13 +235,17 @@ def _int4_dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUPS,
         z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0).to(tl.float32)
         q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
         w = (q - (z + MAGIC)[:, None]) * s[:, None]
-        tl.store(w_ptr + dense_rows[:, None] * K + (k0 + j * IB + i)[None, :], w.to(w_ptr.dtype.element_ty),
-                 mask=row_mask[:, None])
+        tl.store(
+            w_ptr + dense_rows[:, None] * K + (k0 + j * IB + i)[None, :],
+            w.to(w_ptr.dtype.element_ty),
+            mask=row_mask[:, None],
+        )
 
 
 @triton.jit
-def _int4pack_dequantize_kernel(packed_ptr, sz_ptr, w_ptr, N, K, K_OUTER, IKT2,
-                                GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _int4pack_dequantize_kernel(
+    packed_ptr, sz_ptr, w_ptr, N, K, K_OUTER, IKT2, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     # Dense W [N, K] from torch's CUDA int4 tile layout (see awq.cuda_int4pack_layout): each output element
     # finds its int32 and nibble; the 8 rows of a tile and their k bytes are spread over the 32 lanes.
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -19,8 +19,9 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -51,10 +52,28 @@ def _v_offsets(head, n, d, max_ctx, v_rows, D: tl.constexpr, V_T: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
-def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                            n_tokens, max_ctx, k_scale_ptr, v_scale_ptr, v_rows, NUM_HEADS: tl.constexpr,
-                            NUM_KV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                            KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
+def _rope_bias_cache_kernel(
+    qkv_ptr,
+    bias_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    n_tokens,
+    max_ctx,
+    k_scale_ptr,
+    v_scale_ptr,
+    v_rows,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
+    KV_FP8: tl.constexpr = False,
+    V_T: tl.constexpr = False,
+):
     # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
     # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
     # A prefill also zeroes the STALE_V_ROWS value rows after its tokens (within the head's max_ctx rows): the
@@ -70,8 +89,7 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
             dst = v_cache_ptr + _v_offsets(vh, stale[:, None], tl.arange(0, D)[None, :], max_ctx, v_rows, D, V_T)
             tl.store(dst, tl.zeros([STALE_V_ROWS, D], v_cache_ptr.dtype.element_ty), mask=(stale < max_ctx)[:, None])
             if KV_FP8:  # a NaN scale would make the zeroed rows NaN again
-                tl.store(v_scale_ptr + vh * max_ctx + stale, tl.zeros([STALE_V_ROWS], tl.float32),
-                         mask=stale < max_ctx)
+                tl.store(v_scale_ptr + vh * max_ctx + stale, tl.zeros([STALE_V_ROWS], tl.float32), mask=stale < max_ctx)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)  # 0..Hq-1: q heads, then Hkv k heads, then Hkv v heads
     live = (tok < n_tokens)[:, None]
@@ -79,8 +97,9 @@ def _rope_bias_cache_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_
     half = tl.arange(0, D // 2)[None, :]
     row = qkv_ptr + tok[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
     x1 = tl.load(row + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
-    x2 = (tl.load(row + D // 2 + half, mask=live).to(tl.float32)
-          + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32))
+    x2 = tl.load(row + D // 2 + half, mask=live).to(tl.float32) + tl.load(bias_ptr + head * D + D // 2 + half).to(
+        tl.float32
+    )
     if head < NUM_HEADS + NUM_KV:
         c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live)
         s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live)
@@ -161,8 +180,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.con
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     if PAIRED:
-        both = tl.load(x_ptr + row * 2 * n_cols + 2 * cols[:, None] + tl.arange(0, 2)[None, :], mask=mask[:, None],
-                       other=0.0).to(tl.float32)
+        both = tl.load(
+            x_ptr + row * 2 * n_cols + 2 * cols[:, None] + tl.arange(0, 2)[None, :], mask=mask[:, None], other=0.0
+        ).to(tl.float32)
         g, u = tl.split(both)
     else:
         g = tl.load(x_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
@@ -172,9 +192,22 @@ def _silu_mul_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.con
 
 
 @triton.jit
-def _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr = True,
-                          k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False,
-                          V_ROW_MASK: tl.constexpr = False):
+def _online_softmax_block(
+    q,
+    k,
+    v,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    scale,
+    IEEE: tl.constexpr,
+    MASKED: tl.constexpr = True,
+    k_scale=None,
+    v_scale=None,
+    KV_SCALED: tl.constexpr = False,
+    V_ROW_MASK: tl.constexpr = False,
+):
     """One block of keys into flash attention's running state: m_i [M] the running max, l_i [M] the running sum
     of exp, acc [M, D] the running weighted sum of values. visible: which (row, key) pairs count. A row that has
     seen no visible key yet keeps m_i = -inf and l_i = 0. IEEE (fp32 models): tl.dot on fp32 inputs defaults to
@@ -244,8 +277,20 @@ def _kv_scales(k_scale_ptr, v_scale_ptr, scale_rows, rows, FP8: tl.constexpr, WH
 
 
 @triton.jit
-def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr = True,
-                               k_scale=None, v_scale=None, KV_SCALED: tl.constexpr = False):
+def _online_softmax_block_exp2(
+    q,
+    k,
+    v,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    MASKED: tl.constexpr = True,
+    k_scale=None,
+    v_scale=None,
+    KV_SCALED: tl.constexpr = False,
+):
     """_online_softmax_block for 16-bit inputs, with the running max m_i in log2 units: each score is scaled by
     qk_scale = scale * log2(e) and has the max taken off in one multiply-add, then goes through exp2 (exp of a
     scaled score costs two more float operations a score: the scale and exp's own log2(e)). Inputs that need IEEE
@@ -271,19 +316,48 @@ def _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, qk_scale, MASKED
 
 
 @triton.jit
-def _decode_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, MASKED: tl.constexpr, ks, vs,
-                  KV_FP8: tl.constexpr, V_T: tl.constexpr, EXP2: tl.constexpr):
+def _decode_block(
+    q,
+    k,
+    v,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    scale,
+    IEEE: tl.constexpr,
+    MASKED: tl.constexpr,
+    ks,
+    vs,
+    KV_FP8: tl.constexpr,
+    V_T: tl.constexpr,
+    EXP2: tl.constexpr,
+):
     """One K/V tile into the decode kernel's running state. EXP2: through exp2 with m_i in log2
     units (_online_softmax_block_exp2: a multiply less a score, and the rescaled accumulator goes into the P.V
     dot); else through _online_softmax_block, in natural units (fp32 models, IEEE; a row-major 8-bit V, whose
     rows past the end it zeroes). _decode_lse reads m_i back."""
     if not EXP2:
-        m_i, l_i, acc = _online_softmax_block(q, k, v, visible, m_i, l_i, acc, scale, IEEE, MASKED=MASKED,
-                                              k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8,
-                                              V_ROW_MASK=KV_FP8 and not V_T)
+        m_i, l_i, acc = _online_softmax_block(
+            q,
+            k,
+            v,
+            visible,
+            m_i,
+            l_i,
+            acc,
+            scale,
+            IEEE,
+            MASKED=MASKED,
+            k_scale=ks,
+            v_scale=vs,
+            KV_SCALED=KV_FP8,
+            V_ROW_MASK=KV_FP8 and not V_T,
+        )
     else:
-        m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, visible, m_i, l_i, acc, scale * LOG2_E, MASKED=MASKED,
-                                                   k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+        m_i, l_i, acc = _online_softmax_block_exp2(
+            q, k, v, visible, m_i, l_i, acc, scale * LOG2_E, MASKED=MASKED, k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8
+        )
     return m_i, l_i, acc
 
 
@@ -298,15 +372,43 @@ def _decode_lse(m_i, l_i, EXP2: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(q, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kvh, n0, end, d, max_ctx, v_rows, m_i, l_i, acc, scale,
-                 BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr, KV_FP8: tl.constexpr,
-                 V_T: tl.constexpr, WHOLE: tl.constexpr, EXP2: tl.constexpr):
+def _decode_tile(
+    q,
+    k_ptr,
+    v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    kvh,
+    n0,
+    end,
+    d,
+    max_ctx,
+    v_rows,
+    m_i,
+    l_i,
+    acc,
+    scale,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    V_T: tl.constexpr,
+    WHOLE: tl.constexpr,
+    EXP2: tl.constexpr,
+):
     """The decode loop's step: the tile of tokens n0.. (those from `end` on masked out, unless WHOLE: every
     token of it is below end, and nothing is masked) read and taken into the running state."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_mask = n < end  # unused (and compiled out) for a whole tile
-    k, v = _kv_tile(k_ptr, v_ptr, (kvh * max_ctx + n[:, None]) * D + d[None, :],
-                    _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T), n_mask, V_T=V_T, WHOLE=WHOLE)
+    k, v = _kv_tile(
+        k_ptr,
+        v_ptr,
+        (kvh * max_ctx + n[:, None]) * D + d[None, :],
+        _v_offsets(kvh, n[:, None], d[None, :], max_ctx, v_rows, D, V_T),
+        n_mask,
+        V_T=V_T,
+        WHOLE=WHOLE,
+    )
     ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n_mask, KV_FP8, WHOLE=WHOLE)
     return _decode_block(q, k, v, n_mask[None, :], m_i, l_i, acc, scale, IEEE, not WHOLE, ks, vs, KV_FP8, V_T, EXP2)
 
@@ -322,8 +424,16 @@ def _decode_chunk(length, MAX_SPLITS, MIN_CHUNK, ALIGN):
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, k_offs, v_offs, rows, F16: tl.constexpr = False, V_T: tl.constexpr = False,
-             WHOLE: tl.constexpr = False):
+def _kv_tile(
+    k_ptr,
+    v_ptr,
+    k_offs,
+    v_offs,
+    rows,
+    F16: tl.constexpr = False,
+    V_T: tl.constexpr = False,
+    WHOLE: tl.constexpr = False,
+):
     """A tile of cached keys and values (rows: which of its tokens to read; the rest are 0; WHOLE: all of them,
     read with no mask). F16: upcast at once (an 8-bit cache's early tile: the branch that may re-read it then
     carries fp16 pairs, not one fp8 byte a register, which spilled). V_T (a transposed value cache,
@@ -345,13 +455,33 @@ def _kv_tile(k_ptr, v_ptr, k_offs, v_offs, rows, F16: tl.constexpr = False, V_T:
 
 
 @triton.jit
-def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_ptr, max_ctx, scale,
-                              k_scale_ptr, v_scale_ptr, v_rows, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                              D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                              MIN_CHUNK: tl.constexpr, CHUNK_ALIGN: tl.constexpr, PDL: tl.constexpr,
-                              IEEE: tl.constexpr, LATE_LAUNCH: tl.constexpr, EARLY_TILE: tl.constexpr,
-                              KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False,
-                              WHOLE_TILES: tl.constexpr = False):
+def _decode_attn_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    max_ctx,
+    scale,
+    k_scale_ptr,
+    v_scale_ptr,
+    v_rows,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    CHUNK_ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
+    IEEE: tl.constexpr,
+    LATE_LAUNCH: tl.constexpr,
+    EARLY_TILE: tl.constexpr,
+    KV_FP8: tl.constexpr = False,
+    V_T: tl.constexpr = False,
+    WHOLE_TILES: tl.constexpr = False,
+):
     # One program per (KV head, split): the KV head's GROUP query heads share every K/V tile it loads.
     # LATE_LAUNCH: let the next kernels launch (programmatic dependent launch) only once this one has read its
     # K/V, so the weight requests of the GEMVs queued behind it don't compete with a long cache read.
@@ -422,16 +552,61 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
                 first = start + BLOCK_N
         q = tl.load(q_ptr + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g_mask[:, None], other=0.0)
         if EARLY_TILE:
-            m_i, l_i, acc = _decode_block(q, ek, ev, n_mask[None, :], m_i, l_i, acc, scale, IEEE, True, ks, vs,
-                                          KV_FP8, V_T, EXP2)
+            m_i, l_i, acc = _decode_block(
+                q, ek, ev, n_mask[None, :], m_i, l_i, acc, scale, IEEE, True, ks, vs, KV_FP8, V_T, EXP2
+            )
         if WHOLE:  # whole tiles from `first` on (see the early tile above)
             for n0 in range(first, end, BLOCK_N):
-                m_i, l_i, acc = _decode_tile(q, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kvh, n0, end, d, max_ctx,
-                                             v_rows, m_i, l_i, acc, scale, BLOCK_N, D, IEEE, KV_FP8, V_T, True, EXP2)
+                m_i, l_i, acc = _decode_tile(
+                    q,
+                    k_ptr,
+                    v_ptr,
+                    k_scale_ptr,
+                    v_scale_ptr,
+                    kvh,
+                    n0,
+                    end,
+                    d,
+                    max_ctx,
+                    v_rows,
+                    m_i,
+                    l_i,
+                    acc,
+                    scale,
+                    BLOCK_N,
+                    D,
+                    IEEE,
+                    KV_FP8,
+                    V_T,
+                    True,
+                    EXP2,
+                )
         else:
             for n0 in range(first, end, BLOCK_N):
-                m_i, l_i, acc = _decode_tile(q, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, kvh, n0, end, d, max_ctx,
-                                             v_rows, m_i, l_i, acc, scale, BLOCK_N, D, IEEE, KV_FP8, V_T, False, EXP2)
+                m_i, l_i, acc = _decode_tile(
+                    q,
+                    k_ptr,
+                    v_ptr,
+                    k_scale_ptr,
+                    v_scale_ptr,
+                    kvh,
+                    n0,
+                    end,
+                    d,
+                    max_ctx,
+                    v_rows,
+                    m_i,
+                    l_i,
+                    acc,
+                    scale,
+                    BLOCK_N,
+                    D,
+                    IEEE,
+                    KV_FP8,
+                    V_T,
+                    False,
+                    EXP2,
+                )
         heads = kvh * GROUP + g
         out_base = heads * MAX_SPLITS + split
         tl.store(mid_o_ptr + out_base[:, None] * D + d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
@@ -444,8 +619,19 @@ def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, mid_o_ptr, mid_lse_p
 # Not specialized on its integer arguments: the split shapes' 1, 66 and multiples of 16 would each make a variant
 # of their own (one more compile on a first start) for arithmetic done once per program.
 @triton.jit(do_not_specialize=["chunk_align", "max_splits", "min_chunk"])
-def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_align, max_splits, min_chunk,
-                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+def _decode_attn_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    pos_ptr,
+    chunk_align,
+    max_splits,
+    min_chunk,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # Combines the active splits of one query head for BLOCK_D of its dimensions (online log-sum-exp, BLOCK_S
     # splits at a time): heads x D/BLOCK_D programs, so the combine is not a dozen long serial programs. The
     # split shape comes as plain ints, so configurations share a compiled reduce unless Triton specializes them
@@ -473,8 +659,21 @@ def _decode_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, pos_ptr, chunk_a
 
 
 @triton.jit
-def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, v_base, v_rows, D: tl.constexpr, MASKED: tl.constexpr,
-                     TMA: tl.constexpr, V_T: tl.constexpr):
+def _prefill_kv_tile(
+    k_ptr,
+    v_ptr,
+    base,
+    n0,
+    n,
+    d,
+    hi,
+    v_base,
+    v_rows,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+    TMA: tl.constexpr,
+    V_T: tl.constexpr,
+):
     """The K and V tiles of keys n = n0 + [0, BLOCK_N) of one KV head (base: its first element; with TMA its
     first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
     as zeros), so a masked tile's rows from hi on are whatever the cache holds there: K's scores are masked by the
@@ -501,11 +700,34 @@ def _prefill_kv_tile(k_ptr, v_ptr, base, n0, n, d, hi, v_base, v_rows, D: tl.con
 
 
 @triton.jit(do_not_specialize=["n_tokens", "splits"])
-def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, start_ptr, n_tokens, max_ctx, scale,
-                         splits, k_scale_ptr, v_scale_ptr, v_rows, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr,
-                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         IEEE: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr = False,
-                         PACK_GQA: tl.constexpr = False, KV_FP8: tl.constexpr = False, V_T: tl.constexpr = False):
+def _prefill_attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    start_ptr,
+    n_tokens,
+    max_ctx,
+    scale,
+    splits,
+    k_scale_ptr,
+    v_scale_ptr,
+    v_rows,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+    TMA: tl.constexpr = False,
+    PACK_GQA: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False,
+    V_T: tl.constexpr = False,
+):
     # Causal attention of n_tokens new queries at positions start.. over the cache's keys 0..start+n_tokens-1,
     # bottom-right aligned (query i sees keys <= start+i). `start` is read on the device, so one captured graph
     # per length bucket serves any cached prefix; no mask tensor and no repeated K/V (the KV head is indexed).
@@ -556,32 +778,39 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
     qk_scale = scale * LOG2_E  # 16-bit inputs: m_i in log2 units (_online_softmax_block_exp2)
     for i in range(0, open_blocks):
         n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, v_base, v_rows, D, MASKED=False,
-                                TMA=TMA, V_T=V_T)
+        k, v = _prefill_kv_tile(
+            k_ptr, v_ptr, base, lo + i * BLOCK_N, n, d, hi, v_base, v_rows, D, MASKED=False, TMA=TMA, V_T=V_T
+        )
         ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n >= 0, KV_FP8)
         if IEEE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False,
-                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+            m_i, l_i, acc = _online_softmax_block(
+                q, k, v, None, m_i, l_i, acc, scale, IEEE, MASKED=False, k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8
+            )
         else:
-            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False,
-                                                       k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+            m_i, l_i, acc = _online_softmax_block_exp2(
+                q, k, v, None, m_i, l_i, acc, qk_scale, MASKED=False, k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8
+            )
     for n_start in range(lo + open_blocks * BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
-        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, v_base, v_rows, D, MASKED=True, TMA=TMA,
-                                V_T=V_T)
+        k, v = _prefill_kv_tile(k_ptr, v_ptr, base, n_start, n, d, hi, v_base, v_rows, D, MASKED=True, TMA=TMA, V_T=V_T)
         ks, vs = _kv_scales(k_scale_ptr, v_scale_ptr, kvh * max_ctx + n, n < hi, KV_FP8)
         visible_mask = (n[None, :] <= visible[:, None]) & (n[None, :] < hi)
         if IEEE:
-            m_i, l_i, acc = _online_softmax_block(q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE,
-                                                  k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+            m_i, l_i, acc = _online_softmax_block(
+                q, k, v, visible_mask, m_i, l_i, acc, scale, IEEE, k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8
+            )
         else:
-            m_i, l_i, acc = _online_softmax_block_exp2(q, k, v, visible_mask, m_i, l_i, acc, qk_scale,
-                                                       k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8)
+            m_i, l_i, acc = _online_softmax_block_exp2(
+                q, k, v, visible_mask, m_i, l_i, acc, qk_scale, k_scale=ks, v_scale=vs, KV_SCALED=KV_FP8
+            )
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if not SPLIT:
-        tl.store(out_ptr + (rows[:, None] * NUM_HEADS + head_col) * D + d[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=row_mask[:, None])
+        tl.store(
+            out_ptr + (rows[:, None] * NUM_HEADS + head_col) * D + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None],
+        )
     else:  # partial result of this key range; a row that saw none of it gets weight 0 (lse -inf)
         mid = (split * n_tokens + rows) * NUM_HEADS + head
         tl.store(mid_o_ptr + mid[:, None] * D + d[None, :], o, mask=row_mask[:, None])
@@ -593,8 +822,9 @@ def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, s
 
 
 @triton.jit(do_not_specialize=["n_rows", "splits"])
-def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits, D: tl.constexpr,
-                                ROWS: tl.constexpr, PDL: tl.constexpr):
+def _prefill_attn_reduce_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits, D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr
+):
     # ROWS (token, head) rows per program, over the splits in use only (one row per program over all
     # MAX_SPLITS slots took 100 us a layer for a 2,048-token prefill on the H200).
     _pdl_start(PDL)
@@ -613,8 +843,11 @@ def _prefill_attn_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits,
         acc += tl.where(w[:, None] > 0, o, 0.0) * w[:, None]  # a split a row saw nothing of holds no values
         total += w
     total = tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + rows[:, None] * D + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
-             mask=live[:, None])
+    tl.store(
+        out_ptr + rows[:, None] * D + d[None, :],
+        (acc / total[:, None]).to(out_ptr.dtype.element_ty),
+        mask=live[:, None],
+    )
 
 
 @triton.jit
@@ -627,8 +860,12 @@ def _gemv_chunk(x_ptr, w_chunk, k0, K, BLOCK_K: tl.constexpr):
 @triton.jit
 def _gemv_w(w_ptr, rows, row_mask, k0, K, BLOCK_K: tl.constexpr, W_EVICT: tl.constexpr = ""):
     cols = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_mask[:, None] & (cols < K)[None, :],
-                   other=0.0, eviction_policy=W_EVICT)
+    return tl.load(
+        w_ptr + rows[:, None] * K + cols[None, :],
+        mask=row_mask[:, None] & (cols < K)[None, :],
+        other=0.0,
+        eviction_policy=W_EVICT,
+    )
 
 
 @triton.jit
@@ -640,15 +877,15 @@ def _store_rows(out_ptr, total, rows, row_mask, BLOCK_N: tl.constexpr, SILU_OUTP
         gate, up = tl.split(tl.reshape(total.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_N // 2, 2]))
         pair_rows = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         pair_mask = tl.max(tl.reshape(row_mask.to(tl.int32), [BLOCK_N // 2, 2]), axis=1) > 0
-        tl.store(out_ptr + pair_rows, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
-                 mask=pair_mask)
+        tl.store(out_ptr + pair_rows, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty), mask=pair_mask)
     else:
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
-def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits, BLOCK_N: tl.constexpr,
-                 SILU_OUTPUT: tl.constexpr):
+def _finish_rows(
+    out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits, BLOCK_N: tl.constexpr, SILU_OUTPUT: tl.constexpr
+):
     # A GEMV program's row sums -> out. Split along K (splits > 1, program_id(1) = the split): each split leaves
     # fp32 partial sums; the last split of a row block to finish (an atomic arrival count) adds them up in a
     # fixed order and resets the count. No second kernel launch.
@@ -668,9 +905,23 @@ def _finish_rows(out_ptr, part_ptr, count_ptr, total, rows, row_mask, N, splits,
 
 # splits is a plain int: 1 (no split) and the split counts share one compiled kernel per shape of tile.
 @triton.jit(do_not_specialize=["splits"])
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, N, K, K_SPLIT, splits, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SILU_OUTPUT: tl.constexpr,
-                 W_EVICT: tl.constexpr = ""):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    K,
+    K_SPLIT,
+    splits,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    EARLY: tl.constexpr,
+    SILU_OUTPUT: tl.constexpr,
+    W_EVICT: tl.constexpr = "",
+):
     # One token: out[n] = sum_k x[k] * W[n, k]. Program (r, c) owns BLOCK_N rows of W over columns c*K_SPLIT..
     # (K_SPLIT a multiple of BLOCK_K; one split: all of K) and streams them once; partial products stay in
     # registers and are reduced once at the end. EARLY (0-3): the first EARLY chunks of BLOCK_K columns are

@@ -70,8 +70,14 @@ def _fence(FENCE: tl.constexpr):
     # results this program stored are visible to whichever program takes the last ticket. The interpreter
     # (CPU tests) runs programs one after another and needs none.
     if FENCE:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [tl.zeros([1], tl.int32)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu; mov.u32 $0, $1;",
+            "=r,r",
+            [tl.zeros([1], tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -92,8 +98,15 @@ def _sum_partials_reversed(ptr, n_programs, ROWS: tl.constexpr):
     acc = tl.zeros([BINS], ptr.dtype.element_ty)
     for start in range(0, n_programs, ROWS):
         rr = start + r
-        acc += tl.sum(tl.load(ptr + rr[:, None] * BINS + (-i + (BINS - 1))[None, :], mask=(rr < n_programs)[:, None],
-                              other=0, cache_modifier=".cg"), axis=0)
+        acc += tl.sum(
+            tl.load(
+                ptr + rr[:, None] * BINS + (-i + (BINS - 1))[None, :],
+                mask=(rr < n_programs)[:, None],
+                other=0,
+                cache_modifier=".cg",
+            ),
+            axis=0,
+        )
     return acc
 
 
@@ -141,8 +154,19 @@ def _key_weight(key, x_ptr, x0, scale):
 
 
 @triton.jit
-def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hist_c_ptr, V, n_programs,
-                        BLOCK: tl.constexpr, NPOW: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_max_kernel(
+    x_ptr,
+    top_k_ptr,
+    istate_ptr,
+    fstate_ptr,
+    part_f_ptr,
+    hist_c_ptr,
+    V,
+    n_programs,
+    BLOCK: tl.constexpr,
+    NPOW: tl.constexpr,
+    FENCE: tl.constexpr,
+):
     """Pass 1: the row's largest logit; with top-k on, the count histogram of the keys' high byte and the
     high-byte bin where the k-th largest key lies."""
     pid = tl.program_id(0)
@@ -160,8 +184,10 @@ def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hi
         tl.atomic_add(region + (_keys(x) >> 8), 1, mask=live, sem="relaxed")
     if _last_program(istate, n_programs, FENCE):
         j = tl.arange(0, NPOW)
-        x0 = tl.max(tl.load(part_f_ptr + row * n_programs + j, mask=j < n_programs, other=float("-inf"),
-                            cache_modifier=".cg"), axis=0)
+        x0 = tl.max(
+            tl.load(part_f_ptr + row * n_programs + j, mask=j < n_programs, other=float("-inf"), cache_modifier=".cg"),
+            axis=0,
+        )
         tl.store(fstate_ptr + row * F_SLOTS + F_X0, x0)
         if top_k < V:
             rev = _sum_partials_reversed(hist_c_ptr + row * n_programs * BINS, n_programs, 16)
@@ -176,8 +202,9 @@ def _sampler_max_kernel(x_ptr, top_k_ptr, istate_ptr, fstate_ptr, part_f_ptr, hi
 
 
 @triton.jit
-def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_programs,
-                          BLOCK: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_top_k_kernel(
+    x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_programs, BLOCK: tl.constexpr, FENCE: tl.constexpr
+):
     """Pass 2 (top-k on only): the count histogram of the low byte inside the boundary's high-byte bin, and
     from it the boundary key and how many of its ties are kept."""
     top_k = tl.load(top_k_ptr)
@@ -203,8 +230,19 @@ def _sampler_top_k_kernel(x_ptr, top_k_ptr, istate_ptr, hist_c_ptr, V, n_program
 
 
 @triton.jit
-def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fstate_ptr, lstate_ptr, hist_w_ptr, V,
-                              n_programs, BLOCK: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_mass_high_kernel(
+    x_ptr,
+    temperature_ptr,
+    top_p_ptr,
+    istate_ptr,
+    fstate_ptr,
+    lstate_ptr,
+    hist_w_ptr,
+    V,
+    n_programs,
+    BLOCK: tl.constexpr,
+    FENCE: tl.constexpr,
+):
     """Pass 3: the weight histogram of the high byte over the top-k tokens, the kept mass, and the high-byte bin
     where the mass from the top reaches top_p of it. With top_p = 1 the boundary is top-k's (or none)."""
     pid = tl.program_id(0)
@@ -239,8 +277,19 @@ def _sampler_mass_high_kernel(x_ptr, temperature_ptr, top_p_ptr, istate_ptr, fst
 
 
 @triton.jit
-def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lstate_ptr, hist_w_ptr, hist_c_ptr, V,
-                             n_programs, BLOCK: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_mass_low_kernel(
+    x_ptr,
+    temperature_ptr,
+    istate_ptr,
+    fstate_ptr,
+    lstate_ptr,
+    hist_w_ptr,
+    hist_c_ptr,
+    V,
+    n_programs,
+    BLOCK: tl.constexpr,
+    FENCE: tl.constexpr,
+):
     """Pass 4 (top_p < 1 only): weight and count histograms of the low byte inside the boundary's high-byte
     bin; the boundary key, and how many of its ties fit before the mass reaches top_p."""
     pid = tl.program_id(0)
@@ -280,9 +329,23 @@ def _sampler_mass_low_kernel(x_ptr, temperature_ptr, istate_ptr, fstate_ptr, lst
 
 
 @triton.jit
-def _sampler_draw_kernel(x_ptr, temperature_ptr, seed_ptr, steps_ptr, istate_ptr, fstate_ptr, part_f_ptr,
-                         part_i_ptr, part_t_ptr, out_ptr, V, n_programs,
-                         BLOCK: tl.constexpr, NPOW: tl.constexpr, FENCE: tl.constexpr):
+def _sampler_draw_kernel(
+    x_ptr,
+    temperature_ptr,
+    seed_ptr,
+    steps_ptr,
+    istate_ptr,
+    fstate_ptr,
+    part_f_ptr,
+    part_i_ptr,
+    part_t_ptr,
+    out_ptr,
+    V,
+    n_programs,
+    BLOCK: tl.constexpr,
+    NPOW: tl.constexpr,
+    FENCE: tl.constexpr,
+):
     """Pass 5: the Gumbel-max race over the tokens above the boundary, the kept ties racing as one entry; the
     winner goes to out[row] and the row's step counter moves on (fresh noise for the next token)."""
     pid = tl.program_id(0)
@@ -305,18 +368,19 @@ def _sampler_draw_kernel(x_ptr, temperature_ptr, seed_ptr, steps_ptr, istate_ptr
     tl.store(part_t_ptr + row * n_programs + pid, tl.sum((live & (key == tb)).to(tl.int32), axis=0))
     if _last_program(istate, n_programs, FENCE):
         j = tl.arange(0, NPOW)
-        bests = tl.load(part_f_ptr + row * n_programs + j, mask=j < n_programs, other=float("-inf"),
-                        cache_modifier=".cg")
+        bests = tl.load(
+            part_f_ptr + row * n_programs + j, mask=j < n_programs, other=float("-inf"), cache_modifier=".cg"
+        )
         top = tl.max(bests, axis=0)
         winner = tl.argmax(bests, axis=0)  # ties: the lower program, so the lower token
-        token = _pick(tl.load(part_i_ptr + row * n_programs + j, mask=j < n_programs, other=0, cache_modifier=".cg"),
-                      winner, j)
+        token = _pick(
+            tl.load(part_i_ptr + row * n_programs + j, mask=j < n_programs, other=0, cache_modifier=".cg"), winner, j
+        )
         kept = tl.load(istate + I_NB)
         if kept > 0:
             two = tl.rand(seed, base + V + tl.arange(0, 2))
             u_group = _pick(two, 0, tl.arange(0, 2))
-            group = (tl.log2(kept.to(tl.float32)) + (_key_value(tb, x_ptr) - x0) * scale
-                     - tl.log2(-tl.log(u_group)))
+            group = tl.log2(kept.to(tl.float32)) + (_key_value(tb, x_ptr) - x0) * scale - tl.log2(-tl.log(u_group))
             if group > top:
                 # one of the kept ties, uniformly: the nth (0-based) tie in index order
                 nth = tl.minimum((_pick(two, 1, tl.arange(0, 2)) * kept.to(tl.float32)).to(tl.int32), kept - 1)

@@ -22,9 +22,23 @@ LOG2_E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _paged_rope_write_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, slot_ptr,
-                             n_rows, n_slots, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                             BLOCK_T: tl.constexpr):
+def _paged_rope_write_kernel(
+    qkv_ptr,
+    bias_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    slot_ptr,
+    n_rows,
+    n_slots,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     # BLOCK_T rows of one head per program; head 0..Hq-1: q, then Hkv k heads, then Hkv v heads. A row whose slot
     # is negative (a padding row of a captured batch) writes nothing to the cache.
     row = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -34,8 +48,9 @@ def _paged_rope_write_kernel(qkv_ptr, bias_ptr, cos_ptr, sin_ptr, q_ptr, k_cache
     half = tl.arange(0, D // 2)[None, :]
     src = qkv_ptr + row[:, None] * (NUM_HEADS + 2 * NUM_KV) * D + head * D
     x1 = tl.load(src + half, mask=live[:, None]).to(tl.float32) + tl.load(bias_ptr + head * D + half).to(tl.float32)
-    x2 = (tl.load(src + D // 2 + half, mask=live[:, None]).to(tl.float32)
-          + tl.load(bias_ptr + head * D + D // 2 + half).to(tl.float32))
+    x2 = tl.load(src + D // 2 + half, mask=live[:, None]).to(tl.float32) + tl.load(
+        bias_ptr + head * D + D // 2 + half
+    ).to(tl.float32)
     if head < NUM_HEADS + NUM_KV:
         c = tl.load(cos_ptr + pos * (D // 2) + half, mask=live[:, None])
         s = tl.load(sin_ptr + pos * (D // 2) + half, mask=live[:, None])
@@ -70,16 +85,46 @@ def paged_rope_write(qkv, bias, cos, sin, k_cache, v_cache, positions, slots, nu
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
     block_t = 1 if t == 1 else 16
     launch(_paged_rope_write_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
-        qkv, bias, cos, sin, q, k_cache, v_cache, positions, slots, t, k_cache.shape[1], NUM_HEADS=num_heads,
-        NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4)
+        qkv,
+        bias,
+        cos,
+        sin,
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        slots,
+        t,
+        k_cache.shape[1],
+        NUM_HEADS=num_heads,
+        NUM_KV=num_kv_heads,
+        D=d,
+        BLOCK_T=block_t,
+        num_warps=1 if t == 1 else 4,
+    )
     return q
 
 
 @triton.jit
-def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, len_ptr, mid_o_ptr, mid_lse_ptr, n_slots,
-                               table_width, scale, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, SPLITS: tl.constexpr,
-                               IEEE: tl.constexpr):
+def _paged_decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    len_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    n_slots,
+    table_width,
+    scale,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     # One program: sequence b, KV head h, split s of b's context. Its GROUP query heads attend together (GQA: each
     # K/V tile is read once for all of them). A tile of BLOCK_N tokens lies inside one cache block (BLOCK_N divides
     # BLOCK_SIZE), found through b's block table. Writes each query head's partial output and log-sum-exp.
@@ -93,8 +138,9 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, len_ptr, mid_o_pt
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     heads = h * GROUP + g
-    q = tl.load(q_ptr + (b * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :],
-                mask=(g < GROUP)[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + (b * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :], mask=(g < GROUP)[:, None], other=0.0
+    )
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -131,8 +177,9 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, len_ptr, mid_o_pt
 
 
 @triton.jit
-def _paged_decode_reduce_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                                BLOCK_S: tl.constexpr):
+def _paged_decode_reduce_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr
+):
     # One program per (sequence, query head): the splits' partial outputs weighed by their softmax mass.
     row = tl.program_id(0)  # b * Hq + head
     s = tl.arange(0, BLOCK_S)
@@ -150,8 +197,9 @@ class PagedDecodeAttention:
 
     BLOCK_N = 64
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_batch: int, device,
-                 dtype):
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, max_batch: int, device, dtype
+    ):
         if block_size % self.BLOCK_N and self.BLOCK_N % block_size:
             raise ValueError(f"KV blocks of {block_size} tokens don't tile by {self.BLOCK_N}")
         self.block_n = min(self.BLOCK_N, block_size)
@@ -161,8 +209,7 @@ class PagedDecodeAttention:
         self.sms = props.multi_processor_count if props is not None else 8
         self.max_splits = self.splits_for(1)
         # flat: a batch of b sequences with s splits uses the first b * Hq * s rows, contiguous
-        self.mid_o = torch.empty(max_batch * num_heads * self.max_splits * head_dim, device=device,
-                                 dtype=torch.float32)
+        self.mid_o = torch.empty(max_batch * num_heads * self.max_splits * head_dim, device=device, dtype=torch.float32)
         self.mid_lse = torch.empty(max_batch * num_heads * self.max_splits, device=device, dtype=torch.float32)
         self.out = torch.empty((max_batch, num_heads, head_dim), device=device, dtype=dtype)
 
@@ -180,13 +227,36 @@ class PagedDecodeAttention:
         splits = self.splits_for(b)
         group = self.num_heads // self.num_kv_heads
         rows = b * self.num_heads * splits
-        mid_o, mid_lse = self.mid_o[:rows * self.head_dim], self.mid_lse[:rows]
+        mid_o, mid_lse = self.mid_o[: rows * self.head_dim], self.mid_lse[:rows]
         launch(_paged_decode_split_kernel, (b, self.num_kv_heads, splits))(
-            q, k_cache, v_cache, tables, lengths, mid_o, mid_lse, k_cache.shape[1], tables.shape[1], scale,
-            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=self.head_dim, BLOCK_N=self.block_n,
-            BLOCK_SIZE=self.block_size, SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+            q,
+            k_cache,
+            v_cache,
+            tables,
+            lengths,
+            mid_o,
+            mid_lse,
+            k_cache.shape[1],
+            tables.shape[1],
+            scale,
+            GROUP=group,
+            BLOCK_G=max(16, triton.next_power_of_2(group)),
+            D=self.head_dim,
+            BLOCK_N=self.block_n,
+            BLOCK_SIZE=self.block_size,
+            SPLITS=splits,
+            IEEE=q.dtype == torch.float32,
+            num_warps=4,
+            num_stages=2,
+        )
         out = self.out[:b]
         launch(_paged_decode_reduce_kernel, (b * self.num_heads,))(
-            mid_o, mid_lse, out, D=self.head_dim, SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            num_warps=2)
+            mid_o,
+            mid_lse,
+            out,
+            D=self.head_dim,
+            SPLITS=splits,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=2,
+        )
         return out

@@ -115,9 +115,12 @@ class _LauncherPreparingExecutor(ThreadPoolExecutor):
             kernel = fn(*args, **kwargs)
             if worker_hash is not None and getattr(kernel, "hash", None) != worker_hash:
                 self._count(not_reused=1)  # compiled again here: a different cache key
-                log.warning("%s: compiled again on a thread (the worker's cache key %s, the thread's %s)",
-                            getattr(getattr(kernel, "src", None), "name", "?"), worker_hash[:12],
-                            str(getattr(kernel, "hash", None))[:12])
+                log.warning(
+                    "%s: compiled again on a thread (the worker's cache key %s, the thread's %s)",
+                    getattr(getattr(kernel, "src", None), "name", "?"),
+                    worker_hash[:12],
+                    str(getattr(kernel, "hash", None))[:12],
+                )
             _prepare_launcher(kernel, self._launchers, self._launchers_lock)
             return kernel
 
@@ -230,9 +233,13 @@ class CompilePool:
         workers whose compiler warmed up while booting with the seconds that took, and those that imported this
         process's __main__ (all numbers: they add up over a first start's two pools)."""
         warmed = [s for s in self.workers.warm_s if s is not None] if self.workers else []
-        return dict(self.executor.worker_stats, submitted=self.workers.submitted if self.workers else 0,
-                    warmed=len(warmed), warm_s=round(sum(warmed), 3),
-                    main_imported=self.workers.mains_imported if self.workers else 0)
+        return dict(
+            self.executor.worker_stats,
+            submitted=self.workers.submitted if self.workers else 0,
+            warmed=len(warmed),
+            warm_s=round(sum(warmed), 3),
+            main_imported=self.workers.mains_imported if self.workers else 0,
+        )
 
     def finish(self) -> None:
         if not self.open:
@@ -259,13 +266,21 @@ class CompilePool:
                 compile_workers.unregister(self)
                 self.workers.shutdown()
                 stats = self.worker_stats
-                log.info("compiled %d of %d kernels in %d worker processes (%.1f s of compile time); %d failed "
-                         "there, %d compiled again on a thread", stats["compiled"], stats["submitted"],
-                         self.processes, stats["seconds"], stats["failed"], stats["not_reused"])
+                log.info(
+                    "compiled %d of %d kernels in %d worker processes (%.1f s of compile time); %d failed "
+                    "there, %d compiled again on a thread",
+                    stats["compiled"],
+                    stats["submitted"],
+                    self.processes,
+                    stats["seconds"],
+                    stats["failed"],
+                    stats["not_reused"],
+                )
 
 
-def open_compile_pool(workers: int | None = None, processes: bool | None = None,
-                      target: tuple | None = None) -> CompilePool | None:
+def open_compile_pool(
+    workers: int | None = None, processes: bool | None = None, target: tuple | None = None
+) -> CompilePool | None:
     """A CompilePool entered on this thread (every Triton compile this thread starts goes to it until finish()),
     or None where that isn't possible here. finish() may be called from any thread. processes: compile in worker
     processes (default: compile_workers.enabled()), whose compilers warm up for `target` (backend, arch, warp

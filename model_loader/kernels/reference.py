@@ -38,8 +38,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int,
-                    scales=None):
+def rope_bias_cache(
+    qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int, scales=None
+):
     """Add the QKV bias, rotate q and k, write k and v into the cache at start..start+T-1.
 
     qkv: [T, (Hq + 2*Hkv) * D]; cos/sin: [max_ctx, D/2] fp32; k_cache/v_cache: [Hkv, max_ctx, D]; scales:
@@ -49,24 +50,24 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, nu
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     x = (qkv.float() + bias.float()).view(t, num_heads + 2 * num_kv_heads, d)
-    c = cos[start:start + t, None, :]
-    s = sin[start:start + t, None, :]
+    c = cos[start : start + t, None, :]
+    s = sin[start : start + t, None, :]
 
     def rotate(v):
-        v1, v2 = v[..., : d // 2], v[..., d // 2:]
+        v1, v2 = v[..., : d // 2], v[..., d // 2 :]
         return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
 
     q = rotate(x[:, :num_heads]).to(qkv.dtype)
-    k = rotate(x[:, num_heads:num_heads + num_kv_heads])
-    v = x[:, num_heads + num_kv_heads:]
+    k = rotate(x[:, num_heads : num_heads + num_kv_heads])
+    v = x[:, num_heads + num_kv_heads :]
     if scales is not None:
         for rows, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
             data, row_scale = quantize_fp8_rows(rows.transpose(0, 1))
-            cache[:, start:start + t] = data
-            scale[:, start:start + t] = row_scale
+            cache[:, start : start + t] = data
+            scale[:, start : start + t] = row_scale
         return q
-    k_cache[:, start:start + t] = k.to(qkv.dtype).transpose(0, 1)
-    v_cache[:, start:start + t] = v.to(qkv.dtype).transpose(0, 1)
+    k_cache[:, start : start + t] = k.to(qkv.dtype).transpose(0, 1)
+    v_cache[:, start : start + t] = v.to(qkv.dtype).transpose(0, 1)
     return q
 
 
@@ -92,8 +93,10 @@ def cached_kv(k_cache, v_cache, length: int, dtype, scales=None) -> tuple[torch.
     k, v = k_cache[:, :length], v_cache[:, :length]
     if scales is None:
         return k, v
-    return ((k.float() * scales[0][:, :length, None]).to(dtype).contiguous(),
-            (v.float() * scales[1][:, :length, None]).to(dtype).contiguous())
+    return (
+        (k.float() * scales[0][:, :length, None]).to(dtype).contiguous(),
+        (v.float() * scales[1][:, :length, None]).to(dtype).contiguous(),
+    )
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -25,9 +25,17 @@ import triton
 import triton.language as tl
 
 from model_loader.kernels import precompile
-from model_loader.kernels.jit_ops import (_add_rms_norm_kernel, _commit_token_kernel, _decode_attn_reduce_kernel,
-                                          _decode_attn_split_kernel, _gemv_kernel, _prefill_attn_kernel,
-                                          _prefill_attn_reduce_kernel, _rope_bias_cache_kernel, _silu_mul_kernel)
+from model_loader.kernels.jit_ops import (
+    _add_rms_norm_kernel,
+    _commit_token_kernel,
+    _decode_attn_reduce_kernel,
+    _decode_attn_split_kernel,
+    _gemv_kernel,
+    _prefill_attn_kernel,
+    _prefill_attn_reduce_kernel,
+    _rope_bias_cache_kernel,
+    _silu_mul_kernel,
+)
 from model_loader.kernels.precompile import launch
 from model_loader.kernels.side_stream import graph_capture, side_stream
 
@@ -39,10 +47,13 @@ def pdl_supported(device) -> bool:
     R1DESK_NO_PDL=1 turns it off (to rule it out when chasing a problem)."""
     device = torch.device(device)
     if device not in _PDL_OK:
-        _PDL_OK[device] = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-                           and os.environ.get("R1DESK_NO_PDL") != "1"
-                           and torch.cuda.get_device_capability(device) >= (9, 0)
-                           and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait"))
+        _PDL_OK[device] = (
+            device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1"
+            and os.environ.get("R1DESK_NO_PDL") != "1"
+            and torch.cuda.get_device_capability(device) >= (9, 0)
+            and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+        )
     return _PDL_OK[device]
 
 
@@ -54,8 +65,12 @@ def prefill_tma_supported(device) -> bool:
     host-side tensor descriptors, not the CPU interpreter. R1DESK_NO_TMA=1 turns it off."""
     device = torch.device(device)
     if device not in _TMA_OK:
-        ok = (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-              and os.environ.get("R1DESK_NO_TMA") != "1" and torch.cuda.get_device_capability(device) >= (9, 0))
+        ok = (
+            device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1"
+            and os.environ.get("R1DESK_NO_TMA") != "1"
+            and torch.cuda.get_device_capability(device) >= (9, 0)
+        )
         if ok:
             try:
                 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
@@ -79,8 +94,18 @@ def add_rms_norm(x, residual, weight, eps, out=None, residual_out=None):
     if residual is None:
         residual = residual_out if residual_out is not None else torch.empty_like(x)
     out = torch.empty_like(x) if out is None else out
-    launch(_add_rms_norm_kernel, (t,))(x, residual, weight, out, h, eps, HAS_RES=has_res,
-                               BLOCK=triton.next_power_of_2(h), num_warps=4, **pdl_launch_args(x.device))
+    launch(_add_rms_norm_kernel, (t,))(
+        x,
+        residual,
+        weight,
+        out,
+        h,
+        eps,
+        HAS_RES=has_res,
+        BLOCK=triton.next_power_of_2(h),
+        num_warps=4,
+        **pdl_launch_args(x.device),
+    )
     return out, residual
 
 
@@ -88,9 +113,18 @@ def rms_norm(x, weight, eps):
     out = torch.empty_like(x)
     scratch = torch.empty_like(x)
     # With no residual, the kernel's residual store is just a copy of x into scratch.
-    launch(_add_rms_norm_kernel, (x.shape[0],))(x, scratch, weight, out, x.shape[1], eps, HAS_RES=False,
-                                        BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4,
-                                        **pdl_launch_args(x.device))
+    launch(_add_rms_norm_kernel, (x.shape[0],))(
+        x,
+        scratch,
+        weight,
+        out,
+        x.shape[1],
+        eps,
+        HAS_RES=False,
+        BLOCK=triton.next_power_of_2(x.shape[1]),
+        num_warps=4,
+        **pdl_launch_args(x.device),
+    )
     return out
 
 
@@ -103,13 +137,16 @@ def value_layout(v_cache) -> tuple[bool, int]:
         return False, max_ctx
     rows = v_cache.stride(-1)
     if v_cache.stride() != (d * rows, 1, rows) or rows < max_ctx:
-        raise ValueError(f"a value cache must be [Hkv, max_ctx, D] row-major or a transposed view; strides "
-                         f"{v_cache.stride()} for shape {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"a value cache must be [Hkv, max_ctx, D] row-major or a transposed view; strides "
+            f"{v_cache.stride()} for shape {tuple(v_cache.shape)}"
+        )
     return True, rows
 
 
-def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
-                    scales=None):
+def rope_bias_cache(
+    qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None, scales=None
+):
     # scales: (k_scale, v_scale) [Hkv, max_ctx] fp32 of an 8-bit cache (kv_cache.py), else None
     t = qkv.shape[0]
     v_t, v_rows = value_layout(v_cache)
@@ -118,9 +155,28 @@ def rope_bias_cache(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_hea
     block_t = 1 if t == 1 else 16
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread without an 8-bit cache
     launch(_rope_bias_cache_kernel, (triton.cdiv(t, block_t), num_heads + 2 * num_kv_heads))(
-        qkv, bias, cos, sin, q, k_cache, v_cache, pos_t, t, k_cache.shape[1], k_scale, v_scale, v_rows,
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, D=d, BLOCK_T=block_t, num_warps=1 if t == 1 else 4,
-        KV_FP8=scales is not None, V_T=v_t, **pdl_launch_args(qkv.device))
+        qkv,
+        bias,
+        cos,
+        sin,
+        q,
+        k_cache,
+        v_cache,
+        pos_t,
+        t,
+        k_cache.shape[1],
+        k_scale,
+        v_scale,
+        v_rows,
+        NUM_HEADS=num_heads,
+        NUM_KV=num_kv_heads,
+        D=d,
+        BLOCK_T=block_t,
+        num_warps=1 if t == 1 else 4,
+        KV_FP8=scales is not None,
+        V_T=v_t,
+        **pdl_launch_args(qkv.device),
+    )
     return q
 
 
@@ -139,8 +195,9 @@ def silu_mul(gate_up, out=None, paired: bool = False):
     i = two_i // 2
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
     block = 1024
-    launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(gate_up, out, i, BLOCK=block, PAIRED=paired, num_warps=4,
-                                                          **pdl_launch_args(gate_up.device))
+    launch(_silu_mul_kernel, (t, triton.cdiv(i, block)))(
+        gate_up, out, i, BLOCK=block, PAIRED=paired, num_warps=4, **pdl_launch_args(gate_up.device)
+    )
     return out
 
 
@@ -184,14 +241,26 @@ class DecodeAttnConfig:
         return self.chunk_align or self.block_n
 
     def __str__(self) -> str:
-        splits = (f"{self.max_splits} splits" if self.max_splits != SM_SPLITS
-                  else "a split per SM" if self.splits_per_sm == 1 else f"{self.splits_per_sm} splits per SM")
-        return (f"{splits} x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
-                f"{self.num_stages} stages" + (", late launch" if self.late_launch else "")
-                + (f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
-                   if (self.reduce_splits, self.reduce_dims) != (0, 16) else "")
-                + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else "")
-                + (", first tile early" if self.early_tile else "") + (", whole tiles" if self.whole_tiles else ""))
+        splits = (
+            f"{self.max_splits} splits"
+            if self.max_splits != SM_SPLITS
+            else "a split per SM"
+            if self.splits_per_sm == 1
+            else f"{self.splits_per_sm} splits per SM"
+        )
+        return (
+            f"{splits} x >={self.min_chunk} tokens, block {self.block_n}, {self.num_warps} warps, "
+            f"{self.num_stages} stages"
+            + (", late launch" if self.late_launch else "")
+            + (
+                f", reduce {self.reduce_splits or 'all'}x{self.reduce_dims}"
+                if (self.reduce_splits, self.reduce_dims) != (0, 16)
+                else ""
+            )
+            + (f", chunks aligned to {self.chunk_align}" if self.chunk_align else "")
+            + (", first tile early" if self.early_tile else "")
+            + (", whole tiles" if self.whole_tiles else "")
+        )
 
 
 SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per_sm (DecodeAttention resolves it)
@@ -227,11 +296,10 @@ NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 # step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 40,960 bytes each) 1,477 / 1,475 /
 # 1,589 / 1,677 against 8 warps 1,532 / 1,503 / 1,634 / 1,740 and the split-per-SM 4-warp shape 1,544 / 1,552 /
 # 1,608 / 1,729: each scheduler has two warps to switch between, and a split half as long.
-KV8_CONFIGS = (DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True, whole_tiles=True),
-               DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2,
-                                whole_tiles=True))
-
-
+KV8_CONFIGS = (
+    DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True, whole_tiles=True),
+    DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2, whole_tiles=True),
+)
 
 
 def sm_splits(device, num_kv_heads: int) -> int:
@@ -317,8 +385,11 @@ def decode_attention_fallbacks(config: DecodeAttnConfig) -> list[DecodeAttnConfi
     3.6, 16-bit, head dim 128, sm_80-90: the same on each), over the 99 KB of an RTX 30/40-series card (sm_86/89),
     where its 2 stages take 73,984; fp32 models (IEEE) need 64-token tiles there (2 stages: 77,888)."""
     out = [dataclasses.replace(config, num_stages=s) for s in (2, 1) if s < config.num_stages]
-    out += [dataclasses.replace(config, block_n=b, num_stages=min(config.num_stages, 2))
-            for b in (64, 32) if b < config.block_n and config.chunk_align]  # split lengths not tied to the tile
+    out += [
+        dataclasses.replace(config, block_n=b, num_stages=min(config.num_stages, 2))
+        for b in (64, 32)
+        if b < config.block_n and config.chunk_align
+    ]  # split lengths not tied to the tile
     return out
 
 
@@ -359,8 +430,7 @@ class DecodeAttention:
     number of splits follows the depth on the device (_decode_chunk); `config` picks the kernel shape and can be
     switched between graph captures (one decode graph per depth bucket, decode_graphs.DecodeStep)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, dtype,
-                 configs=DECODE_ATTN_CONFIGS):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device, dtype, configs=DECODE_ATTN_CONFIGS):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.config = configs[0]
@@ -390,8 +460,11 @@ class DecodeAttention:
             chain = [c for i, c in enumerate(chain) if all(c.block_n != d.block_n for d in chain[:i])]
         if self.shared_limit is None:
             return chain
-        plausible = [c for c in chain
-                     if decode_pipeline_bytes(c, self.head_dim, cache_bytes, self.pipelined) <= self.shared_limit]
+        plausible = [
+            c
+            for c in chain
+            if decode_pipeline_bytes(c, self.head_dim, cache_bytes, self.pipelined) <= self.shared_limit
+        ]
         return plausible or chain[-1:]
 
     def resolve(self, config: DecodeAttnConfig) -> DecodeAttnConfig:
@@ -400,8 +473,7 @@ class DecodeAttention:
             return config
         return _with_splits(config, self.sm_splits * config.splits_per_sm)
 
-    def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None,
-                 scales=None):
+    def __call__(self, q, k_cache, v_cache, pos_t, length, scale, config: DecodeAttnConfig | None = None, scales=None):
         # q: [Hq, D]; k_cache/v_cache: [Hkv, max_ctx, D]; scales: (k_scale, v_scale) [Hkv, max_ctx] of an 8-bit
         # cache, else None; returns [Hq, D] (a reused buffer)
         v_t, v_rows = value_layout(v_cache)
@@ -412,24 +484,59 @@ class DecodeAttention:
 
         def split_kernel(c: DecodeAttnConfig) -> None:
             launch(_decode_attn_split_kernel, (self.num_kv_heads, c.max_splits))(
-                q, k_cache, v_cache, pos_t, self.mid_o, self.mid_lse, k_cache.shape[1], scale, k_scale, v_scale,
-                v_rows, KV_FP8=scales is not None, V_T=v_t, GROUP=self.group,
+                q,
+                k_cache,
+                v_cache,
+                pos_t,
+                self.mid_o,
+                self.mid_lse,
+                k_cache.shape[1],
+                scale,
+                k_scale,
+                v_scale,
+                v_rows,
+                KV_FP8=scales is not None,
+                V_T=v_t,
+                GROUP=self.group,
                 BLOCK_G=max(16, triton.next_power_of_2(self.group)),
-                D=self.head_dim, BLOCK_N=c.block_n, MAX_SPLITS=c.max_splits, MIN_CHUNK=c.min_chunk,
-                CHUNK_ALIGN=c.align, IEEE=q.dtype == torch.float32, LATE_LAUNCH=c.late_launch,
-                EARLY_TILE=c.early_tile, WHOLE_TILES=c.whole_tiles, num_warps=c.num_warps,
-                num_stages=c.num_stages, **pdl)
+                D=self.head_dim,
+                BLOCK_N=c.block_n,
+                MAX_SPLITS=c.max_splits,
+                MIN_CHUNK=c.min_chunk,
+                CHUNK_ALIGN=c.align,
+                IEEE=q.dtype == torch.float32,
+                LATE_LAUNCH=c.late_launch,
+                EARLY_TILE=c.early_tile,
+                WHOLE_TILES=c.whole_tiles,
+                num_warps=c.num_warps,
+                num_stages=c.num_stages,
+                **pdl,
+            )
 
-        tries = ([self.working[asked]] if asked in self.working
-                 else self.candidates(asked, decode_tile_bytes(k_cache, v_cache)))
+        tries = (
+            [self.working[asked]]
+            if asked in self.working
+            else self.candidates(asked, decode_tile_bytes(k_cache, v_cache))
+        )
         # as they run over this cache's value layout: the split and reduce kernels must cut the same splits
         c, _ = launch_first_that_fits([for_value_layout(t, v_t) for t in tries], split_kernel)
         if not precompile.active():  # a compile-only pass proves nothing about shared memory
             self.working[asked] = c
         block_d = min(c.reduce_dims, self.head_dim)
         launch(_decode_attn_reduce_kernel, (self.num_heads, self.head_dim // block_d))(
-            self.mid_o, self.mid_lse, self.out, pos_t, c.align, c.max_splits, c.min_chunk, D=self.head_dim,
-            BLOCK_D=block_d, BLOCK_S=c.reduce_splits or triton.next_power_of_2(self.max_splits), num_warps=2, **pdl)
+            self.mid_o,
+            self.mid_lse,
+            self.out,
+            pos_t,
+            c.align,
+            c.max_splits,
+            c.min_chunk,
+            D=self.head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=c.reduce_splits or triton.next_power_of_2(self.max_splits),
+            num_warps=2,
+            **pdl,
+        )
         return self.out
 
 
@@ -463,8 +570,9 @@ class PrefillAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.device = torch.device(device)
-        self.sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                    if self.device.type == "cuda" else 8)
+        self.sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 8
+        )
         self.working: dict[tuple, tuple] = {}  # tuned shape -> the shape that compiled for this GPU and dtype
         self.tma = prefill_tma_supported(self.device)  # 16-bit K/V through tensor descriptors (see _kv_args)
         # A row block holds every query head of one KV head (see _prefill_attn_kernel), where a block fits the
@@ -495,8 +603,9 @@ class PrefillAttention:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             d = k_cache.shape[-1]
-            self._descriptors[key] = tuple(TensorDescriptor.from_tensor(c.view(-1, d), [block_n, d])
-                                           for c in (k_cache, v_cache))
+            self._descriptors[key] = tuple(
+                TensorDescriptor.from_tensor(c.view(-1, d), [block_n, d]) for c in (k_cache, v_cache)
+            )
         return self._descriptors[key]
 
     def grid_rows(self, n_tokens: int, block_m: int) -> tuple[int, int]:
@@ -541,11 +650,35 @@ class PrefillAttention:
             tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None and not v_t
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)
             launch(_prefill_attn_kernel, (*self.grid_rows(t, block_m), n_splits))(
-                q, k_arg, v_arg, out, self.mid_o, self.mid_lse, start_t, t, k_cache.shape[1], scale, n_splits,
-                k_scale, v_scale, v_rows, KV_FP8=scales is not None, V_T=v_t, NUM_HEADS=self.num_heads,
-                GROUP=self.group, D=self.head_dim, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=n_splits > 1,
-                IEEE=q.dtype == torch.float32, TMA=tma, PACK_GQA=self.pack_gqa, num_warps=warps, num_stages=stages,
-                **pdl)
+                q,
+                k_arg,
+                v_arg,
+                out,
+                self.mid_o,
+                self.mid_lse,
+                start_t,
+                t,
+                k_cache.shape[1],
+                scale,
+                n_splits,
+                k_scale,
+                v_scale,
+                v_rows,
+                KV_FP8=scales is not None,
+                V_T=v_t,
+                NUM_HEADS=self.num_heads,
+                GROUP=self.group,
+                D=self.head_dim,
+                BLOCK_M=block_m,
+                BLOCK_N=block_n,
+                SPLIT=n_splits > 1,
+                IEEE=q.dtype == torch.float32,
+                TMA=tma,
+                PACK_GQA=self.pack_gqa,
+                num_warps=warps,
+                num_stages=stages,
+                **pdl,
+            )
             return n_splits
 
         shape, splits = launch_first_that_fits(candidates, attention_kernel)
@@ -554,8 +687,8 @@ class PrefillAttention:
         if splits > 1:
             rows = t * self.num_heads
             launch(_prefill_attn_reduce_kernel, (triton.cdiv(rows, self.REDUCE_ROWS),))(
-                self.mid_o, self.mid_lse, out, rows, splits, D=self.head_dim, ROWS=self.REDUCE_ROWS, num_warps=4,
-                **pdl)
+                self.mid_o, self.mid_lse, out, rows, splits, D=self.head_dim, ROWS=self.REDUCE_ROWS, num_warps=4, **pdl
+            )
         return out
 
 
@@ -631,9 +764,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple, silu_output: bool = Fa
     partials = torch.empty((splits, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     early = min(GEMV_EARLY_CHUNKS, triton.cdiv(per_split, block_k))  # a K of one or two chunks: all of it early
     launch(_gemv_kernel, (triton.cdiv(n, block_n), splits))(
-        x, w, out, partials, split_counters(x.device), n, k, per_split, splits, BLOCK_N=block_n, BLOCK_K=block_k,
-        EARLY=early, SILU_OUTPUT=silu_output, W_EVICT=GEMV_WEIGHT_EVICTION, num_warps=warps,
-        **pdl_launch_args(x.device))
+        x,
+        w,
+        out,
+        partials,
+        split_counters(x.device),
+        n,
+        k,
+        per_split,
+        splits,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EARLY=early,
+        SILU_OUTPUT=silu_output,
+        W_EVICT=GEMV_WEIGHT_EVICTION,
+        num_warps=warps,
+        **pdl_launch_args(x.device),
+    )
     return out
 
 
@@ -663,9 +810,11 @@ def time_configs(ws: list, configs, call) -> dict:
     (shared memory, registers) are left out."""
     results = {}
     for config in configs:
+
         def fn(config=config):
             for w in ws:
                 call(w, config)
+
         try:
             results[config] = _graph_time_us(fn, len(ws))
         except Exception:

@@ -59,8 +59,19 @@ def make_window(qtbot, profile):
 
     windows = []
 
-    def make(model=None, device="cpu", engine=None, fail_load=None, start=True, wait_ready=True,
-             max_new_tokens=None, size=(1200, 800), load_chunk_s=0.0, compiling=False, **settings):
+    def make(
+        model=None,
+        device="cpu",
+        engine=None,
+        fail_load=None,
+        start=True,
+        wait_ready=True,
+        max_new_tokens=None,
+        size=(1200, 800),
+        load_chunk_s=0.0,
+        compiling=False,
+        **settings,
+    ):
         import fakes
 
         qs = QSettings(str(profile / "config" / "r1desk.ini"), QSettings.IniFormat)
@@ -72,8 +83,13 @@ def make_window(qtbot, profile):
             model = "/models/DeepSeek-R1-Distill-Qwen-1.5B"
         win = MainWindow(qs, store, model=model, device=device, max_new_tokens=max_new_tokens)
         if engine is not None or fail_load is not None:
-            win.engine_factory = fakes.factory(engine or fakes.FakeEngine(), fail_load, load_chunk_s,
-                                               chunks=200 if load_chunk_s else 4, compiling=compiling)
+            win.engine_factory = fakes.factory(
+                engine or fakes.FakeEngine(),
+                fail_load,
+                load_chunk_s,
+                chunks=200 if load_chunk_s else 4,
+                compiling=compiling,
+            )
         qtbot.addWidget(win)
         if size:
             win.resize(*size)

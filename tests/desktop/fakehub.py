@@ -67,7 +67,7 @@ class FakeHub:
         self.requests.append(("HEAD" if head else "GET", path, h.headers.get("Range")))
         self.auth.append((path, h.headers.get("Authorization")))
         if path.startswith("/cdn/"):  # the redirect's target: the file, under its resolve path
-            path = path[len("/cdn"):]
+            path = path[len("/cdn") :]
         elif self.cdn_host and not head and "/resolve/" in path:
             h.send_response(302)
             h.send_header("Location", f"http://{self.cdn_host}:{self.server.server_address[1]}/cdn{path}")
@@ -75,13 +75,32 @@ class FakeHub:
             h.end_headers()
             return
         repo = self.repo_id
-        if path in (f"/api/models/{repo}", f"/api/models/{repo}/revision/main",
-                    f"/api/models/{repo}/revision/{self.sha}"):
-            return self._json(h, {"id": repo, "modelId": repo, "sha": self.sha, "private": False, "gated": False,
-                                  "siblings": [{"rfilename": n} for n in self.files]}, head)
+        if path in (
+            f"/api/models/{repo}",
+            f"/api/models/{repo}/revision/main",
+            f"/api/models/{repo}/revision/{self.sha}",
+        ):
+            return self._json(
+                h,
+                {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": self.sha,
+                    "private": False,
+                    "gated": False,
+                    "siblings": [{"rfilename": n} for n in self.files],
+                },
+                head,
+            )
         if re.fullmatch(rf"/api/models/{re.escape(repo)}/tree/[^/]+/?", path):
-            return self._json(h, [{"type": "file", "path": n, "size": len(b),
-                                   "oid": hashlib.sha1(b).hexdigest()} for n, b in self.files.items()], head)
+            return self._json(
+                h,
+                [
+                    {"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for n, b in self.files.items()
+                ],
+                head,
+            )
         m = re.fullmatch(rf"/{re.escape(repo)}/resolve/[^/]+/(.+)", path)
         if not m or m.group(1) not in self.files:
             h.send_response(404)
@@ -98,7 +117,7 @@ class FakeHub:
         body = data[start:]
         if not head:  # a GET of a file whose listed size is wrong: more or fewer bytes, said in its headers
             delta = self.body_delta.get(name, 0)
-            body = body + b"\0" * delta if delta > 0 else body[:max(0, len(body) + delta)] if delta < 0 else body
+            body = body + b"\0" * delta if delta > 0 else body[: max(0, len(body) + delta)] if delta < 0 else body
         h.send_response(206 if start else 200)
         h.send_header("X-Repo-Commit", self.sha)
         h.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
@@ -119,7 +138,7 @@ class FakeHub:
                     h.close_connection = True
                     h.connection.shutdown(2)  # drop the connection halfway: an interrupted transfer
                     return
-                h.wfile.write(body[i:i + 256 * 1024])
+                h.wfile.write(body[i : i + 256 * 1024])
                 sent += min(256 * 1024, len(body) - i)
                 if big and self.chunk_delay_s:
                     time.sleep(self.chunk_delay_s)

@@ -33,7 +33,7 @@ ANSWER = (
     "$n(n+1) - n = n^2$.\n\n"
     "```python\n"
     "def sum_of_odds(n: int) -> int:\n"
-    "    \"\"\"Sum of the first n odd numbers.\"\"\"\n"
+    '    """Sum of the first n odd numbers."""\n'
     "    return sum(2 * k - 1 for k in range(1, n + 1))\n"
     "\n"
     "assert all(sum_of_odds(n) == n * n for n in range(1, 1000))\n"
@@ -90,10 +90,17 @@ class FakeEngine:
 
     def memory(self) -> MemoryStats:
         gib = 2**30
-        return MemoryStats(device=self.info.device, weights_bytes=self.info.weights_bytes,
-                           kv_cache_bytes=self.info.kv_cache_bytes, torch_allocated_bytes=int(3.75 * gib),
-                           torch_reserved_bytes=int(3.95 * gib), peak_allocated_bytes=int(3.9 * gib),
-                           device_total_bytes=8 * gib, device_free_bytes=int(3.4 * gib), gpu_utilization_pct=93)
+        return MemoryStats(
+            device=self.info.device,
+            weights_bytes=self.info.weights_bytes,
+            kv_cache_bytes=self.info.kv_cache_bytes,
+            torch_allocated_bytes=int(3.75 * gib),
+            torch_reserved_bytes=int(3.95 * gib),
+            peak_allocated_bytes=int(3.9 * gib),
+            device_total_bytes=8 * gib,
+            device_free_bytes=int(3.4 * gib),
+            gpu_utilization_pct=93,
+        )
 
     def warm_up(self, progress=None) -> None:
         pass
@@ -144,22 +151,35 @@ class FakeEngine:
         n = len(times)
         total = time.perf_counter() - t0
         stats = GenerationStats(
-            finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=n,
-            reasoning_tokens=n_kind["reasoning"], prefix_reused_tokens=reused,
-            context_length=self.info.context_length, ttft_ms=(times[0] - t0) * 1000 if times else 0.0,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=n,
+            reasoning_tokens=n_kind["reasoning"],
+            prefix_reused_tokens=reused,
+            context_length=self.info.context_length,
+            ttft_ms=(times[0] - t0) * 1000 if times else 0.0,
             first_answer_ms=(first_answer - t0) * 1000 if first_answer else None,
             decode_tok_s=(n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0,
-            total_s=total, token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])],
-            memory=self.memory(), stopped_thinking=stopped, prompt_ms=0.5,  # as if the template took that long
+            total_s=total,
+            token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])],
+            memory=self.memory(),
+            stopped_thinking=stopped,
+            prompt_ms=0.5,  # as if the template took that long
             # what the 1.5B's decode steps would read (bf16 weights, a 16-bit cache): Qwen2Model.decode_read_bytes
             decode_read_bytes=FAKE_WEIGHT_READ + FAKE_KV_TOKEN * (prompt_tokens + n / 2) if n > 1 else 0.0,
-            decode_cache_read_bytes=FAKE_KV_TOKEN * (prompt_tokens + n / 2) if n > 1 else 0.0)
+            decode_cache_read_bytes=FAKE_KV_TOKEN * (prompt_tokens + n / 2) if n > 1 else 0.0,
+        )
         text = reasoning + ("</think>\n\n" + answer if answer else "")
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 
 
-def factory(engine: FakeEngine, fail_load: Exception | None = None, chunk_s: float = 0.0, chunks: int = 4,
-            compiling: bool = False):
+def factory(
+    engine: FakeEngine,
+    fail_load: Exception | None = None,
+    chunk_s: float = 0.0,
+    chunks: int = 4,
+    compiling: bool = False,
+):
     """An engine_factory for MainWindow/EngineWorker: reports load progress (a chunk every chunk_s, like
     reading shards from a slow disk), then returns `engine`. compiling: a first start that compiles the GPU
     kernels beside the load (Engine.load's on_compiling)."""

@@ -38,8 +38,7 @@ def wait_until(pred, timeout_ms=30000):
         raise TimeoutError("condition not reached")
 
 
-def make_window(theme: str, tmp: Path, engine: FakeEngine | None, with_model=True, live=True, model=None,
-                **settings):
+def make_window(theme: str, tmp: Path, engine: FakeEngine | None, with_model=True, live=True, model=None, **settings):
     """engine None: the real engine, loading `model` (a folder)."""
     from desktop.store import Store
     from desktop.window import MainWindow
@@ -73,9 +72,13 @@ def main(out: str, only: str | None = None) -> None:
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841
     tmp = Path(tempfile.mkdtemp())
     if only is not None:
-        {"live-clock": live_clock_shot, "gpus": gpu_choice_shot, "api": api_shots, "batch": batch_shot,
-         "vote": vote_shots}[only](
-            out_dir, tmp)
+        {
+            "live-clock": live_clock_shot,
+            "gpus": gpu_choice_shot,
+            "api": api_shots,
+            "batch": batch_shot,
+            "vote": vote_shots,
+        }[only](out_dir, tmp)
         return
     for theme in ("light", "dark"):
         engine = FakeEngine(token_s=0.002)
@@ -174,8 +177,10 @@ def gpu_choice_shot(out_dir: Path, tmp: Path) -> None:
 
     (tmp / "gpus").mkdir(exist_ok=True)
     win = make_window("light", tmp / "gpus", FakeEngine(), live=False)
-    gpus = [{"device": "cuda:0", "name": "NVIDIA GeForce GTX 1060 6GB", "supported": False},
-            {"device": "cuda:1", "name": "NVIDIA GeForce RTX 4070", "supported": True}]
+    gpus = [
+        {"device": "cuda:0", "name": "NVIDIA GeForce GTX 1060 6GB", "supported": False},
+        {"device": "cuda:1", "name": "NVIDIA GeForce RTX 4070", "supported": True},
+    ]
     dlg = SettingsDialog(replace(win.settings, device="cuda:1"), win, gpus=gpus)
     dlg.show()
     dlg.device.showPopup()
@@ -204,8 +209,9 @@ def unsupported_gpu_shot(out_dir: Path, tmp: Path) -> None:
     from model_loader.errors import GpuUnsupportedError
     from model_loader.gpu_support import unsupported_gpu_reason
 
-    reason = unsupported_gpu_reason((6, 1), ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],
-                                    "NVIDIA GeForce GTX 1060 6GB", "2.13.0+cu130")
+    reason = unsupported_gpu_reason(
+        (6, 1), ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "NVIDIA GeForce GTX 1060 6GB", "2.13.0+cu130"
+    )
     win = make_window("light", tmp / "gpu", FakeEngine(), live=False)
     (tmp / "gpu").mkdir(exist_ok=True)
     win.engine_factory = factory(FakeEngine(), fail_load=GpuUnsupportedError(reason))
@@ -275,8 +281,11 @@ def api_shots(out_dir: Path, tmp: Path) -> None:
             client.chat.completions.create(model=win.service.model_name, messages=[{"role": "user", "content": q}])
         done.append(1)
         engine.token_s = 0.02  # a slow one, for the chat reply to wait behind
-        list(client.chat.completions.create(model=win.service.model_name, stream=True,
-                                            messages=[{"role": "user", "content": "Explain GQA."}]))
+        list(
+            client.chat.completions.create(
+                model=win.service.model_name, stream=True, messages=[{"role": "user", "content": "Explain GQA."}]
+            )
+        )
 
     threading.Thread(target=requests, daemon=True).start()
     wait_until(lambda: done and win.service.running is not None and win.service.running.client == "api")
@@ -342,22 +351,42 @@ def batch_shot(out_dir: Path, tmp: Path) -> None:
     asyncio.set_event_loop(loop)
     model = make_test_model(tmp / "tiny-r1", preset="tiny", seed=0)
     (tmp / "batch").mkdir(exist_ok=True)
-    win = make_window("dark", tmp / "batch", None, model=str(model), api_enabled="true", api_port=0,
-                      device="cpu", max_parallel=4, context_length=2048, max_new_tokens=1500)
+    win = make_window(
+        "dark",
+        tmp / "batch",
+        None,
+        model=str(model),
+        api_enabled="true",
+        api_port=0,
+        device="cpu",
+        max_parallel=4,
+        context_length=2048,
+        max_new_tokens=1500,
+    )
     win.start_engine()
     wait_until(lambda: win.engine_state == "ready" and win.api.label.isVisible(), 60000)
     client = openai.OpenAI(base_url=win.api.url, api_key="none", max_retries=0)
 
     def request(q):
-        list(client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=1500,
-                                            messages=[{"role": "user", "content": q}]))
+        list(
+            client.chat.completions.create(
+                model=win.service.model_name, stream=True, max_tokens=1500, messages=[{"role": "user", "content": q}]
+            )
+        )
 
     for q in ("Summarize this commit message.", "Is 2027 prime?", "Write a haiku about lighthouses."):
         threading.Thread(target=request, args=(q,), daemon=True).start()
     wait_until(lambda: len(win.service.active) == 3)
     win.send("What is the sum of the first n odd numbers?")
-    wait_until(lambda: len(win.service.active) == 4 and win.live.reply is not None and win.live.reply.count > 200
-               and len(win.live.all_tokens) > 20, 60000)
+    wait_until(
+        lambda: (
+            len(win.service.active) == 4
+            and win.live.reply is not None
+            and win.live.reply.count > 200
+            and len(win.live.all_tokens) > 20
+        ),
+        60000,
+    )
     win.live.refresh()
     shoot(win.live, out_dir / "screenshot-live-batch.png")
     win.stop()
@@ -369,7 +398,6 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
     parser.add_argument("out", nargs="?", default="docs")
-    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch", "vote"],
-                        help="make these shots alone")
+    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch", "vote"], help="make these shots alone")
     cli = parser.parse_args()
     main(cli.out, cli.only)

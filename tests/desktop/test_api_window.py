@@ -51,16 +51,20 @@ def _serving(win) -> str:
     return win.api.url
 
 
-def test_settings_switch_starts_and_stops_the_server_and_requests_show_in_the_log(qtbot, make_window, tiny_model,
-                                                                                running_loop):
+def test_settings_switch_starts_and_stops_the_server_and_requests_show_in_the_log(
+    qtbot, make_window, tiny_model, running_loop
+):
     win = make_window(model=tiny_model, api_enabled=True, api_port=0)
     qtbot.waitUntil(lambda: win.api.label.isVisible(), timeout=20000)
     url = _serving(win)
     port = win.api.server.port
     assert win.api.label.text() == f"API: 127.0.0.1:{port}" and url == f"http://127.0.0.1:{port}/v1"
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
-    call = InThread(lambda: client.chat.completions.create(
-        model=win.service.model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=20, temperature=0))
+    call = InThread(
+        lambda: client.chat.completions.create(
+            model=win.service.model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=20, temperature=0
+        )
+    )
     qtbot.waitUntil(lambda: call.done, timeout=60000)
     assert call.error is None, call.error
     assert call.result.usage.completion_tokens == 20
@@ -86,8 +90,9 @@ def test_settings_switch_starts_and_stops_the_server_and_requests_show_in_the_lo
     # origins as a user may type them (a trailing slash, one twice): one restart to take them, and none for a
     # later change to something else (a restart cancels the API requests in flight)
     win.apply_settings(dataclasses.replace(win.settings, api_origins="http://a.example/, http://a.example"))
-    qtbot.waitUntil(lambda: win.api.server is not None and win.api.server.allowed_origins == {"http://a.example"},
-                    timeout=10000)
+    qtbot.waitUntil(
+        lambda: win.api.server is not None and win.api.server.allowed_origins == {"http://a.example"}, timeout=10000
+    )
     server = win.api.server
     win.apply_settings(dataclasses.replace(win.settings, temperature=0.3))
     qtbot.waitUntil(lambda: win.api._task is None or win.api._task.done(), timeout=10000)
@@ -102,8 +107,12 @@ def test_a_chat_reply_waits_behind_an_api_request(qtbot, make_window, tiny_model
 
     def api_call():
         parts = []
-        for chunk in client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=300,
-                                                    messages=[{"role": "user", "content": "a long one"}]):
+        for chunk in client.chat.completions.create(
+            model=win.service.model_name,
+            stream=True,
+            max_tokens=300,
+            messages=[{"role": "user", "content": "a long one"}],
+        ):
             if chunk.choices:
                 delta = chunk.choices[0].delta  # reasoning, and the answer if a sampled </think> ended it early
                 parts.append((delta.model_extra.get("reasoning_content") or "") + (delta.content or ""))
@@ -129,8 +138,9 @@ def test_a_chat_reply_waits_behind_an_api_request(qtbot, make_window, tiny_model
 def test_requests_before_the_model_is_ready_get_503(qtbot, make_window, running_loop):
     import fakes
 
-    win = make_window(engine=fakes.FakeEngine(), load_chunk_s=0.05, wait_ready=False, api_enabled=True,
-                      api_port=0)  # 200 chunks x 50 ms: ten seconds of "loading"
+    win = make_window(
+        engine=fakes.FakeEngine(), load_chunk_s=0.05, wait_ready=False, api_enabled=True, api_port=0
+    )  # 200 chunks x 50 ms: ten seconds of "loading"
     qtbot.waitUntil(lambda: win.api.label.isVisible(), timeout=10000)
     probe = InThread(lambda: urllib.request.urlopen(win.api.url + "/models", timeout=30))
     qtbot.waitUntil(lambda: probe.done, timeout=30000)
@@ -141,8 +151,7 @@ def test_requests_before_the_model_is_ready_get_503(qtbot, make_window, running_
     assert json.loads(err.read())["error"]["code"] == "model_not_ready"
 
 
-def test_with_two_replies_at_once_a_chat_reply_runs_beside_an_api_request(qtbot, make_window, tiny_model,
-                                                                         running_loop):
+def test_with_two_replies_at_once_a_chat_reply_runs_beside_an_api_request(qtbot, make_window, tiny_model, running_loop):
     """Settings → Replies at once 2: the window's reply does not wait for the API's long one; it finishes first,
     and the API client still gets its whole reply."""
     win = make_window(model=tiny_model, api_enabled=True, api_port=0, max_new_tokens=20, max_parallel=2)
@@ -152,8 +161,15 @@ def test_with_two_replies_at_once_a_chat_reply_runs_beside_an_api_request(qtbot,
     order = []
 
     def api_call():
-        chunks = list(client.chat.completions.create(model=win.service.model_name, stream=True, max_tokens=400,
-                                                     temperature=0, messages=[{"role": "user", "content": "long"}]))
+        chunks = list(
+            client.chat.completions.create(
+                model=win.service.model_name,
+                stream=True,
+                max_tokens=400,
+                temperature=0,
+                messages=[{"role": "user", "content": "long"}],
+            )
+        )
         order.append("api")
         return chunks
 

@@ -20,8 +20,7 @@ def _qs(tmp_path, **values) -> QSettings:
 def test_old_settings_with_the_old_defaults_become_auto_and_a_choice_is_kept(tmp_path):
     old = AppSettings.load(_qs(tmp_path / "a", **{"settings/context_length": 4096, "settings/max_new_tokens": 4096}))
     assert (old.context_length, old.max_new_tokens) == (0, 0)
-    chosen = AppSettings.load(_qs(tmp_path / "b", **{"settings/context_length": 8192,
-                                                     "settings/max_new_tokens": 2048}))
+    chosen = AppSettings.load(_qs(tmp_path / "b", **{"settings/context_length": 8192, "settings/max_new_tokens": 2048}))
     assert (chosen.context_length, chosen.max_new_tokens) == (8192, 2048)
     qs = _qs(tmp_path / "c")
     AppSettings(context_length=4096, max_new_tokens=4096).save(qs)  # chosen in today's dialog: stays 4096
@@ -60,10 +59,15 @@ def test_the_device_line_tells_which_kernels_the_warm_up_chose(qtbot, make_windo
     win.set_live_visible(True)
     assert html.escape(kernel_choices_text(win.engine_info)) in win.live.device_label.toolTip()
     assert "nothing is tuned" in win.live.device_label.toolTip()  # the CPU: PyTorch operations
-    measured = dict(win.engine_info, kernels="triton", decode_attention={
-        "<=1024": "32 splits x >=32 tokens, block 32, 4 warps, 2 stages",
-        "<=32768": "66 splits x >=128 tokens, block 128, 4 warps, 2 stages, chunks aligned to 1"},
-        gemv={"2048x1536": "triton (4, 512, 4)", "1536x8960": "cuBLAS"})
+    measured = dict(
+        win.engine_info,
+        kernels="triton",
+        decode_attention={
+            "<=1024": "32 splits x >=32 tokens, block 32, 4 warps, 2 stages",
+            "<=32768": "66 splits x >=128 tokens, block 128, 4 warps, 2 stages, chunks aligned to 1",
+        },
+        gemv={"2048x1536": "triton (4, 512, 4)", "1536x8960": "cuBLAS"},
+    )
     win.live.set_engine(measured)
     tip = win.live.device_label.toolTip()
     assert "up to 1,024 tokens: 32 splits" in tip and "up to 32,768 tokens: 66 splits" in tip

@@ -42,8 +42,14 @@ def test_reasoning_streams_live_then_folds_when_the_answer_starts(qtbot, make_wi
     assert block.expanded() and block.toggle.text().startswith("Thinking")
     assert win.composer.stop_thinking_btn.isVisible()
     assert block.visible_text().strip()  # painted, not only buffered
-    qtbot.waitUntil(lambda: bool(win.stream and win.stream.answer) and win.stream.frames > 0 and
-                    (widget.stream_body.isVisible() or widget.body.isVisible()), timeout=10000)
+    qtbot.waitUntil(
+        lambda: (
+            bool(win.stream and win.stream.answer)
+            and win.stream.frames > 0
+            and (widget.stream_body.isVisible() or widget.body.isVisible())
+        ),
+        timeout=10000,
+    )
     assert not block.expanded() and block.toggle.text().startswith("Thought for")
     assert not win.composer.stop_thinking_btn.isVisible()
     with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
@@ -174,8 +180,14 @@ def test_ui_keeps_up_and_stays_responsive_at_hundreds_of_tokens_per_second(qtbot
 
 def test_loading_shows_progress_and_closing_mid_load_exits_quickly(qtbot, make_window):
     win = make_window(engine=FakeEngine(), wait_ready=False, load_chunk_s=0.05)  # a 10 s load
-    qtbot.waitUntil(lambda: win.topbar.progress.isVisible() and win.topbar.progress.maximum() == 1000 and
-                    win.topbar.progress.value() > 0, timeout=10000)
+    qtbot.waitUntil(
+        lambda: (
+            win.topbar.progress.isVisible()
+            and win.topbar.progress.maximum() == 1000
+            and win.topbar.progress.value() > 0
+        ),
+        timeout=10000,
+    )
     assert win.topbar.status_label.text().startswith("Loading model…") and "GB" in win.topbar.status_label.text()
     assert not win.composer.send_btn.isEnabled()  # nothing to send to yet
     t0 = time.monotonic()

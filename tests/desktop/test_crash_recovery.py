@@ -14,8 +14,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _child(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=dict(os.environ, QT_QPA_PLATFORM="offscreen", **env))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen", **env),
+    )
 
 
 SEGFAULT_IN_A_FUNCTION = """
@@ -66,7 +72,11 @@ def test_a_running_window_is_not_mistaken_for_a_crash(profile):
     from desktop.crashlog import CrashLog
 
     logs = profile / "data" / "logs"
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys
         from PySide6.QtCore import QCoreApplication
         from desktop.crashlog import CrashLog
@@ -76,7 +86,13 @@ def test_a_running_window_is_not_mistaken_for_a_crash(profile):
         sys.stdin.readline()
         log.stop()
         print("stopped", flush=True)
-    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert child.stdout.readline().strip() == "started"
         assert CrashLog(logs).collect_previous() is None
@@ -215,7 +231,7 @@ def test_a_database_with_damaged_pages_is_moved_aside(tmp_path):
     raw = bytearray(path.read_bytes())
     page = 4096
     for p in range(2, len(raw) // page):  # scribble over every page's header after the first two
-        raw[p * page:p * page + 16] = b"\xde\xad\xbe\xef" * 4
+        raw[p * page : p * page + 16] = b"\xde\xad\xbe\xef" * 4
     path.write_bytes(bytes(raw))
     store, aside = open_store(path)
     assert aside is not None and aside.exists() and store.conversations() == []

@@ -79,8 +79,7 @@ def test_offline_download_says_so_and_the_other_choices_remain(qtbot, aio, make_
     assert win.stack.currentWidget() is welcome
 
 
-def test_a_file_of_another_size_than_listed_is_an_error_not_a_finished_download(qtbot, aio, hub, make_window,
-                                                                               tmp_path):
+def test_a_file_of_another_size_than_listed_is_an_error_not_a_finished_download(qtbot, aio, hub, make_window, tmp_path):
     """More bytes than the repo lists were renamed into place as the finished file (a model that then failed to
     load, or loaded wrong); fewer were reported as "offline" and failed alike on every resume. Each is now an
     error naming the file, and no such file is put in place."""
@@ -167,8 +166,9 @@ def test_picking_another_model_during_a_download_pauses_it(qtbot, aio, hub, make
     assert welcome.download_btn.text() == "Resume download" and not welcome.quantizing
 
 
-def test_the_users_token_goes_to_the_hub_and_not_to_the_file_host_it_redirects_to(qtbot, aio, hub, make_window,
-                                                                                 tiny_model, tmp_path, monkeypatch):
+def test_the_users_token_goes_to_the_hub_and_not_to_the_file_host_it_redirects_to(
+    qtbot, aio, hub, make_window, tiny_model, tmp_path, monkeypatch
+):
     """The hub answers a file request with a redirect to its CDN; urllib forwarded every header there, the
     user's Hugging Face token (HF_TOKEN, for gated repos) included."""
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token")

@@ -1,8 +1,15 @@
 """What the top bar says about the engine (desktop.engine_status): the wording, and that it follows the service's
 state through a load, a warm-up and a failure."""
 
-from desktop.engine_status import (COMPILING_NOTE, STAGE_TEXT, EngineStatus, loading_text, model_title,
-                                   ready_text, warmup_text)
+from desktop.engine_status import (
+    COMPILING_NOTE,
+    STAGE_TEXT,
+    EngineStatus,
+    loading_text,
+    model_title,
+    ready_text,
+    warmup_text,
+)
 from desktop.service import EngineService
 from desktop.topbar import TopBar
 from PySide6.QtWidgets import QLabel
@@ -10,8 +17,9 @@ from PySide6.QtWidgets import QLabel
 
 def test_the_wording_of_each_step():
     assert loading_text(3 * 2**29, 2**31) == "Loading model… 1.50 / 2.00 GB"
-    assert loading_text(0, 2**30, COMPILING_NOTE).endswith("1.00 GB · preparing GPU kernels alongside (first start "
-                                                           "only)")
+    assert loading_text(0, 2**30, COMPILING_NOTE).endswith(
+        "1.00 GB · preparing GPU kernels alongside (first start only)"
+    )
     # the step under way, counted from 1, never past the last
     assert warmup_text("Warming up…", 0, 3, "decode graphs") == "Warming up… 1/3: decode graphs"
     assert warmup_text("Warming up…", 3, 3, "done") == "Warming up… 3/3: done"

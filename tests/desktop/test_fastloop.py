@@ -164,8 +164,9 @@ def test_an_aiohttp_server_and_client_talk_over_the_loop_and_close_cleanly(loop)
         out = []
         async with aiohttp.ClientSession() as session:
             for i in range(20):  # new connections and kept-alive ones
-                async with session.post(f"http://127.0.0.1:{port}/", data=str(i).encode(),
-                                        headers={"Connection": "close"} if i % 2 else {}) as resp:
+                async with session.post(
+                    f"http://127.0.0.1:{port}/", data=str(i).encode(), headers={"Connection": "close"} if i % 2 else {}
+                ) as resp:
                     out.append(await resp.read())
         await runner.cleanup()
         return out

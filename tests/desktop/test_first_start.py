@@ -49,8 +49,10 @@ def test_a_first_start_that_compiles_beside_the_load_says_so_with_the_loads_prog
     status = win.topbar.status_label
     qtbot.waitUntil(lambda: " GB · preparing GPU kernels alongside (first start only)" in status.text(), timeout=20000)
     assert win.engine_state == "loading" and win.topbar.status_label.text().startswith("Loading model… ")
-    qtbot.waitUntil(lambda: win.topbar.status_label.text().startswith("Preparing GPU kernels (first start only)… 2/3"),
-                    timeout=20000)
+    qtbot.waitUntil(
+        lambda: win.topbar.status_label.text().startswith("Preparing GPU kernels (first start only)… 2/3"),
+        timeout=20000,
+    )
     engine.release.set()
     qtbot.waitUntil(lambda: win.engine_state == "ready", timeout=20000)
 
@@ -62,8 +64,9 @@ def test_the_top_bar_gives_way_at_the_smallest_window_size(qtbot, make_window):
     engine = CompilingEngine()
     win = make_window(engine=engine, wait_ready=False, load_chunk_s=0.02, compiling=True, size=(760, 520))
     win.topbar.title_label.setText("A conversation about lighthouses, ships and the keepers of the northern coast")
-    qtbot.waitUntil(lambda: "alongside" in win.topbar.status_label.text() and " GB" in win.topbar.status_label.text(),
-                    timeout=20000)
+    qtbot.waitUntil(
+        lambda: "alongside" in win.topbar.status_label.text() and " GB" in win.topbar.status_label.text(), timeout=20000
+    )
     top = win.topbar
     bar = [top.title_label, top.status_label, top.progress, top.menu_btn, top.live_btn, top.settings_btn]
     spans = [(w.geometry().left(), w.geometry().right()) for w in bar]

@@ -18,9 +18,12 @@ def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_mo
     dlg = SettingsDialog(win.settings, win, gpus=[GTX_1060, RTX_4070])
     qtbot.addWidget(dlg)
     items = [(dlg.device.itemText(i), dlg.device.itemData(i)) for i in range(dlg.device.count())]
-    assert items == [("GPU (NVIDIA), the first that works", "cuda"),
-                     ("GPU 0: NVIDIA GeForce GTX 1060 6GB (not supported by this PyTorch)", "cuda:0"),
-                     ("GPU 1: NVIDIA GeForce RTX 4070", "cuda:1"), ("CPU (slow)", "cpu")]
+    assert items == [
+        ("GPU (NVIDIA), the first that works", "cuda"),
+        ("GPU 0: NVIDIA GeForce GTX 1060 6GB (not supported by this PyTorch)", "cuda:0"),
+        ("GPU 1: NVIDIA GeForce RTX 4070", "cuda:1"),
+        ("CPU (slow)", "cpu"),
+    ]
     assert dlg.device.currentData() == "cpu"  # what this window runs on
     dlg.device.setCurrentIndex(dlg.device.findData("cuda:1"))
     chosen = dlg.result_settings()
@@ -43,8 +46,10 @@ def test_each_gpu_is_offered_and_the_choice_is_saved(qtbot, make_window, tiny_mo
 
 
 def test_one_gpu_and_a_saved_gpu_not_listed():
-    assert device_choices([RTX_4070 | {"device": "cuda:0"}], "cuda") == [("GPU (NVIDIA)", "cuda"),
-                                                                        ("CPU (slow)", "cpu")]
+    assert device_choices([RTX_4070 | {"device": "cuda:0"}], "cuda") == [
+        ("GPU (NVIDIA)", "cuda"),
+        ("CPU (slow)", "cpu"),
+    ]
     assert device_choices(None, "cpu") == [("GPU (NVIDIA)", "cuda"), ("CPU (slow)", "cpu")]
     # chosen earlier, before a model loaded this time (or the card was removed): kept, so OK changes nothing
     assert device_choices(None, "cuda:1") == [("GPU (NVIDIA)", "cuda"), ("GPU 1", "cuda:1"), ("CPU (slow)", "cpu")]
@@ -61,8 +66,7 @@ def test_the_worker_lists_the_machines_gpus(monkeypatch):
     assert EngineWorker._gpus() == [GTX_1060, RTX_4070]
 
 
-def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot, make_window, tiny_model,
-                                                                            monkeypatch):
+def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot, make_window, tiny_model, monkeypatch):
     """GPU 1 chosen in Settings, then the machine has one GPU (a card taken out, an eGPU unplugged): a message
     that says which, and a button that goes back to the automatic choice and loads."""
     from PySide6.QtCore import Qt
@@ -73,8 +77,9 @@ def test_a_chosen_gpu_that_is_gone_says_so_and_offers_the_first_that_works(qtbot
     with qtbot.waitSignal(win.engine_failed, timeout=60000) as blocker:
         pass
     kind, message = blocker.args
-    assert kind == "gpu_missing" and message == ("GPU 1, chosen in Settings, is not on this computer now: it has 1 "
-                                                 "NVIDIA GPU (numbered from 0).")
+    assert kind == "gpu_missing" and message == (
+        "GPU 1, chosen in Settings, is not on this computer now: it has 1 NVIDIA GPU (numbered from 0)."
+    )
     assert win.banner.kind == "gpu_missing" and message in win.banner.label.text()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the rest of this machine is what it is
     button = next(b for b in win.banner.action_buttons() if b.text() == "Use the first GPU that works")
@@ -88,8 +93,14 @@ def test_the_status_line_numbers_the_gpu_only_where_there_are_several():
     from desktop.engine_status import device_title
 
     two = [GTX_1060, RTX_4070]
-    assert device_title({"device": "cuda:1", "device_name": "NVIDIA GeForce RTX 4070", "gpus": two}) == \
-        "NVIDIA GeForce RTX 4070 (GPU 1)"
-    assert device_title({"device": "cuda:0", "device_name": "NVIDIA GeForce RTX 4070",
-                         "gpus": [RTX_4070 | {"device": "cuda:0"}]}) == "NVIDIA GeForce RTX 4070"
+    assert (
+        device_title({"device": "cuda:1", "device_name": "NVIDIA GeForce RTX 4070", "gpus": two})
+        == "NVIDIA GeForce RTX 4070 (GPU 1)"
+    )
+    assert (
+        device_title(
+            {"device": "cuda:0", "device_name": "NVIDIA GeForce RTX 4070", "gpus": [RTX_4070 | {"device": "cuda:0"}]}
+        )
+        == "NVIDIA GeForce RTX 4070"
+    )
     assert device_title({"device": "cpu", "device_name": "CPU", "gpus": two}) == "CPU"

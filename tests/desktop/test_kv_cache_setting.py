@@ -18,8 +18,9 @@ def test_the_8bit_cache_setting_loads_the_model_with_it_and_the_live_panel_says_
     assert chosen.kv_cache == "8-bit"
     sixteen_bytes = win.engine_info["kv_cache_bytes"]
     win.apply_settings(chosen)  # a model setting: the window reloads
-    qtbot.waitUntil(lambda: win.engine_state == "ready" and (win.engine_info or {}).get("kv_cache") == "8-bit",
-                    timeout=60000)
+    qtbot.waitUntil(
+        lambda: win.engine_state == "ready" and (win.engine_info or {}).get("kv_cache") == "8-bit", timeout=60000
+    )
     assert win.engine_info["kv_cache_bytes"] < sixteen_bytes
     assert AppSettings.load(win.qs).kv_cache == "8-bit"  # saved
     win.set_live_visible(True)

@@ -1,8 +1,15 @@
 """The chat view's text rules without widgets (desktop.message_text): where a growing reply is cut into pieces
 rendered once, and the lines that sum a reply up."""
 
-from desktop.message_text import (TAIL_MAX_CHARS, TAIL_MAX_CODE_CHARS, block_cut, meta_text, next_pieces,
-                                  reasoning_label, soft_cut)
+from desktop.message_text import (
+    TAIL_MAX_CHARS,
+    TAIL_MAX_CODE_CHARS,
+    block_cut,
+    meta_text,
+    next_pieces,
+    reasoning_label,
+    soft_cut,
+)
 
 
 def test_a_block_is_finished_at_a_blank_line_before_an_unindented_line():
@@ -61,10 +68,14 @@ def test_streamed_pieces_each_render_alone_and_together_hold_the_whole_text():
 def test_the_lines_that_sum_a_reply_up():
     stats = {"total_s": 12.3, "completion_tokens": 40, "decode_tok_s": 123.4, "finish_reason": "max_new_tokens"}
     assert meta_text(stats, complete=True) == "12 s · 40 tokens · 123 tok/s · token limit reached"
-    assert meta_text({"total_s": 2.25, "stopped_thinking": True}, complete=False) == \
-        "2.2 s · thinking cut short · interrupted"
+    assert (
+        meta_text({"total_s": 2.25, "stopped_thinking": True}, complete=False)
+        == "2.2 s · thinking cut short · interrupted"
+    )
     assert meta_text({}, complete=False) == "interrupted"
     assert reasoning_label({"thinking_s": 3.21}, has_answer=True, complete=True) == "Thought for 3.2 s"
-    assert reasoning_label({"thinking_s": 3.21, "finish_reason": "context_full"}, has_answer=False, complete=True) \
+    assert (
+        reasoning_label({"thinking_s": 3.21, "finish_reason": "context_full"}, has_answer=False, complete=True)
         == "Thought for 3.2 s · no answer (the context is full while thinking)"
+    )
     assert reasoning_label({}, has_answer=False, complete=False) == "Reasoning · no answer (interrupted while thinking)"

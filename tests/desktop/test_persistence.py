@@ -114,8 +114,13 @@ def test_kill_9_mid_reply_loses_at_most_half_a_second(profile):
     (deterministic: a slower save interval always shows as a longer gap), and what is on disk after kill -9."""
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     db_path = profile / "data" / "conversations.sqlite3"
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(here=str(HERE))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     seen = []  # (time, characters the window had)
     saves = []  # (time first seen on disk, characters on disk) for the reply that gets killed
     reader = None
@@ -126,8 +131,10 @@ def test_kill_9_mid_reply_loses_at_most_half_a_second(profile):
             seen.append((float(t), int(n)))
             if reader is None:
                 reader = sqlite3.connect(str(db_path))
-            row = reader.execute("SELECT length(reasoning) + length(answer) FROM messages "
-                                 "WHERE role = 'assistant' ORDER BY id DESC LIMIT 1").fetchone()
+            row = reader.execute(
+                "SELECT length(reasoning) + length(answer) FROM messages "
+                "WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
+            ).fetchone()
             if row and row[0] and (not saves or row[0] != saves[-1][1]):
                 saves.append((time.time(), row[0]))
             if seen[-1][0] - seen[0][0] > 2.5 or time.time() > deadline:
@@ -161,8 +168,15 @@ def test_export_markdown_and_json(tmp_path):
     store = Store(tmp_path / "h.sqlite3")
     cid = store.create_conversation("Odd sums")
     store.add_message(cid, "user", "Sum of odd numbers?")
-    store.add_message(cid, "assistant", "think</think>\n\nIt is $n^2$.", reasoning="think", answer="It is $n^2$.",
-                      stats={"finish_reason": "eos", "completion_tokens": 7}, settings={"temperature": 0.6})
+    store.add_message(
+        cid,
+        "assistant",
+        "think</think>\n\nIt is $n^2$.",
+        reasoning="think",
+        answer="It is $n^2$.",
+        stats={"finish_reason": "eos", "completion_tokens": 7},
+        settings={"temperature": 0.6},
+    )
     md = store.export_markdown(cid)
     assert md.startswith("# Odd sums") and "## You\n\nSum of odd numbers?" in md
     assert "> think" in md and "It is $n^2$." in md

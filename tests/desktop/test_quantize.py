@@ -59,8 +59,9 @@ def _in_settings_dialog(fn):
     return seen
 
 
-def test_precision_offers_4bit_only_when_a_4bit_copy_exists_and_switches_to_it(qtbot, make_window, models_dir,
-                                                                               tiny_model):
+def test_precision_offers_4bit_only_when_a_4bit_copy_exists_and_switches_to_it(
+    qtbot, make_window, models_dir, tiny_model
+):
     from model_loader.quantize import quantize
 
     dense = models_dir / "tiny-r1"

@@ -19,8 +19,10 @@ def renderer(qapp):
 
 
 def test_math_is_cut_out_of_prose_but_not_code_or_prices():
-    text = ("Cost $5 and $10. Area $\\pi r^2$, \\(a+b\\), `$x$` and\n```\n$y$\n```\n$$\\int_0^1 x\\,dx$$ "
-            "\\[e^x\\] \\boxed{42}")
+    text = (
+        "Cost $5 and $10. Area $\\pi r^2$, \\(a+b\\), `$x$` and\n```\n$y$\n```\n$$\\int_0^1 x\\,dx$$ "
+        "\\[e^x\\] \\boxed{42}"
+    )
     body, formulas = split_math(text)
     assert [f for f, _ in formulas] == ["\\pi r^2", "a+b", "\\int_0^1 x\\,dx", "e^x", "\\boxed{42}"]
     assert [d for _, d in formulas] == [False, False, True, True, False]
@@ -28,8 +30,10 @@ def test_math_is_cut_out_of_prose_but_not_code_or_prices():
 
 
 def test_markdown_code_table_list_link_and_math(renderer):
-    text = ("# Title\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[docs](https://example.com)\n\n"
-            "```python\ndef f(x):\n    return x\n```\n\nSo $x^2$ and $$\\frac{1}{2}$$ give \\boxed{7}.")
+    text = (
+        "# Title\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[docs](https://example.com)\n\n"
+        "```python\ndef f(x):\n    return x\n```\n\nSo $x^2$ and $$\\frac{1}{2}$$ give \\boxed{7}."
+    )
     out = renderer.render(text)
     html = out.html
     assert "<h1>Title</h1>" in html and "<li>one</li>" in html
@@ -76,8 +80,12 @@ def test_dark_theme_math_is_light_on_transparent(qapp):
     out = MarkdownRenderer(DARK, 15.0).render("$x$")
     (img,) = out.images.values()
     assert img.pixelColor(0, 0).alpha() == 0
-    inked = [img.pixelColor(x, y) for x in range(img.width()) for y in range(img.height())
-             if img.pixelColor(x, y).alpha() > 200]
+    inked = [
+        img.pixelColor(x, y)
+        for x in range(img.width())
+        for y in range(img.height())
+        if img.pixelColor(x, y).alpha() > 200
+    ]
     assert inked and all(c.lightness() > 150 for c in inked)
 
 
@@ -96,19 +104,49 @@ def test_rich_text_loads_math_images_and_copies_code(qtbot, renderer):
 def test_stored_messages_render_reasoning_folded_or_open(qtbot, make_window):
     win = make_window(start=False)
     win.chat.assistant_name = "R1"
-    done = win.chat.add_message({"id": 1, "role": "assistant", "content": "r</think>\n\na", "reasoning": "hmm $x$",
-                                 "answer": "The answer is **4**.", "complete": True,
-                                 "stats": {"thinking_s": 12.0, "finish_reason": "eos", "total_s": 14.0,
-                                           "completion_tokens": 99, "decode_tok_s": 88.0}})
+    done = win.chat.add_message(
+        {
+            "id": 1,
+            "role": "assistant",
+            "content": "r</think>\n\na",
+            "reasoning": "hmm $x$",
+            "answer": "The answer is **4**.",
+            "complete": True,
+            "stats": {
+                "thinking_s": 12.0,
+                "finish_reason": "eos",
+                "total_s": 14.0,
+                "completion_tokens": 99,
+                "decode_tok_s": 88.0,
+            },
+        }
+    )
     assert done.reasoning_block.toggle.text() == "Thought for 12 s" and not done.reasoning_block.expanded()
     assert "The answer is 4." in done.body.toPlainText()
     assert done.meta.text() == "14 s · 99 tokens · 88 tok/s"
-    never_closed = win.chat.add_message({"id": 2, "role": "assistant", "content": "still thinking",
-                                         "reasoning": "still thinking", "answer": "", "complete": True,
-                                         "stats": {"thinking_s": 30.0, "finish_reason": "max_new_tokens"}})
+    never_closed = win.chat.add_message(
+        {
+            "id": 2,
+            "role": "assistant",
+            "content": "still thinking",
+            "reasoning": "still thinking",
+            "answer": "",
+            "complete": True,
+            "stats": {"thinking_s": 30.0, "finish_reason": "max_new_tokens"},
+        }
+    )
     block = never_closed.reasoning_block
     assert block.expanded() and "no answer (hit the token limit while thinking)" in block.toggle.text()
     assert "still thinking" in block.visible_text() and not never_closed.body.isVisible()
-    crashed = win.chat.add_message({"id": 3, "role": "assistant", "content": "half", "reasoning": "half",
-                                    "answer": "", "complete": False, "stats": None})
+    crashed = win.chat.add_message(
+        {
+            "id": 3,
+            "role": "assistant",
+            "content": "half",
+            "reasoning": "half",
+            "answer": "",
+            "complete": False,
+            "stats": None,
+        }
+    )
     assert "interrupted" in crashed.reasoning_block.toggle.text() and crashed.meta.text() == "interrupted"

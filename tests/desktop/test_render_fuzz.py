@@ -34,12 +34,58 @@ def _render_bounded(renderer, text: str, quiet: bool = False):
 
 
 # Pieces that mean something to markdown, to the math extractor or to mathtext, and some that mean nothing.
-markdownish = st.lists(st.one_of(
-    st.sampled_from(["```", "```python\n", "~~~", "`", "$", "$$", "\\(", "\\)", "\\[", "\\]", "\\frac{", "\\boxed{",
-                     "{", "}", "[", "](", ")", "*", "_", "**", "#", "> ", "- ", "1. ", "|", "|---|", "\n", "\n\n",
-                     "    ", "<b>", "&amp;", "\\", "^", "_{", "\\sqrt{", "\\left(", "\\right)", "🙂", "漢字", "\u200b",
-                     "\x00", "\ufffd"]),
-    st.text(max_size=8)), max_size=80).map("".join)
+markdownish = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [
+                "```",
+                "```python\n",
+                "~~~",
+                "`",
+                "$",
+                "$$",
+                "\\(",
+                "\\)",
+                "\\[",
+                "\\]",
+                "\\frac{",
+                "\\boxed{",
+                "{",
+                "}",
+                "[",
+                "](",
+                ")",
+                "*",
+                "_",
+                "**",
+                "#",
+                "> ",
+                "- ",
+                "1. ",
+                "|",
+                "|---|",
+                "\n",
+                "\n\n",
+                "    ",
+                "<b>",
+                "&amp;",
+                "\\",
+                "^",
+                "_{",
+                "\\sqrt{",
+                "\\left(",
+                "\\right)",
+                "🙂",
+                "漢字",
+                "\u200b",
+                "\x00",
+                "\ufffd",
+            ]
+        ),
+        st.text(max_size=8),
+    ),
+    max_size=80,
+).map("".join)
 
 
 @FUZZ
@@ -49,9 +95,34 @@ def test_random_markdown_renders_without_raising(renderer, text, quiet):
 
 
 @FUZZ
-@given(tex=st.lists(st.sampled_from(["\\frac{", "}", "{", "x", "^", "_", "\\sqrt", "\\left(", "\\right)", "\\boxed{",
-                                     "\\text{", "\\dfrac", "\\", "&", "\\\\", "\\begin{cases}", "2", " ", "\\alpha"]),
-                    max_size=40).map("".join))
+@given(
+    tex=st.lists(
+        st.sampled_from(
+            [
+                "\\frac{",
+                "}",
+                "{",
+                "x",
+                "^",
+                "_",
+                "\\sqrt",
+                "\\left(",
+                "\\right)",
+                "\\boxed{",
+                "\\text{",
+                "\\dfrac",
+                "\\",
+                "&",
+                "\\\\",
+                "\\begin{cases}",
+                "2",
+                " ",
+                "\\alpha",
+            ]
+        ),
+        max_size=40,
+    ).map("".join)
+)
 def test_random_tex_renders_or_falls_back_to_source(tex):
     t0 = time.perf_counter()
     out = render_png(tex, "#000000", 14.0, 1.0)

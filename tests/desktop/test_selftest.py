@@ -15,20 +15,40 @@ from desktop.app import SELF_TEST_SEED, parse_args
 def _run(args, tmp_path, own_profile=False):
     """The app as a subprocess, its profile in tmp_path; own_profile: the self-test's own throw-away one, made in
     tmp_path / "tmp" (the temp folder)."""
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", R1DESK_DATA_DIR=str(tmp_path / "d"),
-               R1DESK_CONFIG_DIR=str(tmp_path / "c"))
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        R1DESK_DATA_DIR=str(tmp_path / "d"),
+        R1DESK_CONFIG_DIR=str(tmp_path / "c"),
+    )
     if own_profile:
         del env["R1DESK_DATA_DIR"], env["R1DESK_CONFIG_DIR"]
         (tmp_path / "tmp").mkdir()
         env["TMPDIR"] = str(tmp_path / "tmp")
-    return subprocess.run([sys.executable, "-m", "desktop.app", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "desktop.app", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_self_test_loads_answers_screenshots_and_exits_0(tmp_path, tiny_model):
     shot = tmp_path / "shot.png"
-    out = _run(["--model", tiny_model, "--device", "cpu", "--self-test", "--prompt", "Hi there",
-                "--max-new-tokens", "16", "--screenshot", str(shot)], tmp_path, own_profile=True)
+    out = _run(
+        [
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--self-test",
+            "--prompt",
+            "Hi there",
+            "--max-new-tokens",
+            "16",
+            "--screenshot",
+            str(shot),
+        ],
+        tmp_path,
+        own_profile=True,
+    )
     assert out.returncode == 0, out.stderr
     # its throw-away profile (chats, settings, logs) is gone with it
     assert not list((tmp_path / "tmp").glob("r1desk-selftest-*"))
@@ -46,8 +66,21 @@ def test_self_test_samples_from_one_seed_so_two_runs_write_the_same_reply(tmp_pa
     def summary(*extra):
         home = tmp_path / str(len(list(tmp_path.iterdir())))  # a fresh profile each: no earlier chat to continue
         home.mkdir()
-        out = _run(["--model", tiny_model, "--device", "cpu", "--self-test", "--prompt", "Hi there",
-                    "--max-new-tokens", "24", *extra], home)
+        out = _run(
+            [
+                "--model",
+                tiny_model,
+                "--device",
+                "cpu",
+                "--self-test",
+                "--prompt",
+                "Hi there",
+                "--max-new-tokens",
+                "24",
+                *extra,
+            ],
+            home,
+        )
         assert out.returncode == 0, out.stderr
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith("r1desk self-test ok:"))
         return dict(f.split("=", 1) for f in line.split()[3:] if "=" in f)

@@ -46,8 +46,10 @@ def test_requests_run_one_at_a_time_in_order_each_with_its_own_events(qtbot, ser
     _ready(qtbot, svc)
     order = []
     svc.request_started.connect(lambda req: order.append(req.id))
-    reqs = [svc.submit([{"role": "user", "content": f"q{i}"}], {"max_new_tokens": 30 + i}, client=c)
-            for i, c in enumerate(["chat", "api", "api"])]
+    reqs = [
+        svc.submit([{"role": "user", "content": f"q{i}"}], {"max_new_tokens": 30 + i}, client=c)
+        for i, c in enumerate(["chat", "api", "api"])
+    ]
     recs = [Recorder(r) for r in reqs]
     assert [len(svc.ahead_of(r)) for r in reqs] == [0, 1, 2]
     qtbot.waitUntil(lambda: all(r.done for r in recs), timeout=20000)

@@ -14,10 +14,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _second_start(profile) -> subprocess.Popen:
     """`python -m desktop.app` on the same profile, as a second double-click would start it."""
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", R1DESK_DATA_DIR=str(profile / "data"),
-               R1DESK_CONFIG_DIR=str(profile / "config"))
-    return subprocess.Popen([sys.executable, "-m", "desktop.app"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        R1DESK_DATA_DIR=str(profile / "data"),
+        R1DESK_CONFIG_DIR=str(profile / "config"),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "desktop.app"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_second_start_brings_the_first_window_forward_and_exits(qtbot, profile, make_window):
@@ -51,8 +61,9 @@ def test_a_lock_left_by_a_dead_run_or_an_earlier_run_with_this_pid_does_not_bloc
     folder = tmp_path / "instance"
     folder.mkdir()
     # a run that died: QLockFile tells its PID is gone
-    dead = subprocess.run([sys.executable, "-c", "import os, sys; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os, sys; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     (folder / LOCK_NAME).write_text(f"{dead}\npython\n{os.uname().nodename}\n")
     first = SingleInstance(folder)
     assert first.acquire()

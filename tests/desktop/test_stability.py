@@ -140,14 +140,18 @@ _REFCOUNT_CHECK = textwrap.dedent("""
 """)
 
 
-
 def test_emitting_signals_leaves_reference_counts_alone(tmp_path):
     """PySide6 6.12.0 lost a reference to True in every Signal.emit (Python 3.11 aborts after a few thousand
     emits). 40,000 emits of each payload shape the worker uses, direct and queued across threads, must leave
     every object's reference count where it was (True/False/None only before 3.12: immortal from 3.12 on).
     In a child process: a broken PySide aborts it, and this test reports that instead of dying with it."""
-    out = subprocess.run([sys.executable, "-c", _REFCOUNT_CHECK], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    out = subprocess.run(
+        [sys.executable, "-c", _REFCOUNT_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "delivered [40400, 40400]" in out.stdout, out.stdout  # every emit reached its slot
     assert "refcounts changed: none" in out.stdout, out.stdout
@@ -192,9 +196,17 @@ class StressEngine:
         self.info = FakeInfo()
 
     def memory(self) -> MemoryStats:
-        return MemoryStats(device="cuda:0", weights_bytes=1, kv_cache_bytes=1, torch_allocated_bytes=1,
-                           torch_reserved_bytes=1, peak_allocated_bytes=1, device_total_bytes=8 * 2**30,
-                           device_free_bytes=4 * 2**30, gpu_utilization_pct=90)
+        return MemoryStats(
+            device="cuda:0",
+            weights_bytes=1,
+            kv_cache_bytes=1,
+            torch_allocated_bytes=1,
+            torch_reserved_bytes=1,
+            peak_allocated_bytes=1,
+            device_total_bytes=8 * 2**30,
+            device_free_bytes=4 * 2**30,
+            gpu_utilization_pct=90,
+        )
 
     def warm_up(self, progress=None) -> None:
         pass
@@ -214,12 +226,26 @@ class StressEngine:
         reasoning, answer = "".join(pieces[:split]), "".join(pieces[split:])
         self.replies.append((reasoning, answer))
         stats = GenerationStats(
-            finish_reason="eos", prompt_tokens=10, completion_tokens=len(pieces), reasoning_tokens=split,
-            prefix_reused_tokens=0, context_length=32768, ttft_ms=1.0, first_answer_ms=2.0,
-            decode_tok_s=self.rates[-1], total_s=t1 - t0,
-            token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])], memory=self.memory())
-        yield Finished(text=reasoning + "</think>\n\n" + answer, reasoning=reasoning, answer=answer,
-                       token_ids=list(range(len(pieces))), stats=stats)
+            finish_reason="eos",
+            prompt_tokens=10,
+            completion_tokens=len(pieces),
+            reasoning_tokens=split,
+            prefix_reused_tokens=0,
+            context_length=32768,
+            ttft_ms=1.0,
+            first_answer_ms=2.0,
+            decode_tok_s=self.rates[-1],
+            total_s=t1 - t0,
+            token_latencies_ms=[(b - a) * 1000 for a, b in zip(times, times[1:])],
+            memory=self.memory(),
+        )
+        yield Finished(
+            text=reasoning + "</think>\n\n" + answer,
+            reasoning=reasoning,
+            answer=answer,
+            token_ids=list(range(len(pieces))),
+            stats=stats,
+        )
 
 
 def _displayed(msg: dict) -> tuple[str, str]:
@@ -277,11 +303,27 @@ def test_long_self_test_fills_a_4096_token_context_on_the_cpu(tmp_path, tiny_mod
     cfg = tmp_path / "config"
     cfg.mkdir()
     (cfg / "r1desk.ini").write_text("[settings]\ncontext_length=4096\ntemperature=0\n")
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", R1DESK_DATA_DIR=str(tmp_path / "data"),
-               R1DESK_CONFIG_DIR=str(cfg))
-    out = subprocess.run([sys.executable, "-m", "desktop.app", "--model", tiny_model, "--device", "cpu",
-                          "--self-test", "--max-new-tokens", "8192"], capture_output=True, text=True, env=env,
-                         timeout=600)
+    env = dict(
+        os.environ, QT_QPA_PLATFORM="offscreen", R1DESK_DATA_DIR=str(tmp_path / "data"), R1DESK_CONFIG_DIR=str(cfg)
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "desktop.app",
+            "--model",
+            tiny_model,
+            "--device",
+            "cpu",
+            "--self-test",
+            "--max-new-tokens",
+            "8192",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("r1desk self-test ok:")]
     assert line and "finish=context_full" in line[0], out.stdout

@@ -6,8 +6,15 @@ import shutil
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QAbstractButton, QApplication, QInputDialog, QLineEdit, QListWidget, QPlainTextEdit,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QApplication,
+    QInputDialog,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QWidget,
+)
 
 from desktop.live_figures import memory_read
 from desktop.settings import AppSettings, SettingsDialog
@@ -127,7 +134,9 @@ def test_an_edit_stays_with_its_chat(qtbot, make_window):
     assert not win.composer.editing_label.isVisible() and win.composer.text() == "chat A question"  # kept
     _reply(qtbot, win, "chat B follow-up")
     assert [m["content"] for m in win.store.messages(chat_b) if m["role"] == "user"] == [
-        "chat B question", "chat B follow-up"]
+        "chat B question",
+        "chat B follow-up",
+    ]
     assert [m["content"] for m in win.store.messages(chat_a) if m["role"] == "user"] == ["chat A question"]
     # the same through a new chat
     win.open_conversation(chat_a)
@@ -155,10 +164,12 @@ def test_a_store_that_refuses_a_change_is_said_and_nothing_is_lost(qtbot, make_w
         monkeypatch.setattr(win.store, name, locked)
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("New title", True))
     user_w, bot_w = win.chat.widgets
-    actions = [("rename the chat", lambda: win.rename_conversation(conv)),
-               ("delete the chat", lambda: win.delete_conversation(conv, confirm=False)),
-               ("delete the message", lambda: qtbot.mouseClick(bot_w.buttons["delete"], Qt.LeftButton)),
-               ("regenerate the reply", lambda: qtbot.mouseClick(bot_w.buttons["regenerate"], Qt.LeftButton))]
+    actions = [
+        ("rename the chat", lambda: win.rename_conversation(conv)),
+        ("delete the chat", lambda: win.delete_conversation(conv, confirm=False)),
+        ("delete the message", lambda: qtbot.mouseClick(bot_w.buttons["delete"], Qt.LeftButton)),
+        ("regenerate the reply", lambda: qtbot.mouseClick(bot_w.buttons["regenerate"], Qt.LeftButton)),
+    ]
     for what, act in actions:
         win.banner.hide()
         act()
@@ -177,10 +188,14 @@ def test_controls_have_accessible_names(qtbot, make_window):
     win = make_window(engine=FakeEngine(token_s=0.0))
     _reply(qtbot, win, "hello")
     win.topbar.live_btn.setChecked(True)
-    missing = [f"{type(w).__name__} {getattr(w, 'text', lambda: '')()!r}"
-               for w in win.findChildren(QWidget)
-               if isinstance(w, (QAbstractButton, QLineEdit, QPlainTextEdit, QListWidget)) and w.isVisible()
-               and not w.accessibleName() and w.objectName() != "qt_scrollarea_viewport"]
+    missing = [
+        f"{type(w).__name__} {getattr(w, 'text', lambda: '')()!r}"
+        for w in win.findChildren(QWidget)
+        if isinstance(w, (QAbstractButton, QLineEdit, QPlainTextEdit, QListWidget))
+        and w.isVisible()
+        and not w.accessibleName()
+        and w.objectName() != "qt_scrollarea_viewport"
+    ]
     assert missing == []
 
 
@@ -191,15 +206,23 @@ def test_a_hand_edited_settings_file_loads_what_makes_sense_and_defaults_the_res
     from PySide6.QtCore import QSettings
 
     ini = tmp_path / "r1desk.ini"
-    ini.write_text("[settings]\nsystem_prompt=Be brief, be clear\napi_origins=http://a.example, http://b.example\n"
-                   "temperature=nan\ntop_p=0.9\nfont_size=0\napi_port=70000\ncontext_length=-5\n"
-                   "max_new_tokens=2048\ntheme=purple\nprecision=int3\ndevice=cuda:1\nkv_cache=8-bit\n"
-                   "version=2\n")
+    ini.write_text(
+        "[settings]\nsystem_prompt=Be brief, be clear\napi_origins=http://a.example, http://b.example\n"
+        "temperature=nan\ntop_p=0.9\nfont_size=0\napi_port=70000\ncontext_length=-5\n"
+        "max_new_tokens=2048\ntheme=purple\nprecision=int3\ndevice=cuda:1\nkv_cache=8-bit\n"
+        "version=2\n"
+    )
     s = AppSettings.load(QSettings(str(ini), QSettings.IniFormat))
     d = AppSettings()
     assert s.system_prompt == "Be brief, be clear" and s.api_origins == "http://a.example, http://b.example"
     assert (s.temperature, s.font_size, s.api_port, s.context_length, s.theme, s.precision) == (
-        d.temperature, d.font_size, d.api_port, d.context_length, d.theme, d.precision)
+        d.temperature,
+        d.font_size,
+        d.api_port,
+        d.context_length,
+        d.theme,
+        d.precision,
+    )
     assert (s.top_p, s.max_new_tokens, s.device, s.kv_cache) == (0.9, 2048, "cuda:1", "8-bit")  # sensible: kept
 
 
@@ -213,8 +236,17 @@ def test_settings_defaults_and_effect_on_the_next_reply(qtbot, make_window):
     win = make_window(engine=engine)
     _reply(qtbot, win, "one")
     assert engine.prompts[-1][0]["role"] == "user"  # no system prompt by default, as DeepSeek advises
-    new = AppSettings(**{**d.__dict__, "model_path": win.settings.model_path, "device": "cpu", "temperature": 0.3,
-                         "top_k": 20, "max_new_tokens": 512, "system_prompt": "Be brief."})
+    new = AppSettings(
+        **{
+            **d.__dict__,
+            "model_path": win.settings.model_path,
+            "device": "cpu",
+            "temperature": 0.3,
+            "top_k": 20,
+            "max_new_tokens": 512,
+            "system_prompt": "Be brief.",
+        }
+    )
     win.apply_settings(new)
     msg = _reply(qtbot, win, "two")
     s = engine.settings_seen[-1]
@@ -269,8 +301,10 @@ def test_live_panel_numbers(qtbot, make_window):
     s = blocker.args[0]["stats"]
     win.live.refresh()
     assert v["ttft"].text() == f"{s['ttft_ms']:.0f} ms"
-    assert v["ttft"].toolTip() == (f"Chat template and tokenizer: 0.5 ms\nPrefill of {prompt - reused} new tokens "
-                                   f"({reused} cached) and the first token: {s['ttft_ms'] - 0.5:.1f} ms")
+    assert v["ttft"].toolTip() == (
+        f"Chat template and tokenizer: 0.5 ms\nPrefill of {prompt - reused} new tokens "
+        f"({reused} cached) and the first token: {s['ttft_ms'] - 0.5:.1f} ms"
+    )
     assert v["tokens"].text() == f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}"
     assert v["ctx"].text().endswith("/ 4,096 (" + f"{100 * (s['prompt_tokens'] + s['completion_tokens']) / 4096:.0f}%)")
     assert win.live.reply.count == s["completion_tokens"] == 4 * len(deltas) and s["prompt_tokens"] == prompt
@@ -287,8 +321,7 @@ def test_live_panel_numbers(qtbot, make_window):
     assert memory_read(0.0, 0.0, 0.0) == ("—", "—", "")  # no decode step, or a reply saved without these
 
 
-def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_window, tiny_model, tmp_path,
-                                                               monkeypatch):
+def test_first_run_lists_local_models_and_loads_the_chosen_one(qtbot, make_window, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))  # r1desk's own models folder (platformdirs)
     shutil.copytree(tiny_model, tmp_path / "xdg" / "r1desk" / "models" / "tiny-r1")
     win = make_window(model=None, wait_ready=False)
@@ -352,8 +385,9 @@ def test_the_live_panel_fits_beside_the_chat_in_a_narrow_window(qtbot, make_wind
     win.set_live_visible(False)
     win.set_live_visible(True)
     win.resize(760, 520)  # as small as it will go
-    qtbot.waitUntil(lambda: win.live.isVisible() and win.width() >= win.splitter.minimumSizeHint().width(),
-                    timeout=5000)
+    qtbot.waitUntil(
+        lambda: win.live.isVisible() and win.width() >= win.splitter.minimumSizeHint().width(), timeout=5000
+    )
     assert win.width() > 760
     panel_right = win.live.mapTo(win, win.live.rect().topRight()).x()
     assert panel_right < win.width()

@@ -77,8 +77,9 @@ def test_cancel_stops_the_reply(qtbot, host, tiny_model):
     control = GenerationControl()
     host.worker.delta.connect(lambda *a: control.cancel())  # cancel from the GUI thread at the first delta
     with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
-        host.generate([{"role": "user", "content": "Count to a thousand"}],
-                      dict(temperature=0.0, max_new_tokens=3000), control)
+        host.generate(
+            [{"role": "user", "content": "Count to a thousand"}], dict(temperature=0.0, max_new_tokens=3000), control
+        )
     stats = blocker.args[1]["stats"]
     assert stats["finish_reason"] == "cancelled"
     assert stats["completion_tokens"] < 3000
@@ -91,8 +92,9 @@ def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
         host.load(tiny_model, "cpu", 1024, None)
     control = GenerationControl()
     kinds = []
-    host.worker.delta.connect(lambda g, t, k, n: (kinds.append(k), control.stop_thinking() if len(kinds) == 3
-                                                   else None))
+    host.worker.delta.connect(
+        lambda g, t, k, n: (kinds.append(k), control.stop_thinking() if len(kinds) == 3 else None)
+    )
     with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
         host.generate([{"role": "user", "content": "Think hard"}], dict(temperature=0.0, max_new_tokens=80), control)
     stats = blocker.args[1]["stats"]
