@@ -25,7 +25,11 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QListWidget, QScrollA
 from desktop.gpu_monitor import NO_GPU_LIVE, GpuMonitor
 from desktop.live_figures import LiveReply, gib, kernel_choices_text, memory_read, ttft_breakdown
 from model_loader.gpu_clocks import GpuClocks, steady  # pure Python, like the next
-from model_loader.stats import decode_context, percentile  # pure Python: importing it does not import torch
+from model_loader.stats import (  # pure Python: importing it does not import torch
+    decode_context,
+    percentile,
+    thinking_seconds,
+)
 
 
 class Sparkline(QWidget):
@@ -405,13 +409,9 @@ class LivePanel(QScrollArea):
                 v["ttft"].setText(f"{s['ttft_ms']:.0f} ms")
                 v["ttft"].setToolTip(ttft_breakdown(s))
                 v["tfat"].setText(f"{s['first_answer_ms']:.0f} ms" if s.get("first_answer_ms") is not None else "—")
-                think = (
-                    (s["first_answer_ms"] - s["ttft_ms"]) / 1000
-                    if s.get("first_answer_ms") is not None
-                    else s["total_s"] - s["ttft_ms"] / 1000
-                )
+                think = thinking_seconds(s)
                 answer = s["total_s"] - think - s["ttft_ms"] / 1000
-                v["split"].setText(f"{max(think, 0):.1f} s / {max(answer, 0):.1f} s")
+                v["split"].setText(f"{think:.1f} s / {max(answer, 0):.1f} s")
                 v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
                 v["rate"].setText(f"{s['decode_tok_s']:.0f} avg")
                 self._show_read(

@@ -20,13 +20,13 @@ from desktop.chatview import ReplyStream
 from desktop.service import NotReady, QueueFull
 from desktop.store import Store, store_problem
 from desktop.vote import VoteRequest
+from model_loader.chat import stored_reply  # plain text rules: no torch
+from model_loader.stats import thinking_seconds  # pure Python, like the line above
 
 
 def content_of(reasoning: str, answer: str) -> str:
-    """The stored message text: reasoning and answer as the model wrote them."""
-    if reasoning and answer:
-        return f"{reasoning}</think>\n\n{answer}"
-    return reasoning or answer
+    """The stored text of a reply in flight, from what has streamed (model_loader.chat.stored_reply)."""
+    return stored_reply(reasoning, answer, started_in_reasoning=bool(reasoning))
 
 
 class ReplyController(QObject):
@@ -140,8 +140,7 @@ class ReplyController(QObject):
             return
         stats = dict(result["stats"])
         if result["reasoning"]:
-            end = stats["first_answer_ms"] if stats.get("first_answer_ms") is not None else stats["total_s"] * 1000
-            stats["thinking_s"] = max(0.0, (end - stats["ttft_ms"]) / 1000)
+            stats["thinking_s"] = thinking_seconds(stats)
         info = self.win.engine_info
         if info:
             stats["model"] = info.get("model_name")

@@ -205,11 +205,10 @@ class EngineWorker(QObject):
             if self.engine_factory is not None:
                 engine = self.engine_factory(request, on_progress, on_compiling)
             else:
-                ctx = request.get("context_length", 4096)  # 0 or "auto": from the free memory (Engine.load)
                 engine = Engine.load(
                     request["spec"],
                     device=device,
-                    context_length="auto" if ctx in (0, None, "auto") else int(ctx),
+                    context_length=request.get("context_length", 4096),  # 0 or "auto": from the free memory
                     dtype=request.get("dtype") or None,
                     progress=on_progress,
                     on_compiling=on_compiling,

@@ -32,6 +32,15 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")  # a message's fields a too
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # fill-in-the-middle (Qwen2.5-Coder's order)
 
 
+def stored_reply(reasoning: str, answer: str, started_in_reasoning: bool, reasoning_closed: bool = False) -> str:
+    """A reply's text as it is stored and returned whole: reasoning + "</think>" + a blank line + answer for a
+    reply that started in its reasoning (the tag once the reasoning has closed or an answer exists), else the
+    answer alone. The engine, the scheduler's replies and the window's saving all write it here."""
+    if not started_in_reasoning:
+        return answer
+    return reasoning + (f"{THINK_CLOSE}\n\n" + answer if answer or reasoning_closed else "")
+
+
 def history_content(text: str, reasoning: str, answer: str) -> str:
     """What of a finished reply goes back into the conversation for the next turn: its answer when it reasoned
     (DeepSeek advises leaving earlier reasoning out), else all of its text. The window, the chat benchmark and

@@ -27,6 +27,7 @@ from model_loader.chat import (
     ReasoningSplitter,
     StreamingDetokenizer,
     history_message,
+    stored_reply,
 )
 from model_loader.common_prefix import common_prefix
 from model_loader.kv_cache import KV_16BIT
@@ -606,10 +607,7 @@ class Engine:
         ttft = (times[0] - t0) if times else 0.0
         decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
         reasoning, answer = "".join(reasoning_parts), "".join(answer_parts)
-        if in_reasoning:
-            text = reasoning + ("</think>\n\n" + answer if (answer or not splitter.in_reasoning) else "")
-        else:
-            text = answer
+        text = stored_reply(reasoning, answer, in_reasoning, not splitter.in_reasoning)
         cache_read = self.info.kv_bytes_per_token * decode_context(n_prompt, len(tokens))
         stats = GenerationStats(
             finish_reason=finish,

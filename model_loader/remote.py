@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
-from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter
+from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, stored_reply
 from model_loader.errors import ModelError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 
@@ -197,7 +197,7 @@ class RemoteEngine:
             decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=end - t0,
         )
-        text = reasoning + (THINK_CLOSE + "\n\n" + answer if reasoning else answer)
+        text = stored_reply(reasoning, answer, started_in_reasoning=bool(reasoning), reasoning_closed=True)
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=[], stats=stats)
 
 

@@ -8,7 +8,7 @@ the scheduler keeps one per sequence.
 
 from __future__ import annotations
 
-from model_loader.chat import THINK_CLOSE, AnswerNewlineTrimmer, ReasoningSplitter, StreamingDetokenizer
+from model_loader.chat import AnswerNewlineTrimmer, ReasoningSplitter, StreamingDetokenizer, stored_reply
 from model_loader.events import Delta
 
 
@@ -62,10 +62,7 @@ class ReplyText:
     def text(self) -> str:
         """The stored form: reasoning + "</think>\\n\\n" + answer for a reply that started in its reasoning (the
         tag only once the reasoning has closed or an answer exists), else the answer."""
-        if not self.in_reasoning_at_start:
-            return self.answer
-        closed = self.answer or not self.splitter.in_reasoning
-        return self.reasoning + (f"{THINK_CLOSE}\n\n" + self.answer if closed else "")
+        return stored_reply(self.reasoning, self.answer, self.in_reasoning_at_start, not self.splitter.in_reasoning)
 
 
 def _as_is(kind: str, text: str) -> str:

@@ -227,3 +227,14 @@ def test_a_chat_template_reaching_outside_its_sandbox_is_refused(tiny_model, tmp
     else:
         assert not re.search(r"<(class|function|module|built-in|bound method)|__|uid=", prompt.text), prompt.text
     assert messages == [{"role": "user", "content": "Hi"}]
+
+
+def test_a_reply_is_stored_as_reasoning_close_tag_answer_once_its_reasoning_has_closed():
+    from model_loader.chat import stored_reply
+
+    assert stored_reply("Let me think.", "4", started_in_reasoning=True) == "Let me think.</think>\n\n4"
+    # still reasoning (cut off, or stopped): no tag yet; closed with nothing after it: the tag
+    assert stored_reply("Let me", "", started_in_reasoning=True) == "Let me"
+    assert stored_reply("Done.", "", started_in_reasoning=True, reasoning_closed=True) == "Done.</think>\n\n"
+    # a model (or a prompt) that doesn't open in its reasoning: the answer alone
+    assert stored_reply("", "Hello", started_in_reasoning=False) == "Hello"

@@ -27,3 +27,11 @@ def test_percentile_matches_known_samples(values, q, expected):
 
 def test_percentile_of_nothing_is_nan():
     assert math.isnan(percentile([], 50))
+
+
+def test_thinking_time_runs_from_the_first_token_to_the_first_answer_token_or_the_end():
+    from model_loader.stats import thinking_seconds
+
+    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": 2050.0, "total_s": 3.0}) == 2.0
+    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": None, "total_s": 3.05}) == pytest.approx(3.0)
+    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": 40.0, "total_s": 1.0}) == 0.0  # never negative
