@@ -1,4 +1,4 @@
-"""Where the local API's share of time-to-first-token goes, on any machine (no GPU, no model).
+"""Where does the local API's share of time-to-first-token go? Measured on any machine (no GPU, no model).
 
 The real ApiServer + EngineService + engine worker thread run in this process exactly as `r1desk-cli serve` sets
 them up (QCoreApplication, the app's Qt-integrated loop (desktop.fastloop; --loop qasync for qasync's own), the
@@ -26,7 +26,7 @@ SSE stream, so the openai client's own work can be told from the server's share.
 With --model M the engine is the real one (model_loader.Engine on the GPU, loaded and warmed up as the app
 does), stamped the same way: generate() entered, and its first Delta carrying text.
 
-    python benchmarks/api_latency_split.py [-n 300] [--token-ms 1.4] [--model M [--context N]] [--json out.json]
+    python -m benchmarks.api_latency_split [-n 300] [--token-ms 1.4] [--model M [--context N]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "desktop"))  # fakes.FakeEngine
+ROOT = Path(__file__).resolve().parent.parent  # the client process runs this module from here
 
 MODEL_PATH = "/models/DeepSeek-R1-Distill-Qwen-1.5B"
 ID_HEADER = "X-Bench-Id"
@@ -69,12 +67,22 @@ def client_main(url: str, model: str, mode: str, n: int, warmup: int, prefix: st
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
         conn.connect()
         for rid in ids:
-            body = json.dumps({"model": model, "messages": [{"role": "user", "content": f"bench {rid}"}],
-                               "max_tokens": max_tokens, "stream": True}).encode()
+            body = json.dumps(
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": f"bench {rid}"}],
+                    "max_tokens": max_tokens,
+                    "stream": True,
+                }
+            ).encode()
             first = None
             send = time.perf_counter()
-            conn.request("POST", u.path + "/chat/completions", body=body,
-                         headers={"Content-Type": "application/json", ID_HEADER: rid})
+            conn.request(
+                "POST",
+                u.path + "/chat/completions",
+                body=body,
+                headers={"Content-Type": "application/json", ID_HEADER: rid},
+            )
             resp = conn.getresponse()
             while True:
                 line = resp.readline()
@@ -96,8 +104,12 @@ def client_main(url: str, model: str, mode: str, n: int, warmup: int, prefix: st
                 time.sleep(pause)
             send = time.perf_counter()
             stream = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": f"bench {rid}"}], max_tokens=max_tokens,
-                stream=True, extra_headers={ID_HEADER: rid})
+                model=model,
+                messages=[{"role": "user", "content": f"bench {rid}"}],
+                max_tokens=max_tokens,
+                stream=True,
+                extra_headers={ID_HEADER: rid},
+            )
             for chunk in stream:
                 if first is None and chunk.choices:
                     d = chunk.choices[0].delta
@@ -109,9 +121,31 @@ def client_main(url: str, model: str, mode: str, n: int, warmup: int, prefix: st
 
 
 def run_client(url: str, model: str, mode: str, n: int, warmup: int, prefix: str, max_tokens: int) -> list[dict]:
-    out = subprocess.run([sys.executable, __file__, "--client", mode, "--url", url, "--model-id", model, "-n", str(n),
-                          "--warmup", str(warmup), "--prefix", prefix, "--max-tokens", str(max_tokens)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.api_latency_split",
+            "--client",
+            mode,
+            "--url",
+            url,
+            "--model-id",
+            model,
+            "-n",
+            str(n),
+            "--warmup",
+            str(warmup),
+            "--prefix",
+            prefix,
+            "--max-tokens",
+            str(max_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     if out.returncode != 0:
         raise SystemExit(f"the {mode} client failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -125,9 +159,11 @@ def _canned_stream() -> bytes:
     from desktop.api import schema
 
     cid, created = "chatcmpl-instant", 0
-    parts = [schema.chunk(cid, created, CANNED_MODEL, {"role": "assistant", "content": ""}),
-             schema.chunk(cid, created, CANNED_MODEL, schema.delta_for("reasoning", "Okay")),
-             schema.chunk(cid, created, CANNED_MODEL, {}, "stop")]
+    parts = [
+        schema.chunk(cid, created, CANNED_MODEL, {"role": "assistant", "content": ""}),
+        schema.chunk(cid, created, CANNED_MODEL, schema.delta_for("reasoning", "Okay")),
+        schema.chunk(cid, created, CANNED_MODEL, {}, "stop"),
+    ]
     return b"".join(schema.sse(p) for p in parts) + schema.SSE_DONE
 
 
@@ -172,11 +208,12 @@ def baseline(n: int, warmup: int, on_qt: bool = False, loop_kind: str = "fast") 
         loop = asyncio.get_running_loop()
         out = {}
         for mode in ("raw", "openai"):
-            rows = await loop.run_in_executor(None, run_client, url, CANNED_MODEL, mode, n, warmup, f"base-{mode}",
-                                              1)
-            out[mode] = {"send_to_handler_ms": _med(rows, lambda x: stamps[x["id"]] - x["send"]),
-                         "handler_to_client_ms": _med(rows, lambda x: x["first"] - stamps[x["id"]]),
-                         "ttft_ms": _med(rows, lambda x: x["first"] - x["send"])}
+            rows = await loop.run_in_executor(None, run_client, url, CANNED_MODEL, mode, n, warmup, f"base-{mode}", 1)
+            out[mode] = {
+                "send_to_handler_ms": _med(rows, lambda x: stamps[x["id"]] - x["send"]),
+                "handler_to_client_ms": _med(rows, lambda x: x["first"] - stamps[x["id"]]),
+                "ttft_ms": _med(rows, lambda x: x["first"] - x["send"]),
+            }
         await runner.cleanup()
         return out
 
@@ -215,8 +252,8 @@ def stamped_fake_engine(gen_t: dict, token_t: dict):
     """A FakeEngine class whose Started comes with the first token, as the real engine's does (Started is yielded
     after the prefill, right before the first token's Delta); it stamps generate() into gen_t and that first
     token into token_t, by the request id its last message carries ("bench ID")."""
-    import fakes
     from model_loader.events import Delta, Started
+    from tests.desktop import fakes
 
     class StampedEngine(fakes.FakeEngine):
         def generate(self, messages, settings=None, control=None):
@@ -236,21 +273,26 @@ def stamped_fake_engine(gen_t: dict, token_t: dict):
     return StampedEngine
 
 
-def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: str | None = None,
-                context: int = 4096, loop_kind: str = "fast") -> dict:
+def real_server(
+    n: int,
+    warmup: int,
+    token_ms: float,
+    max_tokens: int,
+    model: str | None = None,
+    context: int = 4096,
+    loop_kind: str = "fast",
+) -> dict:
     """The real ApiServer on the same loop and service setup as `r1desk-cli serve` (desktop/serve.py)."""
     import asyncio
     import contextvars
 
     from PySide6.QtCore import QCoreApplication
 
-    import fakes
-    from model_loader.events import Delta, Started
-
     from desktop.api import server as server_module
     from desktop.api.server import ApiServer
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
+    from tests.desktop import fakes
 
     handler_t: dict[str, float] = {}
     gen_t: dict[str, float] = {}
@@ -308,8 +350,9 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
     if model:
         service = StampedService(app, engine_factory=real_factory)  # the worker warms it up, as in the app
     else:
-        service = StampedService(app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000,
-                                                                                prefill_s=0.0)))
+        service = StampedService(
+            app, engine_factory=fakes.factory(StampedEngine(token_s=token_ms / 1000, prefill_s=0.0))
+        )
 
     def on_progress(req, kind, tokens):
         rid = req.messages[-1]["content"].removeprefix("bench ")
@@ -325,16 +368,18 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
         ready = loop.create_future()
         service.ready.connect(lambda info: ready.done() or ready.set_result(info))
         failed = []
-        service.load_failed.connect(lambda kind, message: failed.append(message) or ready.done()
-                                    or ready.set_result(None))
+        service.load_failed.connect(
+            lambda kind, message: failed.append(message) or ready.done() or ready.set_result(None)
+        )
         service.load(model or MODEL_PATH, device, context, None)
         await ready
         if failed:
             raise SystemExit(f"could not load the model: {failed[0]}")
         out = {}
         for mode in ("raw", "openai"):
-            rows = await loop.run_in_executor(None, run_client, server.url, server.model_id, mode, n, warmup,
-                                              f"real-{mode}", max_tokens)
+            rows = await loop.run_in_executor(
+                None, run_client, server.url, server.model_id, mode, n, warmup, f"real-{mode}", max_tokens
+            )
             out[mode] = {
                 "send_to_handler_ms": _med(rows, lambda x: handler_t[x["id"]] - x["send"]),
                 "handler_to_engine_ms": _med(rows, lambda x: gen_t[x["id"]] - handler_t[x["id"]]),
@@ -346,8 +391,9 @@ def real_server(n: int, warmup: int, token_ms: float, max_tokens: int, model: st
                 "written_to_client_ms": _med(rows, lambda x: x["first"] - write_t[x["id"]]),
                 "ttft_ms": _med(rows, lambda x: x["first"] - x["send"]),
                 "engine_ttft_ms": _med(rows, lambda x: token_t[x["id"]] - gen_t[x["id"]]),
-                "ttft_minus_engine_ms": _med(rows, lambda x: (x["first"] - x["send"])
-                                             - (token_t[x["id"]] - gen_t[x["id"]])),
+                "ttft_minus_engine_ms": _med(
+                    rows, lambda x: (x["first"] - x["send"]) - (token_t[x["id"]] - gen_t[x["id"]])
+                ),
             }
         await server.stop()
         return out
@@ -365,18 +411,28 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--token-ms", type=float, default=1.4, help="the scripted engine's time per token")
     ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--pause-ms", type=float, default=0.0,
-                    help="the openai client waits this long before each request (not timed): a server with "
-                         "nothing left to do from the previous one")
+    ap.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="the openai client waits this long before each request (not timed): a server with "
+        "nothing left to do from the previous one",
+    )
     ap.add_argument("--model", help="the real engine with this model on the GPU (default: a scripted engine)")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--json", help="also write the medians here")
-    ap.add_argument("--loop", choices=["fast", "qasync"], default="fast",
-                    help="the Qt-integrated asyncio loop: desktop.fastloop's (as the app runs it) or "
-                         "qasync's own")
-    ap.add_argument("--parts", default="base,base_qt,real",
-                    help="which servers to measure, comma-separated: base (instant, plain asyncio), base_qt "
-                         "(instant, Qt loop), real (the real server)")
+    ap.add_argument(
+        "--loop",
+        choices=["fast", "qasync"],
+        default="fast",
+        help="the Qt-integrated asyncio loop: desktop.fastloop's (as the app runs it) or qasync's own",
+    )
+    ap.add_argument(
+        "--parts",
+        default="base,base_qt,real",
+        help="which servers to measure, comma-separated: base (instant, plain asyncio), base_qt "
+        "(instant, Qt loop), real (the real server)",
+    )
     ap.add_argument("--client", choices=["raw", "openai"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model-id", help=argparse.SUPPRESS)
@@ -397,15 +453,24 @@ def main() -> int:
     loop_name = {"fast": "desktop.fastloop's", "qasync": "qasync's own"}[args.loop]
     print(f"medians of {args.n} streamed requests per client, ms ({engine}; Qt loop: {loop_name})")
     print(f"{'':40s}{'raw http.client':>17s}{'openai':>10s}")
-    rows = [("send -> handler", "send_to_handler_ms"), ("handler -> engine generate()", "handler_to_engine_ms"),
-            ("  handler -> queued to the worker", "handler_to_submitted_ms"),
-            ("  queued -> engine generate()", "submitted_to_engine_ms"),
-            ("engine first token -> client chunk", "token_to_client_ms"),
-            ("  token -> GUI thread has it", "token_to_gui_ms"), ("  GUI thread -> first write returned", "gui_to_written_ms"),
-            ("  write returned -> client has it", "written_to_client_ms"), ("client TTFT", "ttft_ms"),
-            ("engine's own TTFT", "engine_ttft_ms"), ("client TTFT - engine TTFT", "ttft_minus_engine_ms")]
-    short = [("send -> handler", "send_to_handler_ms"), ("handler -> client chunk", "handler_to_client_ms"),
-             ("client TTFT", "ttft_ms")]
+    rows = [
+        ("send -> handler", "send_to_handler_ms"),
+        ("handler -> engine generate()", "handler_to_engine_ms"),
+        ("  handler -> queued to the worker", "handler_to_submitted_ms"),
+        ("  queued -> engine generate()", "submitted_to_engine_ms"),
+        ("engine first token -> client chunk", "token_to_client_ms"),
+        ("  token -> GUI thread has it", "token_to_gui_ms"),
+        ("  GUI thread -> first write returned", "gui_to_written_ms"),
+        ("  write returned -> client has it", "written_to_client_ms"),
+        ("client TTFT", "ttft_ms"),
+        ("engine's own TTFT", "engine_ttft_ms"),
+        ("client TTFT - engine TTFT", "ttft_minus_engine_ms"),
+    ]
+    short = [
+        ("send -> handler", "send_to_handler_ms"),
+        ("handler -> client chunk", "handler_to_client_ms"),
+        ("client TTFT", "ttft_ms"),
+    ]
     if real:
         print(f"real server ({loop_name} Qt loop, as r1desk-cli serve and the window run it)")
         for label, key in rows:
@@ -421,12 +486,17 @@ def main() -> int:
     if base and real:
         client_own = base["openai"]["ttft_ms"] - base["raw"]["ttft_ms"]
         print(f"openai client's own cost over raw http.client (instant server): {client_own:.3f} ms")
-        print(f"real server's share with the openai client (TTFT - engine TTFT - that): "
-              f"{real['openai']['ttft_minus_engine_ms'] - client_own:.3f} ms")
+        print(
+            f"real server's share with the openai client (TTFT - engine TTFT - that): "
+            f"{real['openai']['ttft_minus_engine_ms'] - client_own:.3f} ms"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "real_server": real, "instant_server": base,
-                                               "instant_server_qt": base_qt},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"args": vars(args), "real_server": real, "instant_server": base, "instant_server_qt": base_qt},
+                indent=1,
+            )
+        )
     return 0
 
 

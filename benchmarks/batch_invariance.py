@@ -6,7 +6,7 @@ batched step (norms, RoPE and cache writes, the paged attention) works row by ro
 the tokens: a shorter agreement means one of them depends on the batch. Then, for comparison, the same with the
 linears as they run (cuBLAS GEMMs over all the rows), where on a GPU rounding makes them part early.
 
-    python benchmarks/batch_invariance.py MODEL_DIR [--sequences 4] [--new-tokens 256]
+    python -m benchmarks.batch_invariance MODEL_DIR [--sequences 4] [--new-tokens 256]
 
 Measured on an H100 (2026-12-06): row by row 256 of 256 tokens equal for each of 4 sequences (docs/BENCHMARKS.md,
 "Exactness").
@@ -33,8 +33,9 @@ def texts(engine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     scheduler = Scheduler(engine.model, engine.chat, blocks, SchedulerConfig(max_seqs=len(prompts)))
     out: dict[int, Finished] = {}
     for i, ids in enumerate(prompts):
-        scheduler.submit(ids, settings, sink=lambda ev, i=i: out.__setitem__(i, ev) if isinstance(ev, Finished)
-                         else None)
+        scheduler.submit(
+            ids, settings, sink=lambda ev, i=i: out.__setitem__(i, ev) if isinstance(ev, Finished) else None
+        )
     scheduler.run_until_idle()
     scheduler.close()
     return [out[i].token_ids for i in range(len(prompts))]
@@ -60,18 +61,26 @@ def main() -> None:
     call, mlp = Linears.__call__, Linears.mlp
 
     def row_by_row(self, x, w):
-        return torch.cat([call(self, x[i:i + 1], w) for i in range(x.shape[0])])
+        return torch.cat([call(self, x[i : i + 1], w) for i in range(x.shape[0])])
 
     def mlp_row_by_row(self, x, gate_up, down, silu):
-        return torch.cat([mlp(self, x[i:i + 1], gate_up, down, silu) for i in range(x.shape[0])])
+        return torch.cat([mlp(self, x[i : i + 1], gate_up, down, silu) for i in range(x.shape[0])])
 
     Linears.__call__, Linears.mlp = row_by_row, mlp_row_by_row
     try:
         rowwise = agreement(engine, prompts, args.new_tokens)
     finally:
         Linears.__call__, Linears.mlp = call, mlp
-    print(json.dumps({"device": engine.info.device_name, "new_tokens": args.new_tokens,
-                      "linears_as_they_run": as_they_run, "linears_row_by_row": rowwise}))
+    print(
+        json.dumps(
+            {
+                "device": engine.info.device_name,
+                "new_tokens": args.new_tokens,
+                "linears_as_they_run": as_they_run,
+                "linears_row_by_row": rowwise,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Decode attention alone, by context depth and kernel configuration (a development tool: it picks the
-candidates in triton_ops.DECODE_ATTN_CONFIGS). 28 layers' worth of KV cache of the 1.5B's shape, each layer's read
-once per timed call, so the reads come from HBM as in decoding. Prints GPU microseconds per layer and the
-share of HBM bandwidth the KV read reaches.
+"""Which decode-attention kernel configuration is fastest alone at each context depth (CUDA GPU)?
 
-usage: python benchmarks/decode_attention_depths.py [--depths 512,4096,16384,32768] [--json FILE]
+A development tool: it picks the candidates in triton_ops.DECODE_ATTN_CONFIGS. 28 layers' worth of KV cache of
+the 1.5B's shape, each layer's read once per timed call, so the reads come from HBM as in decoding. Prints GPU
+microseconds per layer and the share of HBM bandwidth the KV read reaches.
+
+    python -m benchmarks.decode_attention_depths [--depths 512,4096,16384,32768] [--json FILE]
 """
 
 import argparse
@@ -26,29 +27,49 @@ def main() -> None:
     max_ctx = max(depths)
     k = torch.randn(LAYERS, HKV, max_ctx, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    configs = list(dict.fromkeys(list(T.DECODE_ATTN_CONFIGS) + [
-        T.DecodeAttnConfig(s, m, b, w, st)
-        for s, m, b, w, st in itertools.product((32, 64, 128), (32, 64, 128, 256), (32, 64, 128), (4, 8), (3, 4))
-        if m >= b]))
+    configs = list(
+        dict.fromkeys(
+            list(T.DECODE_ATTN_CONFIGS)
+            + [
+                T.DecodeAttnConfig(s, m, b, w, st)
+                for s, m, b, w, st in itertools.product(
+                    (32, 64, 128), (32, 64, 128, 256), (32, 64, 128), (4, 8), (3, 4)
+                )
+                if m >= b
+            ]
+        )
+    )
     attn = T.DecodeAttention(HQ, HKV, D, "cuda", torch.bfloat16, configs=configs)
     q = torch.randn(HQ, D, device="cuda", dtype=torch.bfloat16)
     pos_t = torch.zeros(1, dtype=torch.int32, device="cuda")
     rows = []
     for depth in depths:
         pos_t.fill_(depth - 1)
-        res = T.time_configs(list(range(LAYERS)), configs,
-                             lambda i, c: attn(q, k[i], v[i], pos_t, depth, D ** -0.5, config=c))
+        res = T.time_configs(
+            list(range(LAYERS)), configs, lambda i, c: attn(q, k[i], v[i], pos_t, depth, D**-0.5, config=c)
+        )
         kv_bytes = 2 * HKV * depth * D * 2
         for c, us in sorted(res.items(), key=lambda kv: kv[1]):
-            rows.append({"depth": depth, "config": str(c), "us_per_layer": round(us, 2),
-                         "kv_gb_s": round(kv_bytes / us / 1e3, 1),
-                         "splits": T.decode_splits(attn.resolve(c), depth)})
+            rows.append(
+                {
+                    "depth": depth,
+                    "config": str(c),
+                    "us_per_layer": round(us, 2),
+                    "kv_gb_s": round(kv_bytes / us / 1e3, 1),
+                    "splits": T.decode_splits(attn.resolve(c), depth),
+                }
+            )
         best = sorted(res.items(), key=lambda kv: kv[1])[:5]
         default = res.get(T.DECODE_ATTN_CONFIGS[0])
-        print(f"depth {depth:>6}: default {default:.2f} us; best: "
-              + "; ".join(f"{c} {us:.2f} us ({kv_bytes / us / 1e3:.0f} GB/s)" for c, us in best), flush=True)
+        print(
+            f"depth {depth:>6}: default {default:.2f} us; best: "
+            + "; ".join(f"{c} {us:.2f} us ({kv_bytes / us / 1e3:.0f} GB/s)" for c, us in best),
+            flush=True,
+        )
     for c in T.DECODE_ATTN_CONFIGS:
-        print(f"candidate {c}: " + ", ".join(f"{r['depth']}={r['us_per_layer']}" for r in rows if r["config"] == str(c)))
+        print(
+            f"candidate {c}: " + ", ".join(f"{r['depth']}={r['us_per_layer']}" for r in rows if r["config"] == str(c))
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,37 +1,34 @@
-"""Upper bounds for fusing the decode step's small kernels: the step's GPU time with one kind of them left out.
+"""How much could fusing away each kind of the decode step's small kernels save (CUDA GPU)?
+
+Upper bounds: the step's GPU time with one kind of them left out.
 
 The greedy decode graph is captured again with triton_ops.add_rms_norm, rope_bias_cache or silu_mul replaced by
 a function that launches nothing (the maths is then wrong; only the time means anything), and timed at depth 512
 against the step as it is. What a kind of kernel costs the step (its work plus its kernel boundary) is the most
 that fusing it away could save.
 
-usage: python benchmarks/decode_kernel_bounds.py MODEL_DIR [--rounds 2]
+    python -m benchmarks.decode_kernel_bounds MODEL_DIR [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from model_loader.engine import Engine  # noqa: E402
-from model_loader.kernels import triton_ops as T  # noqa: E402
+from model_loader.engine import Engine
+from model_loader.kernels import triton_ops as T
 
 
 def no_norm(x, residual, weight, eps, out=None, residual_out=None):
     return x, (residual if residual is not None else x)
 
 
-def no_rope(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None,
-            scales=None):
+def no_rope(qkv, bias, cos, sin, k_cache, v_cache, pos_t, start, num_heads, num_kv_heads, q_out=None, scales=None):
     d = k_cache.shape[-1]
-    return qkv[:, :num_heads * d].view(qkv.shape[0], num_heads, d)
+    return qkv[:, : num_heads * d].view(qkv.shape[0], num_heads, d)
 
 
 def no_silu(gate_up, out=None):
-    return gate_up[:, :gate_up.shape[1] // 2]
+    return gate_up[:, : gate_up.shape[1] // 2]
 
 
 def main() -> None:

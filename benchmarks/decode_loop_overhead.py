@@ -1,4 +1,4 @@
-"""What engine.generate's decode loop costs beyond the decode graph itself (a development tool).
+"""What does engine.generate's decode loop cost beyond the decode graph itself (a development tool, CUDA GPU)?
 
 At each depth: microseconds per token of a real greedy reply (generate_ids, 256 tokens) against the same graph
 replayed alone (200 times), with the loop's per-step token copy to pinned memory, with its event record, with the
@@ -11,7 +11,7 @@ last 128, and --long N times a reply of N tokens too: the per-token cost of the 
 reply pays once.
 H200, 2026-12-05 (BENCHMARKS, eighteenth session): at 512 the copy is the whole difference (~9 us); at 16k the
 reply is ~30 us a token slower than all of these.
-usage: python benchmarks/decode_loop_overhead.py MODEL_DIR [--depths 512,16384] [--queued 4,16] [--rounds 2]
+usage: python -m benchmarks.decode_loop_overhead MODEL_DIR [--depths 512,16384] [--queued 4,16] [--rounds 2]
        [--clocks] [--long 768] [--ring-ab]
 --ring-ab: replies with the committed tokens read from the commit kernel's host ring (the engine's default with
 Triton) and with a copy after every step (forced_tokens.HOST_RING off), alternating, per depth.
@@ -50,12 +50,16 @@ class ClockSampler:
             handle = nvml_handle(pynvml, engine.info.gpu_uuid)
             if handle is None:
                 return
-            reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-            self.read = lambda: (pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                                 pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-                                 pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-                                 reasons(handle))
+            reasons = (
+                getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            )
+            self.read = lambda: (
+                pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+                pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                reasons(handle),
+            )
         except Exception as err:
             print("no clocks:", err)
 
@@ -88,16 +92,22 @@ class ClockSampler:
         reasons = 0
         for row in rows:
             reasons |= row[3]
-        return (f" [sm {statistics.mean(r[0] for r in rows):.0f} MHz (min {min(r[0] for r in rows)}), mem"
-                f" {statistics.mean(r[1] for r in rows):.0f} MHz, {statistics.mean(r[2] for r in rows):.0f} W,"
-                f" throttle {reasons:#x}, {len(rows)} samples]")
+        return (
+            f" [sm {statistics.mean(r[0] for r in rows):.0f} MHz (min {min(r[0] for r in rows)}), mem"
+            f" {statistics.mean(r[1] for r in rows):.0f} MHz, {statistics.mean(r[2] for r in rows):.0f} W,"
+            f" throttle {reasons:#x}, {len(rows)} samples]"
+        )
 
 
 def reply_stats(engine: Engine, prompt: list[int], new_tokens: int = 256):
     engine.reset_cache()
-    final = [ev for ev in engine.generate_ids(prompt, SamplingSettings(temperature=0, max_new_tokens=new_tokens,
-                                                                       ignore_eos=True))
-             if isinstance(ev, Finished)][0]
+    final = [
+        ev
+        for ev in engine.generate_ids(
+            prompt, SamplingSettings(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
+        )
+        if isinstance(ev, Finished)
+    ][0]
     return final.stats
 
 
@@ -119,7 +129,7 @@ def replay_us(engine: Engine, depth: int, copy: bool, record: bool, wait_behind:
     for i in range(REPLAYS):
         graph.replay()
         if copy:
-            ring[i % RING:i % RING + 1].copy_(step.token, non_blocking=True)
+            ring[i % RING : i % RING + 1].copy_(step.token, non_blocking=True)
         if record:
             events[i % RING].record()
         if wait_behind and i >= wait_behind:
@@ -150,8 +160,12 @@ def main() -> None:
                 for ring in (True, False, True, False):
                     forced_tokens.HOST_RING = ring
                     row.setdefault("ring" if ring else "copy", []).append(reply_us_per_token(engine, prompt))
-                print(depth, rnd, " ".join(f"{k} {' '.join(f'{v:.1f}' for v in vs)} us/token" for k, vs in row.items()),
-                      flush=True)
+                print(
+                    depth,
+                    rnd,
+                    " ".join(f"{k} {' '.join(f'{v:.1f}' for v in vs)} us/token" for k, vs in row.items()),
+                    flush=True,
+                )
         forced_tokens.HOST_RING = True
         return
     clocks = ClockSampler(engine, args.clocks)
@@ -162,30 +176,46 @@ def main() -> None:
                 stats = reply_stats(engine, prompt)
             reply = 1e6 / stats.decode_tok_s
             gaps = stats.token_latencies_ms
-            print(depth, rnd, f"reply {reply:.1f} us/token{clocks.report('reply')}; first 32 gaps"
-                  f" {statistics.mean(gaps[:32]) * 1000:.1f} us, last 128 {statistics.mean(gaps[-128:]) * 1000:.1f}",
-                  flush=True)
+            print(
+                depth,
+                rnd,
+                f"reply {reply:.1f} us/token{clocks.report('reply')}; first 32 gaps"
+                f" {statistics.mean(gaps[:32]) * 1000:.1f} us, last 128 {statistics.mean(gaps[-128:]) * 1000:.1f}",
+                flush=True,
+            )
             if args.long:
                 with clocks.span("long"):
                     long_stats = reply_stats(engine, prompt, args.long)
                 extra = (sum(long_stats.token_latencies_ms) - sum(gaps)) * 1000 / (args.long - len(gaps) - 1)
-                print(depth, rnd, f"reply of {args.long}: {1e6 / long_stats.decode_tok_s:.1f} us/token,"
-                      f" the tokens past {len(gaps) + 1}: {extra:.1f} us each{clocks.report('long')}", flush=True)
+                print(
+                    depth,
+                    rnd,
+                    f"reply of {args.long}: {1e6 / long_stats.decode_tok_s:.1f} us/token,"
+                    f" the tokens past {len(gaps) + 1}: {extra:.1f} us each{clocks.report('long')}",
+                    flush=True,
+                )
             with clocks.span("replay"):
                 alone = replay_us(engine, depth, False, False)
             print(depth, rnd, f"graph alone {alone:.1f} us{clocks.report('replay')}", flush=True)
-            row = dict(replay=alone, copy=replay_us(engine, depth, True, False),
-                       copy_record=replay_us(engine, depth, True, True),
-                       copy_record_wait3=replay_us(engine, depth, True, True, 3))
+            row = dict(
+                replay=alone,
+                copy=replay_us(engine, depth, True, False),
+                copy_record=replay_us(engine, depth, True, True),
+                copy_record_wait3=replay_us(engine, depth, True, True, 3),
+            )
             reply_us_per_token(engine, prompt, new_tokens=2)  # a fresh prefill, then the graph alone
             row["replay_after_prefill"] = replay_us(engine, depth, False, False)
-            print(depth, rnd, f"reply {reply:.1f} us/token;", " ".join(f"{k} {v:.1f}" for k, v in row.items()),
-                  flush=True)
+            print(
+                depth, rnd, f"reply {reply:.1f} us/token;", " ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True
+            )
     default = engine_module.QUEUED_STEPS
     for queued in [int(q) for q in args.queued.split(",") if q]:
         engine_module.QUEUED_STEPS = queued
-        print(f"queued {queued}:", " ".join(f"{d} {reply_us_per_token(engine, bench_prompt(engine, d)):.1f}"
-                                            for d in depths), flush=True)
+        print(
+            f"queued {queued}:",
+            " ".join(f"{d} {reply_us_per_token(engine, bench_prompt(engine, d)):.1f}" for d in depths),
+            flush=True,
+        )
     engine_module.QUEUED_STEPS = default
 
 

@@ -1,4 +1,6 @@
-"""Our single-token dense GEMV by configuration, against cuBLAS, on the 1.5B's shapes (random weights, 28 of
+"""Which configurations of our single-token dense GEMV are fastest (triton_ops.GEMV_CONFIGS), against cuBLAS?
+
+Our single-token dense GEMV by configuration, against cuBLAS, on the 1.5B's shapes (random weights, 28 of
 each so every read comes from HBM as in decoding), GPU time per call through CUDA graphs (triton_ops.time_configs,
 what the warm-up's tuning measures), programmatic dependent launch as the decode step runs it.
 
@@ -9,7 +11,7 @@ Two questions (2026-12-04, fourteenth session):
 - splitting K across programs (fp32 partials, summed by the last split to finish) for the down projection (K =
   8,960: without a split its programs each stream 8,960 columns) and the others.
 
-usage: python benchmarks/dense_gemv_configs.py [--dtype bf16] [--json OUT]
+usage: python -m benchmarks.dense_gemv_configs [--dtype bf16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -17,16 +19,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from model_loader.kernels import triton_ops as T  # noqa: E402
-from model_loader.linears import pair_gate_up_rows  # noqa: E402
+from model_loader.kernels import triton_ops as T
+from model_loader.linears import pair_gate_up_rows
 
 LAYERS = 28
 SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
@@ -62,8 +61,9 @@ def main() -> None:
             for w in ws:
                 pair_gate_up_rows(w)
             ref = T.silu_mul(F.linear(x, ws[0]), paired=True).float()
-            table["cuBLAS + SiLU kernel"] = T.time_configs(ws, [None], lambda w, c: T.silu_mul(F.linear(x, w),
-                                                                                               paired=True))[None]
+            table["cuBLAS + SiLU kernel"] = T.time_configs(
+                ws, [None], lambda w, c: T.silu_mul(F.linear(x, w), paired=True)
+            )[None]
             separate = T.time_configs(ws, configs, lambda w, c: T.silu_mul(T.gemv(x, w, c), paired=True))
             for c, us in separate.items():
                 table[f"{c} + SiLU kernel"] = us
@@ -82,8 +82,11 @@ def main() -> None:
         ranked = sorted(table.items(), key=lambda item: item[1])
         results[f"{name} {n}x{k}"] = {label: round(us, 2) for label, us in ranked}
         print(f"{name} {n} x {k}: " + ", ".join(f"{label} {us:.2f}" for label, us in ranked[:12]), flush=True)
-        for label in ("cuBLAS", "cuBLAS + SiLU kernel") + tuple(str(c) for c in T.GEMV_CONFIGS) + tuple(
-                f"{c} + SiLU kernel" for c in T.GEMV_CONFIGS):
+        for label in (
+            ("cuBLAS", "cuBLAS + SiLU kernel")
+            + tuple(str(c) for c in T.GEMV_CONFIGS)
+            + tuple(f"{c} + SiLU kernel" for c in T.GEMV_CONFIGS)
+        ):
             if label in table:
                 print(f"    {label}: {table[label]:.2f} us", flush=True)
         del ws

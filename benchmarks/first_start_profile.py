@@ -1,11 +1,11 @@
-"""Where the time to ready goes on a machine that never ran r1desk (issue 12, point 4).
+"""Where does the time to ready go on a machine that never ran r1desk (issue 12, point 4)?
 
 Loads a model and warms it up with an empty Triton cache (a fresh folder, unless --cache names one), and
 reports the load's parts, each warm-up step's wall time, and every Triton kernel compile and C launcher build
 with its duration (the compile and the launcher constructor are wrapped for timing only; nothing else changes).
 Run it twice with the same --cache to see a cached start.
 
-    python benchmarks/first_start_profile.py --model M [--cache DIR] [--context 4096] [--json F] [--sample-walk]
+    python -m benchmarks.first_start_profile --model M [--cache DIR] [--context 4096] [--json F] [--sample-walk]
 
 --sample-walk (fifteenth session) samples the compile walk's stack every 5 ms and prints where its first step
 (which takes ~0.7-1.3 s on the H200 machines, whichever part of the walk comes first) spends its time.
@@ -21,8 +21,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def sample_walk(samples: list) -> None:
@@ -66,11 +64,17 @@ def main() -> None:
     ap.add_argument("--context", default="4096")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--switch-interval", type=float, help="sys.setswitchinterval before loading (seconds)")
-    ap.add_argument("--compile-switch-interval", type=float,
-                    help="the GIL switch interval the compile pool sets while it compiles (default: "
-                         "precompile.COMPILE_SWITCH_INTERVAL_S, 0.005; e.g. 0.0005 to compare)")
-    ap.add_argument("--sample-walk", action="store_true",
-                    help="sample the compile walk's stack every 5 ms and print where its first step spends time")
+    ap.add_argument(
+        "--compile-switch-interval",
+        type=float,
+        help="the GIL switch interval the compile pool sets while it compiles (default: "
+        "precompile.COMPILE_SWITCH_INTERVAL_S, 0.005; e.g. 0.0005 to compare)",
+    )
+    ap.add_argument(
+        "--sample-walk",
+        action="store_true",
+        help="sample the compile walk's stack every 5 ms and print where its first step spends time",
+    )
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
@@ -105,9 +109,15 @@ def main() -> None:
         finally:
             name = getattr(getattr(src, "fn", None), "__name__", type(src).__name__)
             with lock:
-                compiles.append({"kernel": name, "s": time.perf_counter() - t, "at_s": t - t_start,
-                                 "thread": threading.current_thread().name,
-                                 "constexprs": str(getattr(src, "constants", ""))[:160]})
+                compiles.append(
+                    {
+                        "kernel": name,
+                        "s": time.perf_counter() - t,
+                        "at_s": t - t_start,
+                        "thread": threading.current_thread().name,
+                        "constexprs": str(getattr(src, "constants", ""))[:160],
+                    }
+                )
 
     triton.compiler.compiler.compile = timed_compile
     triton.compiler.compile = timed_compile
@@ -123,9 +133,14 @@ def main() -> None:
             return original_launcher(src, metadata)
         finally:
             with lock:
-                launchers.append({"kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
-                                  "s": time.perf_counter() - t, "at_s": t - t_start,
-                                  "thread": threading.current_thread().name})
+                launchers.append(
+                    {
+                        "kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
+                        "s": time.perf_counter() - t,
+                        "at_s": t - t_start,
+                        "thread": threading.current_thread().name,
+                    }
+                )
 
     if active is not None:
         active.launcher_cls = timed_launcher
@@ -149,28 +164,44 @@ def main() -> None:
     t_ready = time.perf_counter()
     step_times = [{"step": a[1], "s": round(b[0] - a[0], 3)} for a, b in zip(steps, steps[1:])]
     result = {
-        "model": engine.info.model_name, "quantization": engine.info.quantization, "cache": cache,
-        "switch_interval_s": sys.getswitchinterval(), "compile_threads": os.environ.get("R1DESK_COMPILE_THREADS"),
-        "first_start_marker_missing": first, "imports_s": round(t0 - t_start, 3),
-        "load_s": round(t_loaded - t0, 3), "load_breakdown": {k: round(v, 3) for k, v in
-                                                               engine.info.load_breakdown.items()},
-        "warm_up_s": round(t_ready - t_loaded, 3), "ready_s": round(t_ready - t0, 3), "warm_up_steps": step_times,
-        "compiles": len(compiles), "compile_s_total": round(sum(c["s"] for c in compiles), 3),
-        "launchers": len(launchers), "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
-        "gemv_choice": engine.info.gemv, "decode_attention": engine.info.decode_attention,
+        "model": engine.info.model_name,
+        "quantization": engine.info.quantization,
+        "cache": cache,
+        "switch_interval_s": sys.getswitchinterval(),
+        "compile_threads": os.environ.get("R1DESK_COMPILE_THREADS"),
+        "first_start_marker_missing": first,
+        "imports_s": round(t0 - t_start, 3),
+        "load_s": round(t_loaded - t0, 3),
+        "load_breakdown": {k: round(v, 3) for k, v in engine.info.load_breakdown.items()},
+        "warm_up_s": round(t_ready - t_loaded, 3),
+        "ready_s": round(t_ready - t0, 3),
+        "warm_up_steps": step_times,
+        "compiles": len(compiles),
+        "compile_s_total": round(sum(c["s"] for c in compiles), 3),
+        "launchers": len(launchers),
+        "launcher_s_total": round(sum(c["s"] for c in launchers), 3),
+        "gemv_choice": engine.info.gemv,
+        "decode_attention": engine.info.decode_attention,
         "compile_workers": engine.info.compile_workers,
-        "walk_timeline": timeline, "load_started_at_s": round(t0 - t_start, 3),
-        "loaded_at_s": round(t_loaded - t_start, 3), "ready_at_s": round(t_ready - t_start, 3),
-        "compile_list": sorted(compiles, key=lambda c: -c["s"]), "launcher_list": launchers,
+        "walk_timeline": timeline,
+        "load_started_at_s": round(t0 - t_start, 3),
+        "loaded_at_s": round(t_loaded - t_start, 3),
+        "ready_at_s": round(t_ready - t_start, 3),
+        "compile_list": sorted(compiles, key=lambda c: -c["s"]),
+        "launcher_list": launchers,
     }
-    print(f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "
-          f"{result['load_s']} s {result['load_breakdown']} + warm-up {result['warm_up_s']} s "
-          f"(imports before: {result['imports_s']} s)")
+    print(
+        f"{result['model']} ({result['quantization'] or 'dense'}): ready in {result['ready_s']} s = load "
+        f"{result['load_s']} s {result['load_breakdown']} + warm-up {result['warm_up_s']} s "
+        f"(imports before: {result['imports_s']} s)"
+    )
     for s in step_times:
         print(f"  {s['s']:7.3f} s  {s['step']}")
     if timeline:  # times since this script started (as the compiles' "at" below)
-        print(f"the walk beside the load (load began at {result['load_started_at_s']} s, ended at "
-              f"{result['loaded_at_s']} s; ready at {result['ready_at_s']} s):")
+        print(
+            f"the walk beside the load (load began at {result['load_started_at_s']} s, ended at "
+            f"{result['loaded_at_s']} s; ready at {result['ready_at_s']} s):"
+        )
         for row in timeline:
             print(f"  at {row['at_s']:6.2f}  {row['ended']}")
     labels = [label for label, _ in ahead.timeline] if ahead is not None else []
@@ -178,24 +209,32 @@ def main() -> None:
         first = labels.index("twin built") + 1  # the walk's first step
         if first < len(labels):
             begin, end = ahead.timeline[first - 1][1], ahead.timeline[first][1]
-            print_samples([stack for t, stack in samples if begin <= t <= end],
-                          f"the walk's first step ({labels[first]}, {end - begin:.2f} s)")
+            print_samples(
+                [stack for t, stack in samples if begin <= t <= end],
+                f"the walk's first step ({labels[first]}, {end - begin:.2f} s)",
+            )
     if result["compile_workers"]:
         print(f"in worker processes: {result['compile_workers']}")
-    print(f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "
-          f"{result['launchers']}, {result['launcher_s_total']} s")
+    print(
+        f"Triton compiles: {result['compiles']}, {result['compile_s_total']} s; C launchers: "
+        f"{result['launchers']}, {result['launcher_s_total']} s"
+    )
     on_pool = [c for c in compiles if c["thread"].startswith("r1desk-compile")]
-    print(f"  compiled ahead on the pool: {len(on_pool)} ({sum(c['s'] for c in on_pool):.3f} s of compile time); "
-          f"elsewhere: {len(compiles) - len(on_pool)} "
-          f"({', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in compiles if c not in on_pool}))})")
+    print(
+        f"  compiled ahead on the pool: {len(on_pool)} ({sum(c['s'] for c in on_pool):.3f} s of compile time); "
+        f"elsewhere: {len(compiles) - len(on_pool)} "
+        f"({', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in compiles if c not in on_pool}))})"
+    )
     for c in result["compile_list"][:40]:
         print(f"  {c['s']:6.3f} s  at {c['at_s']:6.2f}  {c['kernel']}  [{c['thread']}] {c['constexprs']}")
     by_start = sorted(launchers, key=lambda c: c["at_s"])
     if by_start:
         off_pool = [c for c in by_start if not c["thread"].startswith("r1desk-compile")]
-        print(f"C launchers built from {by_start[0]['at_s']:.2f} to {max(c['at_s'] + c['s'] for c in by_start):.2f} s;"
-              f" off the pool: {len(off_pool)} ({sum(c['s'] for c in off_pool):.3f} s: "
-              f"{', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in off_pool}))})")
+        print(
+            f"C launchers built from {by_start[0]['at_s']:.2f} to {max(c['at_s'] + c['s'] for c in by_start):.2f} s;"
+            f" off the pool: {len(off_pool)} ({sum(c['s'] for c in off_pool):.3f} s: "
+            f"{', '.join(sorted({c['kernel'] + '@' + c['thread'] for c in off_pool}))})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     engine.close()

@@ -25,9 +25,7 @@
 #               16k; benchmarks/decode_loop_overhead.py --ring-ab), then the loop's costs with NVML clocks
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
-#   variants    each kernel change kept as a patch in benchmarks/variants/ against this tree, alternated on one
-#               machine: the decode attention alone by depth (ncu_decode_attention.py) and decode by depth, bf16
-#               twice and AWQ once (the tree is copied to /tmp/variant-NAME and patched there)
+# The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
 # 10 minutes), give each call the parts that fit; the models are made again on a fresh machine. The device tool
@@ -38,7 +36,7 @@ OUT=${1:?usage: gpu_session.sh OUT_DIR [PART ...]}
 shift
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 M=/tmp/full
 A=/tmp/full-awq
 CLI="python3 -m model_loader.cli"
@@ -51,7 +49,6 @@ run() {  # run NAME COMMAND...: output to $OUT/NAME.txt, a summary line here
   printf '%-22s rc=%-3s %5d s  %s\n' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$OUT/$name.txt" | cut -c1-150)"
 }
 
-ROOT=$PWD
 for part in "${@:-models tests depths chat followup firststart}"; do
   for p in $part; do
     case $p in
@@ -73,56 +70,29 @@ for part in "${@:-models tests depths chat followup firststart}"; do
             --runs 3 --kv-cache 8-bit
         done ;;
       policies)
-        run policies-full python3 benchmarks/l2_prefetch.py $M --variants base,wfirst,base,wfirst
-        run policies-full-awq python3 benchmarks/l2_prefetch.py $A --variants base,wfirst,base,wfirst ;;
-      shapes8) run shapes8 python3 benchmarks/decode_step_by_attention.py $M --kv-cache 8-bit --sm-fill ;;
+        run policies-full python3 -m benchmarks.l2_prefetch $M --variants base,wfirst,base,wfirst
+        run policies-full-awq python3 -m benchmarks.l2_prefetch $A --variants base,wfirst,base,wfirst ;;
+      shapes8) run shapes8 python3 -m benchmarks.decode_step_by_attention $M --kv-cache 8-bit --sm-fill ;;
       chat)
         for m in $M $A; do run "chat-$(basename $m)" $CLI bench --model $m --scenario chat; done ;;
       followup)
-        run followup python3 benchmarks/followup_latency.py --model $M --prefixes 512,4096 --new 256,1024,2048 \
+        run followup python3 -m benchmarks.followup_latency --model $M --prefixes 512,4096 --new 256,1024,2048 \
           --again 3 --json "$OUT/followup.json"
         # the same follow-up after 2 s of idle GPU, as after a user read the reply (and the SM clock then)
-        run followup-idle python3 benchmarks/followup_latency.py --model $M --prefixes 512 --new 2048 --again 5 \
+        run followup-idle python3 -m benchmarks.followup_latency --model $M --prefixes 512 --new 2048 --again 5 \
           --pause 2 ;;
       firststart)
         for m in $M $A; do
-          XDG_CACHE_HOME=$(mktemp -d) run "firststart-$(basename $m)" python3 benchmarks/first_start_profile.py \
+          XDG_CACHE_HOME=$(mktemp -d) run "firststart-$(basename $m)" python3 -m benchmarks.first_start_profile \
             --model $m --cache "$(mktemp -d)" --json "$OUT/firststart-$(basename $m).json"
         done ;;
       window) run window bash -c ". .qt/env.sh >/dev/null && python3 -m desktop.app --model $M --self-test \
                 --max-new-tokens 4096 2>&1 | grep -v propagateSizeHints" ;;
       ring)
-        run ring-ab python3 benchmarks/decode_loop_overhead.py $M --depths 512,16384 --rounds 2 --ring-ab
-        run loop-clocks python3 benchmarks/decode_loop_overhead.py $M --depths 512,16384 --rounds 2 --clocks ;;
-      fp32) run fp32 python3 benchmarks/fp32_vs_transformers.py --model $M ;;
-      twogpu) run twogpu python3 benchmarks/second_gpu_check.py --model $M ;;
-      variants)
-        for patch in benchmarks/variants/*.patch; do
-          [ -e "$patch" ] || { echo "no patches in benchmarks/variants/"; break; }
-          name=$(basename "$patch" .patch)
-          V=/tmp/variant-$name
-          rm -rf "$V" && mkdir -p "$V" && cp -r model_loader benchmarks "$V"/
-          if ! (cd "$V" && git apply "$ROOT/$patch"); then
-            echo "$name: does not apply to this tree" | tee "$OUT/variant-$name.txt"
-            continue
-          fi
-          for tree in "$ROOT" "$V"; do
-            label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
-            (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "alone-$label" python3 benchmarks/ncu_decode_attention.py)
-          done
-          for round in 1 2; do
-            for tree in "$ROOT" "$V"; do
-              label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
-              (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "depths-$label-$round" $CLI bench --model $M \
-                --depths 512,4096,16384,32768 --new-tokens 256 --runs 3)
-            done
-          done
-          for tree in "$ROOT" "$V"; do
-            label=$([ "$tree" = "$ROOT" ] && echo base || echo "$name")
-            (cd "$tree" && PYTHONPATH=/tmp/site:$tree run "depths-awq-$label" $CLI bench --model $A \
-              --depths 512,4096,16384,32768 --new-tokens 256 --runs 3)
-          done
-        done ;;
+        run ring-ab python3 -m benchmarks.decode_loop_overhead $M --depths 512,16384 --rounds 2 --ring-ab
+        run loop-clocks python3 -m benchmarks.decode_loop_overhead $M --depths 512,16384 --rounds 2 --clocks ;;
+      fp32) run fp32 python3 -m benchmarks.fp32_vs_transformers --model $M ;;
+      twogpu) run twogpu python3 -m benchmarks.second_gpu_check --model $M ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
   done

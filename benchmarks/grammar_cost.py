@@ -1,8 +1,10 @@
-"""Why model_loader/grammar.py uses llguidance: its compile time and per-token mask cost against xgrammar's, on a
-model folder's tokenizer, for one typical schema (CPU; neither library is needed by anything else here).
+"""Why does model_loader/grammar.py use llguidance rather than xgrammar?
 
-    pip install llguidance xgrammar
-    python benchmarks/grammar_cost.py MODEL_FOLDER
+Their compile time and per-token mask cost, on a model folder's tokenizer, for one typical schema (CPU; xgrammar is
+needed by nothing else here).
+
+    pip install xgrammar
+    python -m benchmarks.grammar_cost MODEL_FOLDER
 
 Each library walks the same compact JSON document token by token: the mask before each token, then the token.
 """
@@ -15,23 +17,44 @@ from pathlib import Path
 
 VOCAB = 151936
 EOS = 151643
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
-    "email": {"type": "string", "format": "email"},
-    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
-    "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"},
-                                                 "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                "required": ["street", "city", "zip"], "additionalProperties": False},
-    "status": {"enum": ["active", "inactive", "pending"]}},
-    "required": ["name", "age", "email", "tags", "address", "status"], "additionalProperties": False}
-DOC = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["math", "poetry", "engines"],
-       "address": {"street": "12 St James's Square", "city": "London", "zip": "12345"}, "status": "active"}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "address": {
+            "type": "object",
+            "properties": {
+                "street": {"type": "string"},
+                "city": {"type": "string"},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["street", "city", "zip"],
+            "additionalProperties": False,
+        },
+        "status": {"enum": ["active", "inactive", "pending"]},
+    },
+    "required": ["name", "age", "email", "tags", "address", "status"],
+    "additionalProperties": False,
+}
+DOC = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "email": "ada@example.com",
+    "tags": ["math", "poetry", "engines"],
+    "address": {"street": "12 St James's Square", "city": "London", "zip": "12345"},
+    "status": "active",
+}
 
 
 def summary(name: str, prepare_s: float, compile_s: float, times: list[float], done: bool) -> str:
-    return (f"{name}: tokenizer {prepare_s * 1000:.0f} ms, compile {compile_s * 1000:.1f} ms, mask per token median "
-            f"{statistics.median(times) * 1e6:.0f} us, mean {statistics.mean(times) * 1e6:.0f} us, max "
-            f"{max(times) * 1e6:.0f} us, complete {done}")
+    return (
+        f"{name}: tokenizer {prepare_s * 1000:.0f} ms, compile {compile_s * 1000:.1f} ms, mask per token median "
+        f"{statistics.median(times) * 1e6:.0f} us, mean {statistics.mean(times) * 1e6:.0f} us, max "
+        f"{max(times) * 1e6:.0f} us, complete {done}"
+    )
 
 
 def run_llguidance(tok, ids: list[int]) -> str:

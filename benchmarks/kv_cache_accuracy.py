@@ -1,4 +1,4 @@
-"""How far the 8-bit KV cache moves the model's outputs from the 16-bit cache's (a development tool).
+"""How far does the 8-bit KV cache move the model's outputs from the 16-bit cache's (a development tool)?
 
 Teacher-forced: one token sequence (greedy continuation of a prompt under the 16-bit cache, or --random ids) is
 prefilled with all logits under each cache format, in chunks as the engine does (the first chunk through SDPA
@@ -8,7 +8,7 @@ the mean and largest KL(p16 || p8), and the largest logit difference. And the at
 decode attention over the 8-bit cache against the same rows in 16-bit, relative to the output's size.
 
 On random weights (make-test-model) these measure numerical perturbation, not answer quality.
-usage: python benchmarks/kv_cache_accuracy.py MODEL_DIR [--tokens 8192] [--prompt-tokens 512] [--json OUT]
+usage: python -m benchmarks.kv_cache_accuracy MODEL_DIR [--tokens 8192] [--prompt-tokens 512] [--json OUT]
 """
 
 import argparse
@@ -28,8 +28,9 @@ def sequence(engine, prompt_tokens: int, total: int) -> list[int]:
     sentence = "Explain, step by step, how a heat pump moves heat from a cold place to a warm one. "
     messages = [{"role": "user", "content": sentence * max(1, prompt_tokens // 20)}]
     ids = engine.chat.render(messages).ids
-    events = list(engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=total - len(ids),
-                                                             ignore_eos=True)))
+    events = list(
+        engine.generate(messages, SamplingSettings(temperature=0, max_new_tokens=total - len(ids), ignore_eos=True))
+    )
     return ids + list(events[-1].token_ids)
 
 
@@ -44,9 +45,15 @@ def compare(ref: torch.Tensor, other: torch.Tensor, bands: list[int]) -> list[di
         a, b = ref[lo:hi].float(), other[lo:hi].float()
         pa, lpa, lpb = a.softmax(-1), a.log_softmax(-1), b.log_softmax(-1)
         kl = (pa * (lpa - lpb)).sum(-1)
-        rows.append({"positions": f"{lo}-{hi - 1}", "top1_agree": (a.argmax(-1) == b.argmax(-1)).float().mean().item(),
-                     "kl_mean": kl.mean().item(), "kl_max": kl.max().item(),
-                     "max_logit_diff": (a - b).abs().max().item()})
+        rows.append(
+            {
+                "positions": f"{lo}-{hi - 1}",
+                "top1_agree": (a.argmax(-1) == b.argmax(-1)).float().mean().item(),
+                "kl_mean": kl.mean().item(),
+                "kl_max": kl.max().item(),
+                "max_logit_diff": (a - b).abs().max().item(),
+            }
+        )
         lo = hi
     return rows
 
@@ -58,13 +65,27 @@ def attention_error(model16, model8, depths: list[int]) -> dict:
     for depth in depths:
         errs = []
         for layer in (0, model16.cfg.num_hidden_layers - 1):
-            q = torch.randn(model16.cfg.num_attention_heads, model16.cfg.head_dim, device=model16.device,
-                            dtype=model16.dtype) * 4
+            q = (
+                torch.randn(
+                    model16.cfg.num_attention_heads, model16.cfg.head_dim, device=model16.device, dtype=model16.dtype
+                )
+                * 4
+            )
             pos = torch.tensor([depth - 1], dtype=torch.int32, device=model16.device)
-            a = model16.decode_attention(q, model16.k_cache[layer], model16.v_cache[layer], pos, depth,
-                                         model16.scale).float().clone()
-            b = model8.decode_attention(q, model8.k_cache[layer], model8.v_cache[layer], pos, depth, model8.scale,
-                                        scales=model8.cache_scales(layer)).float()
+            a = (
+                model16.decode_attention(q, model16.k_cache[layer], model16.v_cache[layer], pos, depth, model16.scale)
+                .float()
+                .clone()
+            )
+            b = model8.decode_attention(
+                q,
+                model8.k_cache[layer],
+                model8.v_cache[layer],
+                pos,
+                depth,
+                model8.scale,
+                scales=model8.cache_scales(layer),
+            ).float()
             errs.append(((a - b).abs().max() / a.abs().max()).item())
         out[depth] = max(errs)
     return out
@@ -93,18 +114,25 @@ def main() -> None:
     bands = [b for b in (512, 2048, 4096, 8192, 16384, 32768) if b < len(ids)] + [len(ids)]
     rows = compare(ref, got, bands)
     att = attention_error(e16.model, e8.model, [d for d in (512, 2048, len(ids)) if d <= len(ids)])
-    print(f"{e16.info.model_name} on {e16.info.device_name} ({e16.info.dtype}"
-          f"{', ' + e16.info.quantization if e16.info.quantization else ''}), {len(ids)} tokens "
-          f"({'random ids' if args.random else f'{args.prompt_tokens}-token prompt + greedy continuation'})")
+    print(
+        f"{e16.info.model_name} on {e16.info.device_name} ({e16.info.dtype}"
+        f"{', ' + e16.info.quantization if e16.info.quantization else ''}), {len(ids)} tokens "
+        f"({'random ids' if args.random else f'{args.prompt_tokens}-token prompt + greedy continuation'})"
+    )
     for r in rows:
-        print(f"positions {r['positions']:>12}: same top token {100 * r['top1_agree']:6.2f}%   KL mean "
-              f"{r['kl_mean']:.2e} max {r['kl_max']:.2e}   max |logit diff| {r['max_logit_diff']:.3f}")
+        print(
+            f"positions {r['positions']:>12}: same top token {100 * r['top1_agree']:6.2f}%   KL mean "
+            f"{r['kl_mean']:.2e} max {r['kl_max']:.2e}   max |logit diff| {r['max_logit_diff']:.3f}"
+        )
     for depth, err in att.items():
         print(f"decode attention at depth {depth}: max |8-bit - 16-bit| / max |16-bit| = {err:.2e}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "device": e16.info.device_name, "bands": rows,
-                       "attention_rel_err": att}, f, indent=1)
+            json.dump(
+                {"model": args.model, "device": e16.info.device_name, "bands": rows, "attention_rel_err": att},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

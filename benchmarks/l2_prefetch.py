@@ -1,4 +1,6 @@
-"""Prefetching the next layer's K/V cache rows into L2 while the current layer's MLP runs (a development tool).
+"""Which L2 policy makes the decode step fastest: weights read evict_first (the app's) or not, and an L2 prefetch?
+
+The prefetch: the next layer's K/V cache rows into L2 while the current layer's MLP runs (a development tool).
 
 At depth a decode step reads the cache at about bandwidth (~4.6 TB/s on the H200), but the rest of the step
 (the weight GEMVs, the small kernels between them) runs at ~2.7 TB/s on average: the GPU's memory is idle for part
@@ -10,7 +12,7 @@ so that the 82 MB a layer's MLP streams do not push the prefetched rows out (the
 16-bit cache is 16.8 MB at 16k, 33.5 MB at 32k).
 
 Nothing here is in the app: the benchmark wraps the model's decode attention for its graphs (prefetch_model).
-usage: python benchmarks/l2_prefetch.py MODEL_DIR [--depths 512,4096,16384,32768] [--kv-cache 8-bit]
+usage: python -m benchmarks.l2_prefetch MODEL_DIR [--depths 512,4096,16384,32768] [--kv-cache 8-bit]
            [--variants base,wfirst,pf+wfirst,base] [--programs 132] [--json OUT]
 A variant: "base" (no prefetch, every load with L2's default policy) or tokens joined by "+": wfirst (the GEMVs'
 weights read evict_first: triton_ops.GEMV_WEIGHT_EVICTION), pf / pflast (the prefetch, its lines marked
@@ -37,16 +39,22 @@ LINE = tl.constexpr(128)
 def _prefetch_l2(ptrs, EVICT_LAST: tl.constexpr):
     # a prefetch has no destination register: the thread goes on at once (the asm's output is a dummy)
     if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
+            "=r,l",
+            [ptrs],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
     else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
 
 
 @triton.jit
-def _prefetch_segments(ptr, rows, segments, segment_stride, row_bytes, EVICT_LAST: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _prefetch_segments(ptr, rows, segments, segment_stride, row_bytes, EVICT_LAST: tl.constexpr, BLOCK: tl.constexpr):
     # `segments` runs of rows * row_bytes bytes, segment_stride bytes apart, split by line over the programs
     base = ptr.to(tl.pointer_type(tl.int8))
     lines_per_segment = tl.cdiv(rows * row_bytes, LINE)
@@ -60,8 +68,19 @@ def _prefetch_segments(ptr, rows, segments, segment_stride, row_bytes, EVICT_LAS
 
 
 @triton.jit
-def _prefetch_kv_kernel(k_ptr, v_ptr, pos_ptr, k_segments, k_stride, k_row_bytes, v_segments, v_stride, v_row_bytes,
-                        EVICT_LAST: tl.constexpr, BLOCK: tl.constexpr):
+def _prefetch_kv_kernel(
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    k_segments,
+    k_stride,
+    k_row_bytes,
+    v_segments,
+    v_stride,
+    v_row_bytes,
+    EVICT_LAST: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     rows = tl.load(pos_ptr) + 1
     if tl.program_id(1) == 0:
         _prefetch_segments(k_ptr, rows, k_segments, k_stride, k_row_bytes, EVICT_LAST, BLOCK)
@@ -113,8 +132,9 @@ class L2Prefetch:
         self.stream.wait_event(self.events[layer])
         k, v = self.model.k_cache[nxt], self.model.v_cache[nxt]
         with torch.cuda.stream(self.stream):
-            _prefetch_kv_kernel[(self.programs, 2)](k, v, pos_t, *segments_of(k), *segments_of(v),
-                                                    EVICT_LAST=self.evict_last, BLOCK=self.block, num_warps=4)
+            _prefetch_kv_kernel[(self.programs, 2)](
+                k, v, pos_t, *segments_of(k), *segments_of(v), EVICT_LAST=self.evict_last, BLOCK=self.block, num_warps=4
+            )
         return out
 
     def join(self):
@@ -136,13 +156,15 @@ def prefetch_model(model, evict_last: bool, programs: int):
     def undo():
         model.decode_attention = wrapper.inner
         del model.decode  # the class's method again
+
     return undo
 
 
 def main() -> None:
     from model_loader.engine import Engine
     from model_loader.kernels import triton_ops
-    from profile_decode import time_graph  # benchmarks/ is on the path when run as a script
+
+    from benchmarks.profile_decode import time_graph
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -157,8 +179,11 @@ def main() -> None:
     engine.warm_up()
     step, model = engine.step, engine.model
     programs = args.programs or torch.cuda.get_device_properties(model.device).multi_processor_count
-    print(f"{torch.cuda.get_device_name()}: L2 {torch.cuda.get_device_properties(model.device).L2_cache_size} bytes;"
-          f" plan {[(upper, str(c)) for upper, c in step.plan]}", flush=True)
+    print(
+        f"{torch.cuda.get_device_name()}: L2 {torch.cuda.get_device_properties(model.device).L2_cache_size} bytes;"
+        f" plan {[(upper, str(c)) for upper, c in step.plan]}",
+        flush=True,
+    )
     weights_default = triton_ops.GEMV_WEIGHT_EVICTION
     rows = {}
     for i, variant in enumerate(args.variants.split(",")):
@@ -172,8 +197,7 @@ def main() -> None:
         step.graphs.clear()
         try:
             step.capture("greedy")
-            times = {d: round(time_graph(step, step.graphs[("greedy", step.config_for(d + 1))], d), 1)
-                     for d in depths}
+            times = {d: round(time_graph(step, step.graphs[("greedy", step.config_for(d + 1))], d), 1) for d in depths}
         finally:
             if undo:
                 undo()

@@ -1,9 +1,11 @@
-"""The decode attention's split kernel alone at one depth, over a 16-bit and an 8-bit cache (random values), for
-Nsight Compute to read and timed with CUDA events (GB/s of cache read). A development tool, CUDA only:
-  python benchmarks/ncu_decode_attention.py [--depth 32768]     (times each alone, in a CUDA graph)
+"""How fast does the decode attention's split kernel read the 16-bit and the 8-bit cache, alone, at one depth?
+
+The kernel alone over each cache (random values), timed with CUDA events (GB/s of cache read) or launched for
+Nsight Compute to read. A development tool, CUDA only:
+  python -m benchmarks.ncu_decode_attention [--depth 32768]     (times each alone, in a CUDA graph)
   ncu --clock-control none -k regex:_decode_attn_split_kernel --launch-skip 12 --launch-count 1 \\
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \\
-      python benchmarks/ncu_decode_attention.py --kv-cache 8-bit --ncu --calls 8
+      python -m benchmarks.ncu_decode_attention --kv-cache 8-bit --ncu --calls 8
 Shapes: DecodeAttention's candidates for the cache (triton_ops.DECODE_ATTN_CONFIGS, and KV8_CONFIGS for 8-bit);
 --config N picks one (default: the split-per-SM shape for 16-bit, the two-per-SM one for 8-bit).
 """
@@ -29,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     max_ctx = args.depth + 64
-    for kind in (("16-bit", "8-bit") if args.kv_cache == "both" else (args.kv_cache,)):
+    for kind in ("16-bit", "8-bit") if args.kv_cache == "both" else (args.kv_cache,):
         fp8 = kind == "8-bit"
         configs = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if fp8 else ())
         config = configs[args.config if args.config is not None else (-1 if fp8 else 1)]
@@ -44,8 +46,16 @@ def main() -> None:
         pos = torch.tensor([args.depth - 1], device=dev, dtype=torch.int32)
 
         def run(layer: int):
-            attn(q, k[layer], v[layer], pos, args.depth, D ** -0.5, config=config,
-                 scales=(scales[layer], scales[layer]) if fp8 else None)
+            attn(
+                q,
+                k[layer],
+                v[layer],
+                pos,
+                args.depth,
+                D**-0.5,
+                config=config,
+                scales=(scales[layer], scales[layer]) if fp8 else None,
+            )
 
         for i in range(LAYERS):
             run(i)
@@ -70,8 +80,10 @@ def main() -> None:
         torch.cuda.synchronize()
         us = start.elapsed_time(end) * 1e3 / (args.calls * LAYERS)
         nbytes = HKV * args.depth * D * (2 if not fp8 else 1) * 2 + (HKV * args.depth * 8 if fp8 else 0)
-        print(f"{kind} depth {args.depth}: {us:.2f} us a call (split + reduce), {nbytes / us / 1e3:.0f} GB/s of "
-              f"cache; {attn.resolve(config)}")
+        print(
+            f"{kind} depth {args.depth}: {us:.2f} us a call (split + reduce), {nbytes / us / 1e3:.0f} GB/s of "
+            f"cache; {attn.resolve(config)}"
+        )
 
 
 if __name__ == "__main__":

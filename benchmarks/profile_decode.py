@@ -1,9 +1,9 @@
-"""Where the time of one decode step goes on a CUDA GPU, by context depth (a development tool, not part of the app).
+"""Where does the time of one decode step go on a CUDA GPU, by context depth (a development tool, not part of the app)?
 
 For each depth: the pure GPU time of the captured decode graph the engine would replay there (replays back to
 back, no host sync per token), and torch.profiler's per-kernel totals over a few replays of that graph (CUPTI
 reports the kernels inside a graph), so two depths or two models can be compared kernel by kernel.
-usage: python benchmarks/profile_decode.py MODEL_DIR [--int4-kernel torch|triton|dequantize]
+usage: python -m benchmarks.profile_decode MODEL_DIR [--int4-kernel torch|triton|dequantize]
            [--depths 512,4096,16384] [--context N] [--mode greedy|sample] [--kv-cache 16-bit|8-bit] [--json OUT]
 """
 
@@ -50,8 +50,10 @@ def kernel_totals(run, calls: int) -> dict:
             name = event.name if len(event.name) < 90 else event.name[:87] + "..."
             per_kernel[name] += event.device_time_total / calls
             counts[name] += 1
-    return {name: {"us": round(us, 2), "launches": counts[name] // calls}
-            for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])}
+    return {
+        name: {"us": round(us, 2), "launches": counts[name] // calls}
+        for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])
+    }
 
 
 def main() -> None:
@@ -61,10 +63,18 @@ def main() -> None:
     ap.add_argument("--depths", default="512,4096,16384")
     ap.add_argument("--context", type=int)
     ap.add_argument("--json")
-    ap.add_argument("--gemv-early", type=int, help="weight chunks our GEMV requests before its input is ready "
-                    "(triton_ops.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)")
-    ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
-                    help="sample: the window's defaults (temperature 0.6, top-p 0.95)")
+    ap.add_argument(
+        "--gemv-early",
+        type=int,
+        help="weight chunks our GEMV requests before its input is ready "
+        "(triton_ops.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("greedy", "sample"),
+        default="greedy",
+        help="sample: the window's defaults (temperature 0.6, top-p 0.95)",
+    )
     ap.add_argument("--kv-cache", default="16-bit", choices=("16-bit", "8-bit"))
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
@@ -73,17 +83,24 @@ def main() -> None:
         ap.error(f"--context must be at least the deepest depth + {STEPS_TIMED + 20}")
     if args.gemv_early is not None:
         from model_loader.kernels import triton_ops
+
         triton_ops.GEMV_EARLY_CHUNKS = args.gemv_early
-    engine = Engine.load(args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel,
-                         kv_cache=args.kv_cache)
+    engine = Engine.load(
+        args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel, kv_cache=args.kv_cache
+    )
     engine.warm_up()
     step = engine.step
     if args.mode == "sample":
         engine.params.set(0.6, 0.95, 0, engine.model.cfg.vocab_size)
         if not step.captured("sample"):
             step.capture("sample")
-    report = {"model": args.model, "device": torch.cuda.get_device_name(), "context": context,
-              "plan": [(upper, str(config)) for upper, config in step.plan], "depths": []}
+    report = {
+        "model": args.model,
+        "device": torch.cuda.get_device_name(),
+        "context": context,
+        "plan": [(upper, str(config)) for upper, config in step.plan],
+        "depths": [],
+    }
     for depth in depths:
         graph, config = graph_for(step, args.mode, depth)
         us = time_graph(step, graph, depth)
@@ -91,9 +108,17 @@ def main() -> None:
         if not kernels:  # a CUPTI that doesn't report the kernels inside graphs: the same step run eagerly
             with torch.inference_mode():
                 kernels, source = kernel_table(step, lambda: step._step(args.mode, depth, config), depth), "eager"
-        report["depths"].append({"depth": depth, "attention_config": str(config), "step_us": round(us, 1),
-                                 "tok_s": round(1e6 / us, 1), "kernels_from": source, "kernels_sum_us": round(sum(
-                                     k["us"] for k in kernels.values()), 1), "kernels": kernels})
+        report["depths"].append(
+            {
+                "depth": depth,
+                "attention_config": str(config),
+                "step_us": round(us, 1),
+                "tok_s": round(1e6 / us, 1),
+                "kernels_from": source,
+                "kernels_sum_us": round(sum(k["us"] for k in kernels.values()), 1),
+                "kernels": kernels,
+            }
+        )
         print(f"depth {depth:>6}: {us:7.1f} us/step -> {1e6 / us:6.1f} tok/s (GPU only; attention {config})")
         for name, k in list(kernels.items())[:12]:
             print(f"    {k['us']:8.1f} us  x{k['launches']:<4} {name}")

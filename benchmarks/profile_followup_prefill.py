@@ -1,25 +1,22 @@
-"""Where the time of a follow-up prefill goes on a CUDA GPU (a development tool, not part of the app).
+"""Where does the time of a follow-up prefill go on a CUDA GPU (a development tool, not part of the app)?
 
 For each (cached prefix, new tokens): the GPU time of the captured prefill graph the engine would replay
 (replays back to back), and torch.profiler's per-kernel totals over a few replays, with the GEMMs' share and
 their TFLOP/s (2 x weights x rows), so the 2,048-token follow-up's 10 ms bar can be weighed kernel by kernel;
 and the GPU's idle time between kernels, by the pair of kernels around it.
-usage: python benchmarks/profile_followup_prefill.py MODEL_DIR [--cases 512+2048,512+1024,4096+2048] [--json OUT]
+usage: python -m benchmarks.profile_followup_prefill MODEL_DIR [--cases 512+2048,512+1024,4096+2048] [--json OUT]
 """
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_decode import kernel_totals  # noqa: E402
-
-from model_loader.engine import Engine  # noqa: E402
+from benchmarks.profile_decode import kernel_totals
+from model_loader.engine import Engine
 
 REPLAYS_TIMED = 30
 REPLAYS_PROFILED = 5
@@ -51,8 +48,11 @@ def kernel_gaps(run, calls: int) -> tuple[float, dict]:
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end, short_name(e.name)) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, short_name(e.name))
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0
+    )
     by_pair: dict = defaultdict(float)
     total = 0.0
     for (_, end, before), (start, _, after) in zip(spans, spans[1:]):
@@ -92,12 +92,21 @@ def main() -> None:
         kernels = kernel_totals(graph.replay, REPLAYS_PROFILED)
         gemm_us = sum(k["us"] for name, k in kernels.items() if any(m in name.lower() for m in GEMM_MARKERS))
         flop = 2 * linear_params(engine.model) * bucket
-        row = {"prefix": prefix, "new": new, "bucket": bucket, "graph_ms": round(ms, 3),
-               "gemm_ms": round(gemm_us / 1000, 3), "gemm_tflops": round(flop / (gemm_us * 1e-6) / 1e12, 1),
-               "all_tflops": round(flop / (ms * 1e-3) / 1e12, 1), "kernels": kernels}
+        row = {
+            "prefix": prefix,
+            "new": new,
+            "bucket": bucket,
+            "graph_ms": round(ms, 3),
+            "gemm_ms": round(gemm_us / 1000, 3),
+            "gemm_tflops": round(flop / (gemm_us * 1e-6) / 1e12, 1),
+            "all_tflops": round(flop / (ms * 1e-3) / 1e12, 1),
+            "kernels": kernels,
+        }
         results.append(row)
-        print(f"{prefix} + {new} (bucket {bucket}): {ms:.3f} ms per replay; GEMMs {row['gemm_ms']} ms "
-              f"({row['gemm_tflops']} TFLOP/s), whole graph {row['all_tflops']} TFLOP/s of linear work")
+        print(
+            f"{prefix} + {new} (bucket {bucket}): {ms:.3f} ms per replay; GEMMs {row['gemm_ms']} ms "
+            f"({row['gemm_tflops']} TFLOP/s), whole graph {row['all_tflops']} TFLOP/s of linear work"
+        )
         for name, k in list(kernels.items())[:14]:
             print(f"  {k['us']:9.1f} us  x{k['launches']:<4} {name}")
         idle, pairs = kernel_gaps(graph.replay, REPLAYS_PROFILED)

@@ -1,11 +1,13 @@
-"""Per-shape timing of the 4-bit kernels on a CUDA GPU (a development tool, not part of the app).
+"""How fast is each 4-bit kernel per linear shape, against bf16 cuBLAS and torch's int4 kernel (CUDA GPU)?
+
+A development tool, not part of the app.
 
 For each linear shape of DeepSeek-R1-Distill-Qwen-1.5B, over 28 random weights (one per layer, so reads come
 from HBM as when decoding): single-token time of bf16 cuBLAS, torch's int4 kernel and each of our int4 GEMV
 configs (gate/up also with its rows in pairs and its SiLU(gate) * up output, as the decoder calls it); 512-row (prefill)
 time of bf16 cuBLAS, torch's int4 kernel and our dequantise + cuBLAS. Also checks our kernels against the
 dequantised weight. Prints one JSON object.
-usage: python benchmarks/profile_int4.py [--group 128] [--sweep] [--precompile PROCESSES] [--shapes 1.5b,7b]
+usage: python -m benchmarks.profile_int4 [--group 128] [--sweep] [--precompile PROCESSES] [--shapes 1.5b,7b]
   --sweep       time a wide grid of GEMV configs instead of the autotuner's list (to choose that list)
   --precompile  compile every config first in that many processes (Triton caches them on disk)
   --shapes      which models' linear shapes (keys of MODEL_SHAPES; the report has one entry per model)
@@ -33,17 +35,28 @@ LAYERS = 28
 def sweep_configs() -> list:
     """(BLOCK_N, NB, warps, CHUNKS): rows per program, packed blocks per tile (K splits follow), warps, tiles
     per program."""
-    grid = [(bn, nb, warps, 1) for bn, nb, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8), (2, 4, 8))
-            if bn * nb * 4 >= 32 * warps] + [(16, 2, 1, 1), (16, 4, 2, 1), (32, 1, 1, 1), (32, 2, 1, 1)]
-    return grid + [(bn, nb, warps, chunks) for bn, nb, warps, chunks in
-                   itertools.product((32, 64, 128), (2, 4), (2, 4, 8), (2, 3, 4)) if bn * nb * 4 >= 32 * warps]
+    grid = [
+        (bn, nb, warps, 1)
+        for bn, nb, warps in itertools.product((32, 64, 128, 256), (1, 2, 4, 8), (2, 4, 8))
+        if bn * nb * 4 >= 32 * warps
+    ] + [(16, 2, 1, 1), (16, 4, 2, 1), (32, 1, 1, 1), (32, 2, 1, 1)]
+    return grid + [
+        (bn, nb, warps, chunks)
+        for bn, nb, warps, chunks in itertools.product((32, 64, 128), (2, 4), (2, 4, 8), (2, 3, 4))
+        if bn * nb * 4 >= 32 * warps
+    ]
 
 
 def _random_weights(n: int, k: int, group: int, count: int, dev) -> tuple[list, list]:
     g = torch.Generator(device=dev).manual_seed(0)
-    raw = [(torch.randint(0, 16, (k, n), device=dev, generator=g),
+    raw = [
+        (
+            torch.randint(0, 16, (k, n), device=dev, generator=g),
             torch.randint(0, 16, (k // group, n), device=dev, generator=g),
-            (torch.rand(k // group, n, device=dev, generator=g) * 0.02).half()) for _ in range(count)]
+            (torch.rand(k // group, n, device=dev, generator=g) * 0.02).half(),
+        )
+        for _ in range(count)
+    ]
     return [fmt.to_row_packed(q, z, s, group) for q, z, s in raw], raw
 
 
@@ -54,7 +67,7 @@ def _compile(job) -> int:
         plain = _random_weights(n, k, group, 1, dev)[0][0]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         for config in configs:
-            for w in ((plain, fmt.pair_gate_up(plain)) if name == "gate_up" else (plain,)):
+            for w in (plain, fmt.pair_gate_up(plain)) if name == "gate_up" else (plain,):
                 try:
                     int4_triton.int4_gemv(x, w, config, silu_output=w.gate_up_pairs)
                 except Exception:  # left to the timing run, which skips configs that can't run
@@ -85,8 +98,9 @@ def main(group: int, configs: list) -> dict:
             return round(triton_ops._graph_time_us(lambda: [fn(w) for w in ws], len(ws)), 2)
 
         def timed(ws: list) -> dict:
-            results = triton_ops.time_configs(ws, configs, lambda w, c: int4_triton.int4_gemv(x1, w, c,
-                                                                                            w.gate_up_pairs))
+            results = triton_ops.time_configs(
+                ws, configs, lambda w, c: int4_triton.int4_gemv(x1, w, c, w.gate_up_pairs)
+            )
             return {str(c): round(us, 2) for c, us in sorted(results.items(), key=lambda item: item[1])}
 
         entry = {
@@ -95,24 +109,26 @@ def main(group: int, configs: list) -> dict:
             "decode_triton_int4_us": timed(rows),
             "prefill512_bf16_cublas_us": t(lambda w: F.linear(x512, w), dense),
             "prefill512_torch_int4_us": t(lambda w: fmt.int4_linear(x512, w), packs),
-            "prefill512_dequant_cublas_us": t(lambda w: F.linear(x512, int4_triton.int4_dequantize(w, scratch)),
-                                              rows),
+            "prefill512_dequant_cublas_us": t(
+                lambda w, s=scratch: F.linear(x512, int4_triton.int4_dequantize(w, s)), rows
+            ),
             "prefill512_int4pack_dequant_cublas_us": t(
-                lambda w: F.linear(x512, int4_triton.int4pack_dequantize(w, scratch)), packs),
+                lambda w, s=scratch: F.linear(x512, int4_triton.int4pack_dequantize(w, s)), packs
+            ),
         }
         if name == "gate_up":
             gate_up = torch.randn(1, n, device=dev, dtype=torch.bfloat16)
             entry["decode_silu_mul_kernel_us"] = t(lambda w: triton_ops.silu_mul(gate_up), rows)
             entry["decode_triton_int4_silu_output_us"] = timed([fmt.pair_gate_up(w) for w in rows])
         ref = x1.float() @ fmt.dequantize_row_packed(rows[0]).t()
-        entry["gemv_max_abs_err"] = max((int4_triton.int4_gemv(x1, rows[0], c).float() - ref).abs().max().item()
-                                        for c in configs)
+        entry["gemv_max_abs_err"] = max(
+            (int4_triton.int4_gemv(x1, rows[0], c).float() - ref).abs().max().item() for c in configs
+        )
         entry["torch_int4_max_abs_err"] = (fmt.int4_linear(x1, packs[0]).float() - ref).abs().max().item()
         entry["ref_max_abs"] = ref.abs().max().item()
         d = int4_triton.int4_dequantize(rows[0], scratch)
         entry["dequant_exact"] = bool(torch.equal(d, fmt.dequantize_row_packed(rows[0]).to(torch.bfloat16)))
-        entry["int4pack_dequant_matches"] = int4_triton.int4pack_dequantize_matches(packs[0], scratch,
-                                                                                    fmt.int4_linear)
+        entry["int4pack_dequant_matches"] = int4_triton.int4pack_dequantize_matches(packs[0], scratch, fmt.int4_linear)
         entry["bytes_int4_mb"] = rows[0].nbytes() / 1e6
         report[name] = entry
         del rows, packs, dense, scratch

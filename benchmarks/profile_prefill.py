@@ -1,7 +1,12 @@
-"""Where TTFT and time-to-ready go on a CUDA GPU (a development tool, not part of the app).
-usage: python benchmarks/profile_prefill.py MODEL_DIR"""
+"""Where do TTFT and time-to-ready go on a CUDA GPU (a development tool, not part of the app)?
 
-import sys
+The load (its parts) and the warm-up, then the eager prefill (model.prefill, not the captured prefill graphs) of 1
+to 2,048 tokens, wall time and the host's time to issue it, and torch.profiler's tables for a 512-token prefill.
+
+    python -m benchmarks.profile_prefill MODEL_DIR
+"""
+
+import argparse
 import time
 
 import torch
@@ -42,4 +47,6 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    main(ap.parse_args().model)

@@ -1,11 +1,11 @@
-"""What rendering and tokenizing a chat's prompt costs before its first token (a development tool).
+"""What do rendering and tokenizing a chat's prompt cost before its first token (a development tool)?
 
 Each turn the whole conversation goes through the chat template and the tokenizer; the engine counts that time
 in TTFT (GenerationStats.prompt_ms). This times ChatFormat.render over a chat that grows turn by turn (the
 replies' reasoning dropped from the history, as the window does), and a regeneration of each turn, with the
 incremental tokenizer (model_loader.prompt_encoding) and with a full tokenization every time; "after
 prepare()": the history with the last reply tokenized once that reply ended, as Engine.generate does. CPU only.
-usage: python benchmarks/prompt_render.py MODEL_DIR [--turns 8] [--user-words 300] [--answer-words 600]
+usage: python -m benchmarks.prompt_render MODEL_DIR [--turns 8] [--user-words 300] [--answer-words 600]
 """
 
 import argparse
@@ -17,8 +17,10 @@ from pathlib import Path
 from model_loader.chat import ChatFormat
 from model_loader.tokenizer import load_tokenizer
 
-WORDS = ("the model thinks about prime numbers and writes code def f(x): return x*x so 你好 世界 then checks "
-         "every case once more").split()
+WORDS = (
+    "the model thinks about prime numbers and writes code def f(x): return x*x so 你好 世界 then checks "
+    "every case once more"
+).split()
 
 
 def chat_turns(turns: int, user_words: int, answer_words: int, seed: int = 0):
@@ -26,12 +28,14 @@ def chat_turns(turns: int, user_words: int, answer_words: int, seed: int = 0):
 
     def words(n):
         return " ".join(rng.choice(WORDS) for _ in range(n))
+
     messages = []
     for _ in range(turns):
         messages.append({"role": "user", "content": words(user_words)})
         yield list(messages)
-        messages.append({"role": "assistant", "content": f"<think>\n{words(4 * answer_words)}\n</think>\n\n"
-                                                         + words(answer_words)})
+        messages.append(
+            {"role": "assistant", "content": f"<think>\n{words(4 * answer_words)}\n</think>\n\n" + words(answer_words)}
+        )
 
 
 def time_ms(fn, repeats: int = 5) -> float:
@@ -66,6 +70,7 @@ def main() -> None:
             t = time.perf_counter()
             incremental.render(messages)
             return (time.perf_counter() - t) * 1000.0
+
         follow = prepared = "-"
         if previous is not None:
             follow = f"{statistics.median(follow_up(False) for _ in range(5)):.2f}"

@@ -1,7 +1,9 @@
-"""The engine-thread crash of issue 11, without the app: torch imported inside a queued slot on a QThread.
+"""Does the engine-thread crash of issue 11 still happen with this torch, and does desktop.worker avoid it?
 
-    python benchmarks/repro_thread_state.py plain       # a QThread running its event loop in C++ (the old worker)
-    python benchmarks/repro_thread_state.py python-run  # desktop.worker.EngineThread (run() written in Python)
+The crash without the app: torch imported inside a queued slot on a QThread.
+
+    python -m benchmarks.repro_thread_state plain       # a QThread running its event loop in C++ (the old worker)
+    python -m benchmarks.repro_thread_state python-run  # desktop.worker.EngineThread (run() written in Python)
 
 Each queued slot call on a plain QThread enters Python through PyGILState_Ensure and leaves through
 PyGILState_Release, which frees the thread state it made. `import torch` in the first slot initialises

@@ -1,10 +1,10 @@
-"""What choosing the next token costs on the GPU, per variant of the sampler (a development tool).
+"""What does choosing the next token cost on the GPU, per variant of the sampler (a development tool)?
 
 The decode step ends with the sampler; with the window's defaults (temperature 0.6, top-p 0.95, no top-k) the
 engine decodes ~10% slower than greedy on the H200 (chat scenario 656 vs 724 tok/s). This times, each in a CUDA
 graph (replays back to back), the sampler as it is and parts or alternatives of it, on one row of logits of
 Qwen2's vocabulary: peaked (a real model's usual case) and flat (a random test model's).
-usage: python benchmarks/sampler_cost.py [--vocab 151936] [--calls 200]
+usage: python -m benchmarks.sampler_cost [--vocab 151936] [--calls 200]
 """
 
 import argparse
@@ -18,6 +18,7 @@ from model_loader.sampling import SamplerParams, greedy, sort_sample
 
 def graph_us(fn, calls: int) -> float:
     """GPU microseconds per call, from a CUDA graph of `calls` calls replayed back to back."""
+
     def many():
         for _ in range(calls):
             fn()
@@ -45,8 +46,10 @@ def main() -> None:
             "greedy (argmax)": lambda: greedy(fp32),
             "fused sampler, bf16 logits (the decode step's)": lambda: fused_sample(bf16, params),
             "fused sampler with top-k 50": lambda: fused_sample(bf16, params_k),
-            **{f"  fused sampler, {b} logits a program": (lambda b=b: fused_sample(bf16, params, block=b))
-               for b in (1024, 2048, 8192)},
+            **{
+                f"  fused sampler, {b} logits a program": (lambda b=b: fused_sample(bf16, params, block=b))
+                for b in (1024, 2048, 8192)
+            },
             "sort_sample() on fp32 logits": lambda: sort_sample(fp32, params),
             "sort_sample() on the bf16 logits": lambda: sort_sample(bf16, params),
             "greedy on the bf16 logits": lambda: greedy(bf16),

@@ -1,4 +1,4 @@
-"""The engine on a GPU that is not the thread's current one (a check for machines with two or more GPUs).
+"""Does the engine run right on a GPU that is not the thread's current one (machines with two or more GPUs)?
 
 Triton launches and CUDA graphs go to the thread's current device, which is cuda:0 unless the engine makes its
 own GPU current (engine.use_device), and torch captures graphs on a stream of the GPU of its first capture unless
@@ -11,7 +11,7 @@ an illegal memory access). Greedy replies, fresh and follow-up, are compared too
 warm-up tunes its own kernel choices, whose different summation orders may part two greedy replies at a near
 tie. Prints JSON; exit status 1 when a check fails.
 
-    python benchmarks/second_gpu_check.py --model M [--tokens 64]
+    python -m benchmarks.second_gpu_check --model M [--tokens 64]
 """
 
 from __future__ import annotations
@@ -70,17 +70,25 @@ def main() -> int:
         torch.cuda.set_device(0)
         s2 = reply(engine, first, sampled)
         ids[device] = (a.token_ids, b.token_ids)
-        result[device] = {"device": engine.info.device, "kernels": engine.info.kernels,
-                          "cuda_graphs": engine.info.cuda_graphs, "follow_up_reused": b.stats.prefix_reused_tokens,
-                          "seeded_sample_repeats": s1.token_ids == s2.token_ids,
-                          "decode_tok_s": round(a.stats.decode_tok_s, 1),
-                          "cuda0_bytes_added": torch.cuda.memory_allocated(0) - before}
+        result[device] = {
+            "device": engine.info.device,
+            "kernels": engine.info.kernels,
+            "cuda_graphs": engine.info.cuda_graphs,
+            "follow_up_reused": b.stats.prefix_reused_tokens,
+            "seeded_sample_repeats": s1.token_ids == s2.token_ids,
+            "decode_tok_s": round(a.stats.decode_tok_s, 1),
+            "cuda0_bytes_added": torch.cuda.memory_allocated(0) - before,
+        }
         engine.close()
     result["same_greedy_ids"] = ids[last] == ids["cuda:0"]
     diff = (logits[last] - logits["cuda:0"]).abs().max().item()
     result["prompt_logits_max_abs_diff"] = diff
-    ok = (diff <= 0.02 * logits["cuda:0"].abs().max().item() and result[last]["seeded_sample_repeats"]
-          and result[last]["device"] == last and result[last]["cuda0_bytes_added"] == 0)
+    ok = (
+        diff <= 0.02 * logits["cuda:0"].abs().max().item()
+        and result[last]["seeded_sample_repeats"]
+        and result[last]["device"] == last
+        and result[last]["cuda0_bytes_added"] == 0
+    )
     result["ok"] = ok
     print(json.dumps(result, indent=2))
     return 0 if ok else 1

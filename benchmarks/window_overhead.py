@@ -1,6 +1,6 @@
-"""How much decode speed the window costs, on any machine, without a GPU.
+"""How much decode speed does the window cost? Measured on any machine, without a GPU.
 
-    QT_QPA_PLATFORM=offscreen python benchmarks/window_overhead.py --model /tmp/tiny [--step-ms 1.4] [--tokens 4096]
+    QT_QPA_PLATFORM=offscreen python -m benchmarks.window_overhead --model /tmp/tiny [--step-ms 1.4] [--tokens 4096]
 
 A simulated GPU engine runs the real engine's host loop shape: decode steps of --step-ms each are queued
 `model_loader.engine.QUEUED_STEPS` deep on a "GPU" clock, the host waits for the oldest one with the GIL
@@ -24,22 +24,28 @@ import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "desktop"))
-
 REPLY = (
-    "Okay, let me think about this carefully. The user wants a function that parses a log file and reports "
-    "the slowest requests. First I need to decide how to read the file: line by line, so memory stays flat.\n\n"
-    "Each line looks like `2024-01-01T00:00:00Z GET /path 200 123ms`. I can split on spaces; the last field "
-    "is the duration. Wait, some paths could contain spaces if they are URL-encoded badly, so I should split "
-    "from the right instead.\n\n"
-    "Then keep a heap of the N slowest. That is O(n log N). For the report, a table is clearest.\n\n"
-) * 12 + "</think>\n\n" + (
-    "Here is a parser that streams the file and keeps the slowest requests in a heap:\n\n```python\n"
-    + "".join(f"def step_{i}(line: str) -> tuple[str, int]:\n    parts = line.rsplit(' ', 4)\n"
-              f"    return parts[2], int(parts[4].rstrip('ms'))  # field {i}\n\n" for i in range(40))
-    + "```\n\n| request | ms |\n|---|---|\n" + "".join(f"| /api/item/{i} | {100 + i} |\n" for i in range(30))
-    + "\nThe total cost is $O(n \\log N)$ and memory is $O(N)$.\n"
+    (
+        "Okay, let me think about this carefully. The user wants a function that parses a log file and reports "
+        "the slowest requests. First I need to decide how to read the file: line by line, so memory stays flat.\n\n"
+        "Each line looks like `2024-01-01T00:00:00Z GET /path 200 123ms`. I can split on spaces; the last field "
+        "is the duration. Wait, some paths could contain spaces if they are URL-encoded badly, so I should split "
+        "from the right instead.\n\n"
+        "Then keep a heap of the N slowest. That is O(n log N). For the report, a table is clearest.\n\n"
+    )
+    * 12
+    + "</think>\n\n"
+    + (
+        "Here is a parser that streams the file and keeps the slowest requests in a heap:\n\n```python\n"
+        + "".join(
+            f"def step_{i}(line: str) -> tuple[str, int]:\n    parts = line.rsplit(' ', 4)\n"
+            f"    return parts[2], int(parts[4].rstrip('ms'))  # field {i}\n\n"
+            for i in range(40)
+        )
+        + "```\n\n| request | ms |\n|---|---|\n"
+        + "".join(f"| /api/item/{i} | {100 + i} |\n" for i in range(30))
+        + "\nThe total cost is $O(n \\log N)$ and memory is $O(N)$.\n"
+    )
 )
 
 
@@ -50,7 +56,7 @@ class SimulatedGpuEngine:
         import random
 
         from model_loader.tokenizer import load_tokenizer
-        from fakes import FakeInfo
+        from tests.desktop.fakes import FakeInfo
 
         self.tokenizer = load_tokenizer(Path(model_folder))
         if text == "random":  # the base vocabulary only: a random model's special tokens would end the reply
@@ -65,7 +71,7 @@ class SimulatedGpuEngine:
         self.last_tok_s = 0.0
 
     def memory(self):
-        from fakes import FakeEngine
+        from tests.desktop.fakes import FakeEngine
 
         return FakeEngine().memory()
 
@@ -104,12 +110,27 @@ class SimulatedGpuEngine:
         self.last_tok_s = (n - 1) / (times[-1] - times[0])
         self.last_stalls = [(b - a) * 1000 for a, b in zip(times, times[1:]) if b - a > 0.005]
         reasoning, answer = "".join(parts["reasoning"]), "".join(parts["answer"])
-        stats = GenerationStats(finish_reason="max_new_tokens", prompt_tokens=20, completion_tokens=n,
-                                reasoning_tokens=0, prefix_reused_tokens=0, context_length=32768, ttft_ms=1.0,
-                                first_answer_ms=None, decode_tok_s=self.last_tok_s, total_s=times[-1] - times[0],
-                                token_latencies_ms=[], memory=self.memory())
-        yield Finished(text=reasoning + "</think>\n\n" + answer, reasoning=reasoning, answer=answer,
-                       token_ids=list(self.ids), stats=stats)
+        stats = GenerationStats(
+            finish_reason="max_new_tokens",
+            prompt_tokens=20,
+            completion_tokens=n,
+            reasoning_tokens=0,
+            prefix_reused_tokens=0,
+            context_length=32768,
+            ttft_ms=1.0,
+            first_answer_ms=None,
+            decode_tok_s=self.last_tok_s,
+            total_s=times[-1] - times[0],
+            token_latencies_ms=[],
+            memory=self.memory(),
+        )
+        yield Finished(
+            text=reasoning + "</think>\n\n" + answer,
+            reasoning=reasoning,
+            answer=answer,
+            token_ids=list(self.ids),
+            stats=stats,
+        )
 
 
 def alone(engine: SimulatedGpuEngine) -> float:
@@ -131,8 +152,13 @@ def in_window(engine: SimulatedGpuEngine) -> float:
     sys.setswitchinterval(0.0005)  # as desktop.app.main sets it
     tmp_dir = tempfile.TemporaryDirectory(prefix="r1desk-overhead-")  # the window's settings and chat store
     tmp = Path(tmp_dir.name)
-    win = MainWindow(QSettings(str(tmp / "r1desk.ini"), QSettings.IniFormat), Store(tmp / "c.sqlite3"),
-                     model="/simulated", device="cuda", max_new_tokens=len(engine.ids))
+    win = MainWindow(
+        QSettings(str(tmp / "r1desk.ini"), QSettings.IniFormat),
+        Store(tmp / "c.sqlite3"),
+        model="/simulated",
+        device="cuda",
+        max_new_tokens=len(engine.ids),
+    )
     win.engine_factory = lambda request, progress, on_compiling: engine
     win.resize(1280, 820)
     win.show()
@@ -153,8 +179,12 @@ def main() -> int:
     p.add_argument("--step-ms", type=float, default=1.4, help="simulated GPU time per decode step")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--text", choices=["r1", "r1-unlabeled", "random"], default="r1",
-                   help="an R1-shaped reply, or a random model's tokens (as the GPU self-test's model writes)")
+    p.add_argument(
+        "--text",
+        choices=["r1", "r1-unlabeled", "random"],
+        default="r1",
+        help="an R1-shaped reply, or a random model's tokens (as the GPU self-test's model writes)",
+    )
     p.add_argument("--seed", type=int, default=0, help="--text random: which random tokens")
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -167,9 +197,11 @@ def main() -> int:
         win.append(in_window(engine))
         stalls.append(engine.last_stalls)
     b, w = max(base), max(win)
-    print(f"simulated GPU {ceiling:.0f} tok/s; alone {', '.join(f'{x:.1f}' for x in base)} tok/s; "
-          f"in the window {', '.join(f'{x:.1f}' for x in win)} tok/s; window/alone = {w / b:.3f}; gaps over 5 ms "
-          f"in the window: {', '.join(f'{len(g)} ({sum(g):.0f} ms, max {max(g, default=0):.1f})' for g in stalls)}")
+    print(
+        f"simulated GPU {ceiling:.0f} tok/s; alone {', '.join(f'{x:.1f}' for x in base)} tok/s; "
+        f"in the window {', '.join(f'{x:.1f}' for x in win)} tok/s; window/alone = {w / b:.3f}; gaps over 5 ms "
+        f"in the window: {', '.join(f'{len(g)} ({sum(g):.0f} ms, max {max(g, default=0):.1f})' for g in stalls)}"
+    )
     return 0
 
 

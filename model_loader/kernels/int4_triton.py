@@ -45,7 +45,7 @@ INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3),
 DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # int4_gemv's default (Linears uses int4_gemv_candidates' first when untuned)
 # Each configuration is its own compiled kernel, 1-2 s of a first start each on the H200's host (18 of them were
 # most of the 4-bit model's first start). For the weight uses measured on the H200 (N, K, SiLU output) only the
-# configurations within 7% of the best there are tried (`python benchmarks/profile_int4.py --shapes 1.5b,7b`,
+# configurations within 7% of the best there are tried (`python -m benchmarks.profile_int4 --shapes 1.5b,7b`,
 # 2026-12-03, docs/BENCHMARKS.md; the runner-ups of the 1.5B's qkv, o and down were 13-31% slower); any other
 # shape tries all of INT4_GEMV_CONFIGS.
 INT4_GEMV_MEASURED = {
@@ -91,7 +91,7 @@ def int4_gemv(
 ) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
     awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up].
-    maxnreg: a register cap per thread (for experiments; benchmarks/int4_registers.py found none that helps)."""
+    maxnreg: a register cap per thread (for experiments; 96, 80 and 64 were slower or equal: docs/BENCHMARKS.md)."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")

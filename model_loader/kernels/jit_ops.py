@@ -680,7 +680,7 @@ def _prefill_kv_tile(
     caller, and V's rows were zeroed by this prefill's _rope_bias_cache_kernel (STALE_V_ROWS; a NaN left there by
     an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) took V
     through registers and cost the TMA loads their gain (H200: 512 + 2,048 tokens 68 us a layer either way,
-    against 57 without; benchmarks/prefill_attention_tma.py). V_T (a transposed value cache, _v_offsets; v_base:
+    against 57 without; prefill_attention_tma.py, in git history). V_T (a transposed value cache, _v_offsets; v_base:
     its KV head's first element): V is read whole likewise, 16 tokens a load."""
     if V_T:
         v = tl.load(v_ptr + v_base + d[None, :] * v_rows + n[:, None])

@@ -558,7 +558,7 @@ class PrefillAttention:
     FALLBACKS = ((64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     # A row block holds BLOCK_M // group tokens of all the query heads of one KV head (_prefill_attn_kernel's
     # PACK_GQA) rather than BLOCK_M tokens of one query head. H200, bf16, the kept (64, 64, 4, 3), per layer
-    # (benchmarks/prefill_attention_tma.py --packed-shapes, 2026-12-04): 512 cached + 2,048 new 56.0 -> 43.4 us,
+    # (prefill_attention_tma.py --packed-shapes, in git history; 2026-12-04): 512 cached + 2,048 new 56.0 -> 43.4 us,
     # 0 + 2,048 41.4 -> 32.1, 4,096 + 2,048 160.2 -> 146.5, 4,096 + 1,024 74.4 -> 74.1, 512 + 1,024 25.0 -> 25.0,
     # 4,096 + 256 (key splits) 26.4 -> 25.8. Other tile shapes packed were no better except (128, 128, 8, 3) at
     # 4,096 + 2,048 (140.4) and worse elsewhere (94.4 at 4,096 + 1,024).

@@ -1,4 +1,6 @@
-"""A prefill's gate/up projection with SiLU(gate) * up in the GEMM's epilogue (Triton) against what runs now:
+"""Can a Triton gate/up GEMM writing SiLU(gate) * up in its epilogue beat cuBLAS + the SiLU·mul kernel in a prefill?
+
+A prefill's gate/up projection with SiLU(gate) * up in the GEMM's epilogue (Triton) against what runs now:
 cuBLAS's GEMM writing all 2 x 8,960 outputs, then the SiLU·mul kernel reading them back
 (silu_mul(paired=True)). GPU time per layer through CUDA graphs over 28 weights (so weights come from HBM),
 rows M = 2,048 / 1,024 / 512 (a follow-up's new tokens), the 1.5B's gate/up weight (17,920 x 1,536, rows in
@@ -13,23 +15,19 @@ with TMA, or persistent (128, 128, 64, 8, 3), with or without Triton's warp spec
 at M = 2,048 (175-179 us against 178-180) and loses at 1,024 and 512: Triton's GEMM reaches ~630-645 TFLOP/s
 where cuBLAS reaches 710-736, which eats what the fusion saves. Kept as a benchmark, not in the app.
 
-usage: python benchmarks/prefill_gemm_swiglu.py [--rows 2048,1024,512] [--configs all]
+usage: python -m benchmarks.research.prefill_gemm_swiglu [--rows 2048,1024,512] [--configs all]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from model_loader.kernels import triton_ops as T  # noqa: E402
+from model_loader.kernels import triton_ops as T
 
 LAYERS = 28
 N, K = 17920, 1536
@@ -46,8 +44,19 @@ def _tile_of(tile, blocks_m, blocks_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gemm_swiglu_kernel(x_ptr, w_ptr, out_ptr, M, N2, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr):
+def _gemm_swiglu_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    N2,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TMA: tl.constexpr,
+):
     # out[M, N2] = SiLU(x @ gate.T) * (x @ up.T) for a gate/up weight whose rows come in (gate j, up j) pairs
     # (linears.pair_gate_up_rows), so that row j of the weight viewed as [N2, 2K] is gate j's K inputs followed
     # by up j's: the gate and up tiles of a block of outputs are two tiles of that view, K columns apart, and
@@ -100,16 +109,28 @@ def gemm_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple, tma: bool) -> t
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         assert k % block_k == 0, "the gate tile would run into the up half"
-        args = (TensorDescriptor.from_tensor(x, [block_m, block_k]),
-                TensorDescriptor.from_tensor(w.view(n2, 2 * k), [block_n, block_k]),
-                TensorDescriptor.from_tensor(out, [block_m, block_n]))
+        args = (
+            TensorDescriptor.from_tensor(x, [block_m, block_k]),
+            TensorDescriptor.from_tensor(w.view(n2, 2 * k), [block_n, block_k]),
+            TensorDescriptor.from_tensor(out, [block_m, block_n]),
+        )
     else:
         args = (x, w, out)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n2, block_n),)
-    _gemm_swiglu_kernel[grid](*args, m, n2, k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
-                              TMA=tma, num_warps=warps, num_stages=stages)
+    _gemm_swiglu_kernel[grid](
+        *args,
+        m,
+        n2,
+        k,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        TMA=tma,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out
-
 
 
 @triton.jit
@@ -120,9 +141,22 @@ def _store_swiglu(out_desc, off_m, off_n, acc_g, acc_u):
 
 
 @triton.jit
-def _swiglu_ws_kernel(x_desc, w_desc, out_desc, M, N2, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, PERSISTENT: tl.constexpr,
-                      WS: tl.constexpr, FLATTEN: tl.constexpr):
+def _swiglu_ws_kernel(
+    x_desc,
+    w_desc,
+    out_desc,
+    M,
+    N2,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    WS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
     # Experimental variants of jit_gemm._gemm_swiglu_kernel (TMA only): persistent programs walking the tiles
     # (the epilogue of one tile can overlap the next one's loads) and/or Triton's warp specialization.
     blocks_m = tl.cdiv(M, BLOCK_M)
@@ -163,21 +197,46 @@ def swiglu_variant(x, w, config, persistent: bool, ws: bool, flatten: bool):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n2, block_n)
     grid = (min(sms, tiles) if persistent else tiles,)
-    _swiglu_ws_kernel[grid](TensorDescriptor.from_tensor(x, [block_m, block_k]),
-                            TensorDescriptor.from_tensor(w.view(n2, 2 * k), [block_n, block_k]),
-                            TensorDescriptor.from_tensor(out, [block_m, block_n]), m, n2, k, BLOCK_M=block_m,
-                            BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_SMS=sms, PERSISTENT=persistent, WS=ws,
-                            FLATTEN=flatten, num_warps=warps, num_stages=stages)
+    _swiglu_ws_kernel[grid](
+        TensorDescriptor.from_tensor(x, [block_m, block_k]),
+        TensorDescriptor.from_tensor(w.view(n2, 2 * k), [block_n, block_k]),
+        TensorDescriptor.from_tensor(out, [block_m, block_n]),
+        m,
+        n2,
+        k,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        NUM_SMS=sms,
+        PERSISTENT=persistent,
+        WS=ws,
+        FLATTEN=flatten,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out
 
 
-VARIANTS = {"persistent": (True, False, False), "persistent+flatten": (True, False, True),
-            "persistent+ws": (True, True, False), "persistent+ws+flatten": (True, True, True),
-            "ws": (False, True, False)}
+VARIANTS = {
+    "persistent": (True, False, False),
+    "persistent+flatten": (True, False, True),
+    "persistent+ws": (True, True, False),
+    "persistent+ws+flatten": (True, True, True),
+    "ws": (False, True, False),
+}
 
 EXTRA_CONFIGS = (
-    (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 64, 4, 3), (64, 128, 64, 4, 4),
-    (128, 64, 128, 4, 3), (128, 128, 32, 8, 5), (64, 64, 64, 4, 5), (128, 64, 64, 8, 4), (256, 64, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
+    (128, 64, 64, 4, 4),
+    (128, 64, 64, 4, 3),
+    (64, 128, 64, 4, 4),
+    (128, 64, 128, 4, 3),
+    (128, 128, 32, 8, 5),
+    (64, 64, 64, 4, 5),
+    (128, 64, 64, 8, 4),
+    (256, 64, 64, 8, 3),
 )
 
 
@@ -199,23 +258,32 @@ def main() -> None:
         for _ in range(2):  # twice: the spread between rounds is the machine's
             base = T.time_configs(ws, [None], lambda w, c: T.silu_mul(F.linear(x, w), paired=True))[None]
             gemm = T.time_configs(ws, [None], lambda w, c: F.linear(x, w))[None]
-            print(f"M={rows}: cuBLAS + SiLU·mul {base:.1f} us (GEMM alone {gemm:.1f} us, "
-                  f"{flops / gemm / 1e6:.0f} TFLOP/s)", flush=True)
+            print(
+                f"M={rows}: cuBLAS + SiLU·mul {base:.1f} us (GEMM alone {gemm:.1f} us, "
+                f"{flops / gemm / 1e6:.0f} TFLOP/s)",
+                flush=True,
+            )
             for name in filter(None, args.variants.split(",")):
                 flags = VARIANTS[name]
                 times = T.time_configs(ws, configs, lambda w, c, f=flags: swiglu_variant(x, w, c, *f))
                 for c, us in sorted(times.items(), key=lambda kv: kv[1])[:4]:
                     err = (swiglu_variant(x, ws[0], c, *flags).float() - ref.float()).abs().max().item()
-                    print(f"  {name} {c}: {us:.1f} us ({flops / us / 1e6:.0f} TFLOP/s, {us - base:+.1f} us against "
-                          f"cuBLAS + SiLU·mul; max |diff| {err:.2e})", flush=True)
+                    print(
+                        f"  {name} {c}: {us:.1f} us ({flops / us / 1e6:.0f} TFLOP/s, {us - base:+.1f} us against "
+                        f"cuBLAS + SiLU·mul; max |diff| {err:.2e})",
+                        flush=True,
+                    )
                 if len(times) < len(configs):
                     print(f"  ({name}: {len(configs) - len(times)} configs did not run)", flush=True)
             for tma in () if args.no_plain else (True, False):
                 times = T.time_configs(ws, configs, lambda w, c, tma=tma: gemm_swiglu(x, w, c, tma=tma))
                 for c, us in sorted(times.items(), key=lambda kv: kv[1])[:6]:
                     err = (gemm_swiglu(x, ws[0], c, tma=tma).float() - ref.float()).abs().max().item()
-                    print(f"  fused {'TMA' if tma else 'ptr'} {c}: {us:.1f} us ({flops / us / 1e6:.0f} TFLOP/s, "
-                          f"{us - base:+.1f} us against cuBLAS + SiLU·mul; max |diff| {err:.2e})", flush=True)
+                    print(
+                        f"  fused {'TMA' if tma else 'ptr'} {c}: {us:.1f} us ({flops / us / 1e6:.0f} TFLOP/s, "
+                        f"{us - base:+.1f} us against cuBLAS + SiLU·mul; max |diff| {err:.2e})",
+                        flush=True,
+                    )
                 missing = [c for c in configs if c not in times]
                 if missing:
                     print(f"  ({'TMA' if tma else 'ptr'}: did not run {missing})", flush=True)

@@ -1,4 +1,6 @@
-"""The same servers on different event loops, measured side by side: requests alternate between them.
+"""Is desktop.fastloop's event loop still faster for the API than qasync's (R1DESK_QASYNC_LOOP=1) and asyncio's?
+
+The same servers on different event loops, measured side by side: requests alternate between them.
 
 On a small, busy machine the openai client's own time swings by a millisecond from one run to the next, more
 than the differences between event loops, so measuring one loop per run tells little. Here each server runs in
@@ -16,7 +18,7 @@ Servers (--servers, comma-separated KIND:LOOP):
 Clients (--clients): raw (http.client, one kept-alive connection per server), rawnew (http.client, a new
 connection per request, as the openai client ends up doing), openai (one openai.OpenAI per server).
 
-    QT_QPA_PLATFORM=offscreen python benchmarks/api_loop_ab.py -n 300 \\
+    QT_QPA_PLATFORM=offscreen python -m benchmarks.research.api_loop_ab -n 300 \\
         --servers instant:asyncio,instant:qasync,instant:fast,real:qasync,real:fast
 """
 
@@ -33,13 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "desktop"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import api_latency_split as split
 
-import api_latency_split as split  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]  # the server processes run this module from here
 ID = split.ID_HEADER
 
 
@@ -94,11 +92,10 @@ def serve(kind: str, loop_kind: str, token_ms: float) -> None:
     if kind == "instant":
         factory = instant
     else:
-        import fakes
-
         from desktop.api.server import ApiServer
         from desktop.gcguard import GuiThreadGC
         from desktop.service import EngineService
+        from tests.desktop import fakes
 
         StampedEngine = split.stamped_fake_engine(gen_t, token_t)  # Started comes with the first token
 
@@ -140,8 +137,12 @@ class Client:
             send = time.perf_counter()
             first = None
             stream = self.openai.chat.completions.create(
-                model=self.model, messages=[{"role": "user", "content": f"bench {rid}"}],
-                max_tokens=self.max_tokens, stream=True, extra_headers={ID: rid})
+                model=self.model,
+                messages=[{"role": "user", "content": f"bench {rid}"}],
+                max_tokens=self.max_tokens,
+                stream=True,
+                extra_headers={ID: rid},
+            )
             for chunk in stream:
                 if first is None and chunk.choices:
                     d = chunk.choices[0].delta
@@ -150,14 +151,21 @@ class Client:
             return first - send
         import http.client
 
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": f"bench {rid}"}],
-                           "max_tokens": self.max_tokens, "stream": True}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": f"bench {rid}"}],
+                "max_tokens": self.max_tokens,
+                "stream": True,
+            }
+        ).encode()
         send = time.perf_counter()
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.u.hostname, self.u.port, timeout=60)
         first = None
-        self.conn.request("POST", self.u.path + "/chat/completions", body=body,
-                          headers={"Content-Type": "application/json", ID: rid})
+        self.conn.request(
+            "POST", self.u.path + "/chat/completions", body=body, headers={"Content-Type": "application/json", ID: rid}
+        )
         resp = self.conn.getresponse()
         while line := resp.readline():
             if first is None and split._is_first_text(line):
@@ -177,8 +185,12 @@ def main() -> int:
     ap.add_argument("--clients", default="raw,rawnew,openai")
     ap.add_argument("--token-ms", type=float, default=1.4)
     ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--pause-ms", type=float, default=1.0,
-                    help="untimed pause before each request, so the previous server's after-work is done")
+    ap.add_argument(
+        "--pause-ms",
+        type=float,
+        default=1.0,
+        help="untimed pause before each request, so the previous server's after-work is done",
+    )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,8 +202,21 @@ def main() -> int:
     names = args.servers.split(",")
     procs, urls = {}, {}
     for name in names:
-        p = subprocess.Popen([sys.executable, __file__, "--serve", name, "--token-ms", str(args.token_ms)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.research.api_loop_ab",
+                "--serve",
+                name,
+                "--token-ms",
+                str(args.token_ms),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         procs[name] = p
         urls[name] = p.stdout.readline().split()
     results: dict = {}
@@ -215,8 +240,10 @@ def main() -> int:
             out, _ = p.communicate("", timeout=60)
             engine[name] = json.loads(out.strip().splitlines()[-1])["engine_ttft"]
     report = {}
-    print(f"medians over {args.n} rounds, ms; 'diff': the median per-round difference to the first server of"
-          f" the same kind (real servers: client TTFT - engine TTFT)")
+    print(
+        f"medians over {args.n} rounds, ms; 'diff': the median per-round difference to the first server of"
+        f" the same kind (real servers: client TTFT - engine TTFT)"
+    )
     for mode, ttft in results.items():
         print(f"{mode} client")
         per = {}
