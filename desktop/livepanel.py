@@ -356,6 +356,11 @@ class LivePanel(QScrollArea):
     def set_engine(self, info: dict) -> None:
         self.info = info
         self.memory = info.get("memory")
+        if info.get("device") == "remote":  # its memory and GPU are the server's: nothing here measures them
+            for key in ("weights", "kv", "other", "free", "util"):
+                self.values[key].setText("on the server")
+            self.membar.set_parts([])
+            self.legend.setText("")
         self.gpu.select(info.get("gpu_uuid"))
         self._gpu_live = NO_GPU_LIVE  # a previous GPU's figures are not this one's
         self._raw_clocks = None
@@ -417,8 +422,9 @@ class LivePanel(QScrollArea):
                 self._show_read(
                     *memory_read(s.get("decode_read_bytes"), s.get("decode_cache_read_bytes") or 0.0, s["decode_tok_s"])
                 )
-                used = s["prompt_tokens"] + s["completion_tokens"]
-                v["ctx"].setText(f"{used:,} / {s['context_length']:,} ({100 * used / s['context_length']:.0f}%)")
+                used, ctx = s["prompt_tokens"] + s["completion_tokens"], s["context_length"]
+                # a server's context is not known (the OpenAI API doesn't say): the tokens used alone
+                v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
                 v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
             elif r.failed:  # frozen where it stopped: no clock runs on for a reply that ended in an error
                 if not r.first_t:
@@ -493,6 +499,14 @@ class LivePanel(QScrollArea):
 
     def _refresh_memory(self) -> None:
         v, m, t = self.values, self.memory, self.theme
+        if self.info and self.info.get("device") == "remote":
+            i = self.info
+            self.device_label.setText(f"{i.get('model_name', '?')} · {i.get('device_name', '')}")
+            self.device_label.setToolTip(
+                f"A model on {i.get('server', 'a server')}: the times and rates here are measured by r1desk as the "
+                "reply arrives; its memory, GPU and kernels are the server's."
+            )
+            return
         if self.info:
             i = self.info
             quant = f" · 4-bit {i['quantization']}" if i.get("quantization") else ""  # which AWQ path runs

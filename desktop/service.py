@@ -150,16 +150,25 @@ class EngineService(QObject):
     def model_name(self) -> str | None:
         return (self.info or {}).get("model_name")
 
-    def load(self, spec: str, device: str, context_length: int, dtype: str | None, kv_cache: str = "16-bit") -> None:
-        """Load (or reload) a model. A reply already decoding one at a time finishes first (the worker is serial);
-        replies decoding together end "unloaded" (the worker can't finish them before the load); requests still
-        waiting fail with "unloaded": they were asked of the model being replaced."""
+    def load(
+        self,
+        spec: str,
+        device: str,
+        context_length: int,
+        dtype: str | None,
+        kv_cache: str = "16-bit",
+        remote: dict | None = None,
+    ) -> None:
+        """Load (or reload) a model (remote: one on a server, EngineWorker._load_remote). A reply already decoding
+        one at a time finishes first (the worker is serial); replies decoding together end "unloaded" (the worker
+        can't finish them before the load); requests still waiting fail with "unloaded": they were asked of the
+        model being replaced."""
         self.state = "loading"
         self.info = None
         for req in list(self.waiting):
             self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
         self._loads_pending += 1  # one under way stops at its next step (EngineHost.load)
-        self.host.load(spec, device, context_length, dtype, kv_cache, self.max_parallel)
+        self.host.load(spec, device, context_length, dtype, kv_cache, 1 if remote else self.max_parallel, remote)
 
     def quantize(self, src: str, out: str, **options) -> None:
         self.host.quantize(src, out, **options)

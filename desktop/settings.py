@@ -38,6 +38,10 @@ from PySide6.QtWidgets import (
 @dataclass
 class AppSettings:
     model_path: str = ""
+    # a model on a server instead (desktop.servers): its base URL and model id; empty: the model folder above
+    remote_server: str = ""
+    remote_model: str = ""
+    servers: str = ""  # the servers the user added, as JSON (desktop.servers; their keys are not here)
     device: str = "cuda"  # "cuda" (the first GPU that works) | "cuda:N" | "cpu" (offered when no GPU is usable)
     precision: str = "auto"  # "auto" | "bf16" | "fp16" | "fp32" | "awq" (the model folder is the 4-bit one)
     context_length: int = 0  # 0 = auto: from the free VRAM at load, up to 32,768 (model_loader.context)
@@ -56,7 +60,16 @@ class AppSettings:
     api_key: str = ""  # empty: no key asked (the server binds 127.0.0.1 only)
     api_origins: str = ""  # comma-separated web origins allowed through CORS; empty: none
 
-    MODEL_KEYS = ("model_path", "device", "precision", "context_length", "kv_cache", "max_parallel")
+    MODEL_KEYS = (
+        "model_path",
+        "remote_server",
+        "remote_model",
+        "device",
+        "precision",
+        "context_length",
+        "kv_cache",
+        "max_parallel",
+    )
     # What the dialog allows; a value outside it (a hand-edited or older ini file) is read as the default.
     RANGES = {
         "context_length": (0, 131072),
@@ -128,6 +141,17 @@ class AppSettings:
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens
         )
 
+    def server_list(self) -> list:
+        from desktop.servers import servers_from_json
+
+        return servers_from_json(self.servers)
+
+    def remote(self):
+        """The server whose model is in use (desktop.servers.Server), or None for the model folder."""
+        if not self.remote_server or not self.remote_model:
+            return None
+        return next((s for s in self.server_list() if s.url == self.remote_server), None)
+
     def dtype(self) -> str | None:
         return None if self.precision in ("auto", "awq") else self.precision  # AWQ: the engine picks
 
@@ -160,10 +184,12 @@ class SettingsDialog(QDialog):
         quantized: bool = False,
         auto_context: int | None = None,
         gpus: list[dict] | None = None,
+        keys_where: str = "",
     ):
         """variants: {"dense": folder | None, "awq": folder | None} for the loaded model (None: unknown);
         quantized: the loaded model is the 4-bit one; auto_context: the context "auto" chose at this load;
-        gpus: the machine's NVIDIA GPUs (device_choices), None when not known yet."""
+        gpus: the machine's NVIDIA GPUs (device_choices), None when not known yet; keys_where: where servers'
+        keys are kept (desktop.servers.KeyStore.where)."""
         super().__init__(parent)
         self._variants = variants or {}
         self._quantized = quantized
@@ -174,6 +200,32 @@ class SettingsDialog(QDialog):
         form = QFormLayout()
         form.setVerticalSpacing(10)
         form.setHorizontalSpacing(16)
+
+        # Where the model runs: the folder below on this computer, or a model of a server the user added.
+        self.servers = settings.server_list()
+        self.new_keys: dict[str, str] = {}  # keys of servers added in this dialog: stored on OK (window.apply_settings)
+        self.removed_servers: list[str] = []  # their keys go on OK too
+        self._keys_where = keys_where
+        self.source = QComboBox()
+        self.source.setAccessibleName("Model")
+        self.source.setToolTip("The model folder on this computer, or a model on a server you added")
+        add_server = QPushButton("Add server…")
+        add_server.setAccessibleName("Add a model server")
+        add_server.clicked.connect(self._add_server)
+        self.remove_server = QPushButton("Remove server")
+        self.remove_server.setAccessibleName("Remove this server")
+        self.remove_server.clicked.connect(self._remove_server)
+        form.addRow("Model", self.source)
+        server_row = QHBoxLayout()
+        server_row.setContentsMargins(0, 0, 0, 0)
+        server_row.addWidget(add_server)
+        server_row.addWidget(self.remove_server)
+        server_row.addStretch(1)
+        server_buttons = QWidget()
+        server_buttons.setLayout(server_row)
+        form.addRow("", server_buttons)
+        self._fill_sources((settings.remote_server, settings.remote_model) if settings.remote() else None)
+        self.source.currentIndexChanged.connect(self._on_source)
 
         self.model_path = QLineEdit(settings.model_path)
         self.model_path.setAccessibleName("Model folder")
@@ -228,6 +280,8 @@ class SettingsDialog(QDialog):
         form.addRow("Replies at once", self.parallel)
         self.kv_cache.currentIndexChanged.connect(self._on_kv_cache)
         self._on_kv_cache()
+        self._local_rows = [holder, self.device, self.precision, self.context, self.kv_cache, self.parallel]
+        self._on_source()
         self.vote = self._spin(QSpinBox(), *R["vote_chains"], settings.vote_chains, "Chains for Ask ×N")
         self.vote.setToolTip(
             "Ask ×N samples this many reasoning chains and answers with their majority (DeepSeek's "
@@ -348,6 +402,54 @@ class SettingsDialog(QDialog):
         if path:
             self.model_path.setText(path)
 
+    # ------------------------------------------------------------------ model source
+    def _fill_sources(self, current: tuple[str, str] | None) -> None:
+        self.source.blockSignals(True)
+        self.source.clear()
+        self.source.addItem("This computer: the model folder below", "")
+        for server in self.servers:
+            for model in server.models:
+                self.source.addItem(f"{server.name}: {model}", f"{server.url}\n{model}")  # a string: findData matches
+        index = self.source.findData("\n".join(current)) if current else 0
+        self.source.setCurrentIndex(max(0, index))
+        self.source.blockSignals(False)
+
+    def _on_source(self) -> None:
+        """A server's model: the rows about running a model here don't apply (its server chose them)."""
+        remote = self._picked() is not None
+        for w in getattr(self, "_local_rows", []):
+            w.setEnabled(not remote)
+        self.remove_server.setEnabled(remote)
+
+    def _picked(self) -> tuple[str, str] | None:
+        """The server's URL and model picked, or None for the model folder."""
+        data = self.source.currentData() or ""
+        return tuple(data.split("\n", 1)) if data else None
+
+    def _add_server(self) -> None:
+        from desktop.server_dialog import AddServerDialog
+
+        dlg = AddServerDialog(self, {s.name for s in self.servers}, self._keys_where)
+        if dlg.exec() != QDialog.Accepted:
+            return
+        server = dlg.server()
+        self.servers = [s for s in self.servers if s.url != server.url] + [server]
+        if dlg.api_key():
+            self.new_keys[server.url] = dlg.api_key()
+        self._fill_sources((server.url, server.models[0]))
+        self._on_source()
+
+    def _remove_server(self) -> None:
+        picked = self._picked()
+        if picked is None:
+            return
+        url = picked[0]
+        self.servers = [s for s in self.servers if s.url != url]
+        self.new_keys.pop(url, None)
+        self.removed_servers.append(url)
+        self._fill_sources(None)
+        self._on_source()
+
     def _defaults(self) -> None:
         d = AppSettings(model_path=self.model_path.text())
         self.device.setCurrentIndex(self.device.findData(d.device))
@@ -370,8 +472,14 @@ class SettingsDialog(QDialog):
         self.api_origins.setText(d.api_origins)
 
     def result_settings(self) -> AppSettings:
+        from desktop.servers import servers_to_json
+
+        remote = self._picked()
         return AppSettings(
             model_path=self.model_path.text().strip(),
+            remote_server=remote[0] if remote else "",
+            remote_model=remote[1] if remote else "",
+            servers=servers_to_json(self.servers),
             device=self.device.currentData(),
             precision=self.precision.currentData(),
             context_length=self.context.value(),

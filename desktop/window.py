@@ -31,6 +31,7 @@ from desktop.engine_status import EngineStatus, model_title
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.replies import ReplyController
+from desktop.servers import KeyStore
 from desktop.service import EngineService
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.sidebar import Sidebar
@@ -65,6 +66,7 @@ class MainWindow(QMainWindow):
         self.settings = AppSettings.load(qsettings)
         if model:
             self.settings.model_path = model
+            self.settings.remote_server = ""  # a folder named at the start is the model to use
         if device:
             self.settings.device = device
         self.max_new_override = max_new_tokens
@@ -212,7 +214,8 @@ class MainWindow(QMainWindow):
             self.open_conversation(last)
         else:
             self.new_chat()
-        self.stack.setCurrentWidget(self.chat_page if self.settings.model_path else self.welcome)
+        has_model = self.settings.model_path or self.settings.remote() is not None
+        self.stack.setCurrentWidget(self.chat_page if has_model else self.welcome)
 
     def apply_theme(self) -> None:
         self.theme = themes.resolve(self.settings.theme)
@@ -244,6 +247,11 @@ class MainWindow(QMainWindow):
         return self.replies.unsaved
 
     @property
+    def key_dir(self) -> Path:
+        """Where the servers' keys go where the system has no keyring: beside the settings file."""
+        return Path(self.qs.fileName()).parent / "r1desk-keys"
+
+    @property
     def engine_state(self) -> str:
         """none | loading | warming | ready | failed: the service's (none before the first load or 4-bit copy)."""
         return self.service.state if self.service is not None else "none"
@@ -256,6 +264,18 @@ class MainWindow(QMainWindow):
     def start_engine(self) -> None:
         """Create the engine service (cheap) and load the configured model; torch is imported on its thread."""
         self._ensure_service()
+        server = self.settings.remote()
+        if server is not None:
+            self.stack.setCurrentWidget(self.chat_page)
+            remote = dict(
+                url=server.url,
+                model=self.settings.remote_model,
+                insecure_tls=server.insecure_tls,
+                key_dir=str(self.key_dir),
+            )
+            self.service.load(f"{self.settings.remote_model} on {server.url}", "remote", 0, None, remote=remote)
+            self.engine_status.starting()
+            return
         if not self.settings.model_path:
             self.stack.setCurrentWidget(self.welcome)
             self.welcome.scan()
@@ -312,6 +332,7 @@ class MainWindow(QMainWindow):
 
     def use_model(self, path: str) -> None:
         self.settings.model_path = path
+        self.settings.remote_server = ""
         self.settings.save(self.qs)
         self.welcome.show_error("")
         self.banner.hide()
@@ -320,7 +341,9 @@ class MainWindow(QMainWindow):
     def _on_ready(self, info: dict) -> None:
         self.engine_info = info
         quantized = bool(info.get("quantization"))
-        if quantized != (self.settings.precision == "awq"):  # keep Precision true to the folder in use
+        if info.get("device") != "remote" and quantized != (
+            self.settings.precision == "awq"
+        ):  # keep Precision true to the folder in use
             self.settings.precision = "awq" if quantized else "auto"
             self.settings.save(self.qs)
         self.chat.assistant_name = model_title(info.get("model_name", "Assistant"))
@@ -548,6 +571,12 @@ class MainWindow(QMainWindow):
             )
         elif kind == "oom":
             self.banner.show_message("oom_load", f"{message}.", [("Settings…", self.open_settings)])
+        elif kind == "remote":
+            self.banner.show_message(
+                "load",
+                f"Could not use the server's model: {message}.",
+                [("Try again", self.start_engine), ("Settings…", self.open_settings)],
+            )
         else:
             self.banner.show_message(
                 "load",
@@ -579,6 +608,14 @@ class MainWindow(QMainWindow):
         thinking = generating and bool(self.stream.reasoning) and not self.stream.answer
         self.chat_page.show_state(generating, thinking, ready=self.engine_state == "ready")
         self.sidebar.new_btn.setEnabled(not generating)
+        remote = (self.engine_info or {}).get("device") == "remote"
+        button = self.composer.stop_thinking_btn
+        if remote:  # continuing a server's reply with its reasoning closed is not built yet: say so, don't pretend
+            button.setEnabled(False)
+            button.setToolTip("Stop thinking works with a model on this computer; this one runs on a server")
+        elif not button.isEnabled() and self.stream is None:
+            button.setEnabled(True)  # a local model again (a reply's own stop-thinking disables it till it ends)
+            button.setToolTip("Close the reasoning and make the model answer now")
 
     # ------------------------------------------------------------------ per-message actions
     def _on_message_action(self, action: str, msg_id: int) -> None:
@@ -636,6 +673,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ settings / panel
     def open_settings(self) -> None:
         info = self.engine_info or {}
+        keys = KeyStore(self.key_dir)
         dlg = SettingsDialog(
             self.settings,
             self,
@@ -643,9 +681,17 @@ class MainWindow(QMainWindow):
             quantized=bool(info.get("quantization")),
             auto_context=info.get("context_length") if info.get("context_auto") else None,
             gpus=info.get("gpus"),
+            keys_where=keys.where(),
         )
         if dlg.exec() != SettingsDialog.Accepted:
             return
+        try:  # servers' keys: never in the settings file
+            for url in dlg.removed_servers:
+                keys.delete(url)
+            for url, key in dlg.new_keys.items():
+                keys.set(url, key)
+        except Exception as err:  # a keyring that refuses (locked, no permission): said, and the rest applies
+            self.banner.show_message("settings", f"Could not store the server's API key: {err}.")
         self.apply_settings(dlg.result_settings())
 
     def apply_settings(self, new: AppSettings) -> None:

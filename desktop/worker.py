@@ -29,9 +29,11 @@ thread-safe flags the engine checks before every token.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, QTimer, Qt, Signal, Slot
 
@@ -162,13 +164,17 @@ class EngineWorker(QObject):
     def load(self, request: dict) -> None:
         """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto), kv_cache ("16-bit" |
         "8-bit"; model_loader.kv_cache), max_parallel (replies decoded together; above 1 the engine serves through
-        its scheduler), seq (EngineHost.load's number: a newer one stops this load)."""
+        its scheduler), seq (EngineHost.load's number: a newer one stops this load); or remote (a model on a
+        server: _load_remote)."""
         self._abort_load.clear()
         seq = request.get("seq", 0)
 
         def stop_here() -> bool:  # the app is closing, or a newer load was asked for
             return self._abort_load.is_set() or (seq and seq != self.latest_load)
 
+        if request.get("remote"):
+            self._load_remote(request["remote"], stop_here)
+            return
         self.stage.emit("importing")
         try:
             from model_loader.engine import Engine  # torch import happens here, off the GUI thread
@@ -176,11 +182,7 @@ class EngineWorker(QObject):
         except Exception as err:  # a broken torch install must not take the window down
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
-        if self.scheduler is not None:  # replies still decoding on the old model end now, said why
-            self.scheduler.end_all("unloaded", "the model is being reloaded; send the request again when it is ready")
-            self.scheduler = None
-        self.engine = None  # drop the old model (and its VRAM) before loading the next
-        self._free_device_memory()
+        self._drop_engine()  # before loading the next
         device = request.get("device") or "cuda"
         if self.engine_factory is None and device.startswith("cuda") and not self._cuda_available():
             self.failed.emit(0, "no_gpu", self._no_gpu_message())
@@ -262,6 +264,40 @@ class EngineWorker(QObject):
         info["memory"] = _asdict(engine.memory())
         info["variants"] = self._variants(info.get("model_path"))
         info["gpus"] = self._gpus()
+        self.ready.emit(info)
+
+    def _drop_engine(self) -> None:
+        """The old model goes (replies still decoding on it end now, said why), and with it its VRAM."""
+        if self.scheduler is not None:
+            self.scheduler.end_all("unloaded", "the model is being reloaded; send the request again when it is ready")
+            self.scheduler = None
+        self.engine = None
+        if "torch" in sys.modules:  # a remote model never imports it
+            self._free_device_memory()
+
+    def _load_remote(self, remote: dict, stop_here) -> None:
+        """remote: url, model, insecure_tls, key_dir (desktop.servers.KeyStore's fallback folder). The key is read
+        here, off the GUI thread (a keyring may ask the system). No torch: the model runs on the server."""
+        from model_loader.errors import ModelError
+        from model_loader.remote import RemoteEngine
+
+        from desktop.servers import KeyStore
+
+        self._drop_engine()
+        self.stage.emit("warming")
+        try:
+            key = KeyStore(Path(remote["key_dir"])).get(remote["url"]) if remote.get("key_dir") else None
+            engine = RemoteEngine(remote["url"], remote["model"], key, verify_tls=not remote.get("insecure_tls"))
+            engine.warm_up(progress=lambda done, total, what: self.warmup_progress.emit(done, total, what))
+        except ModelError as err:
+            self.failed.emit(0, "remote", str(err))
+            return
+        if stop_here():
+            self.failed.emit(0, "aborted", "the model load was stopped")
+            return
+        self.engine, self.scheduler = engine, None
+        info = _asdict(engine.info)
+        info.update(max_parallel=1, memory=None, variants=None, gpus=None)
         self.ready.emit(info)
 
     @staticmethod
@@ -363,6 +399,9 @@ class EngineWorker(QObject):
         cont = bool(settings.get("continue_final"))  # the last message is the reply so far, to continue
         if self.scheduler is not None:
             self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw, cont)
+            return
+        if raw is not None and not hasattr(self.engine, "generate_ids"):
+            self.failed.emit(gen_id, "generate", "a raw prompt (/v1/completions) needs a model on this computer")
             return
         try:
             # the API's prompt options only where given: an engine stand-in (tests, benchmarks) needs none of them
@@ -551,8 +590,10 @@ class EngineHost(QObject):
         dtype: str | None,
         kv_cache: str = "16-bit",
         max_parallel: int = 1,
+        remote: dict | None = None,
     ) -> None:
-        """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load)."""
+        """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load). remote:
+        a model on a server instead (EngineWorker._load_remote)."""
         self._load_seq += 1
         self.worker.latest_load = self._load_seq  # before the request is queued: it must see itself as newest
         self._load_requested.emit(
@@ -563,6 +604,7 @@ class EngineHost(QObject):
                 dtype=dtype,
                 kv_cache=kv_cache,
                 max_parallel=max_parallel,
+                remote=remote,
                 seq=self._load_seq,
             )
         )

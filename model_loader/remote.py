@@ -15,8 +15,8 @@ import http.client
 import json
 import ssl
 import time
-from collections.abc import Iterator
-from types import SimpleNamespace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, stored_reply
@@ -60,21 +60,70 @@ class ContentThinkSplitter:
         return self.inner.flush()
 
 
+@dataclass
+class RemoteInfo:
+    """What the window and the CLI show about a model on a server (the local engine's EngineInfo has more: its
+    memory, kernels and GPU are the server's here, and unknown)."""
+
+    model_name: str
+    server: str  # the base URL
+    device: str = "remote"
+    device_name: str = ""  # "server at HOST"
+    kernels: str = "remote server"
+    model_path: str | None = None
+    quantization: str | None = None
+    dtype: str = ""
+    context_length: int = 0  # not known from the OpenAI API
+    context_auto: bool = False
+    cuda_graphs: bool = False
+    gpu_uuid: str | None = None
+
+
 class RemoteEngine:
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 120.0):
-        """base_url: the server's OpenAI root, e.g. http://gpu-box:8089/v1."""
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        verify_tls: bool = True,
+    ):
+        """base_url: the server's OpenAI root, e.g. http://gpu-box:8089/v1. verify_tls False accepts a server's
+        self-signed certificate (the user's explicit choice for that server); TLS is verified otherwise."""
         parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RemoteError(f"{base_url!r} is not an http(s) URL of a server (e.g. http://127.0.0.1:8089/v1)")
         self.base_url, self.parts, self.model = base_url.rstrip("/"), parts, model
-        self.api_key, self.timeout = api_key, timeout
-        self.info = SimpleNamespace(model_name=model, device_name=self.base_url)  # what `chat` says it talks to
+        self.api_key, self.timeout, self.verify_tls = api_key, timeout, verify_tls
+        self.info = RemoteInfo(model_name=model, server=self.base_url, device_name=f"server at {parts.netloc}")
 
     def _connection(self) -> http.client.HTTPConnection:
         host, port = self.parts.hostname, self.parts.port
         if self.parts.scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=self.timeout, context=ssl.create_default_context())
+            context = ssl.create_default_context()
+            if not self.verify_tls:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            return http.client.HTTPSConnection(host, port, timeout=self.timeout, context=context)
         return http.client.HTTPConnection(host, port, timeout=self.timeout)
+
+    # The local engine's load-time surface, so the window's worker drives either: the warm-up is a first contact.
+    def warm_up(self, progress: Callable[[int, int, str], None] | None = None) -> None:
+        """Ask the server for its models: it answers, accepts the key, and serves this model, or a RemoteError
+        says which of these failed."""
+        if progress is not None:
+            progress(0, 1, f"asking {self.base_url} for its models")
+        listed = self.models()
+        if self.model not in listed:
+            some = ", ".join(listed[:8]) + ("…" if len(listed) > 8 else "")
+            raise RemoteError(f"{self.base_url} does not serve {self.model!r}; it lists {some or 'no models'}")
+
+    def memory(self) -> None:
+        """None: the model's memory is the server's."""
+        return None
+
+    def close(self) -> None:
+        """Nothing held: each request opens and closes its own connection."""
 
     def _request(self, method: str, path: str, body: dict | None = None):
         headers = {"Accept": "application/json"}
@@ -114,8 +163,15 @@ class RemoteEngine:
         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
 
     def generate(
-        self, messages: list[dict], settings: SamplingSettings | None = None, control: GenerationControl | None = None
+        self,
+        messages: list[dict],
+        settings: SamplingSettings | None = None,
+        control: GenerationControl | None = None,
+        tools: list[dict] | None = None,
+        continue_final: bool = False,
     ) -> Iterator[Started | Delta | Finished]:
+        """The reply's events, as Engine.generate's. tools go to the server as they are; continue_final continues
+        the last (assistant) message, through vLLM's continue_final_message (r1desk's API has it too)."""
         s = settings or SamplingSettings()
         control = control or GenerationControl()
         body = {
@@ -132,11 +188,16 @@ class RemoteEngine:
             body["max_tokens"] = s.max_new_tokens
         if s.seed is not None:
             body["seed"] = s.seed
+        if tools:
+            body["tools"] = tools
+        if continue_final:
+            body.update(continue_final_message=True, add_generation_prompt=False)
         t0 = time.perf_counter()
         conn, resp = self._request("POST", "/chat/completions", body)
         parts = {"reasoning": [], "answer": []}
         content = ContentThinkSplitter()
         times: list[float] = []
+        first_answer: float | None = None
         usage: dict = {}
         finish = None
         try:
@@ -165,6 +226,8 @@ class RemoteEngine:
                         if not text:
                             continue
                         times.append(time.perf_counter())
+                        if kind == "answer" and first_answer is None:
+                            first_answer = times[-1]
                         if len(times) == 1:
                             yield Started(prompt_tokens=0, prefix_reused_tokens=0, context_length=0)
                         parts[kind].append(text)
@@ -193,7 +256,7 @@ class RemoteEngine:
             prefix_reused_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
             context_length=0,
             ttft_ms=((times[0] if times else end) - t0) * 1000.0,
-            first_answer_ms=None,
+            first_answer_ms=(first_answer - t0) * 1000.0 if first_answer is not None else None,
             decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=end - t0,
         )

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,48 +17,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import openai
 import pytest
+from serving import serve as _serve
+from serving import stop as _stop
 
 KEY = "test-key-123"
 ORIGIN = "http://app.example"  # a web app's origin the r1 server lets in (given with a trailing slash)
-
-
-def _serve(model, *extra):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "desktop.cli",
-            "serve",
-            "--model",
-            str(model),
-            "--device",
-            "cpu",
-            "--context",
-            "512",
-            "--port",
-            "0",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
-    )
-    line = proc.stdout.readline()  # blocks until the model is ready (or the process ends)
-    m = re.match(r"serving (\S+) on (http://\S+/v1)$", line.strip())
-    if not m:
-        proc.kill()
-        raise AssertionError(f"no 'serving' line: {line!r}\n{proc.stderr.read()[-3000:]}")
-    return proc, m.group(1), m.group(2)
-
-
-def _stop(proc):
-    proc.terminate()
-    try:
-        assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

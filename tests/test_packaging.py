@@ -196,6 +196,8 @@ def test_bundle_carries_what_the_frozen_app_needs_and_no_weights(bundle):
     assert {"assets/r1desk.svg", "assets/r1desk.ico", "assets/r1desk-256.png", "assets/r1desk-16.png"} <= rel
     # the API's structured output: llguidance's compiled library, which only lazy imports reach
     assert any(p.startswith("llguidance/_lib") for p in rel), sorted(p for p in rel if "llguidance" in p)
+    # servers' keys: keyring finds its backends through its package metadata's entry points
+    assert any(p.startswith("keyring-") and "dist-info" in p for p in rel), sorted(p for p in rel if "keyring" in p)
     # no model weights, ever: the app finds them where the installed app does
     weights = [p for p in rel if p.endswith((".safetensors", ".gguf"))]
     assert not weights, weights

@@ -14,7 +14,8 @@ import pytest
 
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 from model_loader.remote import RemoteEngine, RemoteError
-from test_api import _serve, _stop
+from serving import serve as _serve
+from serving import stop as _stop
 from test_cli import cli
 
 

@@ -78,6 +78,7 @@ def main(out: str, only: str | None = None) -> None:
             "api": api_shots,
             "batch": batch_shot,
             "vote": vote_shots,
+            "remote": remote_shots,
         }[only](out_dir, tmp)
         return
     for theme in ("light", "dark"):
@@ -119,6 +120,7 @@ def main(out: str, only: str | None = None) -> None:
     win.close()
     first_start_shot(out_dir, tmp)
     api_shots(out_dir, tmp)
+    remote_shots(out_dir, tmp)
     unsupported_gpu_shot(out_dir, tmp)
     gpu_choice_shot(out_dir, tmp)
     live_clock_shot(out_dir, tmp)
@@ -300,6 +302,68 @@ def api_shots(out_dir: Path, tmp: Path) -> None:
     win.close()
 
 
+def remote_shots(out_dir: Path, tmp: Path) -> None:
+    """A second r1desk as the client of the first one's API (the shared box): the Add server dialog once it has
+    listed the server's models, Settings with the server's model picked, and a reply from it with the live panel."""
+    import asyncio
+
+    import keyring
+    import qasync
+    from keyring.backend import KeyringBackend
+
+    from desktop.server_dialog import AddServerDialog
+    from desktop.servers import Server, servers_to_json
+    from desktop.settings import SettingsDialog
+
+    class Ring(KeyringBackend):  # the system keyring's part in the dialog's text, without touching the real one
+        priority = 1
+
+        def get_password(self, service, username):
+            return None
+
+        def set_password(self, service, username, password):
+            pass
+
+        def delete_password(self, service, username):
+            pass
+
+    keyring.set_keyring(Ring())
+    loop = qasync.QEventLoop(QApplication.instance(), already_running=True)
+    asyncio.set_event_loop(loop)
+    (tmp / "box").mkdir(exist_ok=True)
+    box = make_window("dark", tmp / "box", FakeEngine(token_s=0.004), api_enabled="true", api_port=8090, live=False)
+    box.start_engine()
+    wait_until(lambda: box.engine_state == "ready" and box.api.label.isVisible())
+    model = box.service.model_name
+    (tmp / "client").mkdir(exist_ok=True)
+    servers = servers_to_json([Server("Lab server", box.api.url, False, [model])])
+    win = make_window(
+        "light", tmp / "client", None, with_model=False, servers=servers, remote_server=box.api.url, remote_model=model
+    )
+    dlg = AddServerDialog(win, keys_where="the system keyring (Ring)")
+    dlg.url.setText(box.api.url)
+    dlg.name.setText("Lab server")
+    dlg.key.setText("sk-lab-0042")
+    dlg.check()
+    wait_until(lambda: bool(dlg.models))
+    dlg.show()
+    shoot(dlg, out_dir / "screenshot-add-server.png")
+    dlg.close()
+    win.start_engine()
+    wait_until(lambda: win.engine_state in ("ready", "failed"))
+    assert win.engine_state == "ready", win.banner.label.text()
+    settings = SettingsDialog(win.settings, win, keys_where="the system keyring")
+    settings.show()
+    shoot(settings, out_dir / "screenshot-settings-remote.png")
+    settings.close()
+    win.send("Prove that the sum of the first n odd numbers is n², and give me Python to check it.")
+    wait_until(lambda: win.stream is None, 60000)  # the whole reply: the panel shows its final numbers
+    win.chat.scroll_to_bottom()
+    shoot(win, out_dir / "screenshot-remote.png")
+    win.close()
+    box.close()
+
+
 def vote_shots(out_dir: Path, tmp: Path) -> None:
     """Ask ×8: a reply that is the majority of eight chains (one in four of the scripted chains slips to another
     answer), and its chains."""
@@ -398,6 +462,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
     parser.add_argument("out", nargs="?", default="docs")
-    parser.add_argument("--only", choices=["live-clock", "gpus", "api", "batch", "vote"], help="make these shots alone")
+    parser.add_argument(
+        "--only", choices=["live-clock", "gpus", "api", "batch", "vote", "remote"], help="make these shots alone"
+    )
     cli = parser.parse_args()
     main(cli.out, cli.only)

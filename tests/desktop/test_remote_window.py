@@ -1,0 +1,112 @@
+"""The window as a client of a model server: a real `r1desk-cli serve` on the tiny model (CPU), added through
+the Add server dialog, its key in the (in-memory) keyring; a reply streamed from it, folded and saved as a local
+one; and a server that dies mid-reply."""
+
+import json
+
+import pytest
+from serving import serve, stop
+from test_servers import MemoryKeyring
+
+from desktop.engine_status import model_title
+from desktop.servers import KeyStore, Server, servers_to_json
+
+KEY = "lab-key-42"
+
+
+@pytest.fixture
+def system_keyring():
+    import keyring
+
+    before = keyring.get_keyring()
+    keyring.set_keyring(MemoryKeyring())
+    yield
+    keyring.set_keyring(before)
+
+
+@pytest.fixture(scope="module")
+def lab(tiny_model):
+    proc, model_id, url = serve(tiny_model, "--api-key", KEY)
+    yield model_id, url
+    stop(proc)
+
+
+def remote_settings(url: str, model_id: str) -> dict:
+    servers = servers_to_json([Server("Lab", url, False, [model_id])])
+    return dict(servers=servers, remote_server=url, remote_model=model_id)
+
+
+def test_add_server_lists_the_models_once_the_key_is_right(qtbot, lab):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from desktop.server_dialog import AddServerDialog
+
+    model_id, url = lab
+    dlg = AddServerDialog(None, {"Lab"}, keys_where="the system keyring")
+    qtbot.addWidget(dlg)
+    add = dlg.buttons.button(QDialogButtonBox.Ok)
+    dlg.url.setText(url.removeprefix("http://").removesuffix("/v1"))  # typed without scheme and path
+    dlg.key.setText("wrong")
+    dlg.check()
+    qtbot.waitUntil(lambda: "Could not use this server" in dlg.status.text(), timeout=20000)
+    assert "refused the API key" in dlg.status.text() and not add.isEnabled()
+    assert dlg.url.text() == url  # made the OpenAI root
+    dlg.key.setText(KEY)
+    dlg.check()
+    qtbot.waitUntil(lambda: bool(dlg.models), timeout=20000)
+    assert dlg.models == [model_id] and add.isEnabled()
+    dlg.name.setText("Lab")
+    dlg.accept()  # a name already taken is refused, the dialog stays open
+    assert "already added" in dlg.status.text() and not dlg.result()
+    dlg.name.setText("Lab 2")
+    dlg.accept()
+    assert dlg.server() == Server("Lab 2", url, False, [model_id]) and dlg.api_key() == KEY
+
+
+def test_a_reply_from_a_server_streams_folds_and_is_saved(qtbot, make_window, lab, profile, system_keyring):
+    model_id, url = lab
+    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    win = make_window(max_new_tokens=24, **remote_settings(url, model_id))
+    assert win.engine_info["device"] == "remote"
+    assert win.topbar.status_label.text() == f"Ready · {model_title(model_id)} · server at {url.split('/')[2]}"
+    win.set_live_visible(True)
+    assert win.live.values["weights"].text() == "on the server"
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
+        assert win.send("What is 2 + 2?")
+    msg = done.args[0]
+    assert msg["reasoning"]  # R1's template opens the reasoning: it came back as reasoning_content
+    assert msg["content"].startswith(msg["reasoning"])
+    stats = json.loads(msg["stats"]) if isinstance(msg["stats"], str) else msg["stats"]
+    assert stats["completion_tokens"] == 24 and stats["finish_reason"] == "max_new_tokens"
+    assert stats["prompt_tokens"] > 0  # the server's usage counts
+    widget = win.chat.widgets[-1]
+    assert widget.reasoning_block is not None
+
+
+def test_a_wrong_key_says_so_and_offers_a_way_out(qtbot, make_window, lab, system_keyring):
+    model_id, url = lab  # no key stored for it
+    win = make_window(wait_ready=False, **remote_settings(url, model_id))
+    qtbot.waitUntil(lambda: win.engine_state == "failed", timeout=30000)
+    assert "refused the API key" in win.banner.label.text()
+    assert [b.text() for b in win.banner.action_buttons()] == ["Try again", "Settings…"]
+
+
+def test_a_server_that_dies_mid_reply_keeps_the_partial_reply_and_says_why(
+    qtbot, make_window, tiny_model, system_keyring
+):
+    proc, model_id, url = serve(tiny_model)
+    try:
+        win = make_window(max_new_tokens=400, **remote_settings(url, model_id))
+        with qtbot.waitSignal(win.reply_failed, timeout=60000) as failed:
+            assert win.send("Tell me a long story.")
+            qtbot.waitUntil(lambda: win.stream is not None and bool(win.stream.reasoning), timeout=30000)
+            stop_thinking = win.composer.stop_thinking_btn  # shown while it reasons, but not offered: said why
+            assert not stop_thinking.isEnabled() and "on a server" in stop_thinking.toolTip()
+            proc.kill()
+        assert "dropped mid-reply" in failed.args[1] or "closed the connection" in failed.args[1]
+        saved = win.store.messages(win.conv_id)[-1]
+        assert saved["role"] == "assistant" and saved["reasoning"]  # what came is kept
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
