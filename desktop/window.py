@@ -608,11 +608,14 @@ class MainWindow(QMainWindow):
         thinking = generating and bool(self.stream.reasoning) and not self.stream.answer
         self.chat_page.show_state(generating, thinking, ready=self.engine_state == "ready")
         self.sidebar.new_btn.setEnabled(not generating)
-        remote = (self.engine_info or {}).get("device") == "remote"
+        info = self.engine_info or {}
         button = self.composer.stop_thinking_btn
-        if remote:  # continuing a server's reply with its reasoning closed is not built yet: say so, don't pretend
+        if info.get("device") == "remote" and not info.get("continues"):  # say why, rather than a dead button
             button.setEnabled(False)
-            button.setToolTip("Stop thinking works with a model on this computer; this one runs on a server")
+            button.setToolTip(
+                "This server can't continue a reply with its reasoning closed (r1desk's server can): "
+                "stop the reply instead"
+            )
         elif not button.isEnabled() and self.stream is None:
             button.setEnabled(True)  # a local model again (a reply's own stop-thinking disables it till it ends)
             button.setToolTip("Close the reasoning and make the model answer now")

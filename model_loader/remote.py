@@ -77,6 +77,9 @@ class RemoteInfo:
     context_auto: bool = False
     cuda_graphs: bool = False
     gpu_uuid: str | None = None
+    # the server continues an assistant message with its reasoning closed (continue_final_message with
+    # reasoning_content, as r1desk's API does): Stop thinking works; known from its model list (owned_by)
+    continues: bool = False
 
 
 class RemoteEngine:
@@ -96,6 +99,7 @@ class RemoteEngine:
         self.base_url, self.parts, self.model = base_url.rstrip("/"), parts, model
         self.api_key, self.timeout, self.verify_tls = api_key, timeout, verify_tls
         self.info = RemoteInfo(model_name=model, server=self.base_url, device_name=f"server at {parts.netloc}")
+        self._owners: dict = {}
 
     def _connection(self) -> http.client.HTTPConnection:
         host, port = self.parts.hostname, self.parts.port
@@ -114,6 +118,7 @@ class RemoteEngine:
         if progress is not None:
             progress(0, 1, f"asking {self.base_url} for its models")
         listed = self.models()
+        self.info.continues = self._owners.get(self.model) == "r1desk"
         if self.model not in listed:
             some = ", ".join(listed[:8]) + ("…" if len(listed) > 8 else "")
             raise RemoteError(f"{self.base_url} does not serve {self.model!r}; it lists {some or 'no models'}")
@@ -160,7 +165,9 @@ class RemoteEngine:
             raise RemoteError(f"{self.base_url}/models did not answer JSON") from None
         finally:
             conn.close()
-        return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        entries = [m for m in data.get("data", []) if isinstance(m, dict)]
+        self._owners = {m.get("id"): m.get("owned_by") for m in entries}
+        return [m.get("id") for m in entries]
 
     def generate(
         self,
@@ -193,72 +200,96 @@ class RemoteEngine:
         if continue_final:
             body.update(continue_final_message=True, add_generation_prompt=False)
         t0 = time.perf_counter()
-        conn, resp = self._request("POST", "/chat/completions", body)
         parts = {"reasoning": [], "answer": []}
         content = ContentThinkSplitter()
         times: list[float] = []
         first_answer: float | None = None
         usage: dict = {}
         finish = None
-        try:
-            for line in _lines(resp):
-                if control.cancelled:
-                    finish = "cancelled"
-                    break
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise RemoteError(f"{self.base_url} ended the reply with an error: {_error_text(data)}")
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    pieces = []
-                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                    if reasoning:
-                        pieces.append(("reasoning", reasoning))
-                    if delta.get("content"):
-                        pieces += content.feed(delta["content"])
-                    for kind, text in pieces:
-                        if not text:
-                            continue
-                        times.append(time.perf_counter())
-                        if kind == "answer" and first_answer is None:
-                            first_answer = times[-1]
-                        if len(times) == 1:
-                            yield Started(prompt_tokens=0, prefix_reused_tokens=0, context_length=0)
-                        parts[kind].append(text)
-                        yield Delta(text, kind, len(times))
-                    finish = FINISH.get(choice.get("finish_reason") or "", finish)
-            else:
-                raise RemoteError(f"{self.base_url} closed the connection before the reply's end")
-        except (OSError, http.client.HTTPException, ValueError) as err:
-            raise RemoteError(
-                f"the connection to {self.base_url} dropped mid-reply ({err}); what came so far is kept above"
-            ) from None
-        finally:
-            conn.close()
+        before = 0  # pieces of the reply before a continuation (Stop thinking)
+        while True:
+            conn, resp = self._request("POST", "/chat/completions", body)
+            stop_thinking = False
+            try:
+                for line in _lines(resp):
+                    if control.cancelled:
+                        finish = "cancelled"
+                        break
+                    if (
+                        self.info.continues
+                        and parts["reasoning"]
+                        and not parts["answer"]
+                        and control.take_stop_thinking()
+                    ):
+                        stop_thinking = True  # hang up (the server cancels that request) and continue below
+                        break
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise RemoteError(f"{self.base_url} ended the reply with an error: {_error_text(data)}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        pieces = []
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        if reasoning:
+                            pieces.append(("reasoning", reasoning))
+                        if delta.get("content"):
+                            pieces += content.feed(delta["content"])
+                        for kind, text in pieces:
+                            if not text:
+                                continue
+                            times.append(time.perf_counter())
+                            if kind == "answer" and first_answer is None:
+                                first_answer = times[-1]
+                            if len(times) == 1:
+                                yield Started(prompt_tokens=0, prefix_reused_tokens=0, context_length=0)
+                            parts[kind].append(text)
+                            yield Delta(text, kind, len(times))
+                        finish = FINISH.get(choice.get("finish_reason") or "", finish)
+                else:
+                    raise RemoteError(f"{self.base_url} closed the connection before the reply's end")
+            except (OSError, http.client.HTTPException, ValueError) as err:
+                raise RemoteError(
+                    f"the connection to {self.base_url} dropped mid-reply ({err}); what came so far is kept above"
+                ) from None
+            finally:
+                conn.close()
+            if not stop_thinking:
+                break
+            # The reply so far is its reasoning: the server closes it and the model answers (the reply continues).
+            before = len(times)
+            so_far = {"role": "assistant", "content": "", "reasoning_content": "".join(parts["reasoning"])}
+            body = dict(body, messages=[*messages, so_far], continue_final_message=True, add_generation_prompt=False)
+            if "max_tokens" in body:
+                body["max_tokens"] = max(1, body["max_tokens"] - before)
+            content = ContentThinkSplitter()
         for kind, text in content.flush():
             parts[kind].append(text)
             yield Delta(text, kind, len(times))
         end = time.perf_counter()
         reasoning, answer = "".join(parts["reasoning"]), "".join(parts["answer"])
-        completion = int(usage.get("completion_tokens") or len(times))
+        # A continued reply's first request was hung up on before its usage came: its part is counted in pieces
+        # (each at least a token), and the continuation's prompt, which holds that part, counts it back out.
+        completion = before + int(usage.get("completion_tokens") or len(times) - before)
+        reasoning_tokens = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
         decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
         stats = GenerationStats(
             finish_reason=finish or "eos",
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=max(0, int(usage.get("prompt_tokens") or 0) - before),
             completion_tokens=completion,
-            reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
+            reasoning_tokens=before + reasoning_tokens,
             prefix_reused_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
             context_length=0,
             ttft_ms=((times[0] if times else end) - t0) * 1000.0,
             first_answer_ms=(first_answer - t0) * 1000.0 if first_answer is not None else None,
             decode_tok_s=(completion - 1) / decode_s if decode_s > 0 else 0.0,
             total_s=end - t0,
+            stopped_thinking=before > 0,
         )
         text = stored_reply(reasoning, answer, started_in_reasoning=bool(reasoning), reasoning_closed=True)
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=[], stats=stats)

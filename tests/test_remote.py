@@ -53,6 +53,45 @@ def test_cancel_ends_the_remote_reply_with_what_came(server):
     assert engine.models() == [model]
 
 
+def test_stop_thinking_continues_the_reply_with_its_reasoning_closed(server):
+    """r1desk's server continues an assistant message with its reasoning closed (continue_final_message with
+    reasoning_content): the client hangs up on the reasoning and the same reply goes on as its answer."""
+    model, url = server
+    engine = RemoteEngine(url, model)
+    engine.warm_up()
+    assert engine.info.continues  # its model list says r1desk
+    control = GenerationControl()
+    deltas = []
+    for ev in engine.generate(
+        [{"role": "user", "content": "hi"}], SamplingSettings(temperature=0, max_new_tokens=40), control
+    ):
+        if isinstance(ev, Delta):
+            deltas.append(ev)
+            if len(deltas) == 3:
+                control.stop_thinking()
+        elif isinstance(ev, Finished):
+            done = ev
+    kinds = [d.kind for d in deltas]
+    assert kinds[:3] == ["reasoning"] * 3 and "answer" in kinds
+    assert kinds == sorted(kinds, key=lambda k: k == "answer")  # reasoning, then only answer
+    assert done.reasoning == "".join(d.text for d in deltas if d.kind == "reasoning")
+    assert done.answer == "".join(d.text for d in deltas if d.kind == "answer") != ""
+    assert done.stats.stopped_thinking and done.stats.completion_tokens <= 40
+    assert done.text == f"{done.reasoning}</think>\n\n{done.answer}"
+
+
+def test_a_server_that_is_not_r1desk_is_not_asked_to_continue(scripted):
+    url, script = scripted
+    engine = RemoteEngine(url, "m")
+    engine.warm_up()
+    assert not engine.info.continues
+    script.update(status=200, drop=False, lines=[_chunk(reasoning="a"), _chunk(reasoning="b"), "data: [DONE]"])
+    control = GenerationControl()
+    control.stop_thinking()  # asked for, but this server can't continue: the reply goes on as it is
+    done = list(engine.generate([{"role": "user", "content": "q"}], control=control))[-1]
+    assert done.reasoning == "ab" and not done.stats.stopped_thinking
+
+
 # ---------------------------------------------------------------------------------------------- scripted
 class Script(http.server.BaseHTTPRequestHandler):
     """Answers each POST with the SSE lines (or the status) the test put in `script`."""
@@ -70,6 +109,14 @@ class Script(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
         if self.script.get("drop"):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+    def do_GET(self):  # noqa: N802 - the model list, as another server (vLLM) writes it
+        body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass

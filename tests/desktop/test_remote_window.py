@@ -5,6 +5,7 @@ one; and a server that dies mid-reply."""
 import json
 
 import pytest
+from PySide6.QtCore import Qt
 from serving import serve, stop
 from test_servers import MemoryKeyring
 
@@ -100,8 +101,6 @@ def test_a_server_that_dies_mid_reply_keeps_the_partial_reply_and_says_why(
         with qtbot.waitSignal(win.reply_failed, timeout=60000) as failed:
             assert win.send("Tell me a long story.")
             qtbot.waitUntil(lambda: win.stream is not None and bool(win.stream.reasoning), timeout=30000)
-            stop_thinking = win.composer.stop_thinking_btn  # shown while it reasons, but not offered: said why
-            assert not stop_thinking.isEnabled() and "on a server" in stop_thinking.toolTip()
             proc.kill()
         assert "dropped mid-reply" in failed.args[1] or "closed the connection" in failed.args[1]
         saved = win.store.messages(win.conv_id)[-1]
@@ -110,3 +109,35 @@ def test_a_server_that_dies_mid_reply_keeps_the_partial_reply_and_says_why(
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_stop_thinking_on_a_server_continues_the_reply_as_its_answer(qtbot, make_window, lab, profile, system_keyring):
+    model_id, url = lab
+    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    win = make_window(max_new_tokens=60, **remote_settings(url, model_id))
+    assert win.engine_info["continues"]  # an r1desk server
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
+        assert win.send("What is 2 + 2?")
+        qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 0, timeout=30000)
+        button = win.composer.stop_thinking_btn
+        qtbot.waitUntil(button.isVisible, timeout=10000)
+        assert button.isEnabled()
+        qtbot.mouseClick(button, Qt.LeftButton)
+    msg = done.args[0]
+    stats = json.loads(msg["stats"]) if isinstance(msg["stats"], str) else msg["stats"]
+    assert stats["stopped_thinking"] and msg["reasoning"] and msg["answer"]
+    assert msg["content"] == f"{msg['reasoning']}</think>\n\n{msg['answer']}"
+
+
+def test_a_server_that_cannot_continue_says_so_on_the_stop_thinking_button(make_window, lab, system_keyring):
+    """The window's rule for a server without continuation (its model list doesn't say r1desk): the button is
+    shown while the model reasons, but not offered, and its tooltip says why."""
+    model_id, url = lab
+    win = make_window(start=False, **remote_settings(url, model_id))
+    win.engine_info = {"device": "remote", "continues": False}
+    win.update_composer()
+    button = win.composer.stop_thinking_btn
+    assert not button.isEnabled() and "can't continue a reply" in button.toolTip()
+    win.engine_info = {"device": "remote", "continues": True}
+    win.update_composer()
+    assert button.isEnabled()
