@@ -254,6 +254,7 @@ class LivePanel(QScrollArea):
         self.session_rate: list[float] = []
         self.info: dict | None = None
         self.memory: dict | None = None
+        self.server_figures: dict | None = None  # a remote model's server load (show_server)
         self.gpu = GpuMonitor()
         self._gpu_live = NO_GPU_LIVE
         self._raw_clocks: GpuClocks | None = None  # the last poll's, before steady()
@@ -345,6 +346,7 @@ class LivePanel(QScrollArea):
 
     def clear_engine(self) -> None:
         """No model loaded (a load under way or failed: the worker dropped the last one first)."""
+        self.server_figures = None
         self.info = None
         self.memory = None
         self.device_label.setText("No model loaded")
@@ -354,6 +356,7 @@ class LivePanel(QScrollArea):
         self.refresh()
 
     def set_engine(self, info: dict) -> None:
+        self.server_figures = None  # a server's figures come from its watch, after this
         self.info = info
         self.memory = info.get("memory")
         if info.get("device") == "remote":  # its memory and GPU are the server's: nothing here measures them
@@ -469,9 +472,36 @@ class LivePanel(QScrollArea):
             self.keys[name].setVisible(shown)
             self.values[name].setVisible(shown)
 
+    def show_server(self, figures: dict | None) -> None:
+        """A remote model's server load (desktop.server_watch): shown in place of Replies at once."""
+        self.server_figures = figures
+        self._refresh_batch()
+
+    def _refresh_server(self) -> None:
+        f = self.server_figures
+        self._show_batch(f is not None)
+        if f is None:
+            return
+        self.section_heads["batch"].setText("Server")
+        self.keys["all_rate"].hide()  # the server's other replies' speed: not in its metrics
+        self.values["all_rate"].hide()
+        self.keys["blocks"].setText("KV cache used")
+        v = self.values
+        slots = f" of {f['slots']}" if f.get("slots") else ""
+        v["running"].setText(f"{f['running']}{slots} / {f['waiting']}")
+        usage = f.get("kv_cache_usage")
+        v["blocks"].setText(f"{100 * usage:.0f}%" if usage is not None else "—")
+        v["blocks"].setToolTip("The server's KV cache in use (its /metrics)")
+
     def _refresh_batch(self) -> None:
         """Replies at once: how many run and wait, their tokens per second together, the KV blocks they hold
-        (the worker's scheduler: plain counts, read on this thread)."""
+        (the worker's scheduler: plain counts, read on this thread). For a remote model: the server's."""
+        if self.info and self.info.get("device") == "remote":
+            self._refresh_server()
+            return
+        self.section_heads["batch"].setText("Replies at once")
+        self.keys["blocks"].setText("KV blocks used")
+        self.values["blocks"].setToolTip("")
         service = self.service
         parallel = service.parallel if service is not None else 1
         self._show_batch(parallel > 1)

@@ -31,6 +31,7 @@ from desktop.engine_status import EngineStatus, model_title
 from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.replies import ReplyController
+from desktop.server_watch import ServerWatch
 from desktop.servers import KeyStore
 from desktop.service import EngineService
 from desktop.settings import AppSettings, SettingsDialog
@@ -165,6 +166,8 @@ class MainWindow(QMainWindow):
 
         self.live = LivePanel(self.theme)
         self.live.hide()
+        self.server_watch = ServerWatch(self)  # a remote model's server load, for the live panel
+        self.server_watch.figures.connect(self.live.show_server)
         splitter.addWidget(self.live)
         splitter.setStretchFactor(0, 0)
         splitter.setStretchFactor(1, 1)
@@ -349,6 +352,11 @@ class MainWindow(QMainWindow):
         self.chat.assistant_name = model_title(info.get("model_name", "Assistant"))
         self.engine_status.ready(self.chat.assistant_name, info)
         self.live.set_engine(info)
+        server = self.settings.remote() if info.get("device") == "remote" else None
+        if server is not None:
+            self.server_watch.watch(server.url, self.settings.remote_model, self.key_dir, server.insecure_tls)
+        else:
+            self.server_watch.stop()
         if self.banner.kind in ("load", "no_gpu", "gpu_missing", "oom_load"):
             self.banner.hide()
         if info.get("device") == "cpu" and self.settings.device == "cpu":
@@ -556,6 +564,7 @@ class MainWindow(QMainWindow):
             self.start_engine()
 
     def _on_load_failed(self, kind: str, message: str) -> None:
+        self.server_watch.stop()
         self.live.clear_engine()  # the worker dropped the last model before this load
         self.engine_status.not_loaded()
         if kind == "no_gpu":
@@ -728,6 +737,7 @@ class MainWindow(QMainWindow):
 
     def set_live_visible(self, on: bool) -> None:
         self.live.setVisible(on)
+        self.server_watch.set_active(on)
         self._fit_minimum_size()
         self.topbar.set_live_shown(on)
         self.qs.setValue("window/live_panel", "true" if on else "false")
@@ -754,6 +764,7 @@ class MainWindow(QMainWindow):
             self.qs.setValue("window/last_conversation", self.conv_id)
         self.qs.sync()
         self.api.shutdown()
+        self.server_watch.stop()
         if self.welcome.download.running:  # the child would download on after the app is gone
             self.welcome.download.cancel()
         self.replies.save_partial()

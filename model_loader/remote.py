@@ -130,7 +130,8 @@ class RemoteEngine:
     def close(self) -> None:
         """Nothing held: each request opens and closes its own connection."""
 
-    def _request(self, method: str, path: str, body: dict | None = None):
+    def _request(self, method: str, path: str, body: dict | None = None, root: bool = False):
+        """root: path from the server's root (GET /metrics), not from its OpenAI base (/v1)."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -138,9 +139,8 @@ class RemoteEngine:
             headers["Authorization"] = f"Bearer {self.api_key}"
         conn = self._connection()
         try:
-            conn.request(
-                method, self.parts.path + path, body=json.dumps(body) if body is not None else None, headers=headers
-            )
+            base = self.parts.path.removesuffix("/v1") if root else self.parts.path
+            conn.request(method, base + path, body=json.dumps(body) if body is not None else None, headers=headers)
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as err:
             conn.close()
@@ -168,6 +168,45 @@ class RemoteEngine:
         entries = [m for m in data.get("data", []) if isinstance(m, dict)]
         self._owners = {m.get("id"): m.get("owned_by") for m in entries}
         return [m.get("id") for m in entries]
+
+    def server_metrics(self) -> dict | None:
+        """The server's load from its Prometheus /metrics (r1desk's or vLLM's names): requests running and waiting,
+        the replies it decodes at once and its KV cache use (None where not reported); None for a server without
+        /metrics, or one that can't be reached now."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            conn, resp = self._request("GET", "/metrics", root=True)
+        except RemoteError:
+            return None
+        try:
+            text = resp.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+        values: dict[str, float] = {}
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:  # summed over labels (vLLM labels by model and engine)
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        except ValueError:
+            return None
+
+        def first(*names: str) -> float | None:
+            return next((values[n] for n in names if n in values), None)
+
+        running = first("r1desk_requests_running", "vllm:num_requests_running")
+        if running is None:
+            return None
+        return {
+            "running": int(running),
+            "waiting": int(first("r1desk_requests_waiting", "vllm:num_requests_waiting") or 0),
+            "slots": int(first("r1desk_max_parallel") or 0) or None,
+            "kv_cache_usage": first(
+                "r1desk_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"
+            ),
+        }
 
     def generate(
         self,

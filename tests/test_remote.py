@@ -92,6 +92,28 @@ def test_a_server_that_is_not_r1desk_is_not_asked_to_continue(scripted):
     assert done.reasoning == "ab" and not done.stats.stopped_thinking
 
 
+def test_the_servers_load_from_its_metrics(server, scripted):
+    model, url = server
+    ours = RemoteEngine(url, model).server_metrics()
+    assert ours == {"running": 0, "waiting": 0, "slots": 1, "kv_cache_usage": None}  # one at a time: no paged cache
+    theirs = RemoteEngine(scripted[0], "m").server_metrics()  # vLLM's names, summed over its engines
+    assert theirs == {"running": 3, "waiting": 2, "slots": None, "kv_cache_usage": 0.25}
+    assert RemoteEngine("http://127.0.0.1:9/v1", "m", timeout=2).server_metrics() is None  # unreachable: no figures
+
+
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""
+
+
 # ---------------------------------------------------------------------------------------------- scripted
 class Script(http.server.BaseHTTPRequestHandler):
     """Answers each POST with the SSE lines (or the status) the test put in `script`."""
@@ -110,10 +132,13 @@ class Script(http.server.BaseHTTPRequestHandler):
         if self.script.get("drop"):
             self.connection.shutdown(socket.SHUT_RDWR)
 
-    def do_GET(self):  # noqa: N802 - the model list, as another server (vLLM) writes it
-        body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}).encode()
+    def do_GET(self):  # noqa: N802 - the model list and /metrics, as another server (vLLM) writes them
+        if self.path == "/metrics":
+            body = VLLM_METRICS.encode()
+        else:
+            body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}).encode()
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if self.path == "/metrics" else "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -72,6 +72,9 @@ def test_a_reply_from_a_server_streams_folds_and_is_saved(qtbot, make_window, la
     assert win.topbar.status_label.text() == f"Ready · {model_title(model_id)} · server at {url.split('/')[2]}"
     win.set_live_visible(True)
     assert win.live.values["weights"].text() == "on the server"
+    # the server's load from its /metrics, read off the GUI thread while the panel is open
+    qtbot.waitUntil(lambda: win.live.server_figures is not None, timeout=10000)
+    assert win.live.section_heads["batch"].text() == "Server" and win.live.values["running"].text() == "0 of 1 / 0"
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
         assert win.send("What is 2 + 2?")
     msg = done.args[0]
