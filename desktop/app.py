@@ -57,7 +57,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{SELF_TEST_SEED}: two runs write the same reply, so their speeds compare)",
     )
     p.add_argument("--theme", choices=["system", "light", "dark"], help="override the theme for this run")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--remote",
+        metavar="URL",
+        help="use --model NAME on this OpenAI-compatible server (e.g. http://gpu-box:8089/v1) for this run",
+    )
+    p.add_argument("--api-key-file", metavar="FILE", help="with --remote: the server's API key, read from this file")
+    args = p.parse_args(argv)
+    if args.remote and not args.model:
+        p.error("--remote needs --model NAME: the model's id on that server")
+    if args.api_key_file and not args.remote:
+        p.error("--api-key-file goes with --remote")
+    return args
+
+
+def remote_of(args: argparse.Namespace) -> tuple[str, str, str | None] | None:
+    """(base URL, model, key) for --remote, the key read from --api-key-file (its first line)."""
+    if not args.remote:
+        return None
+    from desktop.servers import normalised_url
+
+    key = None
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip().splitlines()[0].strip() or None
+        except (OSError, IndexError) as err:
+            raise SystemExit(f"r1desk: could not read the API key from {args.api_key_file}: {err}") from None
+    return normalised_url(args.remote), args.model, key
 
 
 def data_dir() -> Path:
@@ -97,7 +123,16 @@ def build_window(args: argparse.Namespace, crash_log=None):
         qs.setValue("settings/theme", args.theme)
     max_new = args.max_new_tokens or (256 if args.self_test else None)
     seed = args.seed if args.seed is not None else (SELF_TEST_SEED if args.self_test else None)
-    win = MainWindow(qs, store, model=args.model, device=args.device, max_new_tokens=max_new, seed=seed)
+    remote = remote_of(args)
+    win = MainWindow(
+        qs,
+        store,
+        model=None if remote else args.model,
+        device=args.device,
+        max_new_tokens=max_new,
+        seed=seed,
+        remote=remote,
+    )
     win.crash_log = crash_log
     win.show_start_notices(previous, moved_aside, (db_path, unavailable) if unavailable else None)
     return win

@@ -19,8 +19,9 @@ class ServerWatch(QObject):
         self._stop: threading.Event | None = None
         self._active = threading.Event()  # the panel is open: poll; closed: wait
 
-    def watch(self, url: str, model: str, key_dir: Path, insecure_tls: bool) -> None:
-        """Poll this server from now on (the one watched before, if any, is let go)."""
+    def watch(self, url: str, model: str, key_dir: Path, insecure_tls: bool, key: str | None = None) -> None:
+        """Poll this server from now on (the one watched before, if any, is let go); key: given for this run,
+        else the keyring's."""
         self.stop()
         stop = self._stop = threading.Event()
         active, figures = self._active, self.figures
@@ -30,7 +31,8 @@ class ServerWatch(QObject):
 
             from desktop.servers import KeyStore
 
-            engine = RemoteEngine(url, model, KeyStore(key_dir).get(url), timeout=5.0, verify_tls=not insecure_tls)
+            api_key = key or KeyStore(key_dir).get(url)
+            engine = RemoteEngine(url, model, api_key, timeout=5.0, verify_tls=not insecure_tls)
             while not stop.is_set():
                 if active.wait(0.5) and not stop.is_set():
                     figures.emit(engine.server_metrics())

@@ -32,7 +32,7 @@ from desktop.livepanel import LivePanel
 from desktop.markdown import MarkdownRenderer
 from desktop.replies import ReplyController
 from desktop.server_watch import ServerWatch
-from desktop.servers import KeyStore
+from desktop.servers import KeyStore, Server, servers_to_json
 from desktop.service import EngineService
 from desktop.settings import AppSettings, SettingsDialog
 from desktop.sidebar import Sidebar
@@ -61,13 +61,22 @@ class MainWindow(QMainWindow):
         device: str | None = None,
         max_new_tokens: int | None = None,
         seed: int | None = None,
+        remote: tuple[str, str, str | None] | None = None,
     ):
+        """model: a folder to use for this run; remote: (base URL, model, key) of a server's model to use for
+        this run instead (`r1desk --remote`; its key is kept for this run only)."""
         super().__init__()
         self.qs = qsettings
         self.settings = AppSettings.load(qsettings)
+        self.remote_key: str | None = None
         if model:
             self.settings.model_path = model
             self.settings.remote_server = ""  # a folder named at the start is the model to use
+        if remote:
+            url, name, self.remote_key = remote
+            servers = [s for s in self.settings.server_list() if s.url != url]
+            self.settings.servers = servers_to_json([*servers, Server(url, url, False, [name])])
+            self.settings.remote_server, self.settings.remote_model = url, name
         if device:
             self.settings.device = device
         self.max_new_override = max_new_tokens
@@ -275,6 +284,7 @@ class MainWindow(QMainWindow):
                 model=self.settings.remote_model,
                 insecure_tls=server.insecure_tls,
                 key_dir=str(self.key_dir),
+                api_key=self.remote_key,  # `--api-key-file`'s, for this run; else the keyring's (the worker reads it)
             )
             self.service.load(f"{self.settings.remote_model} on {server.url}", "remote", 0, None, remote=remote)
             self.engine_status.starting()
@@ -354,7 +364,9 @@ class MainWindow(QMainWindow):
         self.live.set_engine(info)
         server = self.settings.remote() if info.get("device") == "remote" else None
         if server is not None:
-            self.server_watch.watch(server.url, self.settings.remote_model, self.key_dir, server.insecure_tls)
+            self.server_watch.watch(
+                server.url, self.settings.remote_model, self.key_dir, server.insecure_tls, self.remote_key
+            )
         else:
             self.server_watch.stop()
         if self.banner.kind in ("load", "no_gpu", "gpu_missing", "oom_load"):

@@ -286,7 +286,9 @@ class EngineWorker(QObject):
         self._drop_engine()
         self.stage.emit("warming")
         try:
-            key = KeyStore(Path(remote["key_dir"])).get(remote["url"]) if remote.get("key_dir") else None
+            key = remote.get("api_key") or (
+                KeyStore(Path(remote["key_dir"])).get(remote["url"]) if remote.get("key_dir") else None
+            )
             engine = RemoteEngine(remote["url"], remote["model"], key, verify_tls=not remote.get("insecure_tls"))
             engine.warm_up(progress=lambda done, total, what: self.warmup_progress.emit(done, total, what))
         except ModelError as err:

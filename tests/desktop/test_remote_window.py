@@ -144,3 +144,28 @@ def test_a_server_that_cannot_continue_says_so_on_the_stop_thinking_button(make_
     win.engine_info = {"device": "remote", "continues": True}
     win.update_composer()
     assert button.isEnabled()
+
+
+def test_the_self_test_runs_against_a_server(tmp_path, lab):
+    """`r1desk --remote URL --model NAME --api-key-file F --self-test`: scripted use of a server's model."""
+    from test_selftest import _run
+
+    model_id, url = lab
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    args = ["--remote", url, "--model", model_id, "--self-test", "--max-new-tokens", "8", "--prompt", "Hi"]
+    out = _run([*args, "--api-key-file", str(key_file)], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"model={model_id} device=remote tokens=8" in out.stdout
+    refused = _run(args, tmp_path)  # no key: the server says no, and the self-test says why
+    assert refused.returncode == 1 and "refused the API key" in refused.stderr
+    assert not (tmp_path / "c" / "r1desk-keys").exists()  # a key given for a run is not stored
+
+
+def test_remote_needs_the_models_name_and_a_key_file_needs_remote(capsys):
+    from desktop.app import parse_args
+
+    for argv in (["--remote", "http://gpu-box:8089/v1"], ["--api-key-file", "k", "--model", "m"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+    assert "--api-key-file goes with --remote" in capsys.readouterr().err
