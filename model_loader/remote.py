@@ -4,9 +4,10 @@ Started, Delta and Finished events as Engine.generate(), so a consumer of one se
 --remote URL`).
 
 The reasoning is recognised in each dialect such servers use: `reasoning_content` (DeepSeek's API, r1desk, vLLM's
-reasoning parser), `reasoning` (newer vLLM, OpenRouter), or `<think>...</think>` inside `content` (a server without
-a reasoning parser). Only the standard library: nothing here opens a connection until generate() or models() is
-called for the server the user named. TLS is verified.
+reasoning parser), `reasoning` (newer vLLM, OpenRouter), `thinking` (Ollama's name for it), or `<think>...</think>`
+inside `content` (a server without a reasoning parser). Only the standard library (and prometheus_client's parser
+for /metrics): nothing here opens a connection until a method is called for the server the user named. TLS is
+verified unless the user accepted a server's self-signed certificate.
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ class RemoteEngine:
                     for choice in chunk.get("choices") or []:
                         delta = choice.get("delta") or {}
                         pieces = []
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or delta.get("thinking")
                         if reasoning:
                             pieces.append(("reasoning", reasoning))
                         if delta.get("content"):

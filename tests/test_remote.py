@@ -9,6 +9,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -123,6 +124,7 @@ class Script(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, lines = self.script["status"], self.script["lines"]
+        time.sleep(self.script.get("delay", 0))  # a server slow to its first byte (a long prompt, a queue)
         self.send_response(status)
         self.send_header("Content-Type", "text/event-stream" if status == 200 else "application/json")
         self.end_headers()
@@ -149,6 +151,7 @@ class Script(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted():
+    Script.script.clear()  # each test's script alone (a delay set by one must not slow the next)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Script)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -182,6 +185,19 @@ def test_reasoning_in_its_own_field_under_either_name(scripted):
     assert (done.reasoning, done.answer) == ("thinking hard", "42")
     assert [d.kind for d in deltas] == ["reasoning", "reasoning", "answer"]
     assert done.stats.completion_tokens == 3  # no usage sent: counted from the deltas
+
+
+def test_ollamas_thinking_field_and_a_slow_first_byte(scripted):
+    url, script = scripted
+    script.update(
+        status=200,
+        drop=False,
+        delay=1.5,
+        lines=[_chunk(thinking="hmm "), _chunk(thinking="ok"), _chunk(content="4"), "data: [DONE]"],
+    )
+    done, _ = _run(url)
+    assert (done.reasoning, done.answer) == ("hmm ok", "4")
+    assert done.stats.ttft_ms >= 1500  # the wait counts in the time to first token, and nothing timed out
 
 
 def test_think_tags_inside_content(scripted):
