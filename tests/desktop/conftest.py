@@ -33,12 +33,9 @@ def _collect_after_each_test():
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    from model_loader.testmodel import make_test_model
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    make_test_model(path, preset="tiny")
-    return str(path)
+def tiny_model(tiny_model) -> str:
+    """tests/conftest.py's tiny model (built once a session), as the str path Qt settings and subprocesses take."""
+    return str(tiny_model)
 
 
 @pytest.fixture

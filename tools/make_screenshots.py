@@ -1,6 +1,6 @@
 """Regenerate docs/screenshot-*.png: the real window, a scripted R1-style reply (fake engine), offscreen.
 
-    QT_QPA_PLATFORM=offscreen python tests/desktop/make_screenshots.py docs
+    QT_QPA_PLATFORM=offscreen python -m tools.make_screenshots docs
 
 Shots: light and dark mid-reply (reasoning folded above an answer with code, a table and math; live panel
 open), the reasoning streaming live (light and dark), the first-run screen, the notice shown after a crash, and
@@ -17,13 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from PySide6.QtCore import QEventLoop, QSettings, QTimer
+from PySide6.QtWidgets import QApplication
 
-from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from fakes import FakeEngine, factory  # noqa: E402
+from tests.desktop.fakes import FakeEngine, factory  # the scripted engine the window's tests use
 
 
 def wait_until(pred, timeout_ms=30000):
