@@ -145,6 +145,8 @@ class ReplyController(QObject):
         if info:
             stats["model"] = info.get("model_name")
             stats["device"] = info.get("device_name")
+            if info.get("server"):  # a server's model: which server, so the chat can go back to it
+                stats["server"] = info["server"]
         fields = dict(
             content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True, stats=stats
         )

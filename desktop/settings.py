@@ -152,6 +152,26 @@ class AppSettings:
             return None
         return next((s for s in self.server_list() if s.url == self.remote_server), None)
 
+    def model_key(self) -> str:
+        """The model in use as a model_choices key."""
+        return f"{self.remote_server}\n{self.remote_model}" if self.remote() is not None else ""
+
+    def model_choices(self) -> list[tuple[str, str]]:
+        """Every model the settings know, as (label saying where it runs, key): the model folder on this computer
+        ("" key) and each server's models ("URL\nMODEL")."""
+        from pathlib import Path
+
+        choices = []
+        if self.model_path:
+            choices.append((f"{Path(self.model_path).name} · this computer", ""))
+        for server in self.server_list():
+            choices += [(f"{model} · {server.name}", f"{server.url}\n{model}") for model in server.models]
+        return choices
+
+    def use_model_key(self, key: str) -> None:
+        """Make the model of a model_choices key the one in use."""
+        self.remote_server, _, self.remote_model = key.partition("\n") if key else ("", "", "")
+
     def dtype(self) -> str | None:
         return None if self.precision in ("auto", "awq") else self.precision  # AWQ: the engine picks
 

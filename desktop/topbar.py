@@ -4,7 +4,7 @@ Export, Live panel and Settings buttons. A widget only: what the status says is 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QMenu, QProgressBar, QToolButton, QWidget
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QMenu, QProgressBar, QToolButton, QWidget
 
 from desktop.elidedlabel import ElidedLabel
 
@@ -12,6 +12,7 @@ from desktop.elidedlabel import ElidedLabel
 class TopBar(QFrame):
     export_requested = Signal(str)  # "md" | "json": the open chat
     settings_requested = Signal()
+    model_picked = Signal(str)  # a model_choices key: "" the model folder, else "URL\nMODEL" on a server
 
     def __init__(self, api_label: QWidget, parent=None):
         super().__init__(parent)
@@ -23,6 +24,14 @@ class TopBar(QFrame):
         self.title_label = ElidedLabel("New chat", widest=360)
         self.title_label.setObjectName("ChatTitle")
         lay.addWidget(self.title_label)
+        self.model_picker = QComboBox()
+        self.model_picker.setAccessibleName("Model")
+        self.model_picker.setToolTip("The model that answers, and where it runs (servers: Settings → Add server…)")
+        self.model_picker.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.model_picker.setMaximumWidth(280)
+        self.model_picker.activated.connect(lambda i: self.model_picked.emit(self.model_picker.itemData(i) or ""))
+        self.model_picker.hide()  # shown where there is a choice: a server added
+        lay.addWidget(self.model_picker)
         self.status_label = ElidedLabel("No model")
         self.status_label.setObjectName("Meta")
         self.status_label.setAccessibleName("Model status")
@@ -57,6 +66,16 @@ class TopBar(QFrame):
         self.settings_btn.setToolTip("Settings (Ctrl+,)")
         self.settings_btn.clicked.connect(self.settings_requested)
         lay.addWidget(self.settings_btn)
+
+    def set_models(self, choices: list[tuple[str, str]], current: str) -> None:
+        """The picker's models (label, key) with `current` selected; hidden with fewer than two to pick from."""
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        for label, key in choices:
+            self.model_picker.addItem(label, key)
+        self.model_picker.setCurrentIndex(max(0, self.model_picker.findData(current)))
+        self.model_picker.blockSignals(False)
+        self.model_picker.setVisible(len(choices) > 1)
 
     def set_title(self, text: str) -> None:
         self.title_label.setText(text)

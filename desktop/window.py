@@ -15,6 +15,7 @@ See desktop.replies for a reply's lifecycle.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
@@ -150,6 +151,7 @@ class MainWindow(QMainWindow):
         self.topbar.export_requested.connect(self.export_current)
         self.topbar.live_btn.toggled.connect(self.set_live_visible)
         self.topbar.settings_requested.connect(self.open_settings)
+        self.topbar.model_picked.connect(self.pick_model)
         c_lay.addWidget(self.topbar)
         self.engine_status = EngineStatus(self.topbar, self)
         self.engine_status.changed.connect(self.update_composer)
@@ -217,6 +219,7 @@ class MainWindow(QMainWindow):
             self.resize(1280, 820)
         self.topbar.live_btn.setChecked(self.qs.value("window/live_panel", "false") in (True, "true"))
         self.refresh_list()
+        self._refresh_models()
         last = self.qs.value("window/last_conversation")
         try:
             last = int(last) if last is not None else None
@@ -347,6 +350,7 @@ class MainWindow(QMainWindow):
         self.settings.model_path = path
         self.settings.remote_server = ""
         self.settings.save(self.qs)
+        self._refresh_models()
         self.welcome.show_error("")
         self.banner.hide()
         self.start_engine()
@@ -373,6 +377,8 @@ class MainWindow(QMainWindow):
             self.banner.hide()
         if info.get("device") == "cpu" and self.settings.device == "cpu":
             self.banner.show_message("cpu", "Running on the CPU: replies will be much slower than on an NVIDIA GPU.")
+        if self.conv_id is not None:
+            self._offer_chat_model(self.conv_id)  # the chat's own model now loaded: its notice goes
         self.engine_ready.emit(info)
 
     # ------------------------------------------------------------------ conversations
@@ -416,9 +422,54 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, lambda: self.chat.verticalScrollBar().setValue(pos))
         else:
             self.chat.scroll_to_bottom()
+        self._offer_chat_model(conv_id)
         self.qs.setValue("window/last_conversation", conv_id)
         if self.sidebar.current_id() != conv_id:
             self.refresh_list()
+
+    # ------------------------------------------------------------------ which model answers
+    def _refresh_models(self) -> None:
+        self.topbar.set_models(self.settings.model_choices(), self.settings.model_key())
+
+    def pick_model(self, key: str) -> None:
+        """Use the model of a model_choices key (the top bar's picker, or a chat's own): a reload, now or once
+        the reply in flight has ended."""
+        if key == self.settings.model_key():
+            return
+        new = dataclasses.replace(self.settings)
+        new.use_model_key(key)
+        self.apply_settings(new)
+
+    def chat_model(self, conv_id: int) -> tuple[str, str] | None:
+        """The model that last answered in a chat, as (key, label), where the settings still know it."""
+        for msg in reversed(self.store.messages(conv_id)):
+            stats = msg.get("stats") or {}
+            if msg["role"] != "assistant" or not stats.get("model"):
+                continue
+            server = stats.get("server")
+            for label, key in self.settings.model_choices():
+                if server and key == f"{server}\n{stats['model']}":
+                    return key, label
+                if not server and not key and Path(self.settings.model_path).name == stats["model"]:
+                    return key, label
+            return None
+        return None
+
+    def _offer_chat_model(self, conv_id: int) -> None:
+        """A chat answered by another model than the one in use: say so, and offer to switch (a load takes
+        seconds, so it is never done unasked)."""
+        found = self.chat_model(conv_id)
+        if found is None or found[0] == self.settings.model_key():
+            if self.banner.kind == "chat_model":
+                self.banner.hide()
+            return
+        key, label = found
+        self.banner.show_message(
+            "chat_model",
+            f"This chat was answered by {label}; the model now is "
+            f"{dict((k, lbl) for lbl, k in self.settings.model_choices()).get(self.settings.model_key(), 'another')}.",
+            [(f"Use {label.split(' · ')[0]}", lambda: self.pick_model(key))],
+        )
 
     def rename_conversation(self, conv_id: int) -> None:
         title = self.conversations.rename(conv_id)
@@ -722,6 +773,7 @@ class MainWindow(QMainWindow):
         old = self.settings
         self.settings = new
         new.save(self.qs)
+        self._refresh_models()
         self.composer.set_vote_chains(new.vote_chains)
         if (new.theme, new.font_size) != (old.theme, old.font_size):
             self.apply_theme()

@@ -10,6 +10,7 @@ from serving import serve, stop
 from test_servers import MemoryKeyring
 
 from desktop.engine_status import model_title
+from desktop.settings import AppSettings
 from desktop.servers import KeyStore, Server, servers_to_json
 
 KEY = "lab-key-42"
@@ -169,3 +170,40 @@ def test_remote_needs_the_models_name_and_a_key_file_needs_remote(capsys):
         with pytest.raises(SystemExit):
             parse_args(argv)
     assert "--api-key-file goes with --remote" in capsys.readouterr().err
+
+
+def test_the_top_bar_picks_a_servers_model_and_a_chat_remembers_which_model_answered(
+    qtbot, make_window, lab, profile, system_keyring
+):
+    import fakes
+
+    model_id, url = lab
+    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    win = make_window(
+        engine=fakes.FakeEngine(token_s=0.0), max_new_tokens=16, servers=remote_settings(url, model_id)["servers"]
+    )
+    picker = win.topbar.model_picker
+    labels = [picker.itemText(i) for i in range(picker.count())]
+    assert labels == ["DeepSeek-R1-Distill-Qwen-1.5B · this computer", f"{model_id} · Lab"]
+    assert not picker.isHidden() and picker.currentIndex() == 0
+    with qtbot.waitSignal(win.reply_finished, timeout=30000):
+        win.send("A local question")
+    local_chat = win.conv_id
+    picker.activated.emit(1)  # the user picks the server's model
+    qtbot.waitUntil(lambda: win.engine_state == "ready" and win.engine_info["device"] == "remote", timeout=30000)
+    assert win.settings.remote_model == model_id and win.settings.remote_server == url
+    assert AppSettings.load(win.qs).remote_model == model_id  # kept for the next start
+    win.new_chat()
+    with qtbot.waitSignal(win.reply_finished, timeout=60000):
+        win.send("A question for the server")
+    remote_chat = win.conv_id
+    win.open_conversation(local_chat)  # answered by the local model: the notice offers it back
+    assert (
+        win.banner.kind == "chat_model" and "DeepSeek-R1-Distill-Qwen-1.5B · this computer" in win.banner.label.text()
+    )
+    (use,) = win.banner.action_buttons()
+    qtbot.mouseClick(use, Qt.LeftButton)
+    qtbot.waitUntil(lambda: win.engine_state == "ready" and win.engine_info["device"] != "remote", timeout=30000)
+    assert not win.banner.isVisible() and win.settings.model_key() == ""
+    win.open_conversation(remote_chat)
+    assert win.banner.kind == "chat_model" and f"{model_id} · Lab" in win.banner.label.text()
