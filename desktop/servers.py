@@ -43,7 +43,8 @@ def servers_from_json(text: str) -> list[Server]:
 
 
 def servers_to_json(servers: list[Server]) -> str:
-    return json.dumps([asdict(s) for s in servers])
+    """The list as saved; none is the empty string, the setting's default."""
+    return json.dumps([asdict(s) for s in servers]) if servers else ""
 
 
 def normalised_url(url: str) -> str:
