@@ -43,8 +43,11 @@ def warmup_text(stage_text: str, done: int, total: int, what: str) -> str:
     return f"{stage_text} {min(done + 1, total)}/{total}: {what}"
 
 
-def ready_text(assistant: str, info: dict) -> str:
-    return f"Ready · {assistant} · {device_title(info)}"
+def ready_text(assistant: str | None, info: dict) -> str:
+    """assistant None: the top bar's model picker names the model, and for a server's model where it runs."""
+    if assistant:
+        return f"Ready · {assistant} · {device_title(info)}"
+    return "Ready" if info.get("device") == "remote" else f"Ready · {device_title(info)}"
 
 
 class EngineStatus(QObject):
@@ -68,7 +71,7 @@ class EngineStatus(QObject):
     def starting(self) -> None:
         self._set("Starting…", busy=True)
 
-    def ready(self, assistant: str, info: dict) -> None:
+    def ready(self, assistant: str | None, info: dict) -> None:
         self._set(ready_text(assistant, info), busy=False)
 
     def not_loaded(self) -> None:

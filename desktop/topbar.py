@@ -28,7 +28,7 @@ class TopBar(QFrame):
         self.model_picker.setAccessibleName("Model")
         self.model_picker.setToolTip("The model that answers, and where it runs (servers: Settings → Add server…)")
         self.model_picker.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-        self.model_picker.setMaximumWidth(280)
+        self.model_picker.setMaximumWidth(360)
         self.model_picker.activated.connect(lambda i: self.model_picked.emit(self.model_picker.itemData(i) or ""))
         self.model_picker.hide()  # shown where there is a choice: a server added
         lay.addWidget(self.model_picker)

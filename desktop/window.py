@@ -364,7 +364,8 @@ class MainWindow(QMainWindow):
             self.settings.precision = "awq" if quantized else "auto"
             self.settings.save(self.qs)
         self.chat.assistant_name = model_title(info.get("model_name", "Assistant"))
-        self.engine_status.ready(self.chat.assistant_name, info)
+        picker_names_it = not self.topbar.model_picker.isHidden()
+        self.engine_status.ready(None if picker_names_it else self.chat.assistant_name, info)
         self.live.set_engine(info)
         server = self.settings.remote() if info.get("device") == "remote" else None
         if server is not None:

@@ -335,7 +335,14 @@ def remote_shots(out_dir: Path, tmp: Path) -> None:
     (tmp / "client").mkdir(exist_ok=True)
     servers = servers_to_json([Server("Lab server", box.api.url, False, [model])])
     win = make_window(
-        "light", tmp / "client", None, with_model=False, servers=servers, remote_server=box.api.url, remote_model=model
+        "light",
+        tmp / "client",
+        None,
+        with_model=False,
+        servers=servers,
+        remote_server=box.api.url,
+        remote_model=model,
+        model_path="/models/DeepSeek-R1-Distill-Qwen-1.5B",  # a local model too: the top bar's picker shows both
     )
     dlg = AddServerDialog(win, keys_where="the system keyring (Ring)")
     dlg.url.setText(box.api.url)

@@ -24,6 +24,9 @@ def test_the_wording_of_each_step():
     assert warmup_text("Warming up…", 0, 3, "decode graphs") == "Warming up… 1/3: decode graphs"
     assert warmup_text("Warming up…", 3, 3, "done") == "Warming up… 3/3: done"
     assert ready_text("DeepSeek R1", {"device": "cpu"}) == "Ready · DeepSeek R1 · CPU"
+    # with the top bar's model picker shown, the picker names the model (and a server's model, where it runs)
+    assert ready_text(None, {"device": "cpu"}) == "Ready · CPU"
+    assert ready_text(None, {"device": "remote", "device_name": "server at gpu-box:8089"}) == "Ready"
     assert model_title("DeepSeek-R1-Distill_Qwen-1.5B") == "DeepSeek R1 Distill Qwen 1.5B"
     long = "x" * 60
     assert model_title(long) == "x" * 45 + "…"
