@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from model_loader.chat import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, stored_reply
+from model_loader.chat import THINK_CLOSE, THINK_OPEN, AnswerNewlineTrimmer, ReasoningSplitter, stored_reply
 from model_loader.errors import ModelError
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 
@@ -242,6 +242,7 @@ class RemoteEngine:
         t0 = time.perf_counter()
         parts = {"reasoning": [], "answer": []}
         content = ContentThinkSplitter()
+        trim = AnswerNewlineTrimmer()  # the blank line R1 writes after </think>, as the local engine drops it
         times: list[float] = []
         first_answer: float | None = None
         usage: dict = {}
@@ -281,6 +282,7 @@ class RemoteEngine:
                         if delta.get("content"):
                             pieces += content.feed(delta["content"])
                         for kind, text in pieces:
+                            text = trim(kind, text)
                             if not text:
                                 continue
                             times.append(time.perf_counter())
@@ -309,6 +311,9 @@ class RemoteEngine:
                 body["max_tokens"] = max(1, body["max_tokens"] - before)
             content = ContentThinkSplitter()
         for kind, text in content.flush():
+            text = trim(kind, text)
+            if not text:
+                continue
             parts[kind].append(text)
             yield Delta(text, kind, len(times))
         end = time.perf_counter()

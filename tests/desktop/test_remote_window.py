@@ -207,3 +207,59 @@ def test_the_top_bar_picks_a_servers_model_and_a_chat_remembers_which_model_answ
     assert not win.banner.isVisible() and win.settings.model_key() == ""
     win.open_conversation(remote_chat)
     assert win.banner.kind == "chat_model" and f"{model_id} · Lab" in win.banner.label.text()
+
+
+@pytest.fixture
+def other_server():
+    """A scripted OpenAI-compatible server that is not r1desk (tests/test_remote.py's): the dialect it speaks is
+    the test's."""
+    import http.server
+    import threading
+
+    from test_remote import Script
+
+    Script.script.clear()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Script)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", Script.script
+    httpd.shutdown()
+
+
+def test_a_server_without_a_reasoning_parser_still_folds_the_reasoning(qtbot, make_window, other_server):
+    """<think> inside `content`, no usage, a slow first byte: the window folds the reasoning as for a local model."""
+    from test_remote import _chunk
+
+    url, script = other_server
+    script.update(
+        status=200,
+        drop=False,
+        delay=0.5,
+        lines=[
+            _chunk(content="<think>\nLet me add: "),
+            _chunk(content="2 + 2 = 4.\n</think>\n\n"),
+            _chunk(content="**4**"),
+            "data: [DONE]",
+        ],
+    )
+    win = make_window(**remote_settings(url, "m"))
+    assert not win.engine_info["continues"]  # not r1desk: stop thinking is not offered
+    with qtbot.waitSignal(win.reply_finished, timeout=30000) as done:
+        win.send("What is 2 + 2?")
+    msg = done.args[0]
+    assert (msg["reasoning"], msg["answer"]) == ("\nLet me add: 2 + 2 = 4.\n", "**4**")
+    assert win.chat.widgets[-1].reasoning_block is not None
+    stats = msg["stats"]
+    assert stats["completion_tokens"] == 3 and stats["ttft_ms"] >= 500  # counted from the pieces: no usage sent
+
+
+def test_stop_ends_a_servers_reply_and_keeps_what_came(qtbot, make_window, lab, profile, system_keyring):
+    model_id, url = lab
+    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    win = make_window(max_new_tokens=400, **remote_settings(url, model_id))
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
+        win.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=30000)
+        win.stop()
+    msg = done.args[0]
+    assert msg["stats"]["finish_reason"] == "cancelled" and msg["reasoning"]
+    assert msg["stats"]["completion_tokens"] < 400
