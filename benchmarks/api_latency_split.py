@@ -292,6 +292,7 @@ def real_server(
     from desktop.api.server import ApiServer
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
+    from desktop.worker import LoadRequest
     from tests.desktop import fakes
 
     handler_t: dict[str, float] = {}
@@ -371,7 +372,7 @@ def real_server(
         service.load_failed.connect(
             lambda kind, message: failed.append(message) or ready.done() or ready.set_result(None)
         )
-        service.load(model or MODEL_PATH, device, context, None)
+        service.load(LoadRequest(model or MODEL_PATH, device, context))
         await ready
         if failed:
             raise SystemExit(f"could not load the model: {failed[0]}")

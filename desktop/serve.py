@@ -22,6 +22,7 @@ def run(args) -> int:
     from desktop.fastloop import qt_event_loop
     from desktop.gcguard import GuiThreadGC
     from desktop.service import EngineService
+    from desktop.worker import LoadRequest
 
     if not is_loopback(args.host) and not args.api_key:
         print(
@@ -90,7 +91,7 @@ def run(args) -> int:
             print(f"r1desk serve: could not listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
             service.shutdown(3000)  # its engine thread runs already: a QThread destroyed running aborts Python
             return 1
-        service.load(args.model, args.device, args.context, args.dtype, args.kv_cache)
+        service.load(LoadRequest(args.model, args.device, args.context, args.dtype, args.kv_cache))
         loop.run_until_complete(done.wait())
         loop.run_until_complete(server.stop())
     if not service.shutdown(3000):

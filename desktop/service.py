@@ -17,13 +17,14 @@ its KV cache holds and reuses only the common prefix, whoever wrote it (the sche
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from desktop.worker import EngineHost
+from desktop.worker import EngineHost, LoadRequest
 
 DEFAULT_MAX_WAITING = 16
 
@@ -150,25 +151,18 @@ class EngineService(QObject):
     def model_name(self) -> str | None:
         return (self.info or {}).get("model_name")
 
-    def load(
-        self,
-        spec: str,
-        device: str,
-        context_length: int,
-        dtype: str | None,
-        kv_cache: str = "16-bit",
-        remote: dict | None = None,
-    ) -> None:
-        """Load (or reload) a model (remote: one on a server, EngineWorker._load_remote). A reply already decoding
-        one at a time finishes first (the worker is serial); replies decoding together end "unloaded" (the worker
-        can't finish them before the load); requests still waiting fail with "unloaded": they were asked of the
-        model being replaced."""
+    def load(self, request: LoadRequest) -> None:
+        """Load (or reload) a model (request.remote: one on a server). A reply already decoding one at a time
+        finishes first (the worker is serial); replies decoding together end "unloaded" (the worker can't finish
+        them before the load); requests still waiting fail with "unloaded": they were asked of the model being
+        replaced."""
         self.state = "loading"
         self.info = None
         for req in list(self.waiting):
             self._drop(req, "unloaded", "the model is being reloaded; send the request again when it is ready")
         self._loads_pending += 1  # one under way stops at its next step (EngineHost.load)
-        self.host.load(spec, device, context_length, dtype, kv_cache, 1 if remote else self.max_parallel, remote)
+        # how many replies at once is the service's to say (a server's model: one at a time, the server batches)
+        self.host.load(dataclasses.replace(request, max_parallel=1 if request.remote else self.max_parallel))
 
     def quantize(self, src: str, out: str, **options) -> None:
         self.host.quantize(src, out, **options)

@@ -41,6 +41,7 @@ from desktop.start_notices import start_notice
 from desktop.store import Store, store_problem
 from desktop.topbar import TopBar
 from desktop.welcome import WelcomePage
+from desktop.worker import LoadRequest
 from model_loader.chat import history_message  # plain text rules: no torch
 
 
@@ -289,7 +290,7 @@ class MainWindow(QMainWindow):
                 key_dir=str(self.key_dir),
                 api_key=self.remote_key,  # `--api-key-file`'s, for this run; else the keyring's (the worker reads it)
             )
-            self.service.load(f"{self.settings.remote_model} on {server.url}", "remote", 0, None, remote=remote)
+            self.service.load(LoadRequest(f"{self.settings.remote_model} on {server.url}", "remote", remote=remote))
             self.engine_status.starting()
             return
         if not self.settings.model_path:
@@ -298,13 +299,8 @@ class MainWindow(QMainWindow):
             return
         self.stack.setCurrentWidget(self.chat_page)
         self.service.max_parallel = self.settings.max_parallel
-        self.service.load(
-            self.settings.model_path,
-            self.settings.device,
-            self.settings.context_length,
-            self.settings.dtype(),
-            self.settings.kv_cache,
-        )
+        s = self.settings
+        self.service.load(LoadRequest(s.model_path, s.device, s.context_length, s.dtype(), s.kv_cache))
         self.engine_status.starting()
 
     def _ensure_service(self) -> None:

@@ -127,6 +127,20 @@ def _asdict(obj):
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadRequest:
+    """What to load: one shape from the window (or `serve`) through the service and the host to the worker."""
+
+    spec: str  # a model folder or a Hugging Face repo id in the local cache
+    device: str = "cuda"  # "cuda" (the first GPU that works) | "cuda:N" | "cpu"
+    context_length: int | str = 4096  # 0 or "auto": as much as the free memory holds (model_loader.loading)
+    dtype: str | None = None  # None: automatic
+    kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
+    max_parallel: int = 1  # replies decoded together: above 1 the engine serves through its scheduler
+    remote: dict | None = None  # a model on a server instead (EngineWorker._load_remote)
+    seq: int = 0  # EngineHost.load's number: a newer load stops this one
+
+
 class EngineWorker(QObject):
     """Lives on the engine thread. Every public signal is delivered to the GUI queued."""
 
@@ -161,19 +175,15 @@ class EngineWorker(QObject):
 
     # ------------------------------------------------------------------ load
     @Slot(object)
-    def load(self, request: dict) -> None:
-        """request: spec, device ("cuda" | "cpu"), context_length, dtype (None = auto), kv_cache ("16-bit" |
-        "8-bit"; model_loader.kv_cache), max_parallel (replies decoded together; above 1 the engine serves through
-        its scheduler), seq (EngineHost.load's number: a newer one stops this load); or remote (a model on a
-        server: _load_remote)."""
+    def load(self, request: LoadRequest) -> None:
         self._abort_load.clear()
-        seq = request.get("seq", 0)
+        seq = request.seq
 
         def stop_here() -> bool:  # the app is closing, or a newer load was asked for
             return self._abort_load.is_set() or (seq and seq != self.latest_load)
 
-        if request.get("remote"):
-            self._load_remote(request["remote"], stop_here)
+        if request.remote:
+            self._load_remote(request.remote, stop_here)
             return
         self.stage.emit("importing")
         try:
@@ -183,7 +193,7 @@ class EngineWorker(QObject):
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
         self._drop_engine()  # before loading the next
-        device = request.get("device") or "cuda"
+        device = request.device or "cuda"
         if self.engine_factory is None and device.startswith("cuda") and not self._cuda_available():
             self.failed.emit(0, "no_gpu", self._no_gpu_message())
             return
@@ -208,13 +218,13 @@ class EngineWorker(QObject):
                 engine = self.engine_factory(request, on_progress, on_compiling)
             else:
                 engine = Engine.load(
-                    request["spec"],
+                    request.spec,
                     device=device,
-                    context_length=request.get("context_length", 4096),  # 0 or "auto": from the free memory
-                    dtype=request.get("dtype") or None,
+                    context_length=request.context_length,
+                    dtype=request.dtype or None,
                     progress=on_progress,
                     on_compiling=on_compiling,
-                    kv_cache=request.get("kv_cache") or "16-bit",
+                    kv_cache=request.kv_cache or "16-bit",
                 )
             # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
             self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
@@ -225,7 +235,7 @@ class EngineWorker(QObject):
                 self.warmup_progress.emit(done, total, what)
 
             engine.warm_up(progress=on_warmup)
-            parallel = int(request.get("max_parallel") or 1)
+            parallel = int(request.max_parallel or 1)
             scheduler = engine.serve_batched(parallel) if parallel > 1 else None
         except BaseException as err:
             if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: its VRAM back now
@@ -584,32 +594,11 @@ class EngineHost(QObject):
         self._next_id = 0
         self._load_seq = 0
 
-    def load(
-        self,
-        spec: str,
-        device: str,
-        context_length: int,
-        dtype: str | None,
-        kv_cache: str = "16-bit",
-        max_parallel: int = 1,
-        remote: dict | None = None,
-    ) -> None:
-        """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load). remote:
-        a model on a server instead (EngineWorker._load_remote)."""
+    def load(self, request: LoadRequest) -> None:
+        """Queue a load; one still running or waiting stops at its next step (EngineWorker.latest_load)."""
         self._load_seq += 1
         self.worker.latest_load = self._load_seq  # before the request is queued: it must see itself as newest
-        self._load_requested.emit(
-            dict(
-                spec=spec,
-                device=device,
-                context_length=context_length,
-                dtype=dtype,
-                kv_cache=kv_cache,
-                max_parallel=max_parallel,
-                remote=remote,
-                seq=self._load_seq,
-            )
-        )
+        self._load_requested.emit(dataclasses.replace(request, seq=self._load_seq))
 
     def next_id(self) -> int:
         """A new generation id, for a generate() the caller makes right after (its events carry it)."""

@@ -95,6 +95,7 @@ def serve(kind: str, loop_kind: str, token_ms: float) -> None:
         from desktop.api.server import ApiServer
         from desktop.gcguard import GuiThreadGC
         from desktop.service import EngineService
+        from desktop.worker import LoadRequest
         from tests.desktop import fakes
 
         StampedEngine = split.stamped_fake_engine(gen_t, token_t)  # Started comes with the first token
@@ -107,7 +108,7 @@ def serve(kind: str, loop_kind: str, token_ms: float) -> None:
             await server.start()
             ready = loop.create_future()
             service.ready.connect(lambda info: ready.done() or ready.set_result(info))
-            service.load(split.MODEL_PATH, "cpu", 4096, None)
+            service.load(LoadRequest(split.MODEL_PATH, "cpu", 4096))
             await ready
             return f"{server.url} {server.model_id}", server.stop
 

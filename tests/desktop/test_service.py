@@ -7,6 +7,7 @@ import fakes
 import pytest
 
 from desktop.service import EngineService, NotReady, QueueFull
+from desktop.worker import LoadRequest
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def service(qtbot):
 
 def _ready(qtbot, svc):
     with qtbot.waitSignal(svc.ready, timeout=10000):
-        svc.load("/models/fake", "cpu", 4096, None)
+        svc.load(LoadRequest("/models/fake", "cpu", 4096, None))
 
 
 class Recorder:
@@ -92,7 +93,7 @@ def test_a_reload_drops_waiting_requests_and_lets_the_running_one_finish(qtbot, 
     rec_run, rec_wait = Recorder(running), Recorder(waiting)
     qtbot.waitUntil(lambda: any(e[0] == "delta" for e in rec_run.events), timeout=10000)
     with qtbot.waitSignal(svc.ready, timeout=20000):
-        svc.load("/models/fake", "cpu", 4096, None)
+        svc.load(LoadRequest("/models/fake", "cpu", 4096, None))
     assert rec_wait.events == [("failed", "unloaded")]
     assert rec_run.events[-1][0] == "finished" and rec_run.events[-1][1]["stats"]["finish_reason"] == "eos"
     assert svc.state == "ready"
@@ -139,8 +140,8 @@ def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(qtbot, 
     gates = {"/models/first": threading.Event(), "/models/second": threading.Event()}
 
     def make(request, progress, on_compiling=None):
-        gates[request["spec"]].wait(30)  # the test lets each load go on
-        if request["spec"] == "/models/first":
+        gates[request.spec].wait(30)  # the test lets each load go on
+        if request.spec == "/models/first":
             if first_ends == "aborted at its next step":
                 progress(1, 2)  # where the abort is seen
             elif first_ends == "failed all the same":
@@ -153,8 +154,8 @@ def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(qtbot, 
         readies, failures = [], []
         svc.ready.connect(lambda info: readies.append(info["model_name"]))
         svc.load_failed.connect(lambda kind, msg: failures.append(kind))
-        svc.load("/models/first", "cpu", 4096, None)
-        svc.load("/models/second", "cpu", 4096, "bf16")
+        svc.load(LoadRequest("/models/first", "cpu", 4096, None))
+        svc.load(LoadRequest("/models/second", "cpu", 4096, "bf16"))
         worker = svc.host.worker
         with qtbot.waitSignals([worker.ready if first_ends == "ready all the same" else worker.failed], timeout=10000):
             gates["/models/first"].set()

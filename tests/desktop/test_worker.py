@@ -9,7 +9,7 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 
-from desktop.worker import EngineHost
+from desktop.worker import EngineHost, LoadRequest
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
 
     events, threads = _record(host)
     with qtbot.waitSignal(host.worker.ready, timeout=60000):
-        host.load(tiny_model, "cpu", 512, None)
+        host.load(LoadRequest(tiny_model, "cpu", 512))
     kinds = [e[0] if e[0] != "stage" else f"stage:{e[1]}" for e in events]
     assert kinds[:2] == ["stage:importing", "stage:loading"]
     assert kinds[-2:] == ["stage:warming", "ready"]
@@ -73,7 +73,7 @@ def test_cancel_stops_the_reply(qtbot, host, tiny_model):
     from model_loader.events import GenerationControl
 
     with qtbot.waitSignal(host.worker.ready, timeout=60000):
-        host.load(tiny_model, "cpu", 4096, None)
+        host.load(LoadRequest(tiny_model, "cpu", 4096))
     control = GenerationControl()
     host.worker.delta.connect(lambda *a: control.cancel())  # cancel from the GUI thread at the first delta
     with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
@@ -89,7 +89,7 @@ def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
     from model_loader.events import GenerationControl
 
     with qtbot.waitSignal(host.worker.ready, timeout=60000):
-        host.load(tiny_model, "cpu", 1024, None)
+        host.load(LoadRequest(tiny_model, "cpu", 1024))
     control = GenerationControl()
     kinds = []
     host.worker.delta.connect(
@@ -104,7 +104,7 @@ def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
 
 def test_load_errors_are_reported_not_raised(qtbot, host, tmp_path):
     with qtbot.waitSignal(host.worker.failed, timeout=60000) as blocker:
-        host.load(str(tmp_path), "cpu", 512, None)  # an empty folder
+        host.load(LoadRequest(str(tmp_path), "cpu", 512))  # an empty folder
     gen_id, kind, message = blocker.args
     assert (gen_id, kind) == (0, "model")
     assert str(tmp_path) in message and "config.json" in message
@@ -139,7 +139,7 @@ def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, h
     gc.disable()
     try:
         with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
-            host.load("/models/any", "cpu", 512, None)
+            host.load(LoadRequest("/models/any", "cpu", 512))
         assert blocker.args[1] == "oom" and freed_when_reported == [True]
     finally:
         gc.enable()
