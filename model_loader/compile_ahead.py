@@ -1,7 +1,7 @@
 """A first start's kernel compiles, under way while the weights are still loading.
 
 On a machine that never ran r1desk, Triton compiles every kernel variant the warm-up launches (kernels.precompile
-submits them all to a thread pool at once: H200, 2026-12-03, 2.5-3.5 s). What it compiles depends only on
+submits them all to a thread pool at once, and they still take seconds). What it compiles depends only on
 shapes, dtypes, alignments and the integer arguments' divisibility, never on the weights' values, so it need not
 wait for the weights (1-2 s to read). `CompileBesideLoad` walks the warm-up's paths with compile-only launches
 (`walk_warm_up_paths`) over a *shape twin* of the model being loaded: one decoder layer with uninitialised

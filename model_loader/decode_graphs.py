@@ -79,11 +79,11 @@ class DecodeStep:
         """Choose each depth bucket's decode attention configuration by timing the whole decode step: a greedy
         graph captured per configuration, replayed at the top of each bucket. Timed alone, the attention ranks
         its shapes differently than inside the step, where its kernels overlap their neighbours (programmatic
-        dependent launch): on the H200 (2026-12-03) the shape that is fastest alone up to 1k tokens made the bf16
-        step 3% slower than another. The configurations take turns, TUNE_ROUNDS rounds of TUNE_REPLAYS replays
-        each, and each one's median counts, so a passing clock change doesn't pick the winner. Sets `plan`,
-        keeps the chosen graphs and returns {"plan", "timings_us": {upper depth: {config: us per step}}}.
-        Configurations this GPU can't run are skipped."""
+        dependent launch): the shape that is fastest alone at short contexts makes the bf16 step measurably slower
+        than another. The configurations take turns, TUNE_ROUNDS rounds of TUNE_REPLAYS replays each, and each
+        one's median counts, so a passing clock change doesn't pick the winner. Sets `plan`, keeps the chosen
+        graphs and returns {"plan", "timings_us": {upper depth: {config: us per step}}}. Configurations this GPU
+        can't run are skipped."""
         for config in configs:
             self.plan = [(self.model.max_ctx, config)]
             try:

@@ -1,10 +1,10 @@
 """The GPU's clock and why it is below its maximum, from NVML: the live panel's "SM clock" row.
 
 Decode speed follows the SM clock, and a GPU lowers it on its own: a laptop at its power limit or on battery, a
-hot card, a desktop card at its board power. On an H200 (2026-12-05, BENCHMARKS) a 16k-token prefill tripped the
-software power cap and the next decode steps ran at 1,815-1,875 MHz instead of 1,980, 1-2% slower; a laptop GPU's
-power limit is far lower and reached sooner. Without this, a user sees a tok/s below the documented numbers and
-no reason for it.
+hot card, a desktop card at its board power. Even a datacenter GPU's software power cap trips after a long prefill
+and holds the next decode steps a little below the maximum clock (docs/BENCHMARKS.md, 'Speed by context depth'); a
+laptop GPU's power limit is far lower and reached sooner. Without this, a user sees a tok/s below the documented
+numbers and no reason for it.
 
 No torch and no Qt: the GUI thread calls read_clocks() with pynvml (a thin C binding) about once a second.
 """

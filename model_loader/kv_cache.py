@@ -10,19 +10,18 @@ apply the row scales to the scores and the value weights.
 An 8-bit cache keeps V transposed ([KV head, head_dim, token], value_cache): the P.V product reduces over
 tokens, and Hopper's tensor cores take 8-bit operands only along the reduced dimension (no 8-bit transposing
 load either), so row-major fp8 V went to the dot through an fp16 copy in shared memory, which left the decode
-kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot (the loop
-of one 128-token tile: 1,133 -> 770 instructions a warp at sm_90; benchmarks/decode_kernel_sass.py). The
+kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot (a third
+fewer instructions a warp in the loop of one 128-token tile at sm_90; benchmarks/decode_kernel_sass.py). The
 kernels read V tiles whole, so the cache writer stores no NaN code (a value that overflowed is stored as 0).
 
 Why offer it: on a small GPU it doubles the context that fits next to the weights (a 14B model's 32k context
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
 its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly). Speed
-at depth: with V row-major our attention kernels on it were bound by their instructions, not the cache read
-(H200, 1.5B, 2026-12-05: decode 791 tok/s at 4k tokens, 729 at 16k and 654 at 32k against 822, 768 and 708);
-V transposed cut those instructions by a third, and with two programs an SM (triton_ops.KV8_CONFIGS) it is now
-as fast as the 16-bit cache at 16k and faster at 32k (H100, 2026-12-05: 636 / 604 tok/s against 637 / 577; not
-yet measured on an H200; docs/BENCHMARKS.md). The 16-bit cache stays the default (exact). Like llama.cpp's q8_0
-cache: a choice for the user.
+at depth: with V row-major our attention kernels on it are bound by their instructions, not the cache read, and
+slower than over the 16-bit cache at every depth; with V transposed and two programs an SM (triton_ops.KV8_CONFIGS)
+it is as fast as the 16-bit cache at 16k and faster at 32k on an H100 (docs/BENCHMARKS.md, 'Speed by context
+depth'; not yet measured on an H200). The 16-bit cache stays the default (exact). Like llama.cpp's q8_0 cache: a
+choice for the user.
 """
 
 from __future__ import annotations

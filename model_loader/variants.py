@@ -18,8 +18,8 @@ def choose_int4_layout(
 ) -> str | None:
     """Which int4 path an AWQ checkpoint runs on. capability: the CUDA GPU's (major, minor), read from dev when
     not given. By default:
-      - our Triton int4 kernels on Hopper (sm90) where Triton runs: fastest there (H200, 2026-12-02: 970
-        tok/s against 813 for torch's int4 kernel, TTFT 5.1 vs 6.1 ms; docs/BENCHMARKS.md);
+      - our Triton int4 kernels on Hopper (sm90) where Triton runs: fastest there, in decode and TTFT, against
+        torch's int4 kernel (docs/BENCHMARKS.md, 'Headline: decode and TTFT');
       - torch's int4 kernel on the other sm80+ GPUs in bf16 (what the 4-bit issue specifies; ours is not
         measured on them yet), its prefill replaced by our dequantiser + cuBLAS where Triton runs (Linears);
       - our Triton kernels on older GPUs and in fp16; else None: dequantised to dense at load.

@@ -32,7 +32,7 @@ LEFT_OUT: list[tuple[str, str]] = [
     ("nvidia/nvshmem/lib/nvshmem_transport_*", "NVSHMEM network transports: multi-node jobs only"),
     ("nvidia/nvshmem/lib/nvshmem_bootstrap_*", "NVSHMEM bootstraps (MPI, PMI, UCX): multi-process jobs only"),
     ("nvidia/nvshmem/lib/*.bc", "NVSHMEM device bitcode: only for compiling NVSHMEM kernels"),
-    # Lazily loaded and shown unneeded on the H200 (prove_exclusions.py --candidates, 2026-12-03):
+    # Lazily loaded and shown unneeded by a GPU run of prove_exclusions.py --candidates:
     (
         "nvidia/cudnn/lib/libcudnn_[aeho]*",
         "cuDNN's engine and op libraries (~700 MB), loaded when a cuDNN kernel "
@@ -69,8 +69,9 @@ CANDIDATES: list[tuple[str, str]] = []
 # Linked by libtorch_cuda.so (DT_NEEDED), so a library of each name must exist at `import torch`, but r1desk never
 # calls into them: they can be replaced by stubs of a few KB (packaging/stubs.py: same SONAME, version nodes and
 # the names torch imports; each function says what was left out and aborts). ~1.0 GiB with torch 2.14.1 cu13.
-# Proven on the H200 (prove_exclusions.py, 2026-12-03: same greedy tokens and speeds as the full
-# install); the spec applies them on Linux (R1DESK_NO_STUBS=1 ships the real libraries instead).
+# Proven by a GPU run of prove_exclusions.py (same greedy tokens and speeds as the full install; docs/BENCHMARKS.md,
+# 'Packaging: the bundle and the GPU release'); the spec applies them on Linux (R1DESK_NO_STUBS=1 ships the real
+# libraries instead).
 STUBBED: list[tuple[str, str]] = [
     ("nvidia/*/lib/libcufft.so.*", "cuFFT: FFTs; r1desk runs none"),
     ("nvidia/*/lib/libcurand.so.*", "cuRAND's host API; torch's CUDA random numbers come from its own Philox kernels"),

@@ -42,17 +42,17 @@ def enabled() -> bool:
     """Worker processes for compiling: on, unless R1DESK_COMPILE_PROCESSES is 0 / false / no / off, and never in
     a frozen bundle (its spawned children start through the bundle's own executable, not tried with a GPU).
 
-    On since 2026-12-04: on the H200, interleaved with the threads on one machine (2026-12-04; docs/BENCHMARKS.md),
-    faster in 8 of 10 pairs, by 0.73 s on average (bf16 and 4-bit; -0.45 to +2.27 s): without the GIL
-    contention the twin's walk and the weights finish 1-2 s sooner, while the compiles end a little later (each
-    worker pays Triton's start-up). Before that they lost to the threads, as two of the sampler's kernels came
-    back from the workers under another cache key and were compiled again on a thread (_source_hash)."""
+    On by default because, interleaved with the threads on one machine, the workers measure faster to ready in most
+    pairs (bf16 and 4-bit): without the GIL contention the twin's walk and the weights finish sooner, while the
+    compiles end a little later (each worker pays Triton's start-up). That holds only with _source_hash: without it
+    two of the sampler's kernels come back from the workers under another cache key and are compiled again on a
+    thread, and the workers lose to the threads."""
     off = os.environ.get("R1DESK_COMPILE_PROCESSES", "").strip().lower() in ("0", "false", "no", "off")
     return not getattr(sys, "frozen", False) and not off
 
 
 WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: ~150 MB with Triton warm, more while compiling
-UNKNOWN_MEMORY_WORKERS = 8  # where the available memory can't be read (8 did as well as 16 on the H200)
+UNKNOWN_MEMORY_WORKERS = 8  # memory unreadable; 8 do as well as 16 (docs/BENCHMARKS.md, 'Tried and rejected')
 
 
 def affordable_workers(wanted: int) -> int:
@@ -107,11 +107,10 @@ def _boot(cache_dir: str, target: tuple | None) -> dict:
 def _warm_compiler(target: tuple) -> float | None:
     """Compile one small kernel for the target into a throw-away cache; the seconds it took, None if it failed.
     A process's first Triton compile also pays the compiler's one-time start-up (its backend, the MLIR context,
-    the first ptxas run): on the H200 the workers' compiles added up to 13.6-15.0 s for what took 10-11 s on
-    the threads of one warm process. Done while the worker boots, that start-up overlaps the weight load instead
-    of delaying the first kernel the warm-up waits for. Measured once (H200, 2026-12-04, a slow machine): ~1 s a
-    worker, and the workers' compile time did not drop (15.8-16.0 s for the 4-bit model); kept, as the
-    start-up is paid while the weights load either way."""
+    the first ptxas run), which makes the workers' compiles add up to more than the same compiles on the threads
+    of one warm process. Done while the worker boots, that start-up overlaps the weight load instead of delaying
+    the first kernel the warm-up waits for. It measured at about a second a worker, and the workers' total compile
+    time did not visibly drop; kept, as the start-up is paid while the weights load either way."""
     import tempfile
     import time
 
@@ -226,9 +225,9 @@ def rebuild_source(module: str, name: str, specialization: str):
 def _source_hash(module: str, name: str, specialization: str) -> str | None:
     """The parent's hash of a kernel variant's source, for the worker to file its result under. Triton up to 3.6
     hashes a kernel with the helpers it calls in an order that depends on what the process hashed before and on
-    its module dictionaries' addresses (fixed upstream in triton-lang/triton#10494): on the H200 (2026-12-04) two
-    of the sampler's five kernels came out with another key in every worker than in the app, so the app compiled
-    them again. The source is the same file in both processes, so the parent's hash names the same kernel."""
+    its module dictionaries' addresses (fixed upstream in triton-lang/triton#10494): two of the sampler's five
+    kernels come out with another key in every worker than in the app, so the app would compile them again. The
+    source is the same file in both processes, so the parent's hash names the same kernel."""
     try:
         return rebuild_source(module, name, specialization)[0].hash()
     except Exception as err:  # the worker hashes it itself: at worst that kernel is compiled twice, as before

@@ -22,9 +22,9 @@ from model_loader.kernels.jit_sampler import (
 )
 from model_loader.kernels.precompile import launch
 
-# Logits per program: 38 programs for Qwen2's 151,936. The whole sampler on the H200 (benchmarks/sampler_cost.py,
-# 2026-12-04): 1,024 a program 88 us, 2,048 57, 4,096 45, 8,192 48 (fewer partial histograms for the last
-# program to add up, against fewer programs sharing the atomics).
+# Logits per program: 38 programs for Qwen2's 151,936. The fastest whole sampler of the block sizes timed
+# (benchmarks/sampler_cost.py), the balance between fewer partial histograms for the last program to add up and
+# fewer programs sharing the atomics.
 BLOCK = 4096
 NUM_WARPS = 8
 

@@ -39,15 +39,14 @@ SIXTEEN_BITS, TWO_FIFTY_SIX_BITS = 0x41800000, 0x43800000
 
 
 # (BLOCK_N rows, NB blocks per tile, num_warps, CHUNKS tiles per program): tried for each weight shape at
-# warm-up (int4_gemv_autotune); K is split into as many programs as it takes to cover it. From an H200 sweep
+# warm-up (int4_gemv_autotune); K is split into as many programs as it takes to cover it. From a sweep
 # (benchmarks/profile_int4.py --sweep): the best few per shape of the R1-1.5B model.
 INT4_GEMV_CONFIGS = ((32, 4, 4, 3), (64, 8, 8, 1), (32, 4, 4, 4), (64, 4, 8, 3), (64, 2, 4, 1), (64, 4, 4, 3))
 DEFAULT_INT4_GEMV = (32, 4, 4, 3)  # int4_gemv's default (Linears uses int4_gemv_candidates' first when untuned)
-# Each configuration is its own compiled kernel, 1-2 s of a first start each on the H200's host (18 of them were
-# most of the 4-bit model's first start). For the weight uses measured on the H200 (N, K, SiLU output) only the
-# configurations within 7% of the best there are tried (`python -m benchmarks.profile_int4 --shapes 1.5b,7b`,
-# 2026-12-03, docs/BENCHMARKS.md; the runner-ups of the 1.5B's qkv, o and down were 13-31% slower); any other
-# shape tries all of INT4_GEMV_CONFIGS.
+# Each configuration is its own compiled kernel, and compiling them all is most of the 4-bit model's first start.
+# So for the weight uses already measured (N, K, SiLU output) only the configurations within 7% of the best are
+# tried (`python -m benchmarks.profile_int4 --shapes 1.5b,7b`; docs/BENCHMARKS.md, '4-bit (AWQ)'); the 1.5B's qkv,
+# o and down have one clear winner each. Any other shape tries all of INT4_GEMV_CONFIGS.
 INT4_GEMV_MEASURED = {
     # DeepSeek-R1-Distill-Qwen-1.5B / Qwen2.5-1.5B: qkv, o, gate/up (SiLU output), down
     (2048, 1536, False): ((32, 4, 4, 3),),

@@ -252,11 +252,11 @@ def _online_softmax_block(
 @triton.jit
 def _upcast_kv(k, v, q):
     """(q, k, v) as fp16 dot operands for a 16-bit model over an 8-bit cache's fp8 K and V tiles: every e4m3
-    value is an fp16 value, and the GPU converts e4m3 pairs to fp16 in one instruction, which bf16 lacks (H200,
-    2026-12-04: decode at 4k tokens 624 tok/s through bf16, 771 through fp16). The rows' scales are applied to
-    the scores and the value weights instead (per key row), so no multiply over the tile stands between its
-    load and the dot (dequantizing the tile first: decode at 4k 769 tok/s, at 32k 628). fp32 models upcast to
-    fp32 (_online_softmax_block's IEEE path)."""
+    value is an fp16 value, and the GPU converts e4m3 pairs to fp16 in one instruction, which bf16 lacks (measured:
+    decode through bf16 is markedly slower). The rows' scales are applied to the scores and the value weights
+    instead (per key row), so no multiply over the tile stands between its load and the dot (dequantizing the tile
+    first measured slower, most at long contexts). fp32 models upcast to fp32 (_online_softmax_block's IEEE
+    path)."""
     return q.to(tl.float16), k.to(tl.float16), v.to(tl.float16)
 
 
@@ -736,8 +736,8 @@ def _prefill_attn_kernel(
     # int so that every bucket shares two compiled variants (split or not).
     # TMA (Hopper and newer, 16-bit, not split): k_ptr and v_ptr are tensor descriptors of the caches as
     # [Hkv * max_ctx, D] with [BLOCK_N, D] blocks, so the K/V tiles come in through the tensor memory accelerator
-    # instead of per-thread address arithmetic and loads (H200, 2026-12-04: per layer 512 cached + 2,048 new
-    # tokens 67.7 -> 56.5 us, 4,096 + 1,024 90.8 -> 74.5; a follow-up of 4,096 + 2,048 14.1 -> 13.0-13.4 ms).
+    # instead of per-thread address arithmetic and loads, which measured faster for every follow-up prefill shape
+    # (with a V guard TMA loses instead: docs/BENCHMARKS.md, 'Tried and rejected').
     # PACK_GQA: a program holds the GROUP query heads of one KV head for BLOCK_M // GROUP tokens (row r: token
     # r // GROUP, head r % GROUP of the group; the last BLOCK_M % GROUP rows idle), so each K/V tile it reads
     # serves every query head that shares it, instead of being read once per query head.

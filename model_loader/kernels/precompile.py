@@ -1,11 +1,11 @@
 """Compile the Triton kernels a warm-up needs on all CPU cores at once, before the warm-up runs them one by one.
 
 On a machine that never ran r1desk, Triton compiles each kernel variant the first time it is launched, one
-after the other on the loading thread (H200, 2026-12-03: 15 variants and 8 C launchers, 5.9 s, for a bf16
-model; 30 variants, 27.5 s, for a 4-bit one: docs/BENCHMARKS.md). Compiling on threads overlaps what runs
-without the GIL (ptxas and the C compiler are subprocesses, parts of the MLIR passes are native), but much of a
-compile holds it (code generation in Python, the bindings' calls): one compile beside a single busy Python
-thread took 6x as long in a CPU experiment (2026-12-03), and 16 threads reach ~5x on the H200.
+after the other on the loading thread: measured at seconds for a bf16 model and several times that for a 4-bit
+one, which has twice the variants. Compiling on threads overlaps what runs without the GIL (ptxas and the C
+compiler are subprocesses, parts of the MLIR passes are native), but much of a compile holds it (code generation
+in Python, the bindings' calls): one compile beside a single busy Python thread measured several times slower,
+and 16 threads fall far short of a 16-fold speed-up.
 
 How: on a first start the engine walks every path of its warm-up once inside `compile_pool()` (Triton's
 AsyncCompileMode over a thread pool) and `compile_only()`, where `launch(kernel, grid)` only *warms up* each
@@ -153,9 +153,8 @@ def default_workers() -> int:
 
 
 # While a first start compiles, the GIL changes hands at Python's default interval, whatever the app set for its
-# decode loop (the window and `serve` run at 0.5 ms). Measured on the H200 host (2026-12-04, fresh caches, the
-# same machine, interleaved): 0.5 ms while compiling gave bf16 5.01 / 4.84 s to ready against 4.84 / 4.49 s at
-# 5 ms, and 4-bit 5.35 / 5.62 s against 5.23 / 5.09 s: each hand-off costs the compile threads more than the
+# decode loop (the window and `serve` run at 0.5 ms): 0.5 ms while compiling makes the first start slower, bf16
+# and 4-bit (docs/BENCHMARKS.md, 'Tried and rejected'), as each hand-off costs the compile threads more than the
 # loading thread gains from getting the GIL back sooner.
 COMPILE_SWITCH_INTERVAL_S = 0.005
 _switch = {"pools": 0, "saved": None}

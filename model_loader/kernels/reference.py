@@ -14,9 +14,9 @@ def keep_off_cudnn() -> None:
     """r1desk runs no cuDNN kernel: no convolutions, and attention is SDPA's flash / memory-efficient / math
     kernels or Triton. cuDNN's attention, which torch may prefer on Hopper, lives in ~466 MB of cuDNN engine
     libraries that the GPU release leaves out (packaging/exclusions.py); with it off a pip install and the
-    release run the same kernels and give the same greedy tokens (H200, 2026-12-03: TTFT 4.01 ms at 512 tokens
-    against 3.84 ms where torch chose cuDNN). Process-wide, set once at load: no per-call context on the
-    per-token path. (It does not keep torch from loading libcudnn_graph, which therefore ships.)"""
+    release run the same kernels and give the same greedy tokens (docs/BENCHMARKS.md, 'Tried and rejected'), for a
+    slightly slower TTFT (measured) than where torch chooses cuDNN. Process-wide, set once at load: no per-call
+    context on the per-token path. (It does not keep torch from loading libcudnn_graph, which therefore ships.)"""
     torch.backends.cudnn.enabled = False
     torch.backends.cuda.enable_cudnn_sdp(False)
 
@@ -88,8 +88,7 @@ def cached_kv(k_cache, v_cache, length: int, dtype, scales=None) -> tuple[torch.
     """The first `length` positions of a layer's K and V [Hkv, length, D] in `dtype`, dequantized where the
     cache is 8-bit (scales: (k_scale, v_scale) [Hkv, max_ctx]), then row-major: an 8-bit cache's V is stored
     transposed (kv_cache.value_cache), and SDPA given a V whose last dimension is not contiguous leaves its flash
-    kernel for the math one (a fresh 4,096-token prefill over the 8-bit cache took 68.6 ms instead of 29.4 on an
-    H100, 2026-12-05)."""
+    kernel for the math one (measured: a fresh long prefill over the 8-bit cache takes over twice as long)."""
     k, v = k_cache[:, :length], v_cache[:, :length]
     if scales is None:
         return k, v

@@ -214,9 +214,8 @@ class DecodeAttnConfig:
     num_stages: int = 2
     late_launch: bool = False  # the next kernels launch only after the K/V reads (see the split kernel)
     # The reduce: splits combined per pass (0: all the scratch holds, in one pass) and dimensions of a head per
-    # program. One pass over 16 dimensions: H200 (2026-12-03, decode_step_by_attention.py --reduce) 8-20 us a
-    # step faster from 4k tokens on than passes of 32 splits (a second dependent round of loads per layer), the
-    # same at 512.
+    # program. One pass over 16 dimensions is faster from 4k tokens on than passes of 32 splits, which add a second
+    # dependent round of loads per layer, and the same at 512 (benchmarks/decode_step_by_attention.py --reduce).
     reduce_splits: int = 0
     reduce_dims: int = 16
     chunk_align: int = 0
@@ -227,13 +226,12 @@ class DecodeAttnConfig:
     splits_per_sm: int = 1
     # The loop over whole tiles: with early_tile over a 16-bit cache, the early tile takes the split's part tile
     # (its tokens past a whole number of tiles), so the loop's tiles need no mask; and 16-bit models take the exp2
-    # softmax (m in log2 units, as the prefill). At sm_90 (Triton 3.6, benchmarks/decode_kernel_sass.py) the
-    # split-per-SM loop takes 357 instructions a warp a tile instead of 580, the 8-bit cache's (exp2 only) 688
-    # instead of 770. For the depth shapes: the 32-token shape that serves short contexts was 0.4-0.9% slower with
-    # it (H100, 2026-12-05), so it keeps the plain loop (its machine code unchanged). On an H100 the
-    # depth shapes gained 0.3-1.0% at 4k and 0.1-0.4% at 32k, lost 0.4% at 16k in bf16 over the 16-bit cache
-    # (H100, 2026-12-05; docs/BENCHMARKS.md): even there, where the kernel waits on memory; kept for GPUs with
-    # more bandwidth per SM (the H200), where the loop's instructions bound it.
+    # softmax (m in log2 units, as the prefill). At sm_90 this takes over a third of the split-per-SM loop's
+    # instructions a tile away, about a tenth of the 8-bit cache's (exp2 only) (benchmarks/decode_kernel_sass.py).
+    # The 32-token shape that serves short contexts is slower with it, so it keeps the plain loop (its machine code
+    # unchanged; docs/BENCHMARKS.md, 'Tried and rejected'). The depth shapes take it: about even on an H100, where
+    # the kernel waits on memory (docs/BENCHMARKS.md, 'Speed by context depth'), and meant for GPUs with more
+    # bandwidth per SM (the H200), where the loop's instructions bound it.
     whole_tiles: bool = False
 
     @property
@@ -266,36 +264,32 @@ class DecodeAttnConfig:
 SM_SPLITS = 0  # max_splits: KV heads x splits = the GPU's SM count x splits_per_sm (DecodeAttention resolves it)
 
 # Candidates for each depth bucket, timed at warm-up inside the whole decode step (decode_graphs.DecodeStep.tune). The
-# first is the default where nothing was tuned (CPU interpreter, reference runs). From H200 measurements
-# (2026-12-03): attention alone (benchmarks/decode_attention_depths.py, 108 shapes) gave the first; the whole
-# step (benchmarks/decode_step_by_attention.py) showed it best for 4-bit up to ~1k tokens, and late_launch best
-# for 4-bit from 4k on (its GEMVs request their weights early, which competed with long cache reads). 2026-12-04
-# (same tool, --sm-fill): reading each split's first K/V tile before the wait for q made the step 2.5-5% faster
-# at every depth, bf16 and 4-bit, and with it one split per SM (66 x 2 KV heads on 132 SMs, chunks aligned to 1
-# token) beat 64 splits by 3-4% at 16k; the first shape with its first tile early made the 4-bit step at 512
-# tokens 1.7% faster. 128 splits of >= 256 tokens, 132 x 64-token tiles, 8 warps, 64- and 256-token tiles won
-# nowhere by over 0.5%.
+# first is the default where nothing was tuned (CPU interpreter, reference runs). Timing attention alone over many
+# shapes (benchmarks/decode_attention_depths.py) picks the first; in the whole step
+# (benchmarks/decode_step_by_attention.py) it is best for 4-bit up to ~1k tokens, and late_launch best for 4-bit
+# from 4k on (its GEMVs request their weights early, which competes with long cache reads). Reading each split's
+# first K/V tile before the wait for q (early_tile; same tool, --sm-fill) makes the step faster at every depth,
+# bf16 and 4-bit, short contexts included, and with it one split per SM (66 x 2 KV heads on 132 SMs, chunks aligned
+# to 1 token) beats 64 splits at long contexts. 128 splits of >= 256 tokens, 132 x 64-token tiles, 8 warps, 64- and
+# 256-token tiles win nowhere by enough to be worth a compile.
 DECODE_ATTN_CONFIGS = (
     DecodeAttnConfig(32, 32, 32, 4, 2, early_tile=True),
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, whole_tiles=True),
     DecodeAttnConfig(SM_SPLITS, 128, 128, 4, 3, chunk_align=1, early_tile=True, late_launch=True, whole_tiles=True),
 )
-# Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch was
-# 2.5-4.5% faster at every depth (H200, 2026-12-04), so it never wins there, and each candidate is one more ~2 s
-# compile (the early tile's second softmax step) on a first start. For bf16 the two trade places by depth and machine
-# (by 0.2-1.2%), so both stay.
+# Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch is faster
+# at every depth, so it never wins there, and each candidate is one more compile (the early tile's second softmax
+# step) on a first start. For bf16 the two trade places by depth and machine (by about 1%), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 # Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket
 # (decode_graphs.DecodeStep.tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts
-# every fp8 pair to fp16 on the way into the dots: with V transposed a 128-token tile takes 762 instructions a warp in
-# the loop at 4 warps against the 16-bit kernel's 618 (sm_90, Triton 3.9: benchmarks/decode_kernel_sass.py), and with
-# one 4-warp program an SM each scheduler has one warp, which waits out every dependent instruction. Hence more warps to
-# switch between: 8 warps a program (H200, V row-major: AWQ 3-5% faster a step at 4k-32k; H100, V transposed: AWQ's
-# winner from 4k on), or two programs an SM.
-# 2026-12-05, an H100, V transposed (benchmarks/decode_step_by_attention.py --kv-cache 8-bit --sm-fill, bf16, us a
-# step at 512 / 4k / 16k / 32k): two programs an SM of 64-token tiles (3 stages: 40,960 bytes each) 1,477 / 1,475 /
-# 1,589 / 1,677 against 8 warps 1,532 / 1,503 / 1,634 / 1,740 and the split-per-SM 4-warp shape 1,544 / 1,552 /
-# 1,608 / 1,729: each scheduler has two warps to switch between, and a split half as long.
+# every fp8 pair to fp16 on the way into the dots: with V transposed a 128-token tile takes about a quarter more
+# instructions a warp in the loop at 4 warps than the 16-bit kernel (sm_90: benchmarks/decode_kernel_sass.py), and
+# with one 4-warp program an SM each scheduler has one warp, which waits out every dependent instruction. Hence more
+# warps to switch between: 8 warps a program (AWQ's fastest from 4k on), or two programs an SM of 64-token tiles (3
+# stages: 40,960 bytes each), which in bf16 beats both 8 warps and the split-per-SM 4-warp shape at every depth: each
+# scheduler has two warps to switch between, and a split half as long (benchmarks/decode_step_by_attention.py
+# --kv-cache 8-bit --sm-fill).
 KV8_CONFIGS = (
     DecodeAttnConfig(SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True, whole_tiles=True),
     DecodeAttnConfig(SM_SPLITS, 64, 64, 4, 3, chunk_align=1, early_tile=True, splits_per_sm=2, whole_tiles=True),
@@ -544,24 +538,22 @@ class PrefillAttention:
     """Causal attention for a prefill over a cached prefix (or none), start read from a device tensor. The
     split scratch is allocated once for the largest prefill (PREFILL_CHUNK tokens) it is asked to split."""
 
-    # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)). With the exp2 softmax one shape is
-    # the fastest or within 2% of it in each case an H200 sweep of 8 shapes timed (2026-12-04, per layer):
-    # 512 cached + 2,048 new 71.5 us (the earlier (64, 32, 4, 2): 86.5), 4,096 + 2,048 198.1 (203.7; best (128, 64,
-    # 8, 3) 195.0), 4,096 + 1,024 95.4 (the earlier (128, 64, 4, 2): 98.7), 512 + 1,024 34.4 (57.0). One shape is
-    # also two compile variants on a first start (in one pass or in key splits) instead of three.
+    # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)). With the exp2 softmax one shape is the
+    # fastest or within 2% of it for every prefill a sweep of tile shapes timed, and faster than the earlier
+    # per-length shapes ((64, 32, 4, 2), (128, 64, 4, 2)); `python -m benchmarks.prefill_attention_sweep` times it.
+    # One shape is also two compile variants on a first start (in one pass or in key splits) instead of three.
     SHAPES = ((None, (64, 64, 4, 3)),)
     # Where a shape above needs more shared memory than the GPU has, the first of these that fits: fewer pipeline
     # stages, then smaller tiles. (64, 64, 4, 3) may take ~112 KB in bf16 (q and three K/V stages, our estimate),
-    # over the 99 KB of an RTX 30/40-series card (sm_86/89), where (64, 64, 4, 2) (~80 KB; on the H200 within
-    # 1.5-6.6% of it) keeps the loads pipelined; fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing
+    # over the 99 KB of an RTX 30/40-series card (sm_86/89), where (64, 64, 4, 2) (~80 KB; a few percent slower
+    # where both fit) keeps the loads pipelined; fp32 models (128 x 128 at head dim 128: 393 KB) and 64 KB Turing
     # cards go further down.
     FALLBACKS = ((64, 64, 4, 2), (64, 64, 4, 1), (32, 32, 4, 1), (16, 16, 2, 1))
     # A row block holds BLOCK_M // group tokens of all the query heads of one KV head (_prefill_attn_kernel's
-    # PACK_GQA) rather than BLOCK_M tokens of one query head. H200, bf16, the kept (64, 64, 4, 3), per layer
-    # (prefill_attention_tma.py --packed-shapes, in git history; 2026-12-04): 512 cached + 2,048 new 56.0 -> 43.4 us,
-    # 0 + 2,048 41.4 -> 32.1, 4,096 + 2,048 160.2 -> 146.5, 4,096 + 1,024 74.4 -> 74.1, 512 + 1,024 25.0 -> 25.0,
-    # 4,096 + 256 (key splits) 26.4 -> 25.8. Other tile shapes packed were no better except (128, 128, 8, 3) at
-    # 4,096 + 2,048 (140.4) and worse elsewhere (94.4 at 4,096 + 1,024).
+    # PACK_GQA) rather than BLOCK_M tokens of one query head: each K/V tile is read once for the group, which makes
+    # the kept (64, 64, 4, 3) faster for the long prefills and no slower for the rest (docs/BENCHMARKS.md,
+    # 'Kernel-level numbers (H200)'). Of the other tile shapes packed, only (128, 128, 8, 3) wins, at 4,096 cached +
+    # 2,048 new alone, and it loses clearly elsewhere.
     PACK_GQA = True
     MAX_SPLITS = 16
     REDUCE_ROWS = 16  # (token, head) rows per program of the split reduce
@@ -702,31 +694,29 @@ def depth_buckets(max_ctx: int) -> list[int]:
 
 
 # (BLOCK_N, BLOCK_K, num_warps[, K splits]) tried against cuBLAS for each weight shape at warm-up (see
-# gemv_autotune); no fourth item: one split. H200, the 1.5B's shapes (benchmarks/dense_gemv_configs.py, 112
-# configs, 2026-12-04): (4, 512, 4) best or within 1% for QKV, (8, 256, 4) for gate/up with its SiLU output (14.1
-# us against 15.9 for the GEMV + SiLU kernel before); cuBLAS nowhere. (32, 512, 8), best for O there (2.18 us
-# against 2.38), lost to (4, 512, 4) in the warm-up's own timing (2.55 against 2.38), so it is not a candidate.
+# gemv_autotune); no fourth item: one split. For the 1.5B's shapes (benchmarks/dense_gemv_configs.py; docs/
+# BENCHMARKS.md, 'Kernel-level numbers (H200)'): (4, 512, 4) is best or within 1% for QKV, (8, 256, 4) for gate/up
+# with its SiLU output (faster than a GEMV then a SiLU kernel); cuBLAS wins none. (32, 512, 8), best for O in that
+# sweep, loses to (4, 512, 4) in the warm-up's own timing, so it is not a candidate.
 GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
 # Chunks of BLOCK_K weight columns each GEMV program requests before waiting for its input (see _gemv_kernel);
 # a module setting so that benchmarks can compare (benchmarks/profile_decode.py --gemv-early).
 GEMV_EARLY_CHUNKS = 3
 # The L2 policy of the GEMVs' weight loads, dense and 4-bit ("" = the default): a weight is read once a step and the
 # weights are far larger than L2 (3.1 GB against 50 MB), so their lines need not stay there and push out what is
-# read again (activations, split partials, the attention's scratch). Whole decode step on two H100s (benchmarks/
-# l2_prefetch.py, 2026-12-05, us at 512 / 4k / 16k / 32k, alternated runs): bf16 evict_first 1,412.5 / 1,493.6 /
-# 1,534.2 / 1,710.8 against 1,440.5-1,449.4 / 1,508.7-1,518.3 / 1,561.0-1,599.6 / 1,732.7-1,751.8 on one, 1,430.9-
-# 1,432.1 / 1,482.0-1,482.9 / 1,562.7-1,564.2 / 1,722.4-1,724.7 against 1,445.9-1,448.1 / 1,505.0-1,505.4 /
-# 1,591.5-1,591.9 / 1,748.9-1,749.4 on the other (1-3% faster); AWQ 0.5-1.5%. A module setting, so that
-# benchmarks can compare.
+# read again (activations, split partials, the attention's scratch). evict_first makes the whole decode step faster
+# at every depth, bf16 and AWQ (benchmarks/l2_prefetch.py; docs/BENCHMARKS.md, 'Bounds: what bytes, FLOPs and
+# bandwidth allow'). A module setting, so that benchmarks can compare.
 GEMV_WEIGHT_EVICTION = "evict_first"
 # Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
-# 8,960 columns (1.5B). H200 (same sweep of 112 configs): 4 splits of (8, 512, 4) 8.42 us against 11.33 for the
-# best without a split (12.15 cuBLAS); the next two within 7%. In the decode step: 799 -> 870 tok/s.
+# 8,960 columns (1.5B). In the same sweep 4 splits of (8, 512, 4) beat cuBLAS and the best config without a split
+# by a wide margin, the next two within 7%, and the decode step measured clearly faster (docs/BENCHMARKS.md,
+# 'Kernel-level numbers (H200)').
 GEMV_SPLIT_CONFIGS = ((8, 512, 4, 4), (4, 512, 4, 3))
 GEMV_SPLIT_MIN_K = 4096
-# For the gate/up weight with its SiLU output, the two of GEMV_CONFIGS that were within 4% of each other on the
-# H200 (warm-up timing: 14.0 and 14.5 us; (16, 256, 8) 16.3): each candidate is one more compile on a first start.
+# For the gate/up weight with its SiLU output, the two of GEMV_CONFIGS within 4% of each other in the warm-up's
+# timing ((16, 256, 8) is well behind): each candidate is one more compile on a first start.
 GEMV_SILU_CONFIGS = ((8, 256, 4), (4, 512, 4))
 
 
