@@ -375,7 +375,7 @@ class MainWindow(QMainWindow):
         if info.get("device") == "cpu" and self.settings.device == "cpu":
             self.banner.show_message("cpu", "Running on the CPU: replies will be much slower than on an NVIDIA GPU.")
         if self.conv_id is not None:
-            self._offer_chat_model(self.conv_id)  # the chat's own model now loaded: its notice goes
+            self._offer_chat_model(self.store.messages(self.conv_id))  # the chat's own model loaded: its notice goes
         self.engine_ready.emit(info)
 
     # ------------------------------------------------------------------ conversations
@@ -412,14 +412,15 @@ class MainWindow(QMainWindow):
         self.conv_id = conv_id
         self.topbar.set_title(conv["title"])
         self.chat.clear()
-        for m in self.store.messages(conv_id):
+        messages = self.store.messages(conv_id)
+        for m in messages:
             if m["role"] != "system":
                 self.chat.add_message({**m, **self.replies.unsaved.get(m["id"], {})})
         if keep_scroll:
             QTimer.singleShot(0, lambda: self.chat.verticalScrollBar().setValue(pos))
         else:
             self.chat.scroll_to_bottom()
-        self._offer_chat_model(conv_id)
+        self._offer_chat_model(messages)
         self.qs.setValue("window/last_conversation", conv_id)
         if self.sidebar.current_id() != conv_id:
             self.refresh_list()
@@ -437,35 +438,32 @@ class MainWindow(QMainWindow):
         new.use_model_key(key)
         self.apply_settings(new)
 
-    def chat_model(self, conv_id: int) -> tuple[str, str] | None:
-        """The model that last answered in a chat, as (key, label), where the settings still know it."""
-        for msg in reversed(self.store.messages(conv_id)):
+    def chat_model(self, messages: list[dict]) -> str | None:
+        """The model_choices key of the model that last answered in a chat's messages, where the settings still
+        know it (its stats name the model, and the server for a server's)."""
+        for msg in reversed(messages):
             stats = msg.get("stats") or {}
-            if msg["role"] != "assistant" or not stats.get("model"):
-                continue
-            server = stats.get("server")
-            for label, key in self.settings.model_choices():
-                if server and key == f"{server}\n{stats['model']}":
-                    return key, label
-                if not server and not key and Path(self.settings.model_path).name == stats["model"]:
-                    return key, label
-            return None
+            if msg["role"] == "assistant" and stats.get("model"):
+                if stats.get("server"):
+                    key = f"{stats['server']}\n{stats['model']}"
+                else:
+                    key = "" if Path(self.settings.model_path).name == stats["model"] else None
+                return key if key in {k for _, k in self.settings.model_choices()} else None
         return None
 
-    def _offer_chat_model(self, conv_id: int) -> None:
+    def _offer_chat_model(self, messages: list[dict]) -> None:
         """A chat answered by another model than the one in use: say so, and offer to switch (a load takes
         seconds, so it is never done unasked)."""
-        found = self.chat_model(conv_id)
-        if found is None or found[0] == self.settings.model_key():
+        key, current = self.chat_model(messages), self.settings.model_key()
+        if key is None or key == current:
             if self.banner.kind == "chat_model":
                 self.banner.hide()
             return
-        key, label = found
+        labels = {k: label for label, k in self.settings.model_choices()}
         self.banner.show_message(
             "chat_model",
-            f"This chat was answered by {label}; the model now is "
-            f"{dict((k, lbl) for lbl, k in self.settings.model_choices()).get(self.settings.model_key(), 'another')}.",
-            [(f"Use {label.split(' · ')[0]}", lambda: self.pick_model(key))],
+            f"This chat was answered by {labels[key]}; the model now is {labels.get(current, 'another')}.",
+            [(f"Use {labels[key].split(' · ')[0]}", lambda: self.pick_model(key))],
         )
 
     def rename_conversation(self, conv_id: int) -> None:
