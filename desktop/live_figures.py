@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from model_loader.events import GenerationStats, Started  # plain dataclasses: no torch
+
 
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
@@ -40,14 +42,14 @@ class LiveReply:
         self.reasoning_n = 0
         self.answer_n = 0
         self.count = 0  # tokens generated so far (the engine's count)
-        self.started: dict | None = None  # prompt_tokens, prefix_reused_tokens, context_length
+        self.started: Started | None = None  # prompt size, prefix reused, context length
         self.recent: deque[tuple[float, int]] = deque()  # (arrival time, token count) over the last second
         self.base = 0  # token count just before the oldest entry of `recent`
         self.rate_series: list[float] = []
-        self.done_stats: dict | None = None
+        self.done_stats: GenerationStats | None = None
         self.failed = False  # ended without stats (an error): nothing is live any more
 
-    def on_started(self, started: dict) -> None:
+    def on_started(self, started: Started) -> None:
         self.started = started
 
     def on_delta(self, kind: str, token_count: int = 0) -> None:
@@ -92,12 +94,12 @@ def memory_read(total: float, cache: float, tok_s: float) -> tuple[str, str, str
     )
 
 
-def ttft_breakdown(stats: dict) -> str:
+def ttft_breakdown(stats: GenerationStats) -> str:
     """Where a reply's time to first token went: the prompt's rendering, then the prefill and first sample."""
-    prompt_ms = stats.get("prompt_ms") or 0.0
-    new = stats["prompt_tokens"] - stats["prefix_reused_tokens"]
+    prompt_ms = stats.prompt_ms
+    new = stats.prompt_tokens - stats.prefix_reused_tokens
     return (
         f"Chat template and tokenizer: {prompt_ms:.1f} ms\n"
-        f"Prefill of {new:,} new tokens ({stats['prefix_reused_tokens']:,} cached) and the first token: "
-        f"{stats['ttft_ms'] - prompt_ms:.1f} ms"
+        f"Prefill of {new:,} new tokens ({stats.prefix_reused_tokens:,} cached) and the first token: "
+        f"{stats.ttft_ms - prompt_ms:.1f} ms"
     )

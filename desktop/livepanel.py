@@ -13,6 +13,7 @@ polled from NVML here (pynvml, no torch) about once a second.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import time
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QListWidget, QScrollA
 
 from desktop.gpu_monitor import NO_GPU_LIVE, GpuMonitor
 from desktop.live_figures import LiveReply, gib, kernel_choices_text, memory_read, ttft_breakdown
+from model_loader.events import GenerationStats, Started  # plain dataclasses: no torch
 from model_loader.gpu_clocks import GpuClocks, steady  # pure Python, like the next
 from model_loader.stats import (  # pure Python: importing it does not import torch
     decode_context,
@@ -307,7 +309,7 @@ class LivePanel(QScrollArea):
     def _on_request_started(self, req) -> None:
         self.replies[req.id] = self.start_reply()
 
-    def _on_request_first(self, req, started: dict) -> None:
+    def _on_request_first(self, req, started: Started) -> None:
         reply = self.replies.get(req.id)
         if reply is not None:
             reply.on_started(started)
@@ -321,20 +323,20 @@ class LivePanel(QScrollArea):
             reply.on_delta(kind, token_count)
             self.all_tokens.append((time.monotonic(), reply.count - before))
 
-    def _on_request_ended(self, req, stats: dict | None) -> None:
+    def _on_request_ended(self, req, stats: GenerationStats | None) -> None:
         reply = self.replies.pop(req.id, None)
         if reply is not None:
             self.finish_reply(stats, reply)
         if req.client == "api":
             self.log_request(req.label, stats)
 
-    def log_request(self, client: str, stats: dict | None) -> None:
+    def log_request(self, client: str, stats: GenerationStats | None) -> None:
         """One line per API request, newest first (the last LOG_LINES)."""
         when = time.strftime("%H:%M:%S")
-        if stats:
+        if stats is not None:
             line = (
-                f"{when} · {stats['completion_tokens']} tok · TTFT {stats['ttft_ms']:.0f} ms · "
-                f"{stats['decode_tok_s']:.0f} tok/s · {client}"
+                f"{when} · {stats.completion_tokens} tok · TTFT {stats.ttft_ms:.0f} ms · "
+                f"{stats.decode_tok_s:.0f} tok/s · {client}"
             )
         else:
             line = f"{when} · failed · {client}"
@@ -373,7 +375,7 @@ class LivePanel(QScrollArea):
         self.reply = LiveReply()
         return self.reply
 
-    def on_started(self, started: dict) -> None:
+    def on_started(self, started: Started) -> None:
         if self.reply is not None:
             self.reply.on_started(started)
             self.refresh()  # show context use now, not at the next tick
@@ -382,21 +384,20 @@ class LivePanel(QScrollArea):
         if self.reply is not None:
             self.reply.on_delta(kind, token_count)
 
-    def finish_reply(self, stats: dict | None, reply: LiveReply | None = None) -> None:
+    def finish_reply(self, stats: GenerationStats | None, reply: LiveReply | None = None) -> None:
         """A reply ended (stats None: it failed); `reply`: which one (default: the one shown)."""
         reply = reply or self.reply
         if reply is None:
             return
         reply.done_stats = stats
-        reply.failed = not stats
-        if stats:
-            if stats.get("ttft_ms") is not None:
-                self.session_ttft.append(stats["ttft_ms"])
-            if stats.get("decode_tok_s"):
-                self.session_rate.append(stats["decode_tok_s"])
-            if stats.get("memory"):
-                self.memory = stats["memory"]
-            lat = stats.get("token_latencies_ms") or []
+        reply.failed = stats is None
+        if stats is not None:
+            self.session_ttft.append(stats.ttft_ms)
+            if stats.decode_tok_s:
+                self.session_rate.append(stats.decode_tok_s)
+            if stats.memory is not None:  # kept in the form the engine's info brings it in (set_engine): a dict
+                self.memory = dataclasses.asdict(stats.memory)
+            lat = stats.token_latencies_ms
             if lat:  # tok/s over windows of 16 tokens: the shape of the reply's speed
                 w = 16
                 reply.rate_series = [
@@ -413,22 +414,20 @@ class LivePanel(QScrollArea):
         r = self.reply
         if r is not None:
             s = r.done_stats
-            if s:
-                v["ttft"].setText(f"{s['ttft_ms']:.0f} ms")
+            if s is not None:
+                v["ttft"].setText(f"{s.ttft_ms:.0f} ms")
                 v["ttft"].setToolTip(ttft_breakdown(s))
-                v["tfat"].setText(f"{s['first_answer_ms']:.0f} ms" if s.get("first_answer_ms") is not None else "—")
+                v["tfat"].setText(f"{s.first_answer_ms:.0f} ms" if s.first_answer_ms is not None else "—")
                 think = thinking_seconds(s)
-                answer = s["total_s"] - think - s["ttft_ms"] / 1000
+                answer = s.total_s - think - s.ttft_ms / 1000
                 v["split"].setText(f"{think:.1f} s / {max(answer, 0):.1f} s")
-                v["tokens"].setText(f"{s['reasoning_tokens']} + {s['completion_tokens'] - s['reasoning_tokens']}")
-                v["rate"].setText(f"{s['decode_tok_s']:.0f} avg")
-                self._show_read(
-                    *memory_read(s.get("decode_read_bytes"), s.get("decode_cache_read_bytes") or 0.0, s["decode_tok_s"])
-                )
-                used, ctx = s["prompt_tokens"] + s["completion_tokens"], s["context_length"]
+                v["tokens"].setText(f"{s.reasoning_tokens} + {s.completion_tokens - s.reasoning_tokens}")
+                v["rate"].setText(f"{s.decode_tok_s:.0f} avg")
+                self._show_read(*memory_read(s.decode_read_bytes, s.decode_cache_read_bytes, s.decode_tok_s))
+                used, ctx = s.prompt_tokens + s.completion_tokens, s.context_length
                 # a server's context is not known (the OpenAI API doesn't say): the tokens used alone
                 v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
-                v["reused"].setText(f"{s['prefix_reused_tokens']:,} of {s['prompt_tokens']:,}")
+                v["reused"].setText(f"{s.prefix_reused_tokens:,} of {s.prompt_tokens:,}")
             elif r.failed:  # frozen where it stopped: no clock runs on for a reply that ended in an error
                 if not r.first_t:
                     v["ttft"].setText("failed")
@@ -446,12 +445,12 @@ class LivePanel(QScrollArea):
                 v["rate"].setText(f"{rate:.0f}")
                 if r.first_t:
                     r.rate_series.append(rate)
-                if r.started:
+                if r.started is not None:
                     st = r.started
-                    used, ctx = st["prompt_tokens"] + r.count, st["context_length"]
+                    used, ctx = st.prompt_tokens + r.count, st.context_length
                     v["ctx"].setText(f"{used:,} / {ctx:,} ({100 * used / ctx:.0f}%)" if ctx else f"{used:,}")
-                    v["reused"].setText(f"{st['prefix_reused_tokens']:,} of {st['prompt_tokens']:,}")
-                    context = decode_context(st["prompt_tokens"], r.count)  # the steps so far, on average
+                    v["reused"].setText(f"{st.prefix_reused_tokens:,} of {st.prompt_tokens:,}")
+                    context = decode_context(st.prompt_tokens, r.count)  # the steps so far, on average
                     if self.info and self.info.get("decode_weight_bytes") and context:
                         cache = self.info["kv_bytes_per_token"] * context
                         read = memory_read(self.info["decode_weight_bytes"] + cache, cache, rate)

@@ -12,6 +12,7 @@ retried every 2 s until they are written.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -21,6 +22,7 @@ from desktop.service import NotReady, QueueFull
 from desktop.store import Store, store_problem
 from desktop.vote import VoteRequest
 from model_loader.chat import stored_reply  # plain text rules: no torch
+from model_loader.events import Finished, Started  # plain dataclasses: no torch
 from model_loader.stats import thinking_seconds  # pure Python, like the line above
 
 
@@ -123,7 +125,7 @@ class ReplyController(QObject):
         if ahead:
             self.stream.widget.meta.setText(f"waiting for {ahead} API request{'s' if ahead > 1 else ''}…")
 
-    def _on_started(self, started: dict) -> None:
+    def _on_started(self, started: Started) -> None:
         if self.stream is not None:
             self.stream.widget.meta.setText("")
 
@@ -135,25 +137,26 @@ class ReplyController(QObject):
         if was_thinking and (kind == "answer" or self.stream.reasoning == text):
             self.win.update_composer()
 
-    def _on_finished(self, result: dict) -> None:
+    def _on_finished(self, result: Finished) -> None:
         if self.stream is None:
             return
-        stats = dict(result["stats"])
-        if result["reasoning"]:
-            stats["thinking_s"] = thinking_seconds(stats)
+        # The stored form (JSON in the conversation): the stats' fields, and what the chat shows beside them.
+        stats = dataclasses.asdict(result.stats)
+        if isinstance(self.request, VoteRequest):  # Ask ×N: the vote goes with the chain shown
+            stats["vote"] = self.request.vote
+        if result.reasoning:
+            stats["thinking_s"] = thinking_seconds(result.stats)
         info = self.win.engine_info
         if info:
             stats["model"] = info.get("model_name")
             stats["device"] = info.get("device_name")
             if info.get("server"):  # a server's model: which server, so the chat can go back to it
                 stats["server"] = info["server"]
-        fields = dict(
-            content=result["text"], reasoning=result["reasoning"], answer=result["answer"], complete=True, stats=stats
-        )
+        fields = dict(content=result.text, reasoning=result.reasoning, answer=result.answer, complete=True, stats=stats)
         self.write(self.msg_id, fields, touch=self.conv_id)
         msg = {**(self.store.message(self.msg_id) or {"id": self.msg_id, "role": "assistant"}), **fields}
         self._end(msg)
-        if stats.get("finish_reason") == "context_full":
+        if result.stats.finish_reason == "context_full":
             self.win.context_full_banner("The conversation has filled the model's context, so the reply was cut off.")
         self.finished.emit(msg)
 

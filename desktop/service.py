@@ -25,6 +25,13 @@ from collections import deque
 from PySide6.QtCore import QObject, Qt, Signal
 
 from desktop.worker import EngineHost, LoadRequest
+from model_loader.events import (  # plain dataclasses + threading: no torch
+    Finished,
+    GenerationControl,
+    GenerationStats,
+    Started,
+    TokenLogprobs,
+)
 
 DEFAULT_MAX_WAITING = 16
 
@@ -41,10 +48,10 @@ class GenerationRequest(QObject):
     """One client's generation: its events, its cancel. Signals are emitted on the service's thread."""
 
     queued = Signal(int)  # requests ahead of this one (sent when the number changes while it waits)
-    started = Signal(object)  # dict(prompt_tokens, prefix_reused_tokens, context_length)
+    started = Signal(object)  # model_loader.events.Started
     delta = Signal(str, str, int)  # text, "reasoning" | "answer", tokens so far in this reply
-    finished = Signal(object)  # dict(text, reasoning, answer, stats=dict)
-    logprobs = Signal(object)  # a token's log-probabilities (model_loader.events.TokenLogprobs as a dict)
+    finished = Signal(object)  # model_loader.events.Finished (token_ids empty)
+    logprobs = Signal(object)  # a token's log-probabilities: model_loader.events.TokenLogprobs
     failed = Signal(str, str)  # kind (the worker's kinds, or "cancelled" before it started, "unloaded"), message
 
     def __init__(
@@ -61,7 +68,7 @@ class GenerationRequest(QObject):
         self.state = "waiting"  # waiting | running | done
         self.submitted_t = time.monotonic()
         self.started_t: float | None = None  # when the worker took it
-        self.stats: dict | None = None
+        self.stats: GenerationStats | None = None  # once it has finished
         self.ahead = -1  # requests ahead of it, as last announced
 
     def cancel(self) -> None:
@@ -94,8 +101,9 @@ class EngineService(QObject):
     queue_changed = Signal()  # a request was queued, started or ended
     request_started = Signal(object)  # GenerationRequest, when the worker takes it (any client: the live panel)
     request_progress = Signal(object, str, int)  # request, kind, tokens so far
-    request_first = Signal(object, object)  # request, Started dict
-    request_ended = Signal(object, object)  # request, stats dict (None when it failed before finishing)
+    request_first = Signal(object, object)  # request, model_loader.events.Started
+    # request, model_loader.events.GenerationStats (None when it failed before finishing)
+    request_ended = Signal(object, object)
     quantize_progress = Signal(int, int, str)
     quantized = Signal(str)
     quantize_failed = Signal(str, str)
@@ -200,8 +208,6 @@ class EngineService(QObject):
         requests already wait. The request's signals fire on this thread, the first ones after this returns.
         samples_of: (a name, n) for each of n samples of one prompt submitted together: decoded together, all but
         the first reuse the first's prefill."""
-        from model_loader.events import GenerationControl  # plain dataclasses + threading: no torch
-
         refusal = self.refusal()
         if refusal is not None:
             raise refusal
@@ -312,7 +318,7 @@ class EngineService(QObject):
         self.ready.emit(info)
         self._pump()
 
-    def _on_started(self, gen_id: int, started: dict) -> None:
+    def _on_started(self, gen_id: int, started: Started) -> None:
         req = self._current(gen_id)
         if req is not None:
             self.request_first.emit(req, started)
@@ -324,23 +330,23 @@ class EngineService(QObject):
             req.delta.emit(text, kind, token_count)
             self.request_progress.emit(req, kind, token_count)
 
-    def _on_logprobs(self, gen_id: int, scored: dict) -> None:
+    def _on_logprobs(self, gen_id: int, scored: TokenLogprobs) -> None:
         req = self._current(gen_id)
         if req is not None:
             req.logprobs.emit(scored)
 
-    def _on_finished(self, gen_id: int, result: dict) -> None:
+    def _on_finished(self, gen_id: int, result: Finished) -> None:
         req = self._current(gen_id)
         if req is None:
             return
         self._end_running(gen_id)
-        req.stats = result.get("stats")
+        req.stats = stats = result.stats
         self.last = {
             "client": req.client,
-            "finish_reason": req.stats.get("finish_reason"),
-            "completion_tokens": req.stats.get("completion_tokens"),
-            "ttft_ms": req.stats.get("ttft_ms"),
-            "decode_tok_s": req.stats.get("decode_tok_s"),
+            "finish_reason": stats.finish_reason,
+            "completion_tokens": stats.completion_tokens,
+            "ttft_ms": stats.ttft_ms,
+            "decode_tok_s": stats.decode_tok_s,
         }
         self.request_ended.emit(req, req.stats)
         self.queue_changed.emit()

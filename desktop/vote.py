@@ -4,8 +4,8 @@ VoteRequest looks to the window's reply controller like one GenerationRequest (t
 stop-thinking), but submits N requests to the engine service: seeds S, S+1, ... of one prompt, marked as samples
 of one prompt so that with several replies at once they decode together and share the prompt's prefill. It streams
 the first chain as the reply; when every chain has ended it picks the majority (model_loader.vote: pure Python)
-and finishes with that group's first chain as the reply, the vote stored in its stats: the summary, the answer,
-and each chain's answer, seed, tokens and text. ChainsDialog shows them.
+and finishes with that group's first chain as the reply; the reply controller stores the vote in its stats: the
+summary, the answer, and each chain's answer, seed, tokens and text. ChainsDialog shows them.
 """
 
 from __future__ import annotations
@@ -25,18 +25,20 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from model_loader.events import Finished, Started  # plain dataclasses: no torch
 from model_loader.vote import vote
 
 _names = itertools.count(1)
 
 
 class VoteRequest(QObject):
-    """N chains through the service, seen as one request (desktop.service.GenerationRequest's interface)."""
+    """N chains through the service, seen as one request (desktop.service.GenerationRequest's interface). It
+    finishes with the chosen chain's Finished; `vote` then holds the vote, in the form stored with its stats."""
 
     queued = Signal(int)
-    started = Signal(object)
+    started = Signal(object)  # model_loader.events.Started (the first chain's to start)
     delta = Signal(str, str, int)
-    finished = Signal(object)
+    finished = Signal(object)  # model_loader.events.Finished: the chain shown as the reply
     failed = Signal(str, str)
 
     def __init__(self, service, messages: list[dict], settings: dict, n: int):
@@ -58,7 +60,7 @@ class VoteRequest(QObject):
             service.submit(messages, {**settings, "seed": (base + i) % (2**32)}, client="chat", samples_of=(name, n))
             for i in range(n)
         ]
-        self.results: list[dict | None] = [None] * n
+        self.results: list[Finished | None] = [None] * n
         self.failures: list[str] = [""] * n  # a chain that ended without a result: why ("cancelled", ...)
         self.ended = 0
         self.started_once = False
@@ -70,6 +72,7 @@ class VoteRequest(QObject):
         self.chains[0].queued.connect(self.queued)
         self.ahead = self.chains[0].ahead
         self.last_failure = ("generate", "")
+        self.vote: dict | None = None  # set as it finishes: the summary, the answer and each chain (JSON-ready)
 
     @property
     def state(self) -> str:
@@ -85,7 +88,7 @@ class VoteRequest(QObject):
             if chain.state == "running":
                 chain.stop_thinking()
 
-    def _on_started(self, i: int, started: dict) -> None:
+    def _on_started(self, i: int, started: Started) -> None:
         if not self.started_once:
             self.started_once = True
             self.started.emit(started)
@@ -94,7 +97,7 @@ class VoteRequest(QObject):
         if i == 0:  # the first chain streams as the reply; the others are counted
             self.delta.emit(text, kind, count)
 
-    def _on_end(self, i: int, result: dict | None, kind: str = "", message: str = "") -> None:
+    def _on_end(self, i: int, result: Finished | None, kind: str = "", message: str = "") -> None:
         self.results[i] = result
         self.ended += 1
         if result is None:
@@ -106,11 +109,9 @@ class VoteRequest(QObject):
         if not done:
             self.failed.emit(*self.last_failure)
             return
-        outcome = vote([r["answer"] if r is not None else "" for r in self.results])
+        outcome = vote([r.answer if r is not None else "" for r in self.results])
         pick = outcome.winner.chains[0] if outcome.winner else self.results.index(done[0])
-        chosen = self.results[pick]
-        stats = dict(chosen["stats"])
-        stats["vote"] = {
+        self.vote = {
             "summary": outcome.summary(),
             "answer": outcome.winner.display if outcome.winner else None,
             "support": len(outcome.winner.chains) if outcome.winner else 0,
@@ -119,16 +120,16 @@ class VoteRequest(QObject):
             "chains": [
                 {
                     "answer": outcome.answers[j],
-                    "seed": r["stats"].get("seed") if r else None,
-                    "tokens": r["stats"].get("completion_tokens") if r else 0,
-                    "finish_reason": r["stats"].get("finish_reason") if r else self.failures[j],
-                    "text": r["text"] if r else "",
+                    "seed": r.stats.seed if r is not None else None,
+                    "tokens": r.stats.completion_tokens if r is not None else 0,
+                    "finish_reason": r.stats.finish_reason if r is not None else self.failures[j],
+                    "text": r.text if r is not None else "",
                     "majority": bool(outcome.winner and j in outcome.winner.chains),
                 }
                 for j, r in enumerate(self.results)
             ],
         }
-        self.finished.emit({**chosen, "stats": stats})
+        self.finished.emit(self.results[pick])
 
 
 class ChainsDialog(QDialog):

@@ -150,10 +150,12 @@ class EngineWorker(QObject):
     progress = Signal(object, object)  # bytes done, bytes total (Python ints: shards exceed 2**31)
     warmup_progress = Signal(int, int, str)  # step, steps, what
     ready = Signal(object)  # dict: EngineInfo fields + "memory"
-    started = Signal(int, object)  # generation id, dict(prompt_tokens, prefix_reused_tokens, context_length)
+    # The engine's events go out as they are (typed, the same objects: it keeps none it has yielded, so the GUI
+    # thread is their only reader from then on).
+    started = Signal(int, object)  # generation id, model_loader.events.Started
     delta = Signal(int, str, str, int)  # generation id, text, "reasoning" | "answer", tokens so far in this reply
-    finished = Signal(int, object)  # generation id, dict(text, reasoning, answer, stats=dict)
-    logprobs = Signal(int, object)  # generation id, a TokenLogprobs dict (a request that asked for them)
+    finished = Signal(int, object)  # generation id, model_loader.events.Finished (token_ids emptied: a small payload)
+    logprobs = Signal(int, object)  # generation id, model_loader.events.TokenLogprobs (a request that asked for them)
     failed = Signal(int, str, str)  # generation id (0 = load), error kind, one-line message
     quantize_progress = Signal(int, int, str)  # layer index, layers, what ("searching scales", ...)
     quantized = Signal(str)  # the new 4-bit model folder
@@ -429,12 +431,10 @@ class EngineWorker(QObject):
                 elif isinstance(event, TokenLogprobs):
                     self._send_logprobs(gen_id, event, coalescer)
                 elif isinstance(event, Started):  # the prompt is prefilled: context use is known before token 1
-                    self.started.emit(gen_id, _asdict(event))
+                    self.started.emit(gen_id, event)
                 elif isinstance(event, Finished):
                     coalescer.flush()
-                    result = _asdict(event)
-                    result.pop("token_ids", None)  # not needed by the GUI; keeps the signal payload small
-                    self.finished.emit(gen_id, result)
+                    self.finished.emit(gen_id, dataclasses.replace(event, token_ids=[]))
         except ContextFullError as err:
             coalescer.flush()  # the text written so far reaches the window before the error does
             self.failed.emit(gen_id, "context_full", str(err))
@@ -454,7 +454,7 @@ class EngineWorker(QObject):
         """A token's log-probabilities go out after the text before it and ahead of its own: a stream puts
         them in the chunk that carries the token's text."""
         coalescer.flush()
-        self.logprobs.emit(gen_id, _asdict(event))
+        self.logprobs.emit(gen_id, event)
 
     # ------------------------------------------------------------------ many replies at once
     def _raw_ids(self, raw) -> list[int]:
@@ -488,7 +488,7 @@ class EngineWorker(QObject):
                 coalescer.add(event.text, event.kind, int(event.token_count))
                 return
             if isinstance(event, Started):
-                self.started.emit(gen_id, _asdict(event))
+                self.started.emit(gen_id, event)
                 return
             if isinstance(event, TokenLogprobs):
                 self._send_logprobs(gen_id, event, coalescer)
@@ -497,9 +497,7 @@ class EngineWorker(QObject):
             if name is not None and self._samples.get(name) is seq:  # the first sample has ended: the rest reuse
                 del self._samples[name]  # its prompt from the prefix cache, if any still comes
             if isinstance(event, Finished):
-                result = _asdict(event)
-                result.pop("token_ids", None)
-                self.finished.emit(gen_id, result)
+                self.finished.emit(gen_id, dataclasses.replace(event, token_ids=[]))
             elif isinstance(event, Failed):
                 self.failed.emit(gen_id, "generate" if event.kind == "error" else event.kind, event.message)
 

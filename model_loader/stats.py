@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from model_loader.events import MemoryStats
+from model_loader.events import GenerationStats, MemoryStats
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -24,11 +24,11 @@ def decode_context(prompt_tokens: int, new_tokens: int) -> float:
     return prompt_tokens + new_tokens / 2 if new_tokens > 1 else 0.0
 
 
-def thinking_seconds(stats) -> float:
-    """A finished reply's time reasoning (stats: GenerationStats' fields, as a dict): from its first token to its
-    first answer token, or to its end where the answer never started."""
-    end_ms = stats["first_answer_ms"] if stats.get("first_answer_ms") is not None else stats["total_s"] * 1000.0
-    return max(0.0, (end_ms - stats["ttft_ms"]) / 1000.0)
+def thinking_seconds(stats: GenerationStats) -> float:
+    """A finished reply's time reasoning: from its first token to its first answer token, or to its end where the
+    answer never started."""
+    end_ms = stats.first_answer_ms if stats.first_answer_ms is not None else stats.total_s * 1000.0
+    return max(0.0, (end_ms - stats.ttft_ms) / 1000.0)
 
 
 def gpu_uuid(index: int) -> str | None:

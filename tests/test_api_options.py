@@ -6,12 +6,14 @@ and for bad values. The options' effect on the logits themselves is checked in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import openai
 import pytest
 
 from desktop.api import schema
+from model_loader.events import TokenLogprobs
 from test_api import _client, _serve, _stop, make_plain_model
 
 
@@ -144,9 +146,9 @@ def test_bookkeeping_fields_are_accepted(plain):
 
 def test_the_logprobs_buffer_sends_each_part_with_its_own_text():
     buf = schema.LogprobsBuffer()
-    tok = {"token": "a", "bytes": [97], "logprob": -0.5, "top": [], "kind": "reasoning"}
+    tok = TokenLogprobs(token_id=64, token="a", bytes=[97], logprob=-0.5, top=[], kind="reasoning")
     buf.add(tok)
-    buf.add({**tok, "token": "b", "kind": "answer"})
+    buf.add(dataclasses.replace(tok, token="b", kind="answer"))
     assert buf.take("answer") == {"content": [{"token": "b", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]}
     assert buf.take("answer") is None
     assert buf.take() == {"reasoning_content": [schema.logprob_entry(tok)], "content": []}

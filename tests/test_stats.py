@@ -30,8 +30,23 @@ def test_percentile_of_nothing_is_nan():
 
 
 def test_thinking_time_runs_from_the_first_token_to_the_first_answer_token_or_the_end():
+    from model_loader.events import GenerationStats
     from model_loader.stats import thinking_seconds
 
-    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": 2050.0, "total_s": 3.0}) == 2.0
-    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": None, "total_s": 3.05}) == pytest.approx(3.0)
-    assert thinking_seconds({"ttft_ms": 50.0, "first_answer_ms": 40.0, "total_s": 1.0}) == 0.0  # never negative
+    def stats(ttft_ms, first_answer_ms, total_s):
+        return GenerationStats(
+            finish_reason="eos",
+            prompt_tokens=10,
+            completion_tokens=20,
+            reasoning_tokens=15,
+            prefix_reused_tokens=0,
+            context_length=512,
+            ttft_ms=ttft_ms,
+            first_answer_ms=first_answer_ms,
+            decode_tok_s=100.0,
+            total_s=total_s,
+        )
+
+    assert thinking_seconds(stats(50.0, 2050.0, 3.0)) == 2.0
+    assert thinking_seconds(stats(50.0, None, 3.05)) == pytest.approx(3.0)
+    assert thinking_seconds(stats(50.0, 40.0, 1.0)) == 0.0  # never negative

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from model_loader.chat import FIM_TOKENS
+from model_loader.events import TokenLogprobs  # a plain dataclass: no torch
 
 from desktop.api.schema import (
     BOOKKEEPING,
@@ -189,12 +190,12 @@ class LegacyLogprobs:
         self.offsets: list[int] = []
         self.offset = offset
 
-    def add(self, scored: dict) -> None:
-        self.tokens.append(scored["token"])
-        self.token_logprobs.append(scored["logprob"])
-        self.top.append({t["token"]: t["logprob"] for t in scored["top"]})
+    def add(self, scored: TokenLogprobs) -> None:
+        self.tokens.append(scored.token)
+        self.token_logprobs.append(scored.logprob)
+        self.top.append({t["token"]: t["logprob"] for t in scored.top})
         self.offsets.append(self.offset)
-        self.offset += len(scored["token"])
+        self.offset += len(scored.token)
 
     def take(self) -> dict:
         out = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from model_loader.events import GenerationStats  # a plain dataclass: no torch
+
 from desktop.api import completions as cmp
 from desktop.api import schema
 
@@ -25,10 +27,10 @@ async def handle(server, request: web.Request) -> web.StreamResponse:
         return await _collect(req, gens, events, cid)
 
 
-def _usage(req, stats: list[dict]) -> dict:
+def _usage(req, stats: list[GenerationStats]) -> dict:
     """Each prompt counted once (its n samples share it), every choice's tokens."""
-    prompt = sum(int(stats[p * req.n].get("prompt_tokens", 0)) for p in range(len(req.prompts)))
-    completion = sum(int(s.get("completion_tokens", 0)) for s in stats)
+    prompt = sum(stats[p * req.n].prompt_tokens for p in range(len(req.prompts)))
+    completion = sum(s.completion_tokens for s in stats)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -54,9 +56,9 @@ async def _collect(req, gens, events, cid) -> web.Response:
             if stops[i].hit:
                 gens[i].cancel()
         elif kind == "finished":
-            stats[i] = ev[2]["stats"]
+            stats[i] = ev[2].stats
             texts[i].append(stops[i].flush())
-            finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+            finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i].finish_reason, "stop")
             choices[i] = cmp.choice(
                 i, "".join(texts[i]), finish, scored[i].take() if req.logprobs is not None else None
             )
@@ -97,8 +99,8 @@ async def _stream(server, request, req, gens, events, cid) -> web.StreamResponse
             if text:
                 out.append(piece(i, text))
         elif kind == "finished":
-            stats[i] = ev[2]["stats"]
-            finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+            stats[i] = ev[2].stats
+            finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i].finish_reason, "stop")
             out.append(piece(i, stops[i].flush(), finish))
         elif kind == "failed":
             out.append(schema.sse(_generation_error(ev[2], ev[3], started=True).body()))

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from model_loader.events import GenerationStats  # a plain dataclass: no torch
+
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 E2E_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
@@ -51,19 +53,19 @@ class ServiceMetrics:
         r.register(_LiveState(service))
         service.request_ended.connect(self._ended)
 
-    def _ended(self, req, stats: dict | None) -> None:
+    def _ended(self, req, stats: GenerationStats | None) -> None:
         if stats is None:  # failed: counted, nothing measured
             self.requests.labels(req.client, "error").inc()
             return
-        self.requests.labels(req.client, stats.get("finish_reason") or "unknown").inc()
-        self.prompt_tokens.inc(stats.get("prompt_tokens") or 0)
-        self.cached_tokens.inc(stats.get("prefix_reused_tokens") or 0)
-        self.generated.inc(stats.get("completion_tokens") or 0)
-        if stats.get("completion_tokens"):
-            self.ttft.observe((stats.get("ttft_ms") or 0.0) / 1000.0)
-        for gap in stats.get("token_latencies_ms") or ():
+        self.requests.labels(req.client, stats.finish_reason).inc()
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.prefix_reused_tokens)
+        self.generated.inc(stats.completion_tokens)
+        if stats.completion_tokens:
+            self.ttft.observe(stats.ttft_ms / 1000.0)
+        for gap in stats.token_latencies_ms:
             self.itl.observe(gap / 1000.0)
-        self.e2e.observe(stats.get("total_s") or 0.0)
+        self.e2e.observe(stats.total_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

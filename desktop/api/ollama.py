@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from desktop.api.schema import ApiError, _check_unicode, _tools, parse_messages, sampler_options
+from model_loader.events import GenerationStats, TokenLogprobs  # plain dataclasses: no torch
 
 RUNTIME_OPTIONS = {
     "num_gpu",
@@ -284,16 +285,16 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
 
 
-def final_stats(stats: dict) -> dict:
+def final_stats(stats: GenerationStats) -> dict:
     """The timings Ollama reports, in nanoseconds, from a reply's GenerationStats."""
-    total = int(stats.get("total_s", 0) * 1e9)
-    prompt = int(stats.get("ttft_ms", 0) * 1e6)
+    total = int(stats.total_s * 1e9)
+    prompt = int(stats.ttft_ms * 1e6)
     return {
         "total_duration": total,
         "load_duration": 0,
-        "prompt_eval_count": int(stats.get("prompt_tokens", 0)),
+        "prompt_eval_count": stats.prompt_tokens,
         "prompt_eval_duration": prompt,
-        "eval_count": int(stats.get("completion_tokens", 0)),
+        "eval_count": stats.completion_tokens,
         "eval_duration": max(0, total - prompt),
     }
 
@@ -301,12 +302,12 @@ def final_stats(stats: dict) -> dict:
 DONE_REASONS = {"eos": "stop", "max_new_tokens": "length", "context_full": "length", "cancelled": "stop"}
 
 
-def logprob_entries(entries: list[dict]) -> list[dict]:
+def logprob_entries(entries: list[TokenLogprobs]) -> list[dict]:
     return [
         {
-            "token": e["token"],
-            "logprob": e["logprob"],
-            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top"]],
+            "token": e.token,
+            "logprob": e.logprob,
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e.top],
         }
         for e in entries
     ]

@@ -9,6 +9,7 @@ import json
 from aiohttp import web
 
 from desktop.api import ollama, schema
+from model_loader.events import TokenLogprobs  # a plain dataclass: no torch
 
 ROUTES = (
     ("GET", "/api/version"),
@@ -160,11 +161,11 @@ class _Reply:
             self.parser = ToolCallParser()
         self.content: list[str] = []
         self.thinking: list[str] = []
-        self.logprobs: list[dict] = []
+        self.logprobs: list[TokenLogprobs] = []
         self.done = False
         self.final: dict | None = None
         self.error = None  # the ApiError a failed reply ended with
-        self.all_logprobs: list[dict] = []  # every scored token (the whole reply's object)
+        self.all_logprobs: list[TokenLogprobs] = []  # every scored token (the whole reply's object)
 
     def _line(
         self,
@@ -229,7 +230,7 @@ class _Reply:
                 self.calls += calls
             return [self._emit(content=content, calls=calls)] if content or calls else []
         if kind == "finished":
-            stats = ev[2]["stats"]
+            stats = ev[2].stats
             tail, calls = self._answer_text(self.stops.flush())
             if self.parser is not None:
                 for _, x in self.parser.flush():
@@ -237,7 +238,7 @@ class _Reply:
             self.content.append(tail)
             if calls:
                 self.calls += calls
-            reason = "stop" if self.stops.hit else ollama.DONE_REASONS.get(stats["finish_reason"], "stop")
+            reason = "stop" if self.stops.hit else ollama.DONE_REASONS.get(stats.finish_reason, "stop")
             self.final = {"done_reason": reason, **ollama.final_stats(stats)}
             self.done = True
             return [self._emit(content=tail, calls=calls, final=self.final)]

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from model_loader.chat import STOP_THINKING_TEXT, THINK_OPEN
+from model_loader.events import GenerationStats, TokenLogprobs  # plain dataclasses: no torch
 from model_loader.tool_calls import ToolCallParser
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -574,19 +575,19 @@ def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def usage(stats: dict | list[dict]) -> dict:
+def usage(stats: GenerationStats | list[GenerationStats]) -> dict:
     """OpenAI's usage of one reply's stats, or of n replies to one prompt (the prompt counted once, as OpenAI
     does; its cached tokens from the first reply)."""
     all_stats = stats if isinstance(stats, list) else [stats]
     first = all_stats[0]
-    prompt = int(first.get("prompt_tokens", 0))
-    completion = sum(int(s.get("completion_tokens", 0)) for s in all_stats)
+    prompt = first.prompt_tokens
+    completion = sum(s.completion_tokens for s in all_stats)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": int(first.get("prefix_reused_tokens", 0))},
-        "completion_tokens_details": {"reasoning_tokens": sum(int(s.get("reasoning_tokens", 0)) for s in all_stats)},
+        "prompt_tokens_details": {"cached_tokens": first.prefix_reused_tokens},
+        "completion_tokens_details": {"reasoning_tokens": sum(s.reasoning_tokens for s in all_stats)},
     }
 
 
@@ -656,13 +657,13 @@ class StreamedToolCalls:
         return out
 
 
-def logprob_entry(scored: dict) -> dict:
-    """OpenAI's shape of one token's log-probabilities (model_loader.events.TokenLogprobs as a dict)."""
+def logprob_entry(scored: TokenLogprobs) -> dict:
+    """OpenAI's shape of one token's log-probabilities."""
     return {
-        "token": scored["token"],
-        "logprob": scored["logprob"],
-        "bytes": scored["bytes"],
-        "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]} for t in scored["top"]],
+        "token": scored.token,
+        "logprob": scored.logprob,
+        "bytes": scored.bytes,
+        "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]} for t in scored.top],
     }
 
 
@@ -673,8 +674,8 @@ class LogprobsBuffer:
     def __init__(self):
         self.parts: dict[str, list] = {"answer": [], "reasoning": []}
 
-    def add(self, scored: dict) -> None:
-        self.parts[scored["kind"]].append(logprob_entry(scored))
+    def add(self, scored: TokenLogprobs) -> None:
+        self.parts[scored.kind].append(logprob_entry(scored))
 
     def take(self, kind: str | None = None) -> dict | None:
         """What has gathered (of one kind, or all): OpenAI's logprobs object, or None if nothing has."""
@@ -690,7 +691,9 @@ class LogprobsBuffer:
         return out
 
 
-def completion(cid: str, created: int, model: str, choices: list[dict], stats: dict | list[dict]) -> dict:
+def completion(
+    cid: str, created: int, model: str, choices: list[dict], stats: GenerationStats | list[GenerationStats]
+) -> dict:
     return {
         "id": cid,
         "object": "chat.completion",
@@ -719,7 +722,7 @@ def chunk(
     }
 
 
-def usage_chunk(cid: str, created: int, model: str, stats: dict | list[dict]) -> dict:
+def usage_chunk(cid: str, created: int, model: str, stats: GenerationStats | list[GenerationStats]) -> dict:
     return {
         "id": cid,
         "object": "chat.completion.chunk",

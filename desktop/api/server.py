@@ -525,9 +525,9 @@ class ApiServer:
                     if stops[i].hit:
                         gens[i].cancel()
             elif kind == "finished":
-                stats[i] = ev[2]["stats"]
+                stats[i] = ev[2].stats
                 answer[i].append(stops[i].flush())
-                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i].finish_reason, "stop")
                 logprobs = scored[i].take() if "logprobs" in req.settings else None
                 logprobs = logprobs or ({"content": []} if "logprobs" in req.settings else None)
                 text = "".join(answer[i])
@@ -575,13 +575,13 @@ class ApiServer:
                 elif text:  # the tokens scored so far go with the text they wrote
                     out.append(sse_delta[i](schema.delta_for(part, text), logprobs=scored[i].take(part)))
             elif kind == "finished":
-                stats[i] = ev[2]["stats"]
+                stats[i] = ev[2].stats
                 tail = stops[i].flush()
                 if calls[i] is not None:
                     out += calls[i].feed(tail, scored[i].take("answer")) + calls[i].flush()
                 elif tail:
                     out.append(sse_delta[i]({"content": tail}, logprobs=scored[i].take("answer")))
-                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i]["finish_reason"], "stop")
+                finish = "stop" if stops[i].hit else schema.FINISH_REASONS.get(stats[i].finish_reason, "stop")
                 if calls[i] is not None and calls[i].count:
                     finish = "tool_calls"
                 out.append(sse_delta[i]({}, finish, logprobs=scored[i].take()))

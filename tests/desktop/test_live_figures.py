@@ -5,6 +5,7 @@ import pytest
 
 from desktop import live_figures
 from desktop.live_figures import LiveReply, gib, memory_read, ttft_breakdown
+from model_loader.events import GenerationStats
 
 
 def test_sizes_read_in_the_unit_that_suits_them():
@@ -21,7 +22,19 @@ def test_a_decode_steps_read_and_its_rate():
 
 
 def test_the_time_to_first_token_split_into_the_prompt_and_the_prefill():
-    stats = {"prompt_ms": 1.25, "ttft_ms": 5.0, "prompt_tokens": 530, "prefix_reused_tokens": 512}
+    stats = GenerationStats(
+        finish_reason="eos",
+        prompt_tokens=530,
+        completion_tokens=8,
+        reasoning_tokens=6,
+        prefix_reused_tokens=512,
+        context_length=4096,
+        ttft_ms=5.0,
+        first_answer_ms=None,
+        decode_tok_s=100.0,
+        total_s=0.1,
+        prompt_ms=1.25,
+    )
     assert ttft_breakdown(stats) == (
         "Chat template and tokenizer: 1.2 ms\nPrefill of 18 new tokens (512 cached) and the first token: 3.8 ms"
     )

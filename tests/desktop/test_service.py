@@ -58,12 +58,51 @@ def test_requests_run_one_at_a_time_in_order_each_with_its_own_events(qtbot, ser
     assert [m[0]["content"] for m in engine.prompts] == ["q0", "q1", "q2"]
     for i, rec in enumerate(recs):
         result = rec.events[-1][1]
-        assert rec.events[-1][0] == "finished" and result["stats"]["completion_tokens"] == 30 + i
-        assert rec.text() == result["text"].replace("</think>\n\n", "")  # its own deltas, nobody else's
+        assert rec.events[-1][0] == "finished" and result.stats.completion_tokens == 30 + i
+        assert rec.text() == result.text.replace("</think>\n\n", "")  # its own deltas, nobody else's
         assert ("started",) in rec.events
     # connected after submit (2 ahead then): told once that it moved up, not again while its place held
     assert [e for e in recs[2].events if e[0] == "queued"] == [("queued", 1)]
     assert svc.running is None and not svc.waiting
+
+
+def test_clients_get_the_engines_typed_events_across_the_worker_thread(qtbot, service):
+    """The engine's own dataclasses cross the worker thread: a request's started and finished carry Started and
+    Finished (its token ids left behind), and the service's request_first and request_ended the same Started and
+    its GenerationStats, so clients read fields by name (a misspelt one fails, never reads as None). A request
+    that fails before it finishes ends with None."""
+    import threading
+
+    from model_loader.errors import ModelError
+    from model_loader.events import Finished, GenerationStats, MemoryStats, Started
+
+    svc, engine = service
+    _ready(qtbot, svc)
+    first, ended = [], []
+    svc.request_first.connect(lambda req, started: first.append((req, started)))
+    svc.request_ended.connect(lambda req, stats: ended.append((req, stats, threading.get_ident())))
+    req = svc.submit([{"role": "user", "content": "typed"}], {"max_new_tokens": 12})
+    started = []
+    req.started.connect(started.append)
+    with qtbot.waitSignal(req.finished, timeout=10000) as done:
+        pass
+    result = done.args[0]
+    assert isinstance(result, Finished) and result.token_ids == []  # the fake engine sent 12 ids
+    stats = result.stats
+    assert isinstance(stats, GenerationStats) and isinstance(stats.memory, MemoryStats)
+    assert (stats.completion_tokens, stats.finish_reason) == (12, "max_new_tokens")
+    assert len(ended) == 1 and ended[0][0] is req and ended[0][1] is stats is req.stats  # one object, no copies
+    assert ended[0][2] == threading.get_ident()  # delivered on the service's thread
+    assert len(started) == 1 and isinstance(started[0], Started) and first == [(req, started[0])]
+    assert started[0].prompt_tokens == stats.prompt_tokens and started[0].context_length == 4096
+    assert svc.last["ttft_ms"] == stats.ttft_ms and svc.last["finish_reason"] == "max_new_tokens"
+
+    engine.fail_generate = ModelError("the prompt could not be read")
+    failed = svc.submit([{"role": "user", "content": "fails"}], {})
+    with qtbot.waitSignal(failed.failed, timeout=10000) as why:
+        pass
+    assert why.args == ["generate", "the prompt could not be read"]
+    assert ended[-1][:2] == (failed, None) and failed.stats is None
 
 
 def test_cancel_waiting_and_running_requests_and_the_queue_limit(qtbot, service):
@@ -80,7 +119,7 @@ def test_cancel_waiting_and_running_requests_and_the_queue_limit(qtbot, service)
     qtbot.waitUntil(lambda: any(e[0] == "delta" for e in rec_run.events), timeout=10000)
     running.cancel()
     qtbot.waitUntil(lambda: rec_run.done, timeout=10000)
-    assert rec_run.events[-1][1]["stats"]["finish_reason"] == "cancelled"
+    assert rec_run.events[-1][1].stats.finish_reason == "cancelled"
     qtbot.waitUntil(lambda: svc.running is None and not svc.waiting, timeout=20000)
     assert [m[0]["content"] for m in engine.prompts] == ["long", "w0", "w2"]  # the cancelled one never ran
 
@@ -95,7 +134,7 @@ def test_a_reload_drops_waiting_requests_and_lets_the_running_one_finish(qtbot, 
     with qtbot.waitSignal(svc.ready, timeout=20000):
         svc.load(LoadRequest("/models/fake", "cpu", 4096, None))
     assert rec_wait.events == [("failed", "unloaded")]
-    assert rec_run.events[-1][0] == "finished" and rec_run.events[-1][1]["stats"]["finish_reason"] == "eos"
+    assert rec_run.events[-1][0] == "finished" and rec_run.events[-1][1].stats.finish_reason == "eos"
     assert svc.state == "ready"
 
 

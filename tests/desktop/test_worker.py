@@ -36,7 +36,7 @@ def _record(host):
 
 
 def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
-    from model_loader.events import GenerationControl
+    from model_loader.events import Finished, GenerationControl, Started
 
     events, threads = _record(host)
     with qtbot.waitSignal(host.worker.ready, timeout=60000):
@@ -57,13 +57,17 @@ def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
     assert [e[0] for e in events][0] == "started" and [e[0] for e in events][-1] == "finished"
     assert {e[0] for e in events[1:-1]} == {"delta"}  # one started, then only deltas before the one finished
     assert all(e[1] == gen for e in events)
-    result = events[-1][2]
+    result = events[-1][2]  # the engine's own event, its token ids left behind
+    assert isinstance(result, Finished) and result.token_ids == []
     streamed = "".join(e[2] for e in events if e[0] == "delta" and e[3] == "reasoning")
-    assert streamed == result["reasoning"]
-    assert result["stats"]["completion_tokens"] == 24
+    assert streamed == result.reasoning
+    assert result.stats.completion_tokens == 24
     started = events[0][2]  # known before the first token: what the live panel shows during the reply
-    assert started == {k: result["stats"][k] for k in ("prompt_tokens", "prefix_reused_tokens", "context_length")}
-    assert started["prompt_tokens"] > 0 and started["context_length"] == 512
+    st = result.stats
+    assert started == Started(
+        prompt_tokens=st.prompt_tokens, prefix_reused_tokens=st.prefix_reused_tokens, context_length=st.context_length
+    )
+    assert started.prompt_tokens > 0 and started.context_length == 512
     counts = [e[4] for e in events if e[0] == "delta"]
     assert counts == sorted(counts) and counts[-1] == 24  # the engine's token count, not a count of deltas
     assert threads["delta"] != threading.get_ident()  # the engine ran on the worker thread, not the GUI's
@@ -80,9 +84,9 @@ def test_cancel_stops_the_reply(qtbot, host, tiny_model):
         host.generate(
             [{"role": "user", "content": "Count to a thousand"}], dict(temperature=0.0, max_new_tokens=3000), control
         )
-    stats = blocker.args[1]["stats"]
-    assert stats["finish_reason"] == "cancelled"
-    assert stats["completion_tokens"] < 3000
+    stats = blocker.args[1].stats
+    assert stats.finish_reason == "cancelled"
+    assert stats.completion_tokens < 3000
 
 
 def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
@@ -97,8 +101,8 @@ def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
     )
     with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
         host.generate([{"role": "user", "content": "Think hard"}], dict(temperature=0.0, max_new_tokens=80), control)
-    stats = blocker.args[1]["stats"]
-    assert stats["stopped_thinking"] is True
+    stats = blocker.args[1].stats
+    assert stats.stopped_thinking is True
     assert "answer" in kinds and kinds.index("answer") >= 3
 
 
