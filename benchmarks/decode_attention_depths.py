@@ -1,6 +1,6 @@
 """Which decode-attention kernel configuration is fastest alone at each context depth (CUDA GPU)?
 
-A development tool: it picks the candidates in triton_ops.DECODE_ATTN_CONFIGS. 28 layers' worth of KV cache of
+A development tool: it picks the candidates in decode_attention.DECODE_ATTN_CONFIGS. 28 layers' worth of KV cache of
 the 1.5B's shape, each layer's read once per timed call, so the reads come from HBM as in decoding. Prints GPU
 microseconds per layer and the share of HBM bandwidth the KV read reaches.
 
@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from model_loader.kernels import triton_ops as T
+from model_loader.kernels import decode_attention, gemv
 
 LAYERS, HQ, HKV, D = 28, 12, 2, 128
 
@@ -29,9 +29,9 @@ def main() -> None:
     v = torch.randn_like(k)
     configs = list(
         dict.fromkeys(
-            list(T.DECODE_ATTN_CONFIGS)
+            list(decode_attention.DECODE_ATTN_CONFIGS)
             + [
-                T.DecodeAttnConfig(s, m, b, w, st)
+                decode_attention.DecodeAttnConfig(s, m, b, w, st)
                 for s, m, b, w, st in itertools.product(
                     (32, 64, 128), (32, 64, 128, 256), (32, 64, 128), (4, 8), (3, 4)
                 )
@@ -39,13 +39,13 @@ def main() -> None:
             ]
         )
     )
-    attn = T.DecodeAttention(HQ, HKV, D, "cuda", torch.bfloat16, configs=configs)
+    attn = decode_attention.DecodeAttention(HQ, HKV, D, "cuda", torch.bfloat16, configs=configs)
     q = torch.randn(HQ, D, device="cuda", dtype=torch.bfloat16)
     pos_t = torch.zeros(1, dtype=torch.int32, device="cuda")
     rows = []
     for depth in depths:
         pos_t.fill_(depth - 1)
-        res = T.time_configs(
+        res = gemv.time_configs(
             list(range(LAYERS)), configs, lambda i, c: attn(q, k[i], v[i], pos_t, depth, D**-0.5, config=c)
         )
         kv_bytes = 2 * HKV * depth * D * 2
@@ -56,17 +56,17 @@ def main() -> None:
                     "config": str(c),
                     "us_per_layer": round(us, 2),
                     "kv_gb_s": round(kv_bytes / us / 1e3, 1),
-                    "splits": T.decode_splits(attn.resolve(c), depth),
+                    "splits": decode_attention.decode_splits(attn.resolve(c), depth),
                 }
             )
         best = sorted(res.items(), key=lambda kv: kv[1])[:5]
-        default = res.get(T.DECODE_ATTN_CONFIGS[0])
+        default = res.get(decode_attention.DECODE_ATTN_CONFIGS[0])
         print(
             f"depth {depth:>6}: default {default:.2f} us; best: "
             + "; ".join(f"{c} {us:.2f} us ({kv_bytes / us / 1e3:.0f} GB/s)" for c, us in best),
             flush=True,
         )
-    for c in T.DECODE_ATTN_CONFIGS:
+    for c in decode_attention.DECODE_ATTN_CONFIGS:
         print(
             f"candidate {c}: " + ", ".join(f"{r['depth']}={r['us_per_layer']}" for r in rows if r["config"] == str(c))
         )

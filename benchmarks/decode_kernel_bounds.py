@@ -2,7 +2,7 @@
 
 Upper bounds: the step's GPU time with one kind of them left out.
 
-The greedy decode graph is captured again with triton_ops.add_rms_norm, rope_bias_cache or silu_mul replaced by
+The greedy decode graph is captured again with small_ops.add_rms_norm, rope_bias_cache or silu_mul replaced by
 a function that launches nothing (the maths is then wrong; only the time means anything), and timed at depth 512
 against the step as it is. What a kind of kernel costs the step (its work plus its kernel boundary) is the most
 that fusing it away could save.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from model_loader.engine import Engine
-from model_loader.kernels import triton_ops as T
+from model_loader.kernels import small_ops as T
 
 
 def no_norm(x, residual, weight, eps, out=None, residual_out=None):

@@ -5,21 +5,21 @@ Answered on any machine, without a GPU: the kernel compiled for one, its machine
 
 A kernel that one program per SM runs with few warps is bound by how many instructions each warp issues per
 K/V tile (each scheduler has one or two warps to switch between), not by the cache read. This compiles the
-split kernel (model_loader.kernels.jit_ops) with Triton's own back end for the chosen architecture, as a first
-start on that GPU would, disassembles the cubin with the cuobjdump Triton ships, and prints per variant:
-registers and stack (spills), shared memory, all instructions, and the instructions of its main loop (the
-largest backward branch: one K/V tile) by opcode. Nothing runs; nothing is timed.
+split kernel (model_loader.kernels.jit_decode_attention) with Triton's own back end for the chosen architecture,
+as a first start on that GPU would, disassembles the cubin with the cuobjdump Triton ships, and prints per
+variant: registers and stack (spills), shared memory, all instructions, and the instructions of its main loop
+(the largest backward branch: one K/V tile) by opcode. Nothing runs; nothing is timed.
 
     python -m benchmarks.decode_kernel_sass [--arch 90] [--block-n 128] [--warps 4,8] [--stages 3] [--dump DIR]
                                             [--source FILE]
 
---source compiles the kernel from another copy of jit_ops.py (a variant of its source under study). The
-installed Triton compiles; the kernels module imports nothing but Triton, so another Triton in a bare virtual
-environment works too (`pip install triton==3.6.0`, the H200's: its 16-bit shape asks for the 139,520 bytes of
-shared memory measured there).
+--source compiles the kernel from another copy of jit_decode_attention.py (a variant of its source under study;
+the helpers it shares with the prefill come from jit_common as it is). The installed Triton compiles; the kernels
+modules import nothing but Triton, so another Triton in a bare virtual environment works too (`pip install
+triton==3.6.0`, the H200's: its 16-bit shape asks for the 139,520 bytes of shared memory measured there).
 
 The 1.5B's shapes (6 query heads per KV head padded to 16 rows, head dim 128), programmatic dependent launch
-and the early first tile on (the Hopper candidates, triton_ops.DECODE_ATTN_CONFIGS), a bf16 model.
+and the early first tile on (the Hopper candidates, decode_attention.DECODE_ATTN_CONFIGS), a bf16 model.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ def _tool(name: str) -> str:
 
 
 def kernels_module(source: Path | None):
-    """model_loader.kernels.jit_ops, or the module in `source` (a modified copy of it)."""
+    """model_loader.kernels.jit_decode_attention, or the module in `source` (a modified copy of it)."""
     if source is None:
-        from model_loader.kernels import jit_ops
+        from model_loader.kernels import jit_decode_attention
 
-        return jit_ops
+        return jit_decode_attention
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("jit_ops_variant", source)
+    spec = importlib.util.spec_from_file_location("jit_decode_attention_variant", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -69,7 +69,7 @@ def compile_split_kernel(
 ):
     """The split kernel of `kernels` (kernels_module) as a CompiledKernel for sm_<arch> (Triton's compiler, no
     GPU needed). v_transposed: over a transposed value cache (the 8-bit cache's: kv_cache.value_cache), whose
-    splits start on 16 tokens (triton_ops.for_value_layout). whole_tiles: DecodeAttnConfig.whole_tiles (the depth
+    splits start on 16 tokens (decode_attention.for_value_layout). whole_tiles: DecodeAttnConfig.whole_tiles (the depth
     shapes' whole-tile loop and exp2 softmax)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -151,7 +151,9 @@ def main() -> int:
     )
     ap.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     ap.add_argument("--dump", type=Path, help="also write each variant's SASS into this folder")
-    ap.add_argument("--source", type=Path, help="a modified copy of model_loader/kernels/jit_ops.py to compile")
+    ap.add_argument(
+        "--source", type=Path, help="a modified copy of model_loader/kernels/jit_decode_attention.py to compile"
+    )
     ap.add_argument(
         "--layouts",
         default="rows,transposed",

@@ -4,12 +4,12 @@ The whole decode step's GPU time for each decode-attention configuration, by con
 
 Inside the step the attention's kernels overlap their neighbours (programmatic dependent launch), so timing it
 alone ranks its shapes differently: this captures one greedy decode graph per configuration (each candidate of
-triton_ops.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --reduce SxD,...: each also
+decode_attention.DECODE_ATTN_CONFIGS with and without `late_launch`; --extra: more shapes; --reduce SxD,...: each also
 with its split reduce combining S splits per pass (0: all) over D dimensions per program) and times the graph itself at
 each depth. The warm-up does the same on a smaller scale (decode_graphs.DecodeStep.tune).
 usage: python -m benchmarks.decode_step_by_attention MODEL_DIR [--depths 512,4096,16384,32768] [--extra] [--sm-fill]
            [--per-sm 3,4] [--reverse] [--reduce 32x32,0x32] [--kv-cache 8-bit] [--whole-tiles] [--json OUT]
---kv-cache 8-bit: over the 8-bit cache (its own candidates, triton_ops.KV8_CONFIGS, too).
+--kv-cache 8-bit: over the 8-bit cache (its own candidates, decode_attention.KV8_CONFIGS, too).
 --whole-tiles: each configuration also with DecodeAttnConfig.whole_tiles flipped (timed right after it).
 --per-sm N,...: also shapes that put N programs on every SM (_per_sm; 2026-12-05, for the 8-bit cache, whose
 loop was bound by latency with two programs an SM).
@@ -22,13 +22,13 @@ import json
 import torch
 
 from model_loader.engine import Engine
-from model_loader.kernels import triton_ops
+from model_loader.kernels import decode_attention
 
 from benchmarks.profile_decode import time_graph
 
 
 def _extra():
-    C = triton_ops.DecodeAttnConfig
+    C = decode_attention.DecodeAttnConfig
     return [
         C(128, 256, 128, 4, 4),
         C(64, 128, 128, 8, 3),
@@ -46,11 +46,11 @@ def _sm_fill(device, num_kv_heads: int):
     """Variants of the candidates (2026-12-04): the short-context shape with 64-token tiles, the split-per-SM
     shape with 8 warps, 64 fixed splits, two programs an SM (64- and, 2026-12-05, 128-token tiles: the 8-bit
     cache's transposed V leaves room for two 3-stage programs an SM); all with the first K/V tile read early."""
-    C = triton_ops.DecodeAttnConfig
-    two_per_sm = 2 * triton_ops.sm_splits(device, num_kv_heads)
+    C = decode_attention.DecodeAttnConfig
+    two_per_sm = 2 * decode_attention.sm_splits(device, num_kv_heads)
     return [
         C(32, 64, 64, 4, 3, early_tile=True),
-        C(triton_ops.SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
+        C(decode_attention.SM_SPLITS, 128, 128, 8, 3, chunk_align=1, early_tile=True),
         C(64, 128, 128, 4, 3, early_tile=True),
         C(two_per_sm, 64, 64, 4, 3, chunk_align=1, early_tile=True),
         C(two_per_sm, 128, 128, 4, 3, chunk_align=1, early_tile=True),
@@ -61,9 +61,9 @@ def _per_sm(counts: list[int]):
     """N programs an SM (SM_SPLITS x splits_per_sm) for each N: 64-token tiles with 4 and 2 warps, 32-token tiles
     with 4, all 3 stages with the first tile early. With V transposed an 8-bit 64-token program takes 40,960 bytes
     of shared memory and 141 registers a thread at sm_90 (2026-12-05), so three fit an SM's registers."""
-    C = triton_ops.DecodeAttnConfig
+    C = decode_attention.DecodeAttnConfig
     return [
-        C(triton_ops.SM_SPLITS, block, block, warps, 3, chunk_align=1, early_tile=True, splits_per_sm=n)
+        C(decode_attention.SM_SPLITS, block, block, warps, 3, chunk_align=1, early_tile=True, splits_per_sm=n)
         for n in counts
         for block, warps in ((64, 4), (64, 2), (32, 4))
     ]
@@ -90,9 +90,9 @@ def main() -> None:
     engine = Engine.load(args.model, device="cuda", context_length=max(depths) + 512, kv_cache=args.kv_cache)
     engine.warm_up()
     step = engine.step
-    kv8 = list(triton_ops.KV8_CONFIGS) if args.kv_cache == "8-bit" else []
+    kv8 = list(decode_attention.KV8_CONFIGS) if args.kv_cache == "8-bit" else []
     base = (
-        list(triton_ops.DECODE_ATTN_CONFIGS)
+        list(decode_attention.DECODE_ATTN_CONFIGS)
         + kv8
         + (_extra() if args.extra else [])
         + (_sm_fill(engine.model.device, engine.model.cfg.num_key_value_heads) if args.sm_fill else [])
@@ -112,7 +112,7 @@ def main() -> None:
     # split buffers for every shape tried (before any graph below is captured)
     if args.extra or args.sm_fill or args.per_sm or kv8 or args.whole_tiles:
         old = engine.model.decode_attention
-        engine.model.decode_attention = triton_ops.DecodeAttention(
+        engine.model.decode_attention = decode_attention.DecodeAttention(
             old.num_heads, old.num_kv_heads, old.head_dim, engine.model.device, old.out.dtype, configs=configs
         )
         step.graphs.clear()  # the warm-up's graphs use the old buffers: every graph below is captured anew

@@ -1,7 +1,7 @@
-"""Which configurations of our single-token dense GEMV are fastest (triton_ops.GEMV_CONFIGS), against cuBLAS?
+"""Which configurations of our single-token dense GEMV are fastest (gemv.GEMV_CONFIGS), against cuBLAS?
 
 Our single-token dense GEMV by configuration, against cuBLAS, on the 1.5B's shapes (random weights, 28 of
-each so every read comes from HBM as in decoding), GPU time per call through CUDA graphs (triton_ops.time_configs,
+each so every read comes from HBM as in decoding), GPU time per call through CUDA graphs (gemv.time_configs,
 what the warm-up's tuning measures), programmatic dependent launch as the decode step runs it.
 
 Two questions (2026-12-04, fourteenth session):
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from model_loader.kernels import triton_ops as T
+from model_loader.kernels import gemv, small_ops
 from model_loader.linears import pair_gate_up_rows
 
 LAYERS = 28
@@ -32,11 +32,11 @@ SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "dow
 
 
 def sweep(k: int) -> list[tuple]:
-    configs = list(T.GEMV_CONFIGS)
+    configs = list(gemv.GEMV_CONFIGS)
     split_counts = (1, 2, 3) if k <= 2048 else (1, 2, 3, 4, 5, 7, 9)
     for block_n, block_k, warps, splits in itertools.product((4, 8, 16, 32), (256, 512), (4, 8), split_counts):
         config = (block_n, block_k, warps, splits) if splits > 1 else (block_n, block_k, warps)
-        if config not in configs and T.gemv_split(k, config)[1] == splits:
+        if config not in configs and gemv.gemv_split(k, config)[1] == splits:
             configs.append(config)
     return configs
 
@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.device("cuda")
-    T.split_counters(dev)
+    gemv.split_counters(dev)
     g = torch.Generator(device=dev).manual_seed(0)
     results = {}
     for name, (n, k) in SHAPES.items():
@@ -60,23 +60,23 @@ def main() -> None:
         if name == "gate_up":
             for w in ws:
                 pair_gate_up_rows(w)
-            ref = T.silu_mul(F.linear(x, ws[0]), paired=True).float()
-            table["cuBLAS + SiLU kernel"] = T.time_configs(
-                ws, [None], lambda w, c: T.silu_mul(F.linear(x, w), paired=True)
+            ref = small_ops.silu_mul(F.linear(x, ws[0]), paired=True).float()
+            table["cuBLAS + SiLU kernel"] = gemv.time_configs(
+                ws, [None], lambda w, c: small_ops.silu_mul(F.linear(x, w), paired=True)
             )[None]
-            separate = T.time_configs(ws, configs, lambda w, c: T.silu_mul(T.gemv(x, w, c), paired=True))
+            separate = gemv.time_configs(ws, configs, lambda w, c: small_ops.silu_mul(gemv.gemv(x, w, c), paired=True))
             for c, us in separate.items():
                 table[f"{c} + SiLU kernel"] = us
-            fused = T.time_configs(ws, configs, lambda w, c: T.gemv(x, w, c, silu_output=True))
+            fused = gemv.time_configs(ws, configs, lambda w, c: gemv.gemv(x, w, c, silu_output=True))
             for c, us in fused.items():
-                err = (T.gemv(x, ws[0], c, silu_output=True).float() - ref).abs().max().item()
+                err = (gemv.gemv(x, ws[0], c, silu_output=True).float() - ref).abs().max().item()
                 table[f"{c} SiLU output"] = us
                 assert err < 0.05, (c, err)
         else:
-            table["cuBLAS"] = T.time_configs(ws, [None], lambda w, c: F.linear(x, w))[None]
-            timed = T.time_configs(ws, configs, lambda w, c: T.gemv(x, w, c))
+            table["cuBLAS"] = gemv.time_configs(ws, [None], lambda w, c: F.linear(x, w))[None]
+            timed = gemv.time_configs(ws, configs, lambda w, c: gemv.gemv(x, w, c))
             for c, us in timed.items():
-                err = (T.gemv(x, ws[0], c).float() - ref).abs().max().item()
+                err = (gemv.gemv(x, ws[0], c).float() - ref).abs().max().item()
                 assert err < 0.05 * max(1.0, ref.abs().max().item()), (c, err)
                 table[str(c)] = us
         ranked = sorted(table.items(), key=lambda item: item[1])
@@ -84,8 +84,8 @@ def main() -> None:
         print(f"{name} {n} x {k}: " + ", ".join(f"{label} {us:.2f}" for label, us in ranked[:12]), flush=True)
         for label in (
             ("cuBLAS", "cuBLAS + SiLU kernel")
-            + tuple(str(c) for c in T.GEMV_CONFIGS)
-            + tuple(f"{c} + SiLU kernel" for c in T.GEMV_CONFIGS)
+            + tuple(str(c) for c in gemv.GEMV_CONFIGS)
+            + tuple(f"{c} + SiLU kernel" for c in gemv.GEMV_CONFIGS)
         ):
             if label in table:
                 print(f"    {label}: {table[label]:.2f} us", flush=True)

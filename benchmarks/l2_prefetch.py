@@ -7,7 +7,7 @@ At depth a decode step reads the cache at about bandwidth (~4.6 TB/s on the H200
 of every step. This asks whether the cache read can use that idle part. After each layer's attention, a kernel on
 a side stream (a branch of the CUDA graph, which nothing waits for until the step's end) issues
 `prefetch.global.L2` for every 128-byte line of the next layer's rows [0, pos]; by the time that layer's attention
-runs, its rows should be in L2. The weights can be read with the evict_first policy (triton_ops.GEMV_WEIGHT_EVICTION)
+runs, its rows should be in L2. The weights can be read with the evict_first policy (gemv.GEMV_WEIGHT_EVICTION)
 so that the 82 MB a layer's MLP streams do not push the prefetched rows out (the H200's L2 is 50-60 MB; a layer's
 16-bit cache is 16.8 MB at 16k, 33.5 MB at 32k).
 
@@ -15,7 +15,7 @@ Nothing here is in the app: the benchmark wraps the model's decode attention for
 usage: python -m benchmarks.l2_prefetch MODEL_DIR [--depths 512,4096,16384,32768] [--kv-cache 8-bit]
            [--variants base,wfirst,pf+wfirst,base] [--programs 132] [--json OUT]
 A variant: "base" (no prefetch, every load with L2's default policy) or tokens joined by "+": wfirst (the GEMVs'
-weights read evict_first: triton_ops.GEMV_WEIGHT_EVICTION), pf / pflast (the prefetch, its lines marked
+weights read evict_first: gemv.GEMV_WEIGHT_EVICTION), pf / pflast (the prefetch, its lines marked
 evict_normal / evict_last).
 
 H100, 2026-12-05: the prefetch made every depth slower (16k +30 us a step, 32k +110); the weights read evict_first
@@ -162,7 +162,7 @@ def prefetch_model(model, evict_last: bool, programs: int):
 
 def main() -> None:
     from model_loader.engine import Engine
-    from model_loader.kernels import triton_ops
+    from model_loader.kernels import gemv
 
     from benchmarks.profile_decode import time_graph
 
@@ -184,14 +184,14 @@ def main() -> None:
         f" plan {[(upper, str(c)) for upper, c in step.plan]}",
         flush=True,
     )
-    weights_default = triton_ops.GEMV_WEIGHT_EVICTION
+    weights_default = gemv.GEMV_WEIGHT_EVICTION
     rows = {}
     for i, variant in enumerate(args.variants.split(",")):
         tokens = set(variant.split("+")) - {"base"}
         unknown = tokens - {"wfirst", "pf", "pflast"}
         if unknown:
             raise SystemExit(f"unknown variant part(s): {sorted(unknown)}")
-        triton_ops.GEMV_WEIGHT_EVICTION = "evict_first" if "wfirst" in tokens else ""
+        gemv.GEMV_WEIGHT_EVICTION = "evict_first" if "wfirst" in tokens else ""
         prefetch = tokens & {"pf", "pflast"}
         undo = prefetch_model(model, "pflast" in prefetch, programs) if prefetch else None
         step.graphs.clear()
@@ -201,7 +201,7 @@ def main() -> None:
         finally:
             if undo:
                 undo()
-            triton_ops.GEMV_WEIGHT_EVICTION = weights_default
+            gemv.GEMV_WEIGHT_EVICTION = weights_default
         rows[f"{i}:{variant}"] = times
         print(f"{variant:16s} " + " ".join(f"{us:8.1f}" for us in times.values()), flush=True)
     if args.json:

@@ -6,7 +6,7 @@ Nsight Compute to read. A development tool, CUDA only:
   ncu --clock-control none -k regex:_decode_attn_split_kernel --launch-skip 12 --launch-count 1 \\
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \\
       python -m benchmarks.ncu_decode_attention --kv-cache 8-bit --ncu --calls 8
-Shapes: DecodeAttention's candidates for the cache (triton_ops.DECODE_ATTN_CONFIGS, and KV8_CONFIGS for 8-bit);
+Shapes: DecodeAttention's candidates for the cache (decode_attention.DECODE_ATTN_CONFIGS, and KV8_CONFIGS for 8-bit);
 --config N picks one (default: the split-per-SM shape for 16-bit, the two-per-SM one for 8-bit).
 """
 
@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from model_loader.kernels import triton_ops
+from model_loader.kernels import decode_attention
 from model_loader.kv_cache import value_cache
 
 HQ, HKV, D = 12, 2, 128  # DeepSeek-R1-Distill-Qwen-1.5B's attention
@@ -33,9 +33,9 @@ def main() -> None:
     max_ctx = args.depth + 64
     for kind in ("16-bit", "8-bit") if args.kv_cache == "both" else (args.kv_cache,):
         fp8 = kind == "8-bit"
-        configs = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if fp8 else ())
+        configs = decode_attention.DECODE_ATTN_CONFIGS + (decode_attention.KV8_CONFIGS if fp8 else ())
         config = configs[args.config if args.config is not None else (-1 if fp8 else 1)]
-        attn = triton_ops.DecodeAttention(HQ, HKV, D, dev, torch.bfloat16, configs=configs)
+        attn = decode_attention.DecodeAttention(HQ, HKV, D, dev, torch.bfloat16, configs=configs)
         dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
         # LAYERS caches taken in turn, as the model's layers are: together over the 50 MB of an H100's L2
         k = torch.randn(LAYERS, HKV, max_ctx, D, device=dev).to(dtype)

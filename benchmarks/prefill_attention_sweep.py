@@ -1,7 +1,7 @@
-"""Which tile shape makes the prefill attention over a cached prefix fastest (triton_ops.PrefillAttention.SHAPES)?
+"""Which tile shape makes the prefill attention over a cached prefix fastest (PrefillAttention.SHAPES)?
 
 Prefill attention over a cached prefix, alone, by (prefix, new tokens) and kernel shape (a development tool:
-it picks triton_ops.PrefillAttention's block sizes). 28 layers of the 1.5B's KV shape; GPU microseconds per
+it picks prefill_attention.PrefillAttention's block sizes). 28 layers of the 1.5B's KV shape; GPU microseconds per
 layer and the attention TFLOP/s reached (causal work only). SDPA's flash kernel on a fresh prompt of the same
 total length is printed for scale.
 
@@ -15,7 +15,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from model_loader.kernels import triton_ops as T
+from model_loader.kernels import gemv, prefill_attention
 from model_loader.kernels.reference import keep_off_cudnn
 
 LAYERS, HQ, HKV, D = 28, 12, 2, 128
@@ -47,18 +47,18 @@ def main() -> None:
     ]
     kernels = {}
     for bm, bn, w, st in shapes:
-        cls = type("Sweep", (T.PrefillAttention,), {"SHAPES": ((None, (bm, bn, w, st)),)})
+        cls = type("Sweep", (prefill_attention.PrefillAttention,), {"SHAPES": ((None, (bm, bn, w, st)),)})
         kernels[(bm, bn, w, st)] = cls(HQ, HKV, D, "cuda", max_tokens=2048)
     rows = []
     for start, t in CASES:
         q = torch.randn(t, HQ, D, device="cuda", dtype=torch.bfloat16)
         start_t = torch.tensor([start], dtype=torch.int32, device="cuda")
-        res = T.time_configs(
+        res = gemv.time_configs(
             list(range(LAYERS)), list(kernels), lambda i, c: kernels[c](q, k[i], v[i], start_t, D**-0.5)
         )
         flops = 4 * HQ * D * t * (start + (t + 1) / 2)
         q4 = q.transpose(0, 1)[None]
-        sdpa = T.time_configs(
+        sdpa = gemv.time_configs(
             list(range(LAYERS)),
             [None],
             lambda i, c: F.scaled_dot_product_attention(
@@ -76,7 +76,7 @@ def main() -> None:
                     "tflops": round(flops / us / 1e6, 1),
                 }
             )
-        tuned = next(shape for upto, shape in T.PrefillAttention.SHAPES if upto is None or t <= upto)
+        tuned = next(shape for upto, shape in prefill_attention.PrefillAttention.SHAPES if upto is None or t <= upto)
         print(
             f"prefix {start:>5} + {t:>4} new: tuned {tuned} {res.get(tuned, float('nan')):.1f} us; "
             f"SDPA fresh {t} {sdpa.get(None, float('nan')):.1f} us; best "

@@ -67,7 +67,7 @@ def main() -> None:
         "--gemv-early",
         type=int,
         help="weight chunks our GEMV requests before its input is ready "
-        "(triton_ops.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)",
+        "(gemv.GEMV_EARLY_CHUNKS; 0: none, as before 2026-12-04)",
     )
     ap.add_argument(
         "--mode",
@@ -82,9 +82,9 @@ def main() -> None:
     if context < max(depths) + STEPS_TIMED + 20:  # the graph writes K/V at every position it replays over
         ap.error(f"--context must be at least the deepest depth + {STEPS_TIMED + 20}")
     if args.gemv_early is not None:
-        from model_loader.kernels import triton_ops
+        from model_loader.kernels import gemv
 
-        triton_ops.GEMV_EARLY_CHUNKS = args.gemv_early
+        gemv.GEMV_EARLY_CHUNKS = args.gemv_early
     engine = Engine.load(
         args.model, device="cuda", context_length=context, int4_kernel=args.int4_kernel, kv_cache=args.kv_cache
     )

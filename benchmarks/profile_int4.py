@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from model_loader import awq as fmt
-from model_loader.kernels import int4_triton, triton_ops
+from model_loader.kernels import gemv, int4_triton, small_ops
 
 MODEL_SHAPES = {  # (N, K) of each linear: DeepSeek-R1-Distill-Qwen-1.5B, and -7B
     "1.5b": {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)},
@@ -95,12 +95,10 @@ def main(group: int, configs: list) -> dict:
         scratch = torch.empty(n * k, device=dev, dtype=torch.bfloat16)
 
         def t(fn, ws):
-            return round(triton_ops._graph_time_us(lambda: [fn(w) for w in ws], len(ws)), 2)
+            return round(gemv._graph_time_us(lambda: [fn(w) for w in ws], len(ws)), 2)
 
         def timed(ws: list) -> dict:
-            results = triton_ops.time_configs(
-                ws, configs, lambda w, c: int4_triton.int4_gemv(x1, w, c, w.gate_up_pairs)
-            )
+            results = gemv.time_configs(ws, configs, lambda w, c: int4_triton.int4_gemv(x1, w, c, w.gate_up_pairs))
             return {str(c): round(us, 2) for c, us in sorted(results.items(), key=lambda item: item[1])}
 
         entry = {
@@ -118,7 +116,7 @@ def main(group: int, configs: list) -> dict:
         }
         if name == "gate_up":
             gate_up = torch.randn(1, n, device=dev, dtype=torch.bfloat16)
-            entry["decode_silu_mul_kernel_us"] = t(lambda w: triton_ops.silu_mul(gate_up), rows)
+            entry["decode_silu_mul_kernel_us"] = t(lambda w: small_ops.silu_mul(gate_up), rows)
             entry["decode_triton_int4_silu_output_us"] = timed([fmt.pair_gate_up(w) for w in rows])
         ref = x1.float() @ fmt.dequantize_row_packed(rows[0]).t()
         entry["gemv_max_abs_err"] = max(

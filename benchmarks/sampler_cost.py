@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from model_loader.kernels.triton_ops import _graph_time_us
+from model_loader.kernels.gemv import _graph_time_us
 from model_loader.kernels.fused_sampler import fused_sample
 from model_loader.sampling import SamplerParams, greedy, sort_sample
 

@@ -115,7 +115,7 @@ def collect() -> dict:
             "dequantized to dense at load (4-bit kernels need an NVIDIA GPU with Triton, or compute capability 8.0+)"
         )
     if info["kernels"] == "triton" and gpu is not None:
-        from model_loader.kernels.triton_ops import pdl_supported
+        from model_loader.kernels.features import pdl_supported
 
         info["programmatic_launch"] = pdl_supported(gpu)  # sm90+: kernels overlap their neighbours' set-up
     try:

@@ -235,11 +235,9 @@ class Engine:
                 self.info.gemv = dict(tuned["choice"])
                 log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
                 step("timing the attention kernels")
-                from model_loader.kernels import triton_ops  # graphs run only with Triton's kernels
+                from model_loader.kernels.decode_attention import depth_buckets  # graphs run only with Triton's kernels
 
-                attention = self.step.tune(
-                    self.model.decode_attention_candidates(), triton_ops.depth_buckets(self.model.max_ctx)
-                )
+                attention = self.step.tune(self.model.decode_attention_candidates(), depth_buckets(self.model.max_ctx))
                 attn = self.model.decode_attention  # what runs: a shape this GPU has no room for ran a fallback
                 self.info.decode_attention = {
                     f"<={upper}": str(attn.working.get(attn.resolve(config), config))

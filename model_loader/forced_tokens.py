@@ -42,7 +42,7 @@ HOST_RING = True
 def commit_reference(
     nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor, state: torch.Tensor, queue: torch.Tensor
 ) -> None:
-    """What triton_ops.commit_token does, in torch ops (CPU, or a GPU without Triton, where `queue` is a device
+    """What small_ops.commit_token does, in torch ops (CPU, or a GPU without Triton, where `queue` is a device
     copy of the host's made by the same step): token <- the next forced token if one is queued and the model has
     not closed its reasoning by itself before the first was taken, else nxt (the step's sample); pos += 1. No
     host sync: the host stays steps ahead."""
@@ -108,9 +108,9 @@ class ForcedTokens:
     def commit(self, nxt: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> None:
         """The decode step's end: token <- the next forced token or nxt; pos += 1."""
         if self.use_triton:
-            from model_loader.kernels import triton_ops
+            from model_loader.kernels.small_ops import commit_token
 
-            triton_ops.commit_token(nxt, token, pos, self.state, self.queue, self.ring)
+            commit_token(nxt, token, pos, self.state, self.queue, self.ring)
             return
         queue = self.queue
         if self._device_queue is not None:

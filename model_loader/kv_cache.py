@@ -18,10 +18,10 @@ Why offer it: on a small GPU it doubles the context that fits next to the weight
 is 6.3 GB in 16-bit). What it costs: e4m3 keeps 3 mantissa bits, so each cached value is off by up to 1/16 of
 its size (attention averages over many of them; outputs no longer match 16-bit or transformers exactly). Speed
 at depth: with V row-major our attention kernels on it are bound by their instructions, not the cache read, and
-slower than over the 16-bit cache at every depth; with V transposed and two programs an SM (triton_ops.KV8_CONFIGS)
-it is as fast as the 16-bit cache at 16k and faster at 32k on an H100 (docs/BENCHMARKS.md, 'Speed by context
-depth'; not yet measured on an H200). The 16-bit cache stays the default (exact). Like llama.cpp's q8_0 cache: a
-choice for the user.
+slower than over the 16-bit cache at every depth; with V transposed and two programs an SM
+(decode_attention.KV8_CONFIGS) it is as fast as the 16-bit cache at 16k and faster at 32k on an H100
+(docs/BENCHMARKS.md, 'Speed by context depth'; not yet measured on an H200). The 16-bit cache stays the default
+(exact). Like llama.cpp's q8_0 cache: a choice for the user.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ def value_bytes(kind: str, dtype_bytes: int, head_dim: int) -> float:
 
 # Rows past the end of each transposed value row: the attention kernels read V tiles whole (a mask per token
 # would cut their loads to single bytes), so a tile that starts below max_ctx may run up to a tile past it.
-V_ROW_PAD = 128  # >= the largest key tile (triton_ops.DECODE_ATTN_CONFIGS, PrefillAttention.SHAPES)
+V_ROW_PAD = 128  # >= the largest key tile (decode_attention.DECODE_ATTN_CONFIGS, PrefillAttention.SHAPES)
 
 
 def value_cache(shape: tuple, device, dtype, transposed: bool):
     """The value cache [layers, Hkv, max_ctx, D], zero-filled: row-major, or (transposed, the 8-bit cache's) a
     view of [layers, Hkv, D, rows] storage with rows = max_ctx + V_ROW_PAD rounded up to 16 (so every
-    dimension's row starts 16-byte aligned). The kernels read either (triton_ops.value_layout)."""
+    dimension's row starts 16-byte aligned). The kernels read either (small_ops.value_layout)."""
     import torch
 
     if not transposed:

@@ -31,7 +31,7 @@ class Linears:
         self.int4_gemv = bool(sizes)  # single-token steps run our 4-bit GEMVs (a 4-bit model on a GPU)
         self.scratch = torch.empty(max(sizes), device=device, dtype=dtype) if sizes else None
         if torch.device(device).type == "cuda":
-            from model_loader.kernels.triton_ops import split_counters
+            from model_loader.kernels.gemv import split_counters
 
             split_counters(device)  # the split GEMVs' arrival counts: before any graph capture
         self.int4pack_prefill = False  # see enable_int4pack_prefill
@@ -96,7 +96,7 @@ class Linears:
         if self.gemv_choice and x.shape[0] == 1:
             config = self.gemv_choice.get((tuple(w.shape), False))
             if config is not None:
-                from model_loader.kernels.triton_ops import gemv
+                from model_loader.kernels.gemv import gemv
 
                 return gemv(x, w, config)
         return F.linear(x, w)
@@ -114,7 +114,7 @@ class Linears:
         if self.dense_gate_up_pairs and isinstance(gate_up_w, torch.Tensor):
             config = self.gemv_choice.get((tuple(gate_up_w.shape), True)) if x.shape[0] == 1 else None
             if config is not None:
-                from model_loader.kernels.triton_ops import gemv
+                from model_loader.kernels.gemv import gemv
 
                 return self(gemv(x, gate_up_w, config, silu_output=True), down_w)
             return self(silu_mul(F.linear(x, gate_up_w), paired=True), down_w)
@@ -148,7 +148,7 @@ class Linears:
     def call_every_candidate(self, weights: dict, dtype) -> None:
         """Call each single-token kernel configuration tune() may choose, once per weight use, as tune() calls
         it: the pass that kernels.precompile runs to compile them all at once, before tune() times them."""
-        from model_loader.kernels.triton_ops import gemv, gemv_candidates
+        from model_loader.kernels.gemv import gemv, gemv_candidates
 
         dense, int4 = self.single_token_uses(weights)
         for ((_, k), silu), ws in dense.items():
@@ -167,7 +167,7 @@ class Linears:
         """Measure, for each single-token weight shape, cuBLAS against our dense GEMV configs and our int4 GEMV
         configs against each other (the gate/up one with its SiLU output, as it runs); keep the fastest.
         Returns {"choice": {"NxK": label}, "timings_us": {"NxK": {config: us}}}."""
-        from model_loader.kernels.triton_ops import gemv_autotune
+        from model_loader.kernels.gemv import gemv_autotune
 
         dense, int4 = self.single_token_uses(weights)
         choice, timings = {}, {}

@@ -3,7 +3,7 @@
 Weights come fused from weights.load_weights (QKV with bias, gate/up). Two entry points:
   prefill(tokens, start)      -> logits; writes positions start..start+T-1 of the cache (chunked, SDPA)
   decode(token_t, pos_t, pos) -> logits for one token; capturable in a CUDA graph on the Triton path
-The small ops come from kernels.triton_ops on CUDA (fused) or kernels.reference (CPU / fallback).
+The small ops come from kernels.small_ops on CUDA (fused) or kernels.reference (CPU / fallback).
 """
 
 from __future__ import annotations
@@ -52,16 +52,18 @@ class Qwen2Model:
         self.last_layer_rows_only = True
         self.linear = Linears(weights, device, dtype)  # kernel per weight kind/shape; tuned by tune_gemv()
         if use_triton:
-            from model_loader.kernels import triton_ops
+            from model_loader.kernels import small_ops
+            from model_loader.kernels.decode_attention import DECODE_ATTN_CONFIGS, KV8_CONFIGS, DecodeAttention
+            from model_loader.kernels.prefill_attention import PrefillAttention
 
-            self.ops = triton_ops
+            self.ops = small_ops
             self.linear.pair_dense_gate_up(weights)  # the decode step's gate/up GEMV then outputs SiLU(gate) * up
             # scratch for every shape the warm-up may time (an 8-bit cache's own have more splits)
-            configs = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if kv_cache == KV_8BIT else ())
-            self.decode_attention = triton_ops.DecodeAttention(
+            configs = DECODE_ATTN_CONFIGS + (KV8_CONFIGS if kv_cache == KV_8BIT else ())
+            self.decode_attention = DecodeAttention(
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, device, dtype, configs=configs
             )
-            self.prefill_attention = triton_ops.PrefillAttention(
+            self.prefill_attention = PrefillAttention(
                 cfg.num_attention_heads,
                 cfg.num_key_value_heads,
                 cfg.head_dim,
@@ -79,12 +81,16 @@ class Qwen2Model:
     def set_decode_attention_config(self, config) -> None:
         """The configuration the next decode steps (or graph captures) use; None: the default."""
         if self.use_triton:
-            self.decode_attention.config = config or self.ops.DECODE_ATTN_CONFIGS[0]
+            from model_loader.kernels.decode_attention import DECODE_ATTN_CONFIGS
+
+            self.decode_attention.config = config or DECODE_ATTN_CONFIGS[0]
 
     def decode_attention_candidates(self) -> tuple:
         """The decode attention configurations the warm-up times for this model: its GPU, its GEMVs (4-bit or
-        not) and its cache's format (triton_ops.decode_attention_candidates; Triton path only)."""
-        return self.ops.decode_attention_candidates(self.device, self.linear.int4_gemv, kv8=self.k_scale is not None)
+        not) and its cache's format (decode_attention.decode_attention_candidates; Triton path only)."""
+        from model_loader.kernels.decode_attention import decode_attention_candidates
+
+        return decode_attention_candidates(self.device, self.linear.int4_gemv, kv8=self.k_scale is not None)
 
     @property
     def embed_on_host(self) -> bool:

@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, CompiledKernel, make_backend
 from triton.compiler import compile as compile_kernel
 
-from model_loader.kernels import jit_int4, jit_ops, precompile
+from model_loader.kernels import jit_int4, jit_small_ops, precompile
 
 target = GPUTarget("cuda", 86, 32)
 backend = make_backend(target)
@@ -52,19 +52,19 @@ def main():
     # process hashes a kernel's source differently from a fresh one (JITFunction.hash is where it keeps its own;
     # set here, in main(), which the spawned workers do not run). A worker must still file its result under this
     # process's key, or the thread compiles the kernel again.
-    jit_ops._silu_mul_kernel.hash = "a-source-hash-no-fresh-process-computes"
+    jit_small_ops._silu_mul_kernel.hash = "a-source-hash-no-fresh-process-computes"
     pool = precompile.open_compile_pool(workers=int(sys.argv[1]), processes=True,
                                         target=(target.backend, target.arch, target.warp_size))
     assert pool is not None and pool.in_processes, "no worker processes"
     for booted in pool.workers.booted:  # every worker warmed its compiler for the target before any job
         booted.result()
-    silu = (jit_ops._silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "BLOCK": "constexpr",
-                                       "PAIRED": "constexpr", "PDL": "constexpr"},
+    silu = (jit_small_ops._silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32",
+                                             "BLOCK": "constexpr", "PAIRED": "constexpr", "PDL": "constexpr"},
             {(3,): 8192, (4,): False, (5,): False},
             {(0,): ALIGNED, (1,): ALIGNED})
     caches = [
         compile_through_triton(*silu),
-        compile_through_triton(jit_ops._add_rms_norm_kernel,
+        compile_through_triton(jit_small_ops._add_rms_norm_kernel,
                                {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
                                 "n_cols": "i32", "eps": "fp32", "HAS_RES": "constexpr", "BLOCK": "constexpr",
                                 "PDL": "constexpr"}, {(6,): True, (7,): 2048, (8,): False},

@@ -8,7 +8,7 @@ from model_loader.chat import STOP_THINKING_TEXT
 from model_loader.engine import QUEUED_STEPS, Engine
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 from model_loader.forced_tokens import CAPACITY, RING, ClosePush, ForcedTokens, commit_reference
-from model_loader.kernels import triton_ops  # noqa: F401  (triton is a test dependency)
+from model_loader.kernels import small_ops  # noqa: F401  (triton is a test dependency)
 
 CLOSE = 151649
 FORCED = [198, CLOSE, 271]
@@ -38,7 +38,7 @@ def _run(impl, device, state, sampled):
         ring = ring.pin_memory() if device == "cuda" else ring
 
         def commit(*args):
-            triton_ops.commit_token(*args, ring)
+            small_ops.commit_token(*args, ring)
     else:
         queue, commit = queue.to(device), commit_reference
     token = torch.zeros(1, dtype=torch.int64, device=device)

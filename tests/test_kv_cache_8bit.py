@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from model_loader.kernels import reference, triton_ops
+from model_loader.kernels import decode_attention, prefill_attention, reference, small_ops
 from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache, value_cache
 
 SHAPES = [(4, 2, 16), (12, 2, 128)]  # (Hq, Hkv, D): the tiny test model's, the 1.5B's
@@ -76,7 +76,7 @@ def test_the_cache_kernel_writes_8bit_rows_as_the_reference_does(device, hq, hkv
     bias = torch.randn((hq + 2 * hkv) * d, generator=g).to(device, _dtype(device))
     cos, sin = (torch.randn(max_ctx, d // 2, generator=g).to(device) for _ in range(2))
     out = []
-    for ops in (triton_ops, reference):
+    for ops in (small_ops, reference):
         k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
         v8 = _in_layout(torch.zeros_like(k8), transposed)
         ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
@@ -109,7 +109,7 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
     bias = torch.zeros((hq + 2 * hkv) * d, device=device, dtype=qkv.dtype)
     cos, sin = torch.ones(max_ctx, d // 2, device=device), torch.zeros(max_ctx, d // 2, device=device)
     written = []
-    for ops in (triton_ops, reference):
+    for ops in (small_ops, reference):
         k8 = torch.zeros(hkv, max_ctx, d, device=device, dtype=torch.float8_e4m3fn)
         v8 = _in_layout(torch.zeros_like(k8), transposed)
         ks, vs = (torch.zeros(hkv, max_ctx, device=device) for _ in range(2))
@@ -137,11 +137,11 @@ def test_the_cache_writer_stores_no_nan_codes_for_a_row_that_overflowed(device, 
     assert ((k_ours - k_ref).abs() <= k_ref.abs() / 8).all() and ((v_ours - v_ref).abs() <= v_ref.abs() / 8).all()
 
 
-WHOLE_TILES_8BIT = triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True)
+WHOLE_TILES_8BIT = decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True)
 DECODE_8BIT_CONFIGS = (
-    triton_ops.DECODE_ATTN_CONFIGS[:2]
-    + triton_ops.KV8_CONFIGS
-    + (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True), WHOLE_TILES_8BIT)
+    decode_attention.DECODE_ATTN_CONFIGS[:2]
+    + decode_attention.KV8_CONFIGS
+    + (decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True), WHOLE_TILES_8BIT)
 )
 # V transposed (the model's layout) in every case; row-major V (the kernels read it too) at the 1.5B's shape
 DECODE_8BIT_CASES = [
@@ -155,7 +155,7 @@ DECODE_8BIT_CASES = [
 @pytest.mark.parametrize(
     "hq,hkv,d,length,config,transposed",
     DECODE_8BIT_CASES,
-    ids=lambda v: str(v) if isinstance(v, triton_ops.DecodeAttnConfig) else None,
+    ids=lambda v: str(v) if isinstance(v, decode_attention.DecodeAttnConfig) else None,
 )
 def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, d, length, config, transposed):
     """Every split shape, whole and in many splits, with the depth read on the device; NaN codes and scales
@@ -169,7 +169,9 @@ def test_decode_attention_over_an_8bit_cache_matches_reference(device, hq, hkv, 
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
     scale = 1 / math.sqrt(d)
     ref = reference.decode_attention(q.float(), k8, v8, pos_t, length, scale, scales=(ks, vs))
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, q.dtype, configs=triton_ops.DECODE_ATTN_CONFIGS + (config,))
+    attn = decode_attention.DecodeAttention(
+        hq, hkv, d, device, q.dtype, configs=decode_attention.DECODE_ATTN_CONFIGS + (config,)
+    )
     out = attn(q, k8, v8, pos_t, length, scale, config=config, scales=(ks, vs))
     tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.float(), ref, **tol)
@@ -189,7 +191,7 @@ def test_decode_attention_of_a_16_bit_model_over_an_8bit_cache_matches_reference
     for dt in [torch.float16] + ([torch.bfloat16] if device == "cuda" else []):
         q = torch.randn(hq, d, generator=torch.Generator().manual_seed(6)).to(device, dt)
         ref = reference.decode_attention(q.float(), k8, v8, pos_t, length, scale, scales=(ks, vs))
-        attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt, configs=(WHOLE_TILES_8BIT,))
+        attn = decode_attention.DecodeAttention(hq, hkv, d, device, dt, configs=(WHOLE_TILES_8BIT,))
         out = attn(q, k8, v8, pos_t, length, scale, scales=(ks, vs))
         torch.testing.assert_close(out.float(), ref, atol=4e-3 if dt == torch.float16 else 2e-2, rtol=1e-2)
 
@@ -211,7 +213,7 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(
     leak in (the 16-bit cache's TMA path is never taken: 8-bit tiles are loaded and dequantized). A transposed
     value cache's tiles are read whole: there the rows after the new tokens hold large finite values (its writer
     stores no NaN), which must get no weight."""
-    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
+    monkeypatch.setattr(prefill_attention.PrefillAttention, "PACK_GQA", pack_gqa)
     hq, hkv, d = 6, 2, 64
     k8, v8, ks, vs = _quantized_cache(hkv, 1152, d, seed=4, device=device, length=start + t)
     if transposed:
@@ -220,7 +222,7 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(
     q = torch.randn(t, hq, d, generator=torch.Generator().manual_seed(5)).to(device, dt)
     scale = 1 / math.sqrt(d)
     ref = reference.prefill_attention(q.float(), k8, v8, start, scale, scales=(ks, vs))  # dequantized in fp32
-    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
+    attn = prefill_attention.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
     out = attn(
         q, k8, v8, torch.tensor([start], device=device, dtype=torch.int32), scale, splits=splits, scales=(ks, vs)
     )
@@ -232,7 +234,7 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(
 def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache(device, transposed):
     """As in the 16-bit cache (test_triton_kernels), and their scales too: a NaN scale would make a zeroed row
     NaN again."""
-    from model_loader.kernels.jit_ops import STALE_V_ROWS
+    from model_loader.kernels.jit_small_ops import STALE_V_ROWS
 
     hq, hkv, d, max_ctx, start, t = 4, 2, 16, 512, 37, 16
     g = torch.Generator().manual_seed(7)
@@ -243,7 +245,7 @@ def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache
     k8.view(torch.uint8).fill_(0x7F)
     v8 = _in_layout(k8, transposed)
     ks, vs = (torch.full((hkv, max_ctx), float("nan"), device=device) for _ in range(2))
-    triton_ops.rope_bias_cache(
+    small_ops.rope_bias_cache(
         qkv,
         bias,
         cos,
@@ -311,7 +313,7 @@ def test_the_engine_on_an_8bit_cache(tiny_model):
         assert engine.info.kv_cache == KV_8BIT and dense.info.kv_cache == KV_16BIT
         cfg = m.cfg
         # V is stored transposed, each of its rows 128 tokens longer (kv_cache.value_cache): 512 + 128 = 640
-        assert triton_ops.value_layout(m.v_cache[0]) == (True, 640)
+        assert small_ops.value_layout(m.v_cache[0]) == (True, 640)
         assert engine.info.kv_cache_bytes == cfg.num_hidden_layers * cfg.num_key_value_heads * (
             512 * cfg.head_dim + 640 * cfg.head_dim + 2 * 512 * 4
         )

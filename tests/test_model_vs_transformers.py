@@ -86,7 +86,7 @@ def test_fused_triton_kernels_end_to_end_match_transformers(tiny_model, hf_model
     )
     assert engine.info.kernels == "triton"
     engine.warm_up()
-    from model_loader.kernels.triton_ops import GEMV_CONFIGS, gemv_split
+    from model_loader.kernels.gemv import GEMV_CONFIGS, gemv_split
 
     # decode through our single-token GEMV too (on a GPU, warm-up picks it per shape where it beats cuBLAS): the
     # gate/up one with its SiLU output, the down projection split along K (the tiny model's 128 inputs: 4 splits)

@@ -7,7 +7,16 @@ import pytest
 from model_loader import compile_ahead
 from model_loader.engine import Engine
 from model_loader.events import Finished, SamplingSettings
-from model_loader.kernels import jit_int4, jit_ops, jit_sampler, precompile
+from model_loader.kernels import (
+    jit_common,
+    jit_decode_attention,
+    jit_gemv,
+    jit_int4,
+    jit_prefill_attention,
+    jit_sampler,
+    jit_small_ops,
+    precompile,
+)
 
 
 def _our_kernels():
@@ -17,7 +26,15 @@ def _our_kernels():
 
     return [
         obj
-        for module in (jit_ops, jit_int4, jit_sampler)
+        for module in (
+            jit_common,
+            jit_small_ops,
+            jit_decode_attention,
+            jit_prefill_attention,
+            jit_gemv,
+            jit_int4,
+            jit_sampler,
+        )
         for obj in vars(module).values()
         if isinstance(obj, JITFunction)
     ]

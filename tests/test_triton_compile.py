@@ -149,7 +149,7 @@ def _assert_fit_everywhere(shared: dict[str, int]) -> None:
 def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
     """bf16 prefill + decode on the fused kernels, plus our dense GEMV configs."""
     from model_loader.engine import Engine
-    from model_loader.kernels import triton_ops
+    from model_loader.kernels import decode_attention, gemv
 
     engine = Engine.load(tiny_model, device="cpu", use_triton=True, dtype="bf16", context_length=512)
     model = engine.model
@@ -164,17 +164,17 @@ def test_the_engines_kernels_compile_for_a_gpu(tiny_model, launches):
             attention(q, model.k_cache[0], model.v_cache[0], torch.tensor([9], dtype=torch.int32), 0.25, splits=splits)
     del attention._tuned
     pos = torch.tensor([ids.numel()], dtype=torch.int32)
-    for config in triton_ops.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
+    for config in decode_attention.DECODE_ATTN_CONFIGS:  # every decode attention shape the warm-up may pick
         model.set_decode_attention_config(config)
         model.decode(ids[-1:], pos, ids.numel())
     w = torch.randn(40, 256, dtype=torch.bfloat16)
-    for config in triton_ops.GEMV_CONFIGS:
-        triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config)
-    for config in triton_ops.GEMV_SILU_CONFIGS:  # the gate/up GEMV with its SiLU output
-        triton_ops.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config, silu_output=True)
-    wide = torch.randn(40, triton_ops.GEMV_SPLIT_MIN_K, dtype=torch.bfloat16)  # the down projection's K splits
-    for config in triton_ops.GEMV_SPLIT_CONFIGS:
-        triton_ops.gemv(torch.randn(1, wide.shape[1], dtype=torch.bfloat16), wide, config)
+    for config in gemv.GEMV_CONFIGS:
+        gemv.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config)
+    for config in gemv.GEMV_SILU_CONFIGS:  # the gate/up GEMV with its SiLU output
+        gemv.gemv(torch.randn(1, 256, dtype=torch.bfloat16), w, config, silu_output=True)
+    wide = torch.randn(40, gemv.GEMV_SPLIT_MIN_K, dtype=torch.bfloat16)  # the down projection's K splits
+    for config in gemv.GEMV_SPLIT_CONFIGS:
+        gemv.gemv(torch.randn(1, wide.shape[1], dtype=torch.bfloat16), wide, config)
     names = _compile_all(launches)
     assert {
         "_add_rms_norm_kernel",
@@ -298,7 +298,7 @@ def _compiled_shared(specs: list[dict]) -> list[int]:
 def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits(launches, kind, arch, limit):
     """At the 1.5B's shapes (12 query heads, 2 KV heads, head dim 128), every decode attention shape the warm-up
     may pick on a GPU without programmatic dependent launch (an RTX 30/40-series card), followed by its
-    fallbacks (triton_ops.decode_attention_fallbacks, what DecodeAttention runs when Triton refuses a launch for
+    fallbacks (decode_attention.decode_attention_fallbacks, what DecodeAttention runs when Triton refuses a launch for
     shared memory), compiled for that GPU: some shape of each chain fits its 99 KB. Without the fallbacks the
     split-per-SM shape (139,520 bytes with Triton 3.6) could not run there, and the prefill's last row always
     takes it. 8-bit: the cache's e4m3 needs sm_89 (RTX 40-series). fp16 on a Turing card (64 KB): there the
@@ -309,10 +309,10 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
     the shape DecodeAttention tries first (DecodeAttention.candidates: those refused for certain left out) already
     fits: it is the one a first start compiles ahead, and no launch is refused. The bound candidates() rules shapes
     out by (decode_pipeline_bytes) is at most what Triton asks for each shape, 16-bit, 8-bit and fp32. 8-bit: its
-    own candidates (triton_ops.KV8_CONFIGS: 8 warps, two programs an SM) too."""
+    own candidates (decode_attention.KV8_CONFIGS: 8 warps, two programs an SM) too."""
     import dataclasses
 
-    from model_loader.kernels import reference, triton_ops
+    from model_loader.kernels import decode_attention, reference
     from model_loader.kv_cache import value_cache
 
     hq, hkv, d, length = 12, 2, 128, 40
@@ -329,19 +329,19 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         k, v = k.to(dt), v.to(dt)
     q = torch.randn(hq, d, generator=g).to(dt)
     pos = torch.tensor([length - 1], dtype=torch.int32)
-    pdl = arch >= 90  # triton_ops.pdl_supported
-    ours = triton_ops.DECODE_ATTN_CONFIGS + (triton_ops.KV8_CONFIGS if kind == "8-bit" else ())
+    pdl = arch >= 90  # features.pdl_supported
+    ours = decode_attention.DECODE_ATTN_CONFIGS + (decode_attention.KV8_CONFIGS if kind == "8-bit" else ())
     configs = ours if pdl else dict.fromkeys(dataclasses.replace(c, early_tile=False, late_launch=False) for c in ours)
     chains, firsts = [], []
     key = lambda c: (c.block_n, c.max_splits, c.num_stages, c.early_tile, c.late_launch, c.num_warps)  # noqa: E731
     for config in configs:
-        attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
-        chain = [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
+        attn = decode_attention.DecodeAttention(hq, hkv, d, "cpu", dt, configs=(config,))
+        chain = [attn.resolve(config), *decode_attention.decode_attention_fallbacks(attn.resolve(config))]
         for c in chain:  # records each shape's launch
             attn(q, k, v, pos, length, d**-0.5, config=c, scales=scales)
         chains.append([key(c) for c in chain])
         attn.shared_limit, attn.pipelined = limit, arch >= 80  # what DecodeAttention reads from such a GPU
-        firsts.append(key(attn.candidates(attn.resolve(config), triton_ops.decode_tile_bytes(k, v))[0]))
+        firsts.append(key(attn.candidates(attn.resolve(config), decode_attention.decode_tile_bytes(k, v))[0]))
     specs = [
         dict(spec, arch=arch, constexprs={**spec["constexprs"], "PDL": pdl})
         for spec in launches.values()
@@ -366,15 +366,15 @@ def test_on_a_small_gpu_every_decode_attention_shape_falls_back_to_one_that_fits
         assert all(shared[first] <= limit for first in firsts), [(first, shared[first]) for first in firsts]
     # the bound that rules shapes out is at most what Triton asks for each (8-bit: V transposed, a byte a value)
     bound = {
-        key(c): triton_ops.decode_pipeline_bytes(c, d, triton_ops.decode_tile_bytes(k, v), arch >= 80)
+        key(c): decode_attention.decode_pipeline_bytes(c, d, decode_attention.decode_tile_bytes(k, v), arch >= 80)
         for config in configs
-        for c in [attn.resolve(config), *triton_ops.decode_attention_fallbacks(attn.resolve(config))]
+        for c in [attn.resolve(config), *decode_attention.decode_attention_fallbacks(attn.resolve(config))]
     }
     assert all(bound[shape] <= shared[shape] for shape in bound), {s: (bound[s], shared[s]) for s in bound}
 
 
 def _as_hopper_launch(spec: dict) -> dict:
-    """A prefill attention launch as a GPU of compute capability 9.0+ makes it (triton_ops.prefill_tma_supported,
+    """A prefill attention launch as a GPU of compute capability 9.0+ makes it (features.prefill_tma_supported,
     pdl_supported): programmatic dependent launch on and, in one pass, K/V read through tensor descriptors (TMA)
     of [BLOCK_N, D] tiles (PrefillAttention._kv_args) in place of pointers."""
     c = spec["constexprs"]
@@ -403,14 +403,14 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
     (what PrefillAttention runs when Triton refuses a launch for shared memory), compiled for an RTX 30-series
     card (bf16), a Turing card (fp16) and an RTX 50-series card (sm_120: 99 KB, with TMA loads and programmatic
     dependent launch as on Hopper): some shape fits, in one pass and in key splits."""
-    from model_loader.kernels import triton_ops
+    from model_loader.kernels import prefill_attention
 
     hq, hkv, d, t, start = 12, 2, 128, 16, 8
     g = torch.Generator().manual_seed(10)
     k, v = (torch.randn(hkv, 64, d, generator=g).to(dtype) for _ in range(2))
     q = torch.randn(t, hq, d, generator=g).to(dtype)
-    attn = triton_ops.PrefillAttention(hq, hkv, d, "cpu", max_tokens=64)
-    chain = [attn._tuned(t), *triton_ops.PrefillAttention.FALLBACKS]
+    attn = prefill_attention.PrefillAttention(hq, hkv, d, "cpu", max_tokens=64)
+    chain = [attn._tuned(t), *prefill_attention.PrefillAttention.FALLBACKS]
     for shape in chain:
         attn._tuned = lambda n, shape=shape: shape
         for splits in (1, 2):
@@ -429,14 +429,14 @@ def test_on_a_small_gpu_the_prefill_attention_falls_back_to_a_shape_that_fits(la
 
 def test_the_gemvs_read_their_weights_with_l2s_evict_first_policy(launches):
     """The dense and 4-bit GEMVs, as the engine launches them, compiled for sm_90: their weight loads carry an L2
-    cache hint with the evict_first policy (triton_ops.GEMV_WEIGHT_EVICTION; the weights stream through L2 once a
+    cache hint with the evict_first policy (gemv.GEMV_WEIGHT_EVICTION; the weights stream through L2 once a
     step and must not push out what is read again: 1-3% of a decode step on an H100), and the activations' loads
     don't."""
     from model_loader import awq as fmt
-    from model_loader.kernels import int4_triton, triton_ops
+    from model_loader.kernels import gemv, int4_triton
 
     x = torch.randn(1, 256, dtype=torch.bfloat16)
-    triton_ops.gemv(x, torch.randn(40, 256, dtype=torch.bfloat16), triton_ops.GEMV_CONFIGS[0])
+    gemv.gemv(x, torch.randn(40, 256, dtype=torch.bfloat16), gemv.GEMV_CONFIGS[0])
     w = fmt.to_row_packed(torch.randint(0, 16, (256, 48)), torch.randint(0, 16, (2, 48)), torch.rand(2, 48).half(), 128)
     int4_triton.int4_gemv(x, w)
     found = {}

@@ -9,7 +9,13 @@ import torch
 
 from model_loader.kernels import reference
 
-from model_loader.kernels import triton_ops  # noqa: E402  (triton is a test dependency)
+from model_loader.kernels import (  # noqa: E402  (triton is a test dependency)
+    decode_attention,
+    features,
+    gemv,
+    prefill_attention,
+    small_ops,
+)
 
 SHAPES = [  # (Hq, Hkv, D, hidden)
     (4, 2, 16, 64),  # tiny test model
@@ -34,7 +40,7 @@ def test_add_rms_norm_matches_reference(device, has_res, hidden):
     res = torch.randn(3, hidden, generator=g).to(device, dt) if has_res else None
     w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dt)
     ref_out, ref_res = reference.add_rms_norm(x, None if res is None else res.clone(), w, 1e-6)
-    out, new_res = triton_ops.add_rms_norm(x, None if res is None else res.clone(), w, 1e-6)
+    out, new_res = small_ops.add_rms_norm(x, None if res is None else res.clone(), w, 1e-6)
     torch.testing.assert_close(new_res, ref_res, **_tol(device))
     torch.testing.assert_close(out, ref_out, **_tol(device))
 
@@ -42,12 +48,12 @@ def test_add_rms_norm_matches_reference(device, has_res, hidden):
 def test_rms_norm_matches_reference(device):
     x = torch.randn(5, 64).to(device, _dtype(device))
     w = torch.rand(64).to(device, _dtype(device))
-    torch.testing.assert_close(triton_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), **_tol(device))
+    torch.testing.assert_close(small_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), **_tol(device))
 
 
 def test_silu_mul_matches_reference(device):
     x = torch.randn(3, 2 * 1500).to(device, _dtype(device))  # not a multiple of the block: masked tail
-    torch.testing.assert_close(triton_ops.silu_mul(x), reference.silu_mul(x), **_tol(device))
+    torch.testing.assert_close(small_ops.silu_mul(x), reference.silu_mul(x), **_tol(device))
 
 
 def test_silu_mul_reads_rows_stored_in_gate_up_pairs(device):
@@ -60,8 +66,8 @@ def test_silu_mul_reads_rows_stored_in_gate_up_pairs(device):
     pair_gate_up_rows(paired)
     paired = paired.t().contiguous()
     assert torch.equal(paired[:, 0::2], x[:, :1500]) and torch.equal(paired[:, 1::2], x[:, 1500:])
-    torch.testing.assert_close(triton_ops.silu_mul(paired, paired=True), triton_ops.silu_mul(x), atol=0, rtol=0)
-    torch.testing.assert_close(triton_ops.silu_mul(paired, paired=True), reference.silu_mul(x), **_tol(device))
+    torch.testing.assert_close(small_ops.silu_mul(paired, paired=True), small_ops.silu_mul(x), atol=0, rtol=0)
+    torch.testing.assert_close(small_ops.silu_mul(paired, paired=True), reference.silu_mul(x), **_tol(device))
 
 
 def _rope_inputs(device, hq, hkv, d, t, seed, max_ctx=32):
@@ -80,7 +86,7 @@ def _rope_inputs(device, hq, hkv, d, t, seed, max_ctx=32):
 def _rope_kernel_matches_reference(qkv, bias, cos, sin, caches, pos_t, ref_start, kernel_start, hq, hkv, device):
     """The reference at ref_start vs the Triton kernel given kernel_start (it must use pos_t): q and caches."""
     q_ref = reference.rope_bias_cache(qkv, bias, cos, sin, caches[0], caches[1], pos_t, ref_start, hq, hkv)
-    q = triton_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, kernel_start, hq, hkv)
+    q = small_ops.rope_bias_cache(qkv, bias, cos, sin, caches[2], caches[3], pos_t, kernel_start, hq, hkv)
     torch.testing.assert_close(q, q_ref, **_tol(device))
     torch.testing.assert_close(caches[2], caches[0], **_tol(device))
     torch.testing.assert_close(caches[3], caches[1], **_tol(device))
@@ -104,16 +110,16 @@ def test_rope_bias_cache_matches_reference(device, hq, hkv, d, hidden, start, t)
 # whole tiles), and 16-bit models take exp2; without the early tile (GPUs without PDL), exp2 alone: the same
 # kernel as the plain one for fp32 (IEEE), so only the 16-bit test below runs it.
 ODD_SPLITS = (
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),
-    triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True),
+    decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1),
+    decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True),
+    decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, early_tile=True, whole_tiles=True),
 )
-EXP2_ONLY = (triton_ops.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, whole_tiles=True),)
+EXP2_ONLY = (decode_attention.DecodeAttnConfig(66, 16, 16, 4, 2, chunk_align=1, whole_tiles=True),)
 
 
 @pytest.mark.parametrize("hq,hkv,d,hidden", SHAPES)
 @pytest.mark.parametrize("length", [1, 48, 128, 200, 2500])
-@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS, ids=str)
+@pytest.mark.parametrize("config", decode_attention.DECODE_ATTN_CONFIGS + ODD_SPLITS, ids=str)
 def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, config):
     """Every kernel shape the warm-up may pick, at depths that use one split, a few, and many (2,500 tokens:
     20-66 splits), with the depth read from pos_t as in a captured graph; and splits whose tokens are not a
@@ -127,7 +133,9 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, 
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
     scale = 1 / math.sqrt(d)
     ref = reference.decode_attention(q, k, v, pos_t, length, scale)
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt, configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS)
+    attn = decode_attention.DecodeAttention(
+        hq, hkv, d, device, dt, configs=decode_attention.DECODE_ATTN_CONFIGS + ODD_SPLITS
+    )
     attn.mid_lse.fill_(float("nan"))  # splits the reduce must not read hold garbage
     attn.mid_o.fill_(float("nan"))
     out = attn(q, k, v, pos_t, length, scale, config=config)
@@ -139,7 +147,7 @@ def test_decode_attention_matches_reference(device, hq, hkv, d, hidden, length, 
 
 
 @pytest.mark.parametrize("length", [1, 48, 128, 200, 2500])
-@pytest.mark.parametrize("config", triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY, ids=str)
+@pytest.mark.parametrize("config", decode_attention.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY, ids=str)
 def test_decode_attention_of_16_bit_inputs_matches_reference(device, length, config):
     """The model's own 16-bit K/V and query (fp16; bf16 on a GPU too), which Triton's interpreter also runs,
     against the reference in fp32, at the 1.5B's shape: the other decode tests run fp32 on the CPU. NaN past
@@ -158,8 +166,8 @@ def test_decode_attention_of_16_bit_inputs_matches_reference(device, length, con
         ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, scale)
         k[:, length:] = float("nan")
         v[:, length:] = float("nan")
-        attn = triton_ops.DecodeAttention(
-            hq, hkv, d, device, dt, configs=triton_ops.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY
+        attn = decode_attention.DecodeAttention(
+            hq, hkv, d, device, dt, configs=decode_attention.DECODE_ATTN_CONFIGS + ODD_SPLITS + EXP2_ONLY
         )
         out = attn(q, k, v, pos_t, length, scale, config=config)
         assert out.dtype == dt
@@ -168,17 +176,17 @@ def test_decode_attention_of_16_bit_inputs_matches_reference(device, length, con
 
 def test_decode_attention_split_count_follows_the_depth():
     """Short contexts use few splits (no reduce over empty ones), long ones all of them."""
-    c = triton_ops.DecodeAttnConfig(max_splits=64, min_chunk=64, block_n=32)
-    assert triton_ops.decode_splits(c, 1) == 1
-    assert triton_ops.decode_splits(c, 512) == 8
-    assert triton_ops.decode_splits(c, 4096) == 64
-    assert triton_ops.decode_splits(c, 32768) == 64
+    c = decode_attention.DecodeAttnConfig(max_splits=64, min_chunk=64, block_n=32)
+    assert decode_attention.decode_splits(c, 1) == 1
+    assert decode_attention.decode_splits(c, 512) == 8
+    assert decode_attention.decode_splits(c, 4096) == 64
+    assert decode_attention.decode_splits(c, 32768) == 64
     # Chunks rounded to the 128-token loop step leave 2 of 66 splits idle at 32,768 tokens; 1-token alignment
     # uses all 66 (65 x 497 + 463).
-    sm_fill = triton_ops.DecodeAttnConfig(max_splits=66, min_chunk=128, block_n=128)
-    assert triton_ops.decode_splits(sm_fill, 32768) == 64
-    assert triton_ops.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 32768) == 66
-    assert triton_ops.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 4096) == 32  # min_chunk holds
+    sm_fill = decode_attention.DecodeAttnConfig(max_splits=66, min_chunk=128, block_n=128)
+    assert decode_attention.decode_splits(sm_fill, 32768) == 64
+    assert decode_attention.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 32768) == 66
+    assert decode_attention.decode_splits(dataclasses.replace(sm_fill, chunk_align=1), 4096) == 32  # min_chunk holds
 
 
 def test_a_split_per_sm_resolves_to_the_gpus_sm_count(monkeypatch):
@@ -187,37 +195,37 @@ def test_a_split_per_sm_resolves_to_the_gpus_sm_count(monkeypatch):
     from types import SimpleNamespace
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(multi_processor_count=132))
-    assert triton_ops.sm_splits("cuda", 2) == 66
-    assert triton_ops.sm_splits("cuda", 4) == 33
+    assert decode_attention.sm_splits("cuda", 2) == 66
+    assert decode_attention.sm_splits("cuda", 4) == 33
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(multi_processor_count=114))
-    assert triton_ops.sm_splits("cuda:0", 4) == 28
-    assert triton_ops.sm_splits("cuda:0", 8) == 14
-    assert triton_ops.sm_splits("cpu", 2) == 32
-    attn = triton_ops.DecodeAttention(12, 2, 128, "cpu", torch.bfloat16)
-    per_sm = [c for c in triton_ops.DECODE_ATTN_CONFIGS if c.max_splits == triton_ops.SM_SPLITS]
+    assert decode_attention.sm_splits("cuda:0", 4) == 28
+    assert decode_attention.sm_splits("cuda:0", 8) == 14
+    assert decode_attention.sm_splits("cpu", 2) == 32
+    attn = decode_attention.DecodeAttention(12, 2, 128, "cpu", torch.bfloat16)
+    per_sm = [c for c in decode_attention.DECODE_ATTN_CONFIGS if c.max_splits == decode_attention.SM_SPLITS]
     assert per_sm and all(attn.resolve(c).max_splits == 32 for c in per_sm)
-    assert attn.mid_o.shape[1] == max(32, *(c.max_splits for c in triton_ops.DECODE_ATTN_CONFIGS))
+    assert attn.mid_o.shape[1] == max(32, *(c.max_splits for c in decode_attention.DECODE_ATTN_CONFIGS))
 
 
 def test_without_programmatic_dependent_launch_the_candidates_are_the_plain_kernels():
     """late_launch and early_tile only matter with programmatic dependent launch (Hopper); elsewhere (the
     interpreter here, an RTX 30xx/40xx) the warm-up times and compiles the plain kernels, fewer and faster to
     compile."""
-    assert not triton_ops.pdl_supported(torch.device("cpu"))
-    plain = triton_ops.decode_attention_candidates(torch.device("cpu"))
+    assert not features.pdl_supported(torch.device("cpu"))
+    plain = decode_attention.decode_attention_candidates(torch.device("cpu"))
     assert plain and not any(c.late_launch or c.early_tile for c in plain)
     # one plain kernel per shape: the split-per-SM candidate (late launch on Hopper) is not dropped
-    shapes = {(c.max_splits, c.block_n, c.min_chunk, c.chunk_align) for c in triton_ops.DECODE_ATTN_CONFIGS}
+    shapes = {(c.max_splits, c.block_n, c.min_chunk, c.chunk_align) for c in decode_attention.DECODE_ATTN_CONFIGS}
     assert {(c.max_splits, c.block_n, c.min_chunk, c.chunk_align) for c in plain} == shapes
     assert len(plain) == len(shapes)
 
 
 def test_a_4bit_model_is_not_tuned_on_the_shape_that_never_wins_for_it(monkeypatch):
-    monkeypatch.setattr(triton_ops, "pdl_supported", lambda device: True)
-    dense = triton_ops.decode_attention_candidates(torch.device("cpu"))
-    int4 = triton_ops.decode_attention_candidates(torch.device("cpu"), int4=True)
-    assert dense == triton_ops.DECODE_ATTN_CONFIGS
-    assert int4 == tuple(c for c in dense if c not in triton_ops.NOT_FOR_INT4) and len(int4) == len(dense) - 1
+    monkeypatch.setattr(decode_attention, "pdl_supported", lambda device: True)
+    dense = decode_attention.decode_attention_candidates(torch.device("cpu"))
+    int4 = decode_attention.decode_attention_candidates(torch.device("cpu"), int4=True)
+    assert dense == decode_attention.DECODE_ATTN_CONFIGS
+    assert int4 == tuple(c for c in dense if c not in decode_attention.NOT_FOR_INT4) and len(int4) == len(dense) - 1
 
 
 @pytest.mark.parametrize("pdl", [False, True])
@@ -228,13 +236,14 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
     split scratch holds the most splits any of them uses (two an SM: twice the SM splits)."""
     from model_loader.engine import Engine
 
-    monkeypatch.setattr(triton_ops, "pdl_supported", lambda device: pdl)
+    for module in (features, decode_attention):  # the candidates, and the launches of the engines below
+        monkeypatch.setattr(module, "pdl_supported", lambda device: pdl)
     cpu = torch.device("cpu")
     for int4 in (False, True):
-        plain = triton_ops.decode_attention_candidates(cpu, int4)
-        kv8 = triton_ops.decode_attention_candidates(cpu, int4, kv8=True)
+        plain = decode_attention.decode_attention_candidates(cpu, int4)
+        kv8 = decode_attention.decode_attention_candidates(cpu, int4, kv8=True)
         extra = [c for c in kv8 if c not in plain]
-        assert len(extra) == len(triton_ops.KV8_CONFIGS)
+        assert len(extra) == len(decode_attention.KV8_CONFIGS)
         assert all(c.num_warps == 8 or c.splits_per_sm == 2 for c in extra)
         # 4-bit models' GEMVs request their weights early: their split-per-SM shapes launch late (NOT_FOR_INT4)
         assert all(c.late_launch == (pdl and int4) for c in extra)
@@ -243,7 +252,7 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
     # the engine on the GPU where there is one: on a CUDA machine a CPU engine runs the reference ops, not Triton's
     for kv_cache, wanted in (("16-bit", False), ("8-bit", True)):
         engine = Engine.load(tiny_model, device=device, use_triton=True, kv_cache=kv_cache)
-        assert engine.model.decode_attention_candidates() == triton_ops.decode_attention_candidates(
+        assert engine.model.decode_attention_candidates() == decode_attention.decode_attention_candidates(
             engine.model.device, kv8=wanted
         )
         attn = engine.model.decode_attention
@@ -254,18 +263,18 @@ def test_an_8bit_cache_is_also_tuned_on_its_own_shapes(monkeypatch, tiny_model, 
 
 @pytest.mark.parametrize("early", [0, 3])
 @pytest.mark.parametrize("n,k", [(24, 64), (64, 128), (40, 1536)])
-@pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS)
+@pytest.mark.parametrize("config", gemv.GEMV_CONFIGS)
 def test_single_token_gemv_matches_linear(device, n, k, config, early, monkeypatch):
     """Each config, with its weights streamed in the loop or the first chunks requested before the input is
     (1,536 columns: all of them in chunks of 512, half in chunks of 256 with the loop doing the rest)."""
-    monkeypatch.setattr(triton_ops, "GEMV_EARLY_CHUNKS", early)
+    monkeypatch.setattr(gemv, "GEMV_EARLY_CHUNKS", early)
     dt = _dtype(device)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, k, generator=g).to(device, dt)
     w = torch.randn(n, k, generator=g).to(device, dt)
     ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
     torch.testing.assert_close(
-        triton_ops.gemv(x, w, config),
+        gemv.gemv(x, w, config),
         ref,
         atol=5e-2 if device == "cuda" else 1e-4,
         rtol=2e-2 if device == "cuda" else 1e-5,
@@ -283,20 +292,20 @@ def test_single_token_gemv_split_along_k_matches_linear(device, n, k, config):
     x = torch.randn(1, k, generator=g).to(device, dt)
     w = torch.randn(n, k, generator=g).to(device, dt)
     ref = torch.nn.functional.linear(x.float(), w.float()).to(dt)
-    per_split, splits = triton_ops.gemv_split(k, config)
+    per_split, splits = gemv.gemv_split(k, config)
     assert per_split % config[1] == 0 and (splits - 1) * per_split < k <= splits * per_split
     assert splits > 1 or k <= config[1]  # one chunk of 512 covers 448 inputs: no split
     for _ in range(2):
         torch.testing.assert_close(
-            triton_ops.gemv(x, w, config),
+            gemv.gemv(x, w, config),
             ref,
             atol=5e-2 if device == "cuda" else 1e-4,
             rtol=2e-2 if device == "cuda" else 1e-5,
         )
-    assert not triton_ops.split_counters(x.device).any()
+    assert not gemv.split_counters(x.device).any()
 
 
-@pytest.mark.parametrize("config", triton_ops.GEMV_CONFIGS + ((8, 128, 4, 3),))
+@pytest.mark.parametrize("config", gemv.GEMV_CONFIGS + ((8, 128, 4, 3),))
 def test_gate_up_gemv_on_paired_rows_outputs_silu_gate_times_up(device, config):
     """The dense gate/up weight with its rows in pairs: the GEMV outputs SiLU(gate) * up, the numbers of the
     plain GEMV on [gate; up] followed by the separate SiLU kernel (bit for bit: both round the GEMV's sums to
@@ -310,8 +319,8 @@ def test_gate_up_gemv_on_paired_rows_outputs_silu_gate_times_up(device, config):
     paired = w.clone()
     pair_gate_up_rows(paired)
     assert torch.equal(paired[0::2], w[:40]) and torch.equal(paired[1::2], w[40:])
-    expected = triton_ops.silu_mul(triton_ops.gemv(x, paired, config), paired=True)
-    got = triton_ops.gemv(x, paired, config, silu_output=True)
+    expected = small_ops.silu_mul(gemv.gemv(x, paired, config), paired=True)
+    got = gemv.gemv(x, paired, config, silu_output=True)
     assert got.shape == (1, 40)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
     torch.testing.assert_close(
@@ -328,7 +337,7 @@ def test_triton_self_check_passes_where_triton_runs_and_fails_cleanly_where_it_c
     assert triton_works(device)  # GPU, or the interpreter on a CPU machine
     # a Triton that cannot build its launcher (no C compiler, no Python headers) raises at first launch
     no_compiler = RuntimeError("Failed to find C compiler")
-    monkeypatch.setattr(triton_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(no_compiler))
+    monkeypatch.setattr(small_ops, "rms_norm", lambda *a: (_ for _ in ()).throw(no_compiler))
     assert not triton_works(device)
 
 
@@ -350,23 +359,23 @@ def test_a_prefills_rope_kernel_zeroes_the_stale_value_rows_a_whole_key_tile_rea
     prefill's RoPE/cache kernel zeroes the STALE_V_ROWS value rows after its tokens: a NaN an earlier reply left
     there would survive a zero weight. Only those rows, only V, never past the head's max_ctx rows (the next
     head's first rows follow them in memory); a decode step (one token) writes just its row."""
-    from model_loader.kernels.jit_ops import STALE_V_ROWS
+    from model_loader.kernels.jit_small_ops import STALE_V_ROWS
 
     hq, hkv, d, max_ctx = 4, 2, 16, 1024
     stale_rows = STALE_V_ROWS.value
-    assert all(shape[1] <= stale_rows for _, shape in triton_ops.PrefillAttention.SHAPES)
+    assert all(shape[1] <= stale_rows for _, shape in prefill_attention.PrefillAttention.SHAPES)
     qkv, bias, cos, sin, _ = _rope_inputs(device, hq, hkv, d, t, seed=7, max_ctx=max_ctx)
     k = torch.full((hkv, max_ctx, d), float("nan"), device=device, dtype=qkv.dtype)
     v = torch.full((hkv, max_ctx, d), float("nan"), device=device, dtype=qkv.dtype)
     start_t = torch.tensor([start], device=device, dtype=torch.int32)
-    triton_ops.rope_bias_cache(qkv, bias, cos, sin, k, v, start_t, start, hq, hkv)
+    small_ops.rope_bias_cache(qkv, bias, cos, sin, k, v, start_t, start, hq, hkv)
     end = start + t
     assert not k[:, start:end].isnan().any() and not v[:, start:end].isnan().any()
     zeroed = v[:, end : end + stale_rows]
     assert zeroed.shape[1] == min(stale_rows, max_ctx - end) and not zeroed.any()
     assert v[:, end + stale_rows :].isnan().all() and v[:, :start].isnan().all()
     assert k[:, end:].isnan().all() and k[:, :start].isnan().all()
-    one = triton_ops.rope_bias_cache(qkv[:1], bias, cos, sin, k, v, start_t, start, hq, hkv)
+    one = small_ops.rope_bias_cache(qkv[:1], bias, cos, sin, k, v, start_t, start, hq, hkv)
     assert one.shape[0] == 1 and v[:, end + stale_rows :].isnan().all()
 
 
@@ -396,7 +405,7 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(
     prompts (start 0), follow-ups and short injections, whole or cut into key splits (what short prefills over
     long prefixes use), with garbage past the new tokens that must not leak in; a query head per row block, or
     all the query heads of a KV head in one (PACK_GQA: rows of token and head, idle rows at the end)."""
-    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
+    monkeypatch.setattr(prefill_attention.PrefillAttention, "PACK_GQA", pack_gqa)
     dt = _dtype(device)
     g = torch.Generator().manual_seed(5)
     max_ctx = 1152
@@ -407,7 +416,7 @@ def test_prefill_attention_after_a_cached_prefix_matches_reference(
     q = torch.randn(t, hq, d, generator=g).to(device, dt)
     scale = 1 / math.sqrt(d)
     ref = reference.prefill_attention(q, k, v, start, scale)
-    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)  # room for 16 splits
+    attn = prefill_attention.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)  # room for 16 splits
     assert attn.pack_gqa == (pack_gqa and hq > hkv)
     attn.mid_o.fill_(float("nan"))
     start_t = torch.tensor([start], device=device, dtype=torch.int32)
@@ -426,9 +435,9 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatc
     whose tiles include the stale rows past the new tokens: NaN there (an earlier reply that overflowed) must
     not leak in. The cache as a prefill leaves it: K stale (NaN) after the new tokens, V zeroed for
     STALE_V_ROWS (by the RoPE kernel) and stale beyond."""
-    from model_loader.kernels.jit_ops import STALE_V_ROWS
+    from model_loader.kernels.jit_small_ops import STALE_V_ROWS
 
-    monkeypatch.setattr(triton_ops.PrefillAttention, "PACK_GQA", pack_gqa)
+    monkeypatch.setattr(prefill_attention.PrefillAttention, "PACK_GQA", pack_gqa)
     hq, hkv, d = 6, 2, 64  # a group of 3: packed row blocks end in idle rows
     g = torch.Generator().manual_seed(6)
     max_ctx = 1152
@@ -442,7 +451,7 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatc
         k[:, start + t :] = float("nan")
         v[:, start + t : start + t + STALE_V_ROWS.value] = 0.0
         v[:, start + t + STALE_V_ROWS.value :] = float("nan")
-        attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
+        attn = prefill_attention.PrefillAttention(hq, hkv, d, device, max_tokens=16 * t)
         assert attn.tma == (device == "cuda" and torch.cuda.get_device_capability() >= (9, 0))
         start_t = torch.tensor([start], device=device, dtype=torch.int32)
         out = attn(q, k, v, start_t, scale, splits=splits)
@@ -453,18 +462,18 @@ def test_prefill_attention_of_16_bit_inputs_matches_reference(device, monkeypatc
 def test_tensor_descriptors_only_where_tma_runs(monkeypatch):
     """The prefill attention's TMA path needs a GPU of compute capability 9 or newer and a compiled kernel (not
     the interpreter); R1DESK_NO_TMA=1 turns it off."""
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
-    assert not triton_ops.prefill_tma_supported("cpu")
+    monkeypatch.setattr(features, "_TMA_OK", {})
+    assert not features.prefill_tma_supported("cpu")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert triton_ops.prefill_tma_supported("cuda:0")
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
+    assert features.prefill_tma_supported("cuda:0")
+    monkeypatch.setattr(features, "_TMA_OK", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
-    assert not triton_ops.prefill_tma_supported("cuda:0")  # RTX 40: no TMA
-    monkeypatch.setattr(triton_ops, "_TMA_OK", {})
+    assert not features.prefill_tma_supported("cuda:0")  # RTX 40: no TMA
+    monkeypatch.setattr(features, "_TMA_OK", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setenv("R1DESK_NO_TMA", "1")
-    assert not triton_ops.prefill_tma_supported("cuda:0")
+    assert not features.prefill_tma_supported("cuda:0")
 
 
 @pytest.mark.parametrize("max_stages,expected", [(1, (64, 64, 4, 1)), (2, (64, 64, 4, 2))])
@@ -478,7 +487,7 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
     keeps a pipelined shape), are refused."""
     from triton.runtime.errors import OutOfResources
 
-    real = triton_ops._prefill_attn_kernel
+    real = prefill_attention._prefill_attn_kernel
     refused = []
 
     class SmallGpu:
@@ -491,13 +500,13 @@ def test_prefill_attention_falls_back_to_smaller_tiles_where_shared_memory_is_sh
 
             return launch
 
-    monkeypatch.setattr(triton_ops, "_prefill_attn_kernel", SmallGpu())
+    monkeypatch.setattr(prefill_attention, "_prefill_attn_kernel", SmallGpu())
     hq, hkv, d = 12, 2, 128
     dt = _dtype(device)
     g = torch.Generator().manual_seed(7)
     k = torch.randn(hkv, 640, d, generator=g).to(device, dt)
     v = torch.randn(hkv, 640, d, generator=g).to(device, dt)
-    attn = triton_ops.PrefillAttention(hq, hkv, d, device, max_tokens=512)
+    attn = prefill_attention.PrefillAttention(hq, hkv, d, device, max_tokens=512)
     start_t = torch.tensor([40], device=device, dtype=torch.int32)
     for t in (300, 20):  # a long prefill (one pass) and a short one (key splits)
         q = torch.randn(t, hq, d, generator=g).to(device, dt)
@@ -514,7 +523,7 @@ def _small_gpu_decode_kernel(monkeypatch, refuse):
     keywords `refuse` says no to raise OutOfResources, as Triton's launcher does (before anything runs)."""
     from triton.runtime.errors import OutOfResources
 
-    real = triton_ops._decode_attn_split_kernel
+    real = decode_attention._decode_attn_split_kernel
     refused = []
 
     class SmallGpu:
@@ -527,7 +536,7 @@ def _small_gpu_decode_kernel(monkeypatch, refuse):
 
             return launch
 
-    monkeypatch.setattr(triton_ops, "_decode_attn_split_kernel", SmallGpu())
+    monkeypatch.setattr(decode_attention, "_decode_attn_split_kernel", SmallGpu())
     return refused
 
 
@@ -549,8 +558,8 @@ def test_decode_attention_falls_back_where_shared_memory_is_short(device, monkey
     v = torch.randn(hkv, 768, d, generator=g).to(device, dt)
     q = torch.randn(hq, d, generator=g).to(device, dt)
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
-    config = triton_ops.DECODE_ATTN_CONFIGS[1]  # a split per SM, 3 stages
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, dt)
+    config = decode_attention.DECODE_ATTN_CONFIGS[1]  # a split per SM, 3 stages
+    attn = decode_attention.DecodeAttention(hq, hkv, d, device, dt)
     ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
     out = attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
     torch.testing.assert_close(
@@ -599,19 +608,19 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
     if device != "cuda":
         assert engine.info.decode_attention == {} and not engine.step.graphs
         return
-    buckets = triton_ops.depth_buckets(engine.model.max_ctx)
+    buckets = decode_attention.depth_buckets(engine.model.max_ctx)
     assert buckets == [1024, 1100]
     assert list(engine.info.decode_attention) == [f"<={b}" for b in buckets]
     timings = engine.step.tuned_us
     for upper, config in engine.step.plan:
         assert timings[upper][str(config)] == min(timings[upper].values())
-        assert set(timings[upper]) == {str(c) for c in triton_ops.decode_attention_candidates(device)}
+        assert set(timings[upper]) == {str(c) for c in decode_attention.decode_attention_candidates(device)}
     chosen = {config for _, config in engine.step.plan}
     assert set(engine.step.graphs) == {(mode, c) for mode in ("greedy", "sample") for c in chosen}
     # a reply that crosses from one bucket's graph into the other's (forced to differ) gives the same text as
     # the same steps without graphs
     step = engine.step
-    step.plan = [(1024, triton_ops.DECODE_ATTN_CONFIGS[0]), (1100, triton_ops.DECODE_ATTN_CONFIGS[1])]
+    step.plan = [(1024, decode_attention.DECODE_ATTN_CONFIGS[0]), (1100, decode_attention.DECODE_ATTN_CONFIGS[1])]
     step.graphs.clear()
     step.capture("greedy")  # its steps write into the cache: nothing cached counts
     engine.reset_cache()
@@ -639,7 +648,7 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
     the tuning times but nobody compiled ahead compiles on the warm-up's own thread on a first start)."""
     from model_loader.linears import Linears
 
-    big_k = triton_ops.GEMV_SPLIT_MIN_K
+    big_k = gemv.GEMV_SPLIT_MIN_K
     gate_up = torch.randn(2 * 24, 64)
     weights = {
         "layers": [
@@ -657,20 +666,20 @@ def test_dense_warm_up_compiles_and_times_the_same_gemv_candidates_per_use(monke
     assert torch.equal(weights["layers"][0]["gate_up_w"][0::2], gate_up[:24])
     compiled, timed = [], []
     monkeypatch.setattr(
-        triton_ops,
+        gemv,
         "gemv",
         lambda x, w, config, silu_output=False: compiled.append((tuple(w.shape), silu_output, config)),
     )
     linears.call_every_candidate(weights, torch.float32)
     expected = {
-        ((48, 64), False): triton_ops.GEMV_CONFIGS,
-        ((64, 32), False): triton_ops.GEMV_CONFIGS,
-        ((48, 64), True): triton_ops.GEMV_SILU_CONFIGS,
-        ((64, big_k), False): triton_ops.GEMV_CONFIGS + triton_ops.GEMV_SPLIT_CONFIGS,
+        ((48, 64), False): gemv.GEMV_CONFIGS,
+        ((64, 32), False): gemv.GEMV_CONFIGS,
+        ((48, 64), True): gemv.GEMV_SILU_CONFIGS,
+        ((64, big_k), False): gemv.GEMV_CONFIGS + gemv.GEMV_SPLIT_CONFIGS,
     }
     assert {use: tuple(c for s, si, c in compiled if (s, si) == use) for use in expected} == expected
     monkeypatch.setattr(
-        triton_ops,
+        gemv,
         "time_configs",
         lambda ws, configs, call: timed.append((tuple(ws[0].shape), tuple(configs))) or {None: 1.0},
     )
@@ -687,9 +696,9 @@ def test_decode_attention_leaves_out_the_shapes_a_gpu_refuses_for_certain():
     nothing pipelined) starts at the 64-token tiles; a GPU with room for it (the H200) or a device that doesn't
     say keeps the whole chain."""
     hq, hkv, d = 12, 2, 128
-    attn = triton_ops.DecodeAttention(hq, hkv, d, "cpu", torch.bfloat16)
-    config = attn.resolve(triton_ops.DECODE_ATTN_CONFIGS[1])  # a split per SM, 3 stages of 128-token tiles
-    full = [config, *triton_ops.decode_attention_fallbacks(config)]
+    attn = decode_attention.DecodeAttention(hq, hkv, d, "cpu", torch.bfloat16)
+    config = attn.resolve(decode_attention.DECODE_ATTN_CONFIGS[1])  # a split per SM, 3 stages of 128-token tiles
+    full = [config, *decode_attention.decode_attention_fallbacks(config)]
     assert attn.shared_limit is None and attn.candidates(config, 2) == full
     attn.shared_limit = 232_448  # the H200's
     assert attn.candidates(config, 2) == full
@@ -719,9 +728,9 @@ def test_decode_attention_on_a_99kb_gpu_runs_its_first_plausible_shape(device, m
     k, v = (torch.randn(hkv, 320, d, generator=g).to(device, torch.float16) for _ in range(2))
     q = torch.randn(hq, d, generator=g).to(device, torch.float16)
     pos_t = torch.tensor([length - 1], device=device, dtype=torch.int32)
-    attn = triton_ops.DecodeAttention(hq, hkv, d, device, torch.float16)
+    attn = decode_attention.DecodeAttention(hq, hkv, d, device, torch.float16)
     attn.shared_limit = 101_376
-    config = triton_ops.DECODE_ATTN_CONFIGS[1]
+    config = decode_attention.DECODE_ATTN_CONFIGS[1]
     out = attn(q, k, v, pos_t, length, 1 / math.sqrt(d), config=config)
     ref = reference.decode_attention(q.float(), k.float(), v.float(), pos_t, length, 1 / math.sqrt(d))
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from model_loader.kernels import triton_ops as T
+from model_loader.kernels import gemv, small_ops
 
 LAYERS = 28
 N, K = 17920, 1536
@@ -253,11 +253,11 @@ def main() -> None:
     configs = tuple(dict.fromkeys(SWIGLU_CONFIGS + (EXTRA_CONFIGS if args.configs == "all" else ())))
     for rows in (int(r) for r in args.rows.split(",")):
         x = torch.randn(rows, K, device=dev, dtype=torch.bfloat16, generator=g)
-        ref = T.silu_mul(F.linear(x, ws[0]), paired=True)
+        ref = small_ops.silu_mul(F.linear(x, ws[0]), paired=True)
         flops = 2 * rows * N * K
         for _ in range(2):  # twice: the spread between rounds is the machine's
-            base = T.time_configs(ws, [None], lambda w, c: T.silu_mul(F.linear(x, w), paired=True))[None]
-            gemm = T.time_configs(ws, [None], lambda w, c: F.linear(x, w))[None]
+            base = gemv.time_configs(ws, [None], lambda w, c: small_ops.silu_mul(F.linear(x, w), paired=True))[None]
+            gemm = gemv.time_configs(ws, [None], lambda w, c: F.linear(x, w))[None]
             print(
                 f"M={rows}: cuBLAS + SiLU·mul {base:.1f} us (GEMM alone {gemm:.1f} us, "
                 f"{flops / gemm / 1e6:.0f} TFLOP/s)",
@@ -265,7 +265,7 @@ def main() -> None:
             )
             for name in filter(None, args.variants.split(",")):
                 flags = VARIANTS[name]
-                times = T.time_configs(ws, configs, lambda w, c, f=flags: swiglu_variant(x, w, c, *f))
+                times = gemv.time_configs(ws, configs, lambda w, c, f=flags: swiglu_variant(x, w, c, *f))
                 for c, us in sorted(times.items(), key=lambda kv: kv[1])[:4]:
                     err = (swiglu_variant(x, ws[0], c, *flags).float() - ref.float()).abs().max().item()
                     print(
@@ -276,7 +276,7 @@ def main() -> None:
                 if len(times) < len(configs):
                     print(f"  ({name}: {len(configs) - len(times)} configs did not run)", flush=True)
             for tma in () if args.no_plain else (True, False):
-                times = T.time_configs(ws, configs, lambda w, c, tma=tma: gemm_swiglu(x, w, c, tma=tma))
+                times = gemv.time_configs(ws, configs, lambda w, c, tma=tma: gemm_swiglu(x, w, c, tma=tma))
                 for c, us in sorted(times.items(), key=lambda kv: kv[1])[:6]:
                     err = (gemm_swiglu(x, ws[0], c, tma=tma).float() - ref.float()).abs().max().item()
                     print(

@@ -31,7 +31,7 @@ def triton_works(device) -> bool:
     import torch
 
     try:
-        from model_loader.kernels import reference, triton_ops
+        from model_loader.kernels import reference, small_ops
 
         # 40 columns: a width no model has (theirs are multiples of 16), so this compile never shares its kernel
         # variant with one a first start is compiling ahead at the same time (model_loader.compile_ahead).
@@ -39,7 +39,7 @@ def triton_works(device) -> bool:
         w = torch.rand(40, device=device, dtype=torch.float32)
         # on the thread's current device Triton would launch (and compile) for cuda:0 whatever the tensors' GPU
         with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
-            got = triton_ops.rms_norm(x, w, 1e-6)
+            got = small_ops.rms_norm(x, w, 1e-6)
         ok = torch.allclose(got, reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4)
         if not ok:
             log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")

@@ -8,7 +8,7 @@ weights and walk the shape twin beside them (H200: 16 threads compiled ~5x faste
 How: while a CompilePool with workers is open, Triton's `jit_cache_hook` (which Triton calls before every
 compile, with the kernel's specialization in its own serialized form: signature, constexprs, attributes,
 options) sends that specialization to a worker process. The worker rebuilds the same source from our torch-free
-kernel modules (jit_ops, jit_int4: a worker starts in a fraction of a second) and compiles it into the same
+kernel modules (the jit_* modules: a worker starts in a fraction of a second) and compiles it into the same
 on-disk Triton cache. The pool thread Triton hands the compile to waits for the worker, then runs Triton's
 compile as before, which finds the cache entry and only loads it. So the result is exactly what a compile on the
 thread would give; anything that goes wrong on the process side (a worker that can't start, a kernel it can't
@@ -35,7 +35,15 @@ from contextlib import contextmanager
 log = logging.getLogger(__name__)
 
 # The only modules a worker imports kernels from: they import Triton and nothing else.
-WORKER_MODULES = ("model_loader.kernels.jit_ops", "model_loader.kernels.jit_int4", "model_loader.kernels.jit_sampler")
+WORKER_MODULES = (
+    "model_loader.kernels.jit_common",
+    "model_loader.kernels.jit_small_ops",
+    "model_loader.kernels.jit_decode_attention",
+    "model_loader.kernels.jit_prefill_attention",
+    "model_loader.kernels.jit_gemv",
+    "model_loader.kernels.jit_int4",
+    "model_loader.kernels.jit_sampler",
+)
 
 
 def enabled() -> bool:
@@ -119,7 +127,7 @@ def _warm_compiler(target: tuple) -> float | None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from model_loader.kernels import jit_ops
+    from model_loader.kernels import jit_small_ops
 
     t0 = time.perf_counter()
     shared = knobs.cache.dir
@@ -129,7 +137,7 @@ def _warm_compiler(target: tuple) -> float | None:
             try:
                 triton.compile(
                     ASTSource(
-                        jit_ops._add_rms_norm_kernel,
+                        jit_small_ops._add_rms_norm_kernel,
                         {
                             "x_ptr": "*bf16",
                             "res_ptr": "*bf16",

@@ -30,8 +30,9 @@ import triton
 from model_loader.awq import RowPackedInt4
 from model_loader.kernels.jit_int4 import _int4_dequantize_kernel, _int4_gemv_kernel, _int4pack_dequantize_kernel
 from model_loader.kernels.precompile import launch
-from model_loader.kernels import triton_ops
-from model_loader.kernels.triton_ops import MAX_ROW_BLOCKS, pdl_launch_args, split_counters, time_configs
+from model_loader.kernels import gemv
+from model_loader.kernels.features import pdl_launch_args
+from model_loader.kernels.gemv import MAX_ROW_BLOCKS, split_counters, time_configs
 
 # The bits of 16.0f and 256.0f, passed to the GEMV as run-time arguments: with two constants,
 # (q & mask) | bits compiles to two logic ops; with one in a register, ptxas makes it one three-input LOP3.
@@ -125,7 +126,7 @@ def int4_gemv(
         CHUNKS=chunks,
         EVEN=blocks % (nb * chunks) == 0 and n % block_n == 0,
         SILU_OUTPUT=silu_output,
-        W_EVICT=triton_ops.GEMV_WEIGHT_EVICTION,
+        W_EVICT=gemv.GEMV_WEIGHT_EVICTION,
         num_warps=warps,
         **pdl_launch_args(x.device),
         **({"maxnreg": maxnreg} if maxnreg else {}),
@@ -191,7 +192,7 @@ def int4pack_dequantize_matches(w, scratch: torch.Tensor, reference_linear) -> b
 
 def int4_gemv_autotune(weights_by_use: dict, dtype, configs=None) -> dict:
     """weights_by_use: {(shape, silu_output): [RowPackedInt4, ...]}. For each, the fastest GEMV config on this
-    GPU (triton_ops.time_configs) among `configs` (default: int4_gemv_candidates for the use), timed on the call
+    GPU (gemv.time_configs) among `configs` (default: int4_gemv_candidates for the use), timed on the call
     the decoder makes. Returns {"choice": {(shape, silu_output): config}, "timings_us": {(shape, silu_output):
     {config: us}}}."""
     choice, timings = {}, {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from model_loader.kernels.jit_ops import _finish_rows
+from model_loader.kernels.jit_gemv import _finish_rows
 
 
 MAGIC = tl.constexpr(8388608.0)  # 2**23: the float whose mantissa holds a small int exactly
@@ -31,7 +31,7 @@ def _int4_load_blocks(
     W_EVICT: tl.constexpr = "",
 ):
     # The [NB, BLOCK_N, IB] packed ints of blocks blk for these rows, and each (block, row)'s scale and zero.
-    # W_EVICT: their L2 policy (as the dense GEMV's, jit_ops._gemv_kernel).
+    # W_EVICT: their L2 policy (as the dense GEMV's, jit_gemv._gemv_kernel).
     w_ptrs = qw_ptr + rows[None, :, None] * KP + (blk * IB)[:, None, None] + i[None, None, :]
     sz_ptrs = rows[None, :] * GROUPS + ((blk * 8 * IB) // GROUP)[:, None]
     if EVEN:
@@ -136,7 +136,7 @@ def _int4_gemv_kernel(
     # requests its weights, scales and zeros (never written by anyone) at once and waits for the previous
     # kernel only before reading x, so their DRAM latency overlaps the previous kernel's tail. It also lets
     # the next kernel start early. Nothing is written before the wait. W_EVICT: the weights' L2 policy
-    # (triton_ops.GEMV_WEIGHT_EVICTION).
+    # (gemv.GEMV_WEIGHT_EVICTION).
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

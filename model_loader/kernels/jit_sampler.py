@@ -1,5 +1,5 @@
-"""The fused sampler's Triton kernels (host side: kernels/fused_sampler.py). Like jit_ops, this module imports
-Triton and nothing else, so a first start's compile workers can load it fast.
+"""The fused sampler's Triton kernels (host side: kernels/fused_sampler.py). Like the other jit_*
+modules, this module imports Triton and nothing else, so a first start's compile workers can load it fast.
 
 Top-k, then top-p, then a draw, over 16-bit logits (the decode step's own dtype), without sorting the vocabulary:
 the boundary of the kept set is found by a radix select on the logits' bits, two bytes, high then low. Each

@@ -1,7 +1,8 @@
 """Plain PyTorch versions of the fused kernels: the CPU path, the fallback where Triton can't run,
-and the reference the Triton kernels are tested against. Shapes match triton_ops exactly.
+and the reference the Triton kernels are tested against. Shapes match the Triton wrappers exactly (small_ops,
+decode_attention, prefill_attention).
 
-Positions come in as host ints here (no CUDA graph on this path); triton_ops reads them on the device.
+Positions come in as host ints here (no CUDA graph on this path); the Triton kernels read them on the device.
 """
 
 from __future__ import annotations
