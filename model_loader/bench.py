@@ -175,6 +175,7 @@ def bench_one(
     dtype,
     int4_kernel: str | None = None,
     kv_cache: str = KV_16BIT,
+    use_cuda_graphs: bool | None = None,
 ) -> tuple[Engine, dict, list[int], list[int]]:
     """Load + warm up (timed: time to ready) and the timed runs, for one model folder."""
     if torch.cuda.is_available():
@@ -188,6 +189,7 @@ def bench_one(
         dtype=dtype,
         int4_kernel=int4_kernel,
         kv_cache=kv_cache,
+        use_cuda_graphs=use_cuda_graphs,
     )
     t_load = time.perf_counter() - t0
     engine.warm_up()
@@ -241,9 +243,21 @@ def run_bench(
     awq: str | None = None,
     int4_kernel: str | None = None,
     kv_cache: str = KV_16BIT,
+    use_cuda_graphs: bool | None = None,
 ) -> dict:
     engine, result, prompt, token_ids = bench_one(
-        model, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton, dtype, int4_kernel, kv_cache
+        model,
+        prompt_tokens,
+        new_tokens,
+        runs,
+        device,
+        context,
+        temperature,
+        use_triton,
+        dtype,
+        int4_kernel,
+        kv_cache,
+        use_cuda_graphs,
     )
     if compare == "hf":
         hf = compare_hf(engine, prompt, new_tokens, runs, token_ids)
@@ -258,7 +272,18 @@ def run_bench(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         engine, q, _, _ = bench_one(
-            awq, prompt_tokens, new_tokens, runs, device, context, temperature, use_triton, None, int4_kernel, kv_cache
+            awq,
+            prompt_tokens,
+            new_tokens,
+            runs,
+            device,
+            context,
+            temperature,
+            use_triton,
+            None,
+            int4_kernel,
+            kv_cache,
+            use_cuda_graphs,
         )
         q["decode_speedup_vs_dense"] = q["decode_tok_s_p50"] / result["decode_tok_s_p50"]
         q["weights_ratio_vs_dense"] = q["weights_gib"] / result["weights_gib"]

@@ -393,6 +393,7 @@ def cmd_bench(args) -> int:
         use_triton=False if args.no_triton else None,
         int4_kernel=args.int4_kernel,
         kv_cache=args.kv_cache,
+        use_cuda_graphs=False if args.no_cuda_graphs else None,
     )
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0
@@ -633,7 +634,12 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
         help="also bench this AWQ folder (the same model quantized) "
         "and report its speed and memory relative to --model",
     )
-    bench.add_argument("--no-triton", action="store_true", help="plain PyTorch ops, no CUDA graphs (for comparison)")
+    bench.add_argument(
+        "--no-triton",
+        action="store_true",
+        help="plain PyTorch ops (still in CUDA graphs): what a machine gets that can't build or load Triton's kernels",
+    )
+    bench.add_argument("--no-cuda-graphs", action="store_true", help="every op launched from Python (for comparison)")
     bench.add_argument(
         "--depths",
         type=_depths,

@@ -46,9 +46,18 @@ class DecodeStep:
         logits = self.model.decode(self.token, self.pos, pos, float_logits=False)  # no fp32 copy of 152k logits
         if mode == "logits":
             return logits
-        nxt = greedy(logits) if mode == "greedy" else sample(logits, self.params, self.generator)
+        nxt = greedy(logits) if mode == "greedy" else self.sample(logits)
         self.forced.commit(nxt, self.token, self.pos)  # token <- nxt or a forced token; pos += 1
         return logits
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """The sampled next token [1]: the fused sampler only where the model runs Triton's kernels."""
+        return sample(logits, self.params, self.generator, fused=self.model.use_triton)
+
+    def use_spans(self, spans: list[int]) -> None:
+        """Without Triton: one graph per span of the cache the decode attention reads (torch_graph_ops), each
+        serving the depths up to it; nothing to tune."""
+        self.plan = [(span, span) for span in spans]
 
     def commit(self, nxt: torch.Tensor) -> None:
         """After a "logits" step: the chosen token [1] (or a forced one) becomes the next step's input."""
@@ -142,8 +151,9 @@ class PrefillGraphs:
     512-token prefill is one replay instead of ~450 launches from Python, which made time to first token depend
     on the host CPU. Two graphs per bucket: fresh prompts (SDPA's causal flash attention) and prompts after a
     cached prefix (follow-up turns, the stop-thinking injection, regenerate), whose prefix length is a device
-    input read by our Triton attention, so one graph serves any prefix. All are captured at warm-up (nothing is
-    compiled or captured after "ready") and share one memory pool (they never run at once)."""
+    input read by our Triton attention, so one graph serves any prefix; without Triton only the fresh ones (a
+    follow-up prefills eagerly). All are captured at warm-up (nothing is compiled or captured after "ready") and
+    share one memory pool (they never run at once)."""
 
     BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
 
@@ -171,7 +181,7 @@ class PrefillGraphs:
         return next((b for b in self.buckets if b >= n and start + b <= self.model.max_ctx), None)
 
     def capture(self, bucket: int) -> None:
-        for fresh in (True, False):
+        for fresh in (True, False) if self.model.use_triton else (True,):
             key = (fresh, bucket)
             if key in self.graphs:
                 continue

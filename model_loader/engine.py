@@ -35,11 +35,11 @@ from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError, 
 from model_loader.forced_tokens import RING, ClosePush
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
-from model_loader.kernels import precompile
+from model_loader.kernels import precompile, torch_graph_ops
 from model_loader.locate import ModelFolder
 from model_loader.qwen2 import Qwen2Model
 from model_loader.logits_processing import LogitsPipeline
-from model_loader.sampling import SamplerParams, greedy, sample
+from model_loader.sampling import SamplerParams, greedy
 from model_loader.stats import decode_context, memory_stats
 from model_loader.device import use_device
 from model_loader.decode_graphs import DecodeStep, PrefillGraphs
@@ -162,7 +162,7 @@ class Engine:
         use_device(self.model.device)
         graphs = self.info.cuda_graphs
         buckets = sorted(self.prefill_graphs.buckets, reverse=True) if self.prefill_graphs is not None else []
-        total = 2 + (2 if graphs else 0) + 2 + len(buckets)
+        total = 2 + (2 if graphs and self.model.use_triton else 0) + 2 + len(buckets)
         done = 0
 
         def step(what: str) -> None:
@@ -229,7 +229,9 @@ class Engine:
                 ids = self._warm_up_ids()
                 self._check_finite(self.model.prefill(ids, 0))
                 self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse path too
-            if graphs:  # before any capture: the graphs record whichever kernels win
+            if graphs and not self.model.use_triton:  # plain PyTorch ops: a graph per span, nothing to tune
+                self.step.use_spans(torch_graph_ops.decode_spans(self.model.max_ctx))
+            elif graphs:  # before any capture: the graphs record whichever kernels win
                 step("timing the matrix-vector kernels")
                 tuned = self.model.tune_gemv()
                 self.info.gemv = dict(tuned["choice"])
@@ -507,11 +509,7 @@ class Engine:
                 first = pipeline.choose(logits, host_gen)
                 pipeline.observe(first)
             else:
-                first = (
-                    greedy(logits)
-                    if mode == "greedy"
-                    else sample(logits.to(self.model.dtype), self.params, self.step.generator)
-                )
+                first = greedy(logits) if mode == "greedy" else self.step.sample(logits.to(self.model.dtype))
         yield Started(prompt_tokens=n_prompt, prefix_reused_tokens=reused, context_length=ctx)
         first_id = int(first.item())
         yield from emit(first_id)

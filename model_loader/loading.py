@@ -146,7 +146,8 @@ def load_model(
         int4 = choose_int4_layout(dev, torch_dtype, triton_ok, int4_kernel) if cfg.awq else None
         # 4-bit users are saving VRAM: keep their embedding table in host memory (see host_mapped_alias)
         on_host = cfg.awq is not None if embed_on_host is None else embed_on_host
-        graphs = triton_ok and dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
+        # CUDA graphs with Triton's kernels or, where it can't run, with plain PyTorch ops (torch_graph_ops)
+        graphs = dev.type == "cuda" and (use_cuda_graphs is None or use_cuda_graphs)
         if check_thread is not None:  # a first start compiles its kernels while the weights load
             ahead = _compile_beside_load(folder, dev, torch_dtype, int4, ctx, graphs, on_host, kv_cache)
             if ahead is not None and on_compiling is not None:
@@ -159,7 +160,7 @@ def load_model(
             if not triton_check.get("ok"):  # once more now that the load is done (it may have run short of memory)
                 triton_check["ok"] = triton_works(dev)
             if not triton_check.get("ok"):  # triton_works logged why
-                triton_ok = graphs = False
+                triton_ok = False
                 if ahead is not None:  # its kernels will not be used
                     ahead.abandon()
                     ahead = None

@@ -2,8 +2,9 @@
 
 Weights come fused from weights.load_weights (QKV with bias, gate/up). Two entry points:
   prefill(tokens, start)      -> logits; writes positions start..start+T-1 of the cache (chunked, SDPA)
-  decode(token_t, pos_t, pos) -> logits for one token; capturable in a CUDA graph on the Triton path
-The small ops come from kernels.small_ops on CUDA (fused) or kernels.reference (CPU / fallback).
+  decode(token_t, pos_t, pos) -> logits for one token; capturable in a CUDA graph on a GPU
+The small ops come from kernels.small_ops on CUDA (fused), kernels.torch_graph_ops on a GPU without Triton
+(plain PyTorch, positions read on the device so that graphs can be captured) or kernels.reference (the CPU).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from model_loader.awq import Int4Weight, RowPackedInt4
 from model_loader.config import Qwen2Config
-from model_loader.kernels import reference
+from model_loader.kernels import reference, torch_graph_ops
 from model_loader.kv_cache import KV_8BIT, KV_16BIT, value_cache
 from model_loader.linears import Linears
 
@@ -30,7 +31,15 @@ class Qwen2Model:
     PREFILL_CHUNK = 2048  # bounds activation memory for long prompts
 
     def __init__(
-        self, cfg: Qwen2Config, weights: dict, device, dtype, max_ctx: int, use_triton: bool, kv_cache: str = KV_16BIT
+        self,
+        cfg: Qwen2Config,
+        weights: dict,
+        device,
+        dtype,
+        max_ctx: int,
+        use_triton: bool,
+        kv_cache: str = KV_16BIT,
+        positions_on_device: bool | None = None,
     ):
         self.cfg, self.w, self.device, self.dtype, self.max_ctx = cfg, weights, torch.device(device), dtype, max_ctx
         self.scale = cfg.head_dim**-0.5
@@ -46,6 +55,12 @@ class Qwen2Model:
             self.k_scale = torch.zeros(cache_shape[:-1], device=device, dtype=torch.float32)
             self.v_scale = torch.zeros(cache_shape[:-1], device=device, dtype=torch.float32)
         self.use_triton = use_triton
+        # Plain PyTorch ops that read positions on the device: a GPU without Triton captures its graphs with them
+        # (None: on a GPU; the tests turn them on for the CPU).
+        if positions_on_device is None:
+            positions_on_device = self.device.type == "cuda" and not use_triton
+        self.positions_on_device = positions_on_device and not use_triton
+        self.decode_span: int | None = None  # torch_graph_ops: the cache span the decode attention reads
         # The last layer works on the last token's row only (_layers). A compile walk over a one-layer shape twin
         # turns it off: that layer must stand for all the others, whose prefill attention it would otherwise skip
         # (compile_ahead walks the row path on its own).
@@ -71,7 +86,7 @@ class Qwen2Model:
                 max_tokens=min(max_ctx, self.PREFILL_CHUNK),
             )
         else:
-            self.ops = reference
+            self.ops = torch_graph_ops if self.positions_on_device else reference
             self.decode_attention = reference.decode_attention
 
     def tune_gemv(self) -> dict:
@@ -84,6 +99,8 @@ class Qwen2Model:
             from model_loader.kernels.decode_attention import DECODE_ATTN_CONFIGS
 
             self.decode_attention.config = config or DECODE_ATTN_CONFIGS[0]
+        elif self.positions_on_device:  # a span of the cache (torch_graph_ops.decode_spans); None: the context
+            self.decode_span = config
 
     def decode_attention_candidates(self) -> tuple:
         """The decode attention configurations the warm-up times for this model: its GPU, its GEMVs (4-bit or
@@ -187,11 +204,11 @@ class Qwen2Model:
         x, _ = ops.add_rms_norm(h, residual, self.w["norm"], eps)
         return x
 
-    def _row_attention(self, pos_t: torch.Tensor, length: int | None):
+    def _row_attention(self, pos_t: torch.Tensor, length: int | None, span: int | None = None):
         """attend_rows for _layers: one query row at position pos_t (a [1] int32 device tensor; length = pos + 1
         on the host where known, read by the reference path only) through the decode attention. On the Triton
         path with the configuration that splits by SM, whatever the depth (the prefill graphs serve every prefix
-        length)."""
+        length); with positions on the device and no length, over the cache's first `span` positions."""
 
         def attend_rows(q: torch.Tensor, layer: int) -> torch.Tensor:
             if self.use_triton:
@@ -206,7 +223,11 @@ class Qwen2Model:
                     config=config,
                     scales=self.cache_scales(layer),
                 )
-            else:  # the reference path is never captured in a graph: reading the position here costs nothing
+            elif length is None and self.positions_on_device:  # a fresh prefill's graph: its bucket is the span
+                out = torch_graph_ops.decode_attention_span(
+                    q[0], self.k_cache[layer], self.v_cache[layer], pos_t, span, self.scale, self.cache_scales(layer)
+                )
+            else:  # eager: reading the position here costs nothing
                 n = length if length is not None else int(pos_t.item()) + 1
                 out = self.decode_attention(
                     q[0],
@@ -297,7 +318,8 @@ class Qwen2Model:
         attend = self._prefill_attention(0 if fresh else None, tokens.numel(), start_t)
         # only the last real row goes through the last layer's attention and MLP, the final norm and the LM head
         row_pos_t = (start_t + last_t).to(torch.int32)
-        x = self._layers(h, start_t, 0, attend, rows=last_t, attend_rows=self._row_attention(row_pos_t, None))
+        attend_rows = self._row_attention(row_pos_t, None, span=tokens.numel() if fresh else None)
+        x = self._layers(h, start_t, 0, attend, rows=last_t, attend_rows=attend_rows)
         return F.linear(x, self.w["lm_head"]).float()
 
     def decode(self, token_t: torch.Tensor, pos_t: torch.Tensor, pos: int, float_logits: bool = True) -> torch.Tensor:
@@ -306,16 +328,14 @@ class Qwen2Model:
         model's dtype with float_logits=False (what the decode step's greedy and sampled choices take)."""
         h = F.embedding(token_t, self.w["embed"])
 
+        span = self.decode_span if self.positions_on_device else None
+
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            out = self.decode_attention(
-                q[0],
-                self.k_cache[layer],
-                self.v_cache[layer],
-                pos_t,
-                pos + 1,
-                self.scale,
-                scales=self.cache_scales(layer),
-            )
+            k, v, scales = self.k_cache[layer], self.v_cache[layer], self.cache_scales(layer)
+            if span is not None:  # graph-safe: the position is read on the device
+                out = torch_graph_ops.decode_attention_span(q[0], k, v, pos_t, span, self.scale, scales)
+            else:
+                out = self.decode_attention(q[0], k, v, pos_t, pos + 1, self.scale, scales=scales)
             return out.reshape(1, -1)
 
         x = self._layers(h, pos_t, pos, attend)

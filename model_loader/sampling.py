@@ -52,12 +52,16 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
-def sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token: the fused sampler for 16-bit logits on a GPU (where Triton is installed), else sort_sample.
+def sample(
+    logits: torch.Tensor, params: SamplerParams, generator: torch.Generator | None = None, fused: bool = True
+) -> torch.Tensor:
+    """The next token: the fused sampler for 16-bit logits on a GPU (where Triton is installed and `fused`: the
+    model runs Triton's kernels, which a machine without a C compiler can't build), else sort_sample.
     R1DESK_TORCH_SAMPLER=1 keeps the sort-based sampler everywhere (to compare the two)."""
     fused = (
         _fused_sampler()
-        if logits.is_cuda
+        if fused
+        and logits.is_cuda
         and logits.dtype in (torch.bfloat16, torch.float16)
         and os.environ.get("R1DESK_TORCH_SAMPLER") != "1"
         else None
