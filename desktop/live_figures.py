@@ -32,6 +32,19 @@ def kernel_choices_text(info: dict) -> str:
     return "\n".join(lines) or "Fused Triton kernels (tuned only where CUDA graphs run)."
 
 
+def slow_kernels_notice(info: dict) -> str | None:
+    """What a GPU running without r1desk's Triton kernels loses and how to get them back (the engine's
+    kernels_note says why and what to do), or None where they run, or on the CPU or a server."""
+    if info.get("kernels") == "triton" or not str(info.get("device", "")).startswith("cuda"):
+        return None
+    why = info.get("kernels_note") or "they could not be used on this GPU."
+    graphs = " (in CUDA graphs)" if info.get("cuda_graphs") else ""
+    return (
+        f"Fast kernels off: replies run on plain PyTorch operations{graphs}, several times slower to decode than "
+        f"with r1desk's kernels. Why: {why}"
+    )
+
+
 class LiveReply:
     """Timings of the reply in flight, from what the GUI receives."""
 

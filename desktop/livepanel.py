@@ -24,7 +24,14 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QListWidget, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from desktop.gpu_monitor import NO_GPU_LIVE, GpuMonitor
-from desktop.live_figures import LiveReply, gib, kernel_choices_text, memory_read, ttft_breakdown
+from desktop.live_figures import (
+    LiveReply,
+    gib,
+    kernel_choices_text,
+    memory_read,
+    slow_kernels_notice,
+    ttft_breakdown,
+)
 from model_loader.events import GenerationStats, Started  # plain dataclasses: no torch
 from model_loader.gpu_clocks import GpuClocks, steady  # pure Python, like the next
 from model_loader.stats import (  # pure Python: importing it does not import torch
@@ -207,6 +214,12 @@ class LivePanel(QScrollArea):
                 self.device_label.setWordWrap(True)
                 self.device_label.setAccessibleName("Device")
                 lay.insertWidget(lay.count() - 1, self.device_label)
+                self.kernels_notice = QLabel()  # shown where the GPU runs without r1desk's kernels
+                self.kernels_notice.setProperty("role", "notice")
+                self.kernels_notice.setWordWrap(True)
+                self.kernels_notice.setTextInteractionFlags(Qt.TextSelectableByMouse)
+                self.kernels_notice.hide()
+                lay.insertWidget(lay.count() - 1, self.kernels_notice)
                 self.membar = MemoryBar()
                 lay.insertWidget(lay.count() - 1, self.membar)
                 self.legend = QLabel()
@@ -353,6 +366,7 @@ class LivePanel(QScrollArea):
         self.memory = None
         self.device_label.setText("No model loaded")
         self.device_label.setToolTip("")
+        self.kernels_notice.hide()
         for key in ("weights", "kv", "other"):
             self.values[key].setText("—")
         self.refresh()
@@ -361,6 +375,9 @@ class LivePanel(QScrollArea):
         self.server_figures = None  # a server's figures come from its watch, after this
         self.info = info
         self.memory = info.get("memory")
+        notice = slow_kernels_notice(info)
+        self.kernels_notice.setText(notice or "")
+        self.kernels_notice.setVisible(notice is not None)
         if info.get("device") == "remote":  # its memory and GPU are the server's: nothing here measures them
             for key in ("weights", "kv", "other", "free", "util"):
                 self.values[key].setText("on the server")
@@ -374,15 +391,6 @@ class LivePanel(QScrollArea):
     def start_reply(self) -> LiveReply:
         self.reply = LiveReply()
         return self.reply
-
-    def on_started(self, started: Started) -> None:
-        if self.reply is not None:
-            self.reply.on_started(started)
-            self.refresh()  # show context use now, not at the next tick
-
-    def on_delta(self, kind: str, token_count: int = 0) -> None:
-        if self.reply is not None:
-            self.reply.on_delta(kind, token_count)
 
     def finish_reply(self, stats: GenerationStats | None, reply: LiveReply | None = None) -> None:
         """A reply ended (stats None: it failed); `reply`: which one (default: the one shown)."""

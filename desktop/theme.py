@@ -135,6 +135,8 @@ def stylesheet(t: Theme, font_pt: int) -> str:
     #LivePanel QLabel[role="section"] {{ color: {t.muted}; font-weight: 600; margin-top: 8px; }}
     #LivePanel QLabel[role="value"] {{ color: {t.text}; }}
     #LivePanel QLabel[role="key"] {{ color: {t.muted}; }}
+    #LivePanel QLabel[role="notice"] {{
+        color: {t.text}; background: {t.warning_bg}; border-radius: 6px; padding: 6px; }}
     #TopBar {{ background: {t.window}; border-bottom: 1px solid {t.border}; }}
     #TopBar QLabel#ChatTitle {{ font-weight: 600; }}
     #ChatArea, #ChatArea > QWidget > QWidget, #ChatPage, #Welcome {{ background: {t.base}; }}

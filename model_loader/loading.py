@@ -18,7 +18,7 @@ from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
 from model_loader.decode_graphs import PrefillGraphs
 from model_loader.device import pick_device, pick_dtype, use_device
 from model_loader.errors import ModelError, OutOfMemoryError
-from model_loader.kernels import reference, triton_available, triton_works
+from model_loader.kernels import reference, triton_problem, triton_unavailable
 from model_loader.kv_cache import KV_16BIT, check_kv_cache, unsupported_reason
 from model_loader.locate import ModelFolder, resolve_model
 from model_loader.qwen2 import Qwen2Model
@@ -62,6 +62,7 @@ class EngineInfo:
     vocab_size: int = 0  # rows of the embedding: token ids a request may name (logit_bias) are below it
     tools: bool = False  # the chat template renders tool definitions (model_loader.tool_calls)
     fim: bool = False  # the tokenizer has fill-in-the-middle tokens (completions' suffix)
+    kernels_note: str | None = None  # kernels "pytorch": why, and how to get Triton's kernels back
 
 
 @dataclass
@@ -107,9 +108,9 @@ def load_model(
     # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
     # fused kernels end to end without a GPU.
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    triton_ok = (
-        triton_available(dev) if use_triton is None else (use_triton and (triton_available(dev) or interpreting))
-    )
+    # why Triton's kernels don't run, and what would bring them back (the live panel says it on a GPU)
+    kernels_note = "turned off for this run (--no-triton)." if use_triton is False else triton_unavailable(dev)
+    triton_ok = kernels_note is None if use_triton is None else (use_triton and (kernels_note is None or interpreting))
     # Whether Triton really works here (it compiles a C launcher and a kernel: a first start spends ~0.8 s on
     # it) is checked on a helper thread while the weights load; the choices made before the answer are
     # undone below if it says no.
@@ -117,7 +118,7 @@ def load_model(
     check_thread = None
     if triton_ok and dev.type == "cuda":
         check_thread = threading.Thread(
-            target=lambda: triton_check.update(ok=triton_works(dev)), name="r1desk-triton-check", daemon=True
+            target=lambda: triton_check.update(problem=triton_problem(dev)), name="r1desk-triton-check", daemon=True
         )
     breakdown: dict[str, float] = {}
     # The tokenizer (importing transformers is most of it) loads on a helper thread while the weights copy.
@@ -157,9 +158,12 @@ def load_model(
         )
         if check_thread is not None:
             check_thread.join()
-            if not triton_check.get("ok"):  # once more now that the load is done (it may have run short of memory)
-                triton_check["ok"] = triton_works(dev)
-            if not triton_check.get("ok"):  # triton_works logged why
+            # a check that failed (or never ran) is tried once more now the load is done: it may have run short of
+            # memory beside it
+            if triton_check.get("problem", "") is not None:
+                triton_check["problem"] = triton_problem(dev)
+            kernels_note = triton_check["problem"]  # and logged
+            if kernels_note is not None:
                 triton_ok = False
                 if ahead is not None:  # its kernels will not be used
                     ahead.abandon()
@@ -232,6 +236,7 @@ def load_model(
             context_length=ctx,
             context_auto=auto,
             kernels="triton" if triton_ok else "pytorch",
+            kernels_note=None if triton_ok else kernels_note,
             cuda_graphs=graphs,
             reasons=chat.reasons,
             quantization=quantization_label(cfg, int4, torch_dtype, model.linear.int4pack_prefill),

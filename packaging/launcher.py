@@ -28,7 +28,7 @@ def prepare_frozen_environment() -> None:
 
     os.environ["MPLCONFIGDIR"] = os.path.join(user_cache_dir("r1desk", appauthor=False), "matplotlib")
     if sys.platform.startswith("linux") and not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
-        os.environ.setdefault("R1DESK_NO_TRITON", "1")
+        os.environ.setdefault("R1DESK_NO_TRITON", "no-compiler")  # model_loader.kernels.NO_COMPILER
 
 
 def make_application():

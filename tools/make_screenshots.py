@@ -76,6 +76,7 @@ def main(out: str, only: str | None = None) -> None:
             "batch": batch_shot,
             "vote": vote_shots,
             "remote": remote_shots,
+            "no-triton": no_triton_shot,
         }[only](out_dir, tmp)
         return
     for theme in ("light", "dark"):
@@ -121,6 +122,27 @@ def main(out: str, only: str | None = None) -> None:
     unsupported_gpu_shot(out_dir, tmp)
     gpu_choice_shot(out_dir, tmp)
     live_clock_shot(out_dir, tmp)
+    no_triton_shot(out_dir, tmp)
+
+
+def no_triton_shot(out_dir: Path, tmp: Path) -> None:
+    """The live panel of a laptop GPU on which r1desk's Triton kernels can't be built (the bundle's launcher found
+    no C compiler): the notice that says what the user loses and how to get the kernels back."""
+    from tests.desktop.fakes import FakeInfo
+
+    from model_loader.kernels import COMPILER_HINT
+
+    note = f"no C compiler was found, which Triton needs to build its kernels' launchers. {COMPILER_HINT}"
+    engine = FakeEngine(token_s=0.01, info=FakeInfo(kernels="pytorch", kernels_note=note))
+    (tmp / "no-triton").mkdir(exist_ok=True)
+    win = make_window("light", tmp / "no-triton", engine)
+    win.start_engine()
+    wait_until(lambda: win.engine_state == "ready")
+    win.send("What is 1 + 2?")
+    wait_until(lambda: win.stream is None, 60000)
+    win.live.refresh()
+    shoot(win.live, out_dir / "screenshot-live-no-triton.png")
+    win.close()
 
 
 def live_clock_shot(out_dir: Path, tmp: Path) -> None:
@@ -129,7 +151,7 @@ def live_clock_shot(out_dir: Path, tmp: Path) -> None:
     import types
     from types import SimpleNamespace
 
-    from fakes import FakeInfo
+    from tests.desktop.fakes import FakeInfo
 
     nvml = types.ModuleType("pynvml")
     nvml.NVML_CLOCK_SM = 1
@@ -382,7 +404,7 @@ def vote_shots(out_dir: Path, tmp: Path) -> None:
             self.answer = ANSWER.replace("\\boxed{10000}", "\\boxed{9999}") if slip else ANSWER
             yield from super().generate(messages, settings, control)
 
-    from fakes import ANSWER
+    from tests.desktop.fakes import ANSWER
 
     engine = Slipping(token_s=0.0005)
     (tmp / "vote").mkdir(exist_ok=True)
@@ -467,7 +489,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Regenerate docs/screenshot-*.png")
     parser.add_argument("out", nargs="?", default="docs")
     parser.add_argument(
-        "--only", choices=["live-clock", "gpus", "api", "batch", "vote", "remote"], help="make these shots alone"
+        "--only",
+        choices=["live-clock", "gpus", "api", "batch", "vote", "remote", "no-triton"],
+        help="make these shots alone",
     )
     cli = parser.parse_args()
     main(cli.out, cli.only)

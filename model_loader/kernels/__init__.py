@@ -8,26 +8,49 @@ import logging
 log = logging.getLogger(__name__)
 
 
-def triton_available(device) -> bool:
+# R1DESK_NO_TRITON's value where the bundle's launcher set it (packaging/launcher.py: no C compiler found)
+NO_COMPILER = "no-compiler"
+COMPILER_HINT = (
+    "Install a C compiler (Ubuntu, Debian: sudo apt install gcc; Fedora: sudo dnf install gcc) and start r1desk again."
+)
+
+
+def triton_unavailable(device) -> str | None:
+    """Why r1desk's Triton kernels won't be tried on `device`, with what would bring them back (for the live
+    panel), or None where they may (triton_works then checks that they run)."""
     import os
+    import sys
 
     import torch
 
-    if os.environ.get("R1DESK_NO_TRITON"):
-        return False
     if torch.device(device).type != "cuda":
-        return False
+        return "not on a GPU."
+    switch = os.environ.get("R1DESK_NO_TRITON")
+    if switch == NO_COMPILER:
+        return f"no C compiler was found, which Triton needs to build its kernels' launchers. {COMPILER_HINT}"
+    if switch:
+        return "R1DESK_NO_TRITON is set. Start r1desk without it."
     try:
         import triton  # noqa: F401
-    except Exception:  # not installed (Windows without triton-windows), or a broken install
-        return False
-    return True
+    except Exception as err:  # not installed (Windows without triton-windows), or a broken install
+        package = "triton-windows" if sys.platform == "win32" else "triton"
+        return f"Triton could not be imported ({type(err).__name__}). Install it (pip install {package})."
+    return None
+
+
+def triton_available(device) -> bool:
+    return triton_unavailable(device) is None
 
 
 def triton_works(device) -> bool:
-    """Run one small fused kernel and compare it with the reference. Triton compiles a C launcher on first use
-    (it needs a C compiler and Python's headers) and JIT-compiles for this GPU: if any of that fails on the
-    user's machine, r1desk falls back to plain PyTorch ops instead of failing to start."""
+    return triton_problem(device) is None
+
+
+def triton_problem(device) -> str | None:
+    """Run one small fused kernel and compare it with the reference: None where it works, else what went wrong
+    and what to do (as triton_unavailable). Triton compiles a C launcher on first use (it needs a C compiler and
+    Python's headers) and JIT-compiles for this GPU: if any of that fails on the user's machine, r1desk falls
+    back to plain PyTorch ops instead of failing to start."""
     import torch
 
     try:
@@ -40,14 +63,14 @@ def triton_works(device) -> bool:
         # on the thread's current device Triton would launch (and compile) for cuda:0 whatever the tensors' GPU
         with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
             got = small_ops.rms_norm(x, w, 1e-6)
-        ok = torch.allclose(got, reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4)
-        if not ok:
-            log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")
-        return bool(ok)
+        if torch.allclose(got, reference.rms_norm(x, w, 1e-6), atol=1e-4, rtol=1e-4):
+            return None
+        log.warning("Triton self-check gave wrong results; using plain PyTorch kernels")
+        return "a test of r1desk's kernels on this GPU gave wrong results (the log has the details)."
     except Exception as err:  # no C compiler, no Python headers, an unsupported GPU, a broken install
-        log.warning(
-            "Triton is unusable here (%s: %s); using plain PyTorch kernels",
-            type(err).__name__,
-            str(err).splitlines()[0] if str(err) else "",
-        )
-        return False
+        first = str(err).splitlines()[0] if str(err) else ""
+        log.warning("Triton is unusable here (%s: %s); using plain PyTorch kernels", type(err).__name__, first)
+        text = f"{type(err).__name__}: {first}"
+        if any(word in text.lower() for word in ("compiler", "gcc", "clang", "cc ", "python.h")):
+            return f"Triton could not build its kernels ({text[:160]}). {COMPILER_HINT}"
+        return f"Triton could not run on this GPU ({text[:160]})."

@@ -73,6 +73,7 @@ class FakeInfo:
     decode_weight_bytes: int = int(FAKE_WEIGHT_READ)
     kv_bytes_per_token: int = FAKE_KV_TOKEN
     gpu_uuid: str | None = None  # NVML's name for the GPU; None: the live panel reads no NVML
+    kernels_note: str | None = None  # kernels "pytorch": why (model_loader.loading.EngineInfo)
 
 
 @dataclass

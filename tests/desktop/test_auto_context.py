@@ -72,3 +72,22 @@ def test_the_device_line_tells_which_kernels_the_warm_up_chose(qtbot, make_windo
     tip = win.live.device_label.toolTip()
     assert "up to 1,024 tokens: 32 splits" in tip and "up to 32,768 tokens: 66 splits" in tip
     assert "2048x1536: triton (4, 512, 4)" in tip and "1536x8960: cuBLAS" in tip
+
+
+def test_a_gpu_without_r1desks_kernels_says_so_in_the_live_panel(qtbot, make_window, tiny_model):
+    """The notice under the device line: shown for a GPU running plain PyTorch operations, with the engine's reason
+    and what to do; hidden on the CPU and where the kernels run."""
+    win = make_window(model=tiny_model)
+    win.set_live_visible(True)
+    notice = win.live.kernels_notice
+    assert notice.isHidden()  # the CPU
+    fallback = dict(
+        win.engine_info, device="cuda:0", kernels="pytorch", cuda_graphs=True, kernels_note="no C compiler was found."
+    )
+    win.live.set_engine(fallback)
+    assert not notice.isHidden() and "no C compiler was found." in notice.text()
+    win.live.set_engine(dict(fallback, kernels="triton"))
+    assert notice.isHidden()
+    win.live.set_engine(fallback)
+    win.live.clear_engine()  # a load under way: the last engine's notice goes
+    assert notice.isHidden()

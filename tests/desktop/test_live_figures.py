@@ -4,7 +4,7 @@ rate, where the time to first token went, and a reply's token counts and rate as
 import pytest
 
 from desktop import live_figures
-from desktop.live_figures import LiveReply, gib, memory_read, ttft_breakdown
+from desktop.live_figures import LiveReply, gib, memory_read, slow_kernels_notice, ttft_breakdown
 from model_loader.events import GenerationStats
 
 
@@ -61,3 +61,15 @@ def test_a_reply_counts_tokens_not_deltas_and_its_rate_is_over_the_last_second(m
     quiet.on_delta("answer")  # an engine that doesn't count: each delta taken for a token
     quiet.on_delta("answer")
     assert quiet.count == 2
+
+
+def test_the_slow_kernels_notice_says_why_and_what_to_do_only_on_a_gpu_without_them():
+    note = "no C compiler was found, which Triton needs. Install a C compiler and start r1desk again."
+    gpu = {"device": "cuda:0", "kernels": "pytorch", "cuda_graphs": True, "kernels_note": note}
+    text = slow_kernels_notice(gpu)
+    assert note in text and "in CUDA graphs" in text and "slower" in text
+    assert "CUDA graphs" not in slow_kernels_notice(dict(gpu, cuda_graphs=False))
+    assert "could not be used" in slow_kernels_notice(dict(gpu, kernels_note=None))
+    assert slow_kernels_notice(dict(gpu, kernels="triton")) is None
+    assert slow_kernels_notice(dict(gpu, device="cpu")) is None  # the CPU never had them
+    assert slow_kernels_notice({"device": "remote", "kernels": ""}) is None  # a server's kernels are its own
