@@ -25,6 +25,7 @@
 #               16k; benchmarks/decode_loop_overhead.py --ring-ab), then the loop's costs with NVML clocks
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
+#   notriton    without Triton: the CUDA-graph path against the eager one (benchmarks/no_triton_graphs.py)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -92,6 +93,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         run ring-ab python3 -m benchmarks.decode_loop_overhead $M --depths 512,16384 --rounds 2 --ring-ab
         run loop-clocks python3 -m benchmarks.decode_loop_overhead $M --depths 512,16384 --rounds 2 --clocks ;;
       fp32) run fp32 python3 -m benchmarks.fp32_vs_transformers --model $M ;;
+      notriton) run notriton python3 -m benchmarks.no_triton_graphs --model $M ;;
       twogpu) run twogpu python3 -m benchmarks.second_gpu_check --model $M ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
