@@ -241,9 +241,9 @@ def main(argv=None) -> int:
         return 0
 
     # The GUI thread holds the GIL for every Python line and every Qt call it makes; the engine thread needs it
-    # for a moment between tokens (1-1.5 ms apart on a fast GPU). Python hands the GIL over only after the
-    # switch interval (5 ms by default) of the other thread's bytecode: shorten it so rendering can never hold
-    # the decode loop back by more than about a token.
+    # for a moment between tokens, which a fast GPU makes far less than Python's switch interval (5 ms by
+    # default) apart. Python hands the GIL over only after that interval of the other thread's bytecode: shorten
+    # it so rendering can never hold the decode loop back by more than about a token.
     sys.setswitchinterval(0.0005)
     app._r1desk_gc = GuiThreadGC(parent=app)  # lives as long as the app: collects on the GUI thread
     crash_log = CrashLog(data_dir() / "logs")

@@ -8,8 +8,9 @@ What qasync 0.28 does, and what it costs the local API on each request:
 - call_later/call_at start one Qt timer each, and cancelling the handle does not stop it: it stays in Qt's timer
   list until it fires. aiohttp arms a keep-alive timer of 3630 s on every new connection (the openai client
   opens one per streamed request), so Qt's list grows by one timer per request for an hour, and Qt inserts and
-  kills timers by a linear scan of that list: a call_soon hop took 15 us with none pending, 24 us with 11k,
-  64 us with 41k (in a loop that had served that many connections).
+  kills timers by a linear scan of that list: every call_soon hop slows down as a busy server's connections
+  pile timers up (docs/BENCHMARKS.md, 'The API: overhead, per-request options, structured output', compares the
+  two loops).
 - a socket that becomes ready costs a signal to a Python lambda that disables its QSocketNotifier, one more
   call_soon (a timer) to run the transport's callback, and re-enabling the notifier after; and a signal
   connection to a new lambda for every notifier (each new connection).

@@ -57,8 +57,8 @@ WARM_LANGUAGES = (
 )
 
 
-# guess_lexer runs every lexer's analyse_text over what it is given, on the GUI thread with the GIL held: 1-3.5 ms
-# for 100-2,000 characters of Python, 7-23 ms for mixed-script text (2-core CI machine). A code block without a
+# guess_lexer runs every lexer's analyse_text over what it is given, on the GUI thread with the GIL held: the
+# longer the text the longer it takes, and mixed-script text can take more than a frame. A code block without a
 # language that is still streaming is rendered again every frame, so the guess reads only the block's first
 # GUESS_CHARS characters, cut to a multiple of GUESS_STEP, and is remembered: a growing block is guessed a few
 # times, not once per frame (the decode thread waits for the GIL meanwhile).
@@ -93,8 +93,8 @@ def code_lexer(code: str, lang: str):
 
 
 def warm_up_highlighting() -> None:
-    """Import all of pygments' lexers (guess_lexer does, ~0.7 s the first time) and compile the common ones
-    (10-100 ms each, the first time), so the first code block of a reply doesn't freeze a frame."""
+    """Import all of pygments' lexers (guess_lexer does, slowly the first time) and compile the common ones
+    (each slow the first time), so the first code block of a reply doesn't freeze a frame."""
     formatter = HtmlFormatter(nowrap=True, noclasses=True)
     guess_lexer("def f(x):\n    return x\n")
     for lang in WARM_LANGUAGES:

@@ -4,7 +4,7 @@ mathtext covers what R1 writes most (fractions, roots, sums, Greek, sub/superscr
 comes back as None and the caller shows the source in a code span instead: never a crash, never a blank.
 Results are cached by (tex, color, size, dpr) because a streaming reply re-renders the same formulas every frame.
 
-Drawing a formula takes mathtext 20-50 ms (pyparsing + Agg), far more than a frame, so the window never draws
+Drawing a formula with mathtext (pyparsing + Agg) takes far more than a frame, so the window never draws
 one on the GUI thread: `render_image(..., wait=False)` returns PENDING for a formula not drawn yet and queues
 it for the one math thread (matplotlib is not thread-safe: only that thread ever uses it). When formulas are
 ready, `math_ready` (a Qt signal, delivered on the GUI thread) fires and the text is rendered again.

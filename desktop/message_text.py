@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-# The growing piece is re-rendered every frame; past these sizes it is cut (see soft_cut). Rendering ~1,500
-# characters of text or ~600 of highlighted code takes about 2-3 ms on a laptop CPU.
+# The growing piece is re-rendered every frame; past these sizes it is cut (see soft_cut), so that rendering it
+# stays a small part of a frame, highlighted code costing more a character than text.
 TAIL_MAX_CHARS = 1500
 TAIL_MAX_CODE_CHARS = 600
 

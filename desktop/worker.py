@@ -18,7 +18,7 @@ thread state for the thread's whole life; queued slot calls then nest inside it.
 state past its own return, because C++ thread-local destructors (torch's) may still take the GIL through the
 stored pointer while the thread exits.
 
-Deltas are coalesced here (DeltaCoalescer): at 700-1,000 tokens/s one queued signal per token costs both threads
+Deltas are coalesced here (DeltaCoalescer): at a fast GPU's rate one queued signal per token costs both threads
 GIL time for nothing, since the window paints at most once a frame.
 
 Cancel and stop-thinking do not go through the event queue (the worker is busy in the decode loop and would

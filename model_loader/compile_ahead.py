@@ -3,7 +3,7 @@
 On a machine that never ran r1desk, Triton compiles every kernel variant the warm-up launches (kernels.precompile
 submits them all to a thread pool at once, and they still take seconds). What it compiles depends only on
 shapes, dtypes, alignments and the integer arguments' divisibility, never on the weights' values, so it need not
-wait for the weights (1-2 s to read). `CompileBesideLoad` walks the warm-up's paths with compile-only launches
+wait for the weights (seconds to read). `CompileBesideLoad` walks the warm-up's paths with compile-only launches
 (`walk_warm_up_paths`) over a *shape twin* of the model being loaded: one decoder layer with uninitialised
 weights in the same layout (fused QKV and gate/up, the same int4 packing), a KV cache with the same strides and
 a token table cut to a few rows (only cuBLAS and torch's embedding ever see the vocabulary size). Its compiles run
@@ -65,7 +65,7 @@ def walk_warm_up_paths(model, buckets, graphs: bool, vocab_size: int | None = No
 def _walk(model, buckets, graphs: bool, vocab_size: int | None, mark) -> None:
     dev = model.device
     # The longest compiles are submitted first (the last one to start bounds the first start): the GEMV
-    # candidates (4-bit: 1-2 s each), then the prefill graphs' attention (1.3-1.9 s per variant on the H200).
+    # candidates (the 4-bit ones above all), then the prefill graphs' attention.
     # Inputs have the dtypes and shapes of the engine's warm-up, decode step and prefill graphs.
     with precompile.compile_only(), torch.inference_mode():
         if graphs:

@@ -148,8 +148,8 @@ class DecodeStep:
 
 class PrefillGraphs:
     """Prefills by CUDA graphs captured per length bucket: the new tokens are padded to the next bucket, so a
-    512-token prefill is one replay instead of ~450 launches from Python, which made time to first token depend
-    on the host CPU. Two graphs per bucket: fresh prompts (SDPA's causal flash attention) and prompts after a
+    512-token prefill is one replay instead of ~450 launches from Python, which would make time to first token
+    depend on the host CPU. Two graphs per bucket: fresh prompts (SDPA's causal flash attention) and prompts after a
     cached prefix (follow-up turns, the stop-thinking injection, regenerate), whose prefix length is a device
     input read by our Triton attention, so one graph serves any prefix; without Triton only the fresh ones (a
     follow-up prefills eagerly). All are captured at warm-up (nothing is compiled or captured after "ready") and
@@ -205,8 +205,8 @@ class PrefillGraphs:
         key = (start == 0, self.bucket_for(len(ids), start))
         if key not in self.graphs:
             return None
-        # Through a pinned staging buffer written by numpy: torch.tensor(list) took ~0.1-0.2 ms for 2,048 ids,
-        # all of it ahead of the prefill on a follow-up's time to first token. The copy is queued ahead of the
+        # Through a pinned staging buffer written by numpy: torch.tensor(list) is slow for thousands of ids, and
+        # all of it comes ahead of the prefill on a follow-up's time to first token. The copy is queued ahead of the
         # replay on the same stream; the staging is rewritten only once the last copy out of it has run (it
         # has, unless a reply was abandoned before its first token was read).
         if self.staged is not None:

@@ -48,13 +48,14 @@ from model_loader.variants import kernel_variant
 
 log = logging.getLogger(__name__)
 
-# Decode steps kept queued on the GPU while the host waits for the oldest: each one is ~1-1.5 ms of GPU work
-# that covers a host stall (the GIL held by another thread, a slow detokenizer step) without the GPU idling.
+# Decode steps kept queued on the GPU while the host waits for the oldest: each one is a step of GPU work that
+# covers a host stall (the GIL held by another thread, a slow detokenizer step) without the GPU idling.
 # A step queued past the end of a reply only costs its GPU time: its K/V lie beyond the cached tokens. Four
 # (not two) because the window's GUI thread takes the GIL for up to a few ms at a time (a Qt call such as
-# setHtml holds it throughout): measured with benchmarks/window_overhead.py, 2 -> 94%, 3 -> 98%, 4 -> 99.6% of
-# the decode speed without a window at 1.4 ms a step. A cancel waits for the queued steps (4 x 1-1.5 ms);
-# stop-thinking doesn't: the queued steps take the close tag in place of their samples (forced_tokens).
+# setHtml holds it throughout): with two or three queued the window loses a visible share of the decode speed,
+# with four almost none (benchmarks/window_overhead.py; docs/BENCHMARKS.md, 'The window's overhead (self-test)').
+# A cancel waits for the queued steps (four steps' GPU time); stop-thinking doesn't: the queued steps take the
+# close tag in place of their samples (forced_tokens).
 QUEUED_STEPS = 4
 
 
@@ -503,8 +504,8 @@ class Engine:
         with torch.inference_mode():
             logits, reused = self._prefill(seq)
             # Sampled in the model's dtype, as the decode step does (exact: the fp32 logits were 16-bit values),
-            # so the first token takes the sampler the warm-up ran: a sampler first used here cost the first
-            # reply 45 ms (the sort's lazy set-up, H200).
+            # so the first token takes the sampler the warm-up ran: a sampler first used here would hold up the
+            # first reply with its lazy set-up (the sort's).
             if pipeline is not None:
                 first = pipeline.choose(logits, host_gen)
                 pipeline.observe(first)

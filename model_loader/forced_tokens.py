@@ -1,9 +1,9 @@
 """Tokens the host forces into a reply while its decode steps are already queued on the GPU ("stop thinking").
 
 The decode loop keeps several steps queued ahead of the host (engine.QUEUED_STEPS), and each step's input is
-the token the previous step sampled, on the GPU. Closing the reasoning used to wait for those queued steps,
-throw their tokens away and prefill the close tag after them: the queued steps' GPU time plus a prefill
-(~7 ms on the H200) before the answer could start. Instead, every decode step ends with a commit (the next
+the token the previous step sampled, on the GPU. Closing the reasoning by waiting for those queued steps,
+throwing their tokens away and prefilling the close tag after them would put the queued steps' GPU time plus a
+prefill before the answer's start. Instead, every decode step ends with a commit (the next
 step's input token and position, one kernel) that takes the next *forced* token, when the host has queued
 one, in place of its own sample. The host queues the close tag in pinned memory that the commit reads across
 the bus, at once and from any thread; the step that is running then commits the tag's first token, the next
@@ -11,8 +11,8 @@ steps the rest, and the answer follows right behind: no step is wasted and nothi
 
 The tokens a reply holds are still exactly the steps' inputs: the host reads every committed token back,
 forced ones included, and sees the close tag arrive as if the model had written it (with Triton the commit
-kernel also writes each token into a ring in pinned host memory, so no copy runs between the steps' graphs: a
-copy cost ~9 us a token on the H200; without Triton the engine copies). Steps
+kernel also writes each token into a ring in pinned host memory, so no copy runs between the steps' graphs, where
+it would add to every token: docs/BENCHMARKS.md, 'Speed by context depth'; without Triton the engine copies). Steps
 that committed before the copy landed keep their sampled tokens (reasoning the model had already written).
 Should the model write the close tag itself before a forced token is taken, the forcing is off for the reply.
 """
@@ -27,9 +27,9 @@ CAPACITY = 16  # forced tokens per reply: the close tag is 3 with R1's tokenizer
 
 # The host's queue, int64: [tokens queued, token 1 .. token CAPACITY]. On a GPU it lives in pinned host memory that
 # the commit kernel reads across the bus (mapped, zero-copy): a push is two stores from Python, which never gives
-# up the GIL and so never waits on the decode thread for it (a push by copies to device memory took 0.2-0.5 ms on
-# the H200's host, most of it waiting for the GIL between torch calls, and then missed the running step). The
-# read costs the commit ~1-2 us per step. The device's state, int32: [taken, closed by the model, </think> id or -1].
+# up the GIL and so never waits on the decode thread for it (a push by copies to device memory waits for the GIL
+# between torch calls and then misses the running step: docs/BENCHMARKS.md, 'Tried and rejected'). The read adds
+# little to the commit kernel's time a step. The device's state, int32: [taken, closed by the model, </think> id or -1].
 TAKEN, CLOSED, CLOSE_ID = range(3)
 # Committed tokens the commit kernel writes to pinned host memory, at their position modulo RING: a slot is
 # rewritten RING steps later, and the host reads each within the few steps it keeps queued (engine.QUEUED_STEPS).

@@ -1,9 +1,10 @@
 """Structured output: a reply that must be JSON (any object, or one valid for a JSON Schema), decoded under a
 grammar with llguidance, which computes at each step which tokens may come next.
 
-Why llguidance (measured on this tokenizer, CPU, benchmarks/grammar_cost.py; docs/BENCHMARKS.md): a schema
-compiles in ~3 ms (xgrammar: ~50 ms) and the mask takes ~20 us a token at the median (xgrammar ~4 us; either is
-hidden behind the GPU's forward pass, which runs while the host computes it); it has no dependencies and one
+Why llguidance (measured on this tokenizer, benchmarks/grammar_cost.py; docs/BENCHMARKS.md, 'Why llguidance'): a
+schema, which every structured request waits for, compiles many times faster than with xgrammar, and the mask, at
+the median slower than xgrammar's, is hidden behind the GPU's forward pass like xgrammar's (the forward pass runs
+while the host computes it); it has no dependencies and one
 wheel for every Python (xgrammar needs torch, transformers, triton, pydantic and tvm-ffi, and a wheel per
 Python), and the widest JSON Schema coverage of the libraries in the JSONSchemaBench comparison. No torch here:
 the mask is written into a buffer the caller owns (logits_processing applies it on the device).
@@ -31,7 +32,8 @@ class GrammarError(ModelError):
 
 
 class GrammarTokenizer:
-    """llguidance's view of one model's tokenizer (building it takes ~1 s: once per model folder)."""
+    """llguidance's view of one model's tokenizer (building it takes a while, docs/BENCHMARKS.md, 'Why
+    llguidance': once per model folder)."""
 
     def __init__(self, folder: Path, vocab_size: int):
         import llguidance

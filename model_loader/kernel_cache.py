@@ -1,7 +1,7 @@
 """Whether this machine has prepared r1desk's GPU kernels before.
 
 Triton compiles our kernels for the user's GPU on first use and caches them on disk, so the first start on a
-machine takes several times longer than the next ones (H200: 13 s bf16 / 25 s 4-bit to ready, then 4 s). A
+machine takes longer than the next ones (docs/BENCHMARKS.md, 'Start times: first start and warm start'). A
 marker per (GPU, torch, Triton, r1desk version, and the model's kernel-relevant shape: dtype, heads, head dim,
 quantization) is written after a complete warm-up; while it is missing, the
 window says "Preparing GPU kernels (first start only)" instead of a bare "Warming up" that seems to hang.
@@ -82,7 +82,7 @@ def kernels_prepared(device, variant: str = "") -> bool:
     """True where nothing needs compiling (not a CUDA device) or a warm-up of this variant (the model's dtype
     and shapes, which the kernels are compiled for) has completed here before and Triton's cache still holds
     something. A marker over an emptied or deleted Triton cache (a user's clean-up) would skip compiling beside the
-    load, and everything would compile one kernel at a time in the warm-up (H200: 25 s to ready instead of 5-6)
+    load, and everything would compile one kernel at a time in the warm-up (several times longer to ready)
     under a bare "Warming up"."""
     marker = _marker(device, variant)
     return marker is None or (marker.exists() and _triton_cache_has_entries())

@@ -9,8 +9,8 @@ apply the row scales to the scores and the value weights.
 
 An 8-bit cache keeps V transposed ([KV head, head_dim, token], value_cache): the P.V product reduces over
 tokens, and Hopper's tensor cores take 8-bit operands only along the reduced dimension (no 8-bit transposing
-load either), so row-major fp8 V went to the dot through an fp16 copy in shared memory, which left the decode
-kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot (a third
+load either), so row-major fp8 V goes to the dot through an fp16 copy in shared memory, which leaves the decode
+kernel bound by its instructions. Transposed, a tile's V arrives 16 tokens a load, ready for the dot (markedly
 fewer instructions a warp in the loop of one 128-token tile at sm_90; benchmarks/decode_kernel_sass.py). The
 kernels read V tiles whole, so the cache writer stores no NaN code (a value that overflowed is stored as 0).
 

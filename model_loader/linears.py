@@ -9,7 +9,7 @@ shape and per row count:
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
   awq.Int4Weight         one token: torch's int4 kernel (CUDA sm80+); several rows: our dequantiser of its
                          tile layout + cuBLAS once enable_int4pack_prefill() has checked it against torch's
-                         kernel on this GPU (torch's kernel is ~20x slower than cuBLAS for a 512-token prompt)
+                         kernel on this GPU (torch's kernel is many times slower than cuBLAS for a prompt's rows)
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ class Linears:
 
     def pair_dense_gate_up(self, weights: dict) -> None:
         """Store every layer's dense [gate; up] weight with its rows in pairs (gate 0, up 0, gate 1, ...), in place:
-        a single-token GEMV then outputs SiLU(gate) * up itself (no separate kernel: H200 bf16, 25 us a decode
-        step), and a prefill's GEMM output goes through silu_mul(paired=True). Triton path only (the reference
-        ops take [gate | up])."""
+        a single-token GEMV then outputs SiLU(gate) * up itself (no separate kernel, which would cost each decode
+        step: docs/BENCHMARKS.md, 'Kernel-level numbers (H200)'), and a prefill's GEMM output goes through
+        silu_mul(paired=True). Triton path only (the reference ops take [gate | up])."""
         for layer in weights["layers"]:
             w = layer["gate_up_w"]
             if isinstance(w, torch.Tensor):

@@ -111,8 +111,8 @@ def load_model(
     # why Triton's kernels don't run, and what would bring them back (the live panel says it on a GPU)
     kernels_note = "turned off for this run (--no-triton)." if use_triton is False else triton_unavailable(dev)
     triton_ok = kernels_note is None if use_triton is None else (use_triton and (kernels_note is None or interpreting))
-    # Whether Triton really works here (it compiles a C launcher and a kernel: a first start spends ~0.8 s on
-    # it) is checked on a helper thread while the weights load; the choices made before the answer are
+    # Whether Triton really works here (it compiles a C launcher and a kernel, too long for a first start to
+    # wait for) is checked on a helper thread while the weights load; the choices made before the answer are
     # undone below if it says no.
     triton_check: dict = {}
     check_thread = None

@@ -70,7 +70,7 @@ class PagedForward:
     (capture_decode_graphs), as the single-sequence engine's decode step does. A step that is one fresh prompt's
     first chunk alone (a new chat on an idle engine: its time to first token) replays a graph captured for its
     length rounded up to a bucket (capture_prefill_graphs), as the engine's prefill does: eagerly, its ~450
-    launches from Python took longer than the GPU's work. Other prefill chunks attend per sequence with PyTorch
+    launches from Python take longer than the GPU's work. Other prefill chunks attend per sequence with PyTorch
     ops (gather the context, then SDPA)."""
 
     GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -369,7 +369,7 @@ class PagedForward:
     def _block_slots(self, tables: list[list[int]]) -> torch.Tensor:
         """Every slot of each table's blocks, in text order: [len(tables), blocks of the longest * block_size]
         (shorter tables padded with block 0). Built on the device from the block ids: a list of every slot of
-        32 sequences' contexts took milliseconds of Python a step."""
+        many sequences' contexts costs milliseconds of Python a step."""
         bs, dev = self.cache.block_size, self.model.device
         width = max(len(t) for t in tables)
         ids = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64, device=dev)

@@ -1,8 +1,9 @@
 """Tokenize a chat's prompt without tokenizing its whole history again on every turn.
 
 Each turn renders the whole conversation through the chat template and tokenizes it; the engine then reuses the
-KV cache for the ids it shares with the last prompt. Tokenizing ~2,600 tokens of history took 3.6 ms on a
-2-core CI machine (~1.4 ms a thousand tokens), time a follow-up's first token waited for on top of its prefill.
+KV cache for the ids it shares with the last prompt. Tokenizing the whole history takes time that grows with the
+conversation, and a follow-up's first token waits for it on top of its prefill (docs/BENCHMARKS.md, 'Follow-ups,
+prompt rendering and stop thinking').
 A new prompt almost always starts with the last one's text, so the ids of that shared text are reused and only
 the rest is tokenized.
 

@@ -87,8 +87,8 @@ def sort_sample(logits: torch.Tensor, params: SamplerParams, generator: torch.Ge
     The logits may be in the model's dtype: they are sorted as they are (a radix sort of 16-bit keys makes half
     the passes of one of 32-bit keys, and dividing by the temperature keeps the order), then scaled in fp32."""
     sorted_keys, order = torch.sort(logits, dim=-1, descending=True)
-    # Weights relative to the largest logit, the first once sorted: no softmax pass (torch's takes one block for
-    # a single row: 39 us of the H200's 114 us sampler over 152k logits). Tokens past top-k weigh nothing.
+    # Weights relative to the largest logit, the first once sorted: no softmax pass (torch's runs one block for a
+    # single row, a large share of the sampler's time over 152k logits). Tokens past top-k weigh nothing.
     weights = torch.exp((sorted_keys.float() - sorted_keys[..., :1].float()) / params.temperature)
     ranks = torch.arange(weights.shape[-1], device=logits.device)
     weights = weights.masked_fill(ranks >= params.top_k, 0.0)

@@ -59,8 +59,8 @@ class SchedulerConfig:
     max_seqs: int = 8  # sequences in a step at most
     chunk: int = 512  # prefill tokens a sequence feeds a step at most
     # prefill tokens a step takes in all (whole chunks of several sequences): requests arriving together start
-    # together. 16 HTTP clients whose replies end together came back as 16 prompts, one a step: the last one's
-    # first token waited ~16 prefill steps (TTFT P95 213 ms on an H100); four a step make it four.
+    # together. 16 HTTP clients whose replies end together come back as 16 prompts: at one a step the last one's
+    # first token waits 16 prefill steps, at four a step four (docs/BENCHMARKS.md, 'Under real HTTP clients').
     prefill_tokens: int = 2048
     block_size: int = 64  # tokens a KV block holds
     # a fresh prompt alone in a step replays a captured graph (PagedForward.capture_prefill_graphs); the

@@ -1,6 +1,6 @@
 """The model folder's tokenizer and chat template, loaded with the `tokenizers` library and a sandboxed Jinja
 environment (what transformers itself uses underneath), so starting the app does not import transformers:
-that import alone costs seconds and was most of the time to ready. Folders without tokenizer.json fall back
+that import alone costs seconds, most of the time to ready. Folders without tokenizer.json fall back
 to transformers' AutoTokenizer (local files only, never remote code).
 
 The object exposes the small slice of the transformers tokenizer API the engine uses.
@@ -116,7 +116,7 @@ class FolderTokenizer:
         """variables: more the template may read (tools)."""
         source = chat_template or self.chat_template
         template = self._compiled.get(source)
-        if template is None:  # compiling costs ~6 ms a call (parse + codegen): once per template, not per reply
+        if template is None:  # compiling (parse + codegen) costs more than a render: once per template, not per reply
             if self._env is None:
                 self._env = _jinja_env()
             template = self._compiled[source] = self._env.from_string(source)
@@ -141,7 +141,7 @@ def check_vocabulary(tokenizer, cfg, folder: Path) -> None:
     """The tokenizer's ids must all have rows in the model's embedding: a token past it (a tokenizer from
     another model) would index out of range on the first prompt, which on a GPU is a device-side assert that
     leaves CUDA unusable until the app restarts."""
-    largest = len(tokenizer) - 1  # ids run 0..n-1 (added tokens included); get_vocab() would cost ~0.1 s here
+    largest = len(tokenizer) - 1  # ids run 0..n-1 (added tokens included); get_vocab() would build a whole dict
     if largest >= cfg.vocab_size:
         raise ModelError(
             f"{folder}: the tokenizer (tokenizer.json) has token ids up to {largest}, but config.json's "

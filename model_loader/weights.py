@@ -254,8 +254,8 @@ def _copy_tensors(
 
     Tensor bytes are read through a memory map of each shard (the same bytes safetensors' own loader reads;
     the header was validated before) and copied straight from the page cache into the device buffers, a few
-    tensors at a time: no intermediate CPU tensor, so a 3.5 GB checkpoint in the page cache loads in about a
-    second instead of several. Progress is reported from the calling thread only."""
+    tensors at a time: no intermediate CPU tensor, so a checkpoint in the page cache loads several times faster
+    than through one. Progress is reported from the calling thread only."""
     import torch
 
     maps = {}

@@ -68,7 +68,8 @@ CANDIDATES: list[tuple[str, str]] = []
 
 # Linked by libtorch_cuda.so (DT_NEEDED), so a library of each name must exist at `import torch`, but r1desk never
 # calls into them: they can be replaced by stubs of a few KB (packaging/stubs.py: same SONAME, version nodes and
-# the names torch imports; each function says what was left out and aborts). ~1.0 GiB with torch 2.14.1 cu13.
+# the names torch imports; each function says what was left out and aborts), where the real ones are among the
+# stack's largest libraries.
 # Proven by a GPU run of prove_exclusions.py (same greedy tokens and speeds as the full install; docs/BENCHMARKS.md,
 # 'Packaging: the bundle and the GPU release'); the spec applies them on Linux (R1DESK_NO_STUBS=1 ships the real
 # libraries instead).
@@ -88,12 +89,13 @@ STUBBED: list[tuple[str, str]] = [
 ]
 
 # Shipped, but with their debug information removed (`strip --strip-debug`: symbols stay, so nothing that looks
-# a symbol up breaks). Triton's wheel is built with it: libtriton.so 483 MB -> 228 MB (Triton 3.8).
+# a symbol up breaks). Triton's wheel is built with it, and it is more than half of libtriton.so.
 STRIP_DEBUG: list[str] = ["triton/_C/libtriton.so", "triton/_C/libproton.so"]
 
 
 # Symbols only the static linker needs removed too (`strip --strip-unneeded`; the dynamic symbol table stays):
-# libtorch_cuda 479 -> 405 MB, libtorch_cpu 425 -> 339 MB (torch 2.14.1 cu13). Proven with the rest above.
+# a good part of libtorch_cuda and libtorch_cpu (docs/BENCHMARKS.md, 'Packaging: the bundle and the GPU release',
+# has the release's size). Proven with the rest above.
 STRIP_UNNEEDED: list[str] = ["torch/lib/libtorch_cuda.so", "torch/lib/libtorch_cpu.so", "torch/lib/libtorch_python.so"]
 
 

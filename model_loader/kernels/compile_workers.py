@@ -2,8 +2,8 @@
 
 Why: a Triton compile holds the GIL much of the time (code generation in Python, the bindings' calls), so the
 compile pool's threads (precompile.CompilePool) mostly take turns, and they starve the threads that load the
-weights and walk the shape twin beside them (H200: 16 threads compiled ~5x faster than one; the weights took
-1.6-2.9 s to load beside the compiles against 0.7 s alone).
+weights and walk the shape twin beside them (16 threads compile far less than 16 times faster than one, and the
+weights load several times slower beside the compiles than alone).
 
 How: while a CompilePool with workers is open, Triton's `jit_cache_hook` (which Triton calls before every
 compile, with the kernel's specialization in its own serialized form: signature, constexprs, attributes,
@@ -59,7 +59,7 @@ def enabled() -> bool:
     return not getattr(sys, "frozen", False) and not off
 
 
-WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: ~150 MB with Triton warm, more while compiling
+WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: a warm worker takes well under it, more while compiling
 UNKNOWN_MEMORY_WORKERS = 8  # memory unreadable; 8 do as well as 16 (docs/BENCHMARKS.md, 'Tried and rejected')
 
 

@@ -99,7 +99,7 @@ DECODE_ATTN_CONFIGS = (
 )
 # Not a candidate for 4-bit models: with their GEMVs' early weight reads the same shape with late launch is faster
 # at every depth, so it never wins there, and each candidate is one more compile (the early tile's second softmax
-# step) on a first start. For bf16 the two trade places by depth and machine (by about 1%), so both stay.
+# step) on a first start. For bf16 the two trade places by depth and machine (by little), so both stay.
 NOT_FOR_INT4 = (DECODE_ATTN_CONFIGS[1],)
 # Candidates for an 8-bit cache only, timed at its warm-up against the others per depth bucket
 # (decode_graphs.DecodeStep.tune; each is one more compile on an 8-bit cache's first start). Its split kernel converts
@@ -130,8 +130,8 @@ def sm_splits(device, num_kv_heads: int) -> int:
 def decode_attention_candidates(device, int4: bool = False, kv8: bool = False) -> tuple:
     """The DECODE_ATTN_CONFIGS that differ on this device. Without programmatic dependent launch late_launch
     changes nothing (it would only be one more compile and a coin toss in the tuning), and early_tile only
-    re-reads a tile: there the plain kernel, which also compiles faster (Triton 3.6, sm_90, a 2-core machine: ~0.9
-    s per variant, ~2.2 s with the early tile's second copy of the softmax step). int4: a model with 4-bit GEMVs,
+    re-reads a tile: there the plain kernel, which also compiles faster (the early tile adds a second copy of the
+    softmax step to compile). int4: a model with 4-bit GEMVs,
     which leaves out NOT_FOR_INT4 (a late-launch question: only where programmatic dependent launch runs). kv8:
     an 8-bit cache, which adds KV8_CONFIGS ahead of the last candidate (the last stays the split-per-SM shape the
     prefill's last row runs: Qwen2Model._row_attention), with late launch for 4-bit GEMVs."""
@@ -237,10 +237,10 @@ class DecodeAttention:
         (decode_pipeline_bytes over its limit; the last is always kept), for a cache of cache_bytes a value: a shape
         that can't run is then neither compiled ahead on a first start nor compiled just to be refused at the warm-up's
         launch. On an RTX 30/40/50-series card that is the split-per-SM shape's 3 stages: its 2 stages compile ahead
-        instead (they fit: 73,984 bytes), where each was otherwise compiled on the loading thread after the refusal
-        (1-2 s). Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all
-        take 73,728 bytes, over its 64 KB, and each was compiled in turn on a first start only to be refused; now
-        none of them is (the bound counts the query tile too), and the 64-token shape is the first tried."""
+        instead (they fit: 73,984 bytes), rather than the 3 stages being compiled on the loading thread after the
+        refusal. Before sm_80 (Turing) one shape per tile size: there 1, 2 or 3 stages of 128-token tiles all
+        take 73,728 bytes, over its 64 KB, so none of them is compiled on a first start only to be refused (the
+        bound counts the query tile too), and the 64-token shape is the first tried."""
         # cache_bytes: 2 for a 16-bit cache; an 8-bit cache's row-major tiles are upcast to fp16 on their way into
         # the dots, through shared memory: they count as 16-bit there (sm_89: 108,800 bytes for 3 stages, over an
         # RTX 40's 99 KB); with V transposed (the model's) they don't: 1 (73,728 bytes at sm_90, Triton 3.6)

@@ -18,7 +18,7 @@ from model_loader.kernels.small_ops import silu_mul
 
 # (BLOCK_N, BLOCK_K, num_warps[, K splits]) tried against cuBLAS for each weight shape at warm-up (see
 # gemv_autotune); no fourth item: one split. For the 1.5B's shapes (benchmarks/dense_gemv_configs.py; docs/
-# BENCHMARKS.md, 'Kernel-level numbers (H200)'): (4, 512, 4) is best or within 1% for QKV, (8, 256, 4) for gate/up
+# BENCHMARKS.md, 'Kernel-level numbers (H200)'): (4, 512, 4) is best or close to it for QKV, (8, 256, 4) for gate/up
 # with its SiLU output (faster than a GEMV then a SiLU kernel); cuBLAS wins none. (32, 512, 8), best for O in that
 # sweep, loses to (4, 512, 4) in the warm-up's own timing, so it is not a candidate.
 GEMV_CONFIGS = ((4, 512, 4), (8, 256, 4), (16, 256, 8))
@@ -34,11 +34,11 @@ GEMV_WEIGHT_EVICTION = "evict_first"
 # Configs that split K across programs (fp32 partials, summed by the last split to finish), tried for weights of
 # at least GEMV_SPLIT_MIN_K inputs: the MLP's down projection, whose programs otherwise each stream all of its
 # 8,960 columns (1.5B). In the same sweep 4 splits of (8, 512, 4) beat cuBLAS and the best config without a split
-# by a wide margin, the next two within 7%, and the decode step measured clearly faster (docs/BENCHMARKS.md,
+# by a wide margin, the next two come close, and the decode step is clearly faster (docs/BENCHMARKS.md,
 # 'Kernel-level numbers (H200)').
 GEMV_SPLIT_CONFIGS = ((8, 512, 4, 4), (4, 512, 4, 3))
 GEMV_SPLIT_MIN_K = 4096
-# For the gate/up weight with its SiLU output, the two of GEMV_CONFIGS within 4% of each other in the warm-up's
+# For the gate/up weight with its SiLU output, the two of GEMV_CONFIGS close to each other in the warm-up's
 # timing ((16, 256, 8) is well behind): each candidate is one more compile on a first start.
 GEMV_SILU_CONFIGS = ((8, 256, 4), (4, 512, 4))
 

@@ -6,9 +6,8 @@ Decoding reads every weight once per token, so a single-token GEMV on packed int
                  has finished (programmatic dependent launch); K is split across programs only when that
                  doesn't cover it (fp32 partials, summed by the last split to finish). At batch 1 on a big GPU
                  the time goes on latency and instruction issue, so the arithmetic is cut to a shift per two
-                 weights, an and-or and an FMA per weight (3.5-4.2 instructions per weight in all by config,
-                 against 7.0 for the previous version; Nsight Compute, H200). For the MLP's gate/up weight
-                 (rows stored in pairs) it outputs SiLU(gate) * up directly.
+                 weights, an and-or and an FMA per weight. For the MLP's gate/up weight (rows stored in pairs)
+                 it outputs SiLU(gate) * up directly.
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; a packed block lies inside one group, so scales and zeros
                  are read once per row and block.
@@ -91,7 +90,8 @@ def int4_gemv(
 ) -> torch.Tensor:
     """x [1, K] -> x @ W.T [1, N] in x's dtype. silu_output (the MLP's gate/up weight, stored in pairs by
     awq.pair_gate_up): -> SiLU(gate) * up [1, N/2], what kernels.*.silu_mul makes of [gate | up].
-    maxnreg: a register cap per thread (for experiments; 96, 80 and 64 were slower or equal: docs/BENCHMARKS.md)."""
+    maxnreg: a register cap per thread (for experiments; 96, 80 and 64 are slower or equal: docs/BENCHMARKS.md,
+    'Tried and rejected')."""
     n, k = w.shape
     if x.shape[-1] != k:
         raise ValueError(f"int4 GEMV: input width {x.shape[-1]} for a weight of {k} inputs")

@@ -38,9 +38,9 @@ def _prefill_kv_tile(
     first row). MASKED: keys from hi on are zeros. A descriptor reads whole tiles (rows past the tensor come back
     as zeros), so a masked tile's rows from hi on are whatever the cache holds there: K's scores are masked by the
     caller, and V's rows were zeroed by this prefill's _rope_bias_cache_kernel (STALE_V_ROWS; a NaN left there by
-    an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) took V
-    through registers and cost the TMA loads their gain (H200: 512 + 2,048 tokens 68 us a layer either way,
-    against 57 without; prefill_attention_tma.py, in git history). V_T (a transposed value cache, _v_offsets; v_base:
+    an earlier reply that overflowed would survive a zero weight). Zeroing them here instead (tl.where) takes V
+    through registers and costs the TMA loads their gain (docs/BENCHMARKS.md, 'Tried and rejected', the prefill
+    kernels; prefill_attention_tma.py, in git history). V_T (a transposed value cache, _v_offsets; v_base:
     its KV head's first element): V is read whole likewise, 16 tokens a load."""
     if V_T:
         v = tl.load(v_ptr + v_base + d[None, :] * v_rows + n[:, None])
@@ -186,7 +186,7 @@ def _prefill_attn_reduce_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr, n_rows, splits, D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr
 ):
     # ROWS (token, head) rows per program, over the splits in use only (one row per program over all
-    # MAX_SPLITS slots took 100 us a layer for a 2,048-token prefill on the H200).
+    # MAX_SPLITS slots makes the reduce a large part of a long prefill's attention).
     _pdl_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # token * NUM_HEADS + head
     live = rows < n_rows

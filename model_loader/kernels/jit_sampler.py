@@ -7,9 +7,10 @@ the boundary of the kept set is found by a radix select on the logits' bits, two
 boundary" is "key > t". Per byte, every program makes a 256-bin histogram of its slice of the row with integer
 atomics into its own bins (token counts for top-k; weights in fixed point for top-p, so the sums do not depend on
 the atomics' order); the program that finishes last (`_last_program`: a ticket counter) adds them up and finds the
-bin where the count reaches k or the mass reaches top_p. (Histograms made by comparing each logit with all 256 bins cost
-170 us a token on the H200; the atomics, a few.) Tokens equal to the boundary key (ties: common in bf16) are kept in
-index order, as many as the definition allows (the sorted-order rule of sampling.sample, ties taken lowest index first).
+bin where the count reaches k or the mass reaches top_p. (Histograms made by comparing each logit with all 256 bins
+cost far more than the atomics: docs/BENCHMARKS.md, 'Tried and rejected'.) Tokens equal to the boundary key (ties:
+common in bf16) are kept in index order, as many as the definition allows (the sorted-order rule of sampling.sample,
+ties taken lowest index first).
 
 The draw is the Gumbel-max race (argmax of log-weight + Gumbel noise: exact multinomial sampling), with the
 kept ties raced as one entry of their summed weight, then one of them picked uniformly: the same probability per

@@ -58,7 +58,7 @@ def _rope_bias_cache_kernel(
     V_T: tl.constexpr = False,
 ):
     # BLOCK_T tokens of one head per program: 1 for a decode step; a prefill takes blocks, as one token's head
-    # (256 bytes) per program left a 2,048-token prefill latency-bound (H200: 40 us a layer instead of ~5).
+    # (256 bytes) per program leaves a long prefill latency-bound.
     # A prefill also zeroes the STALE_V_ROWS value rows after its tokens (within the head's max_ctx rows): the
     # prefill attention's last key tile reads them whole through TMA (_prefill_kv_tile), and a stale NaN there
     # would survive its zero weight. Nothing valid lives there: the sequence ends at the last new token.

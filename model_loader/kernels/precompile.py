@@ -67,7 +67,7 @@ def _launcher_key(kernel) -> tuple:
 
 def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
     """Build the kernel's C launcher now, on this worker thread. Triton 3.6 compiles one with the C compiler per
-    kernel signature (~0.2 s each) on the thread of the first launch, and caches it on disk; built here, the
+    kernel signature on the thread of the first launch, and caches it on disk; built here, the
     first launch finds it. Later Tritons launch generically and this costs nothing. Any failure only means the
     first launch builds it as before."""
     try:
@@ -83,7 +83,7 @@ def _prepare_launcher(kernel, prepared: set, lock: threading.Lock) -> None:
         log.debug("launcher not prepared ahead (%s: %s)", type(err).__name__, err)
 
 
-WORKER_WAIT_S = 60  # a worker's compile that takes longer than this is left to the thread (normally 0.1-4 s)
+WORKER_WAIT_S = 60  # a worker's compile that takes longer than this is left to the thread (normal ones take far less)
 MIN_WORKERS = 6  # fewer worker processes than this (where memory is short): the threads compile instead
 
 
@@ -204,7 +204,7 @@ class CompilePool:
         from model_loader.kernels import compile_workers
 
         affordable = compile_workers.affordable_workers(count)
-        if affordable < min(count, MIN_WORKERS):  # a few processes compile slower than 16 threads (~5x one)
+        if affordable < min(count, MIN_WORKERS):  # a few processes compile slower than 16 threads
             log.info("compiling on threads: the available host memory allows %d worker processes", affordable)
             return
         count = affordable

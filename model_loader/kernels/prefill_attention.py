@@ -20,7 +20,7 @@ class PrefillAttention:
     split scratch is allocated once for the largest prefill (PREFILL_CHUNK tokens) it is asked to split."""
 
     # (up to this many new tokens, (BLOCK_M, BLOCK_N, num_warps, num_stages)). With the exp2 softmax one shape is the
-    # fastest or within 2% of it for every prefill a sweep of tile shapes timed, and faster than the earlier
+    # fastest or close to it for every prefill a sweep of tile shapes timed, and faster than the earlier
     # per-length shapes ((64, 32, 4, 2), (128, 64, 4, 2)); `python -m benchmarks.prefill_attention_sweep` times it.
     # One shape is also two compile variants on a first start (in one pass or in key splits) instead of three.
     SHAPES = ((None, (64, 64, 4, 3)),)
@@ -90,7 +90,7 @@ class PrefillAttention:
 
     def splits_for(self, n_tokens: int, shape: tuple | None = None) -> int:
         """Key splits so that the programs fill every SM once: 1 for long prefills (a 2,048-token one has 192
-        programs for the H200's 132 SMs: splitting it only added the reduce), up to MAX_SPLITS for short ones."""
+        programs for the H200's 132 SMs: splitting it only adds the reduce), up to MAX_SPLITS for short ones."""
         blocks, heads = self.grid_rows(n_tokens, (shape or self.shape_for(n_tokens))[0])
         programs = blocks * heads
         splits = 1
@@ -118,7 +118,7 @@ class PrefillAttention:
                 raise ValueError(f"a {t}-token prefill in {n_splits} splits needs more scratch than was allocated")
             block_m, block_n, warps, stages = shape
             # Not for key splits (short prefills over a prefix): there each program reads a few tiles and TMA's
-            # set-up did not pay (H200: 512 cached + 256 new 2.5-2.6 -> 2.8 ms); one variant each way, as before.
+            # set-up costs more than it saves; one variant each way.
             # An 8-bit cache: plain loads (its tiles go into the dots upcast, with their rows' scales).
             tma = self.tma and q.dtype != torch.float32 and n_splits == 1 and scales is None and not v_t
             k_arg, v_arg = self._kv_args(k_cache, v_cache, block_n) if tma else (k_cache, v_cache)

@@ -3,9 +3,9 @@ kernels.
 
 torch gives a stream its own cuBLAS workspace the first time cuBLAS runs on it and keeps it until the process
 ends (a map from (handle, stream) to a block of the caching allocator). A new torch.cuda.Stream() per capture
-or per timing drew fresh streams from torch's pool of 32 per device, so each warm-up could leave more workspaces
-behind: memory that Engine.close() could not give back, growing with every model reload (seen on the H200 as
-256 MiB still allocated after a close). One stream reused for all of it keeps that to one workspace, made once.
+or per timing would draw fresh streams from torch's pool of 32 per device, so each warm-up could leave more
+workspaces behind: memory that Engine.close() cannot give back, growing with every model reload. One stream reused
+for all of it keeps that to one workspace, made once.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def decode_attention_span(q, k_cache, v_cache, pos_t, span: int, scale: float, s
     past pos_t masked off. q: [Hq, D] -> [Hq, D]. Each KV head's group of query heads goes in as that head's rows
     (all at the same position), so no K/V is repeated or upcast: SDPA's memory-efficient kernel takes the mask and
     keeps its scores in fp32. (reference.decode_attention upcasts the context to fp32 instead: in a graph that
-    made the H100's decode 25% slower, 130 against 173 tok/s, docs/BENCHMARKS.md "Without Triton".)"""
+    makes the decode markedly slower and agrees no better with the eager path, docs/BENCHMARKS.md "Without
+    Triton".)"""
     hq, d = q.shape
     hkv = k_cache.shape[0]
     k, v = cached_kv(k_cache, v_cache, span, q.dtype, scales)
