@@ -1,7 +1,7 @@
 """Does our engine in fp32 give the same greedy ids as transformers' fp32 on a full-size model (issue 12, point 6)?
 
 Our engine with `--dtype fp32` on the GPU (Triton kernels, CUDA graphs) against transformers' Qwen2ForCausalLM
-in fp32 on the same GPU, greedy, on the prompts of tests/test_model_vs_transformers.py. Reports per prompt whether
+in fp32 on the same GPU, greedy, on the prompts of tests/test_qwen2_vs_transformers.py. Reports per prompt whether
 the ids are equal for N tokens, and otherwise where they first differ and transformers' logit gap between its top
 two tokens there (a gap of a few 1e-6 is a tie that any change of summation order may break; TF32 used to break
 gaps of 0.005-0.09).
@@ -28,7 +28,7 @@ def main() -> None:
 
     from model_loader.engine import Engine
     from model_loader.events import Finished, SamplingSettings
-    from tests.test_model_vs_transformers import PROMPTS
+    from tests.test_qwen2_vs_transformers import PROMPTS
 
     torch.backends.cuda.matmul.allow_tf32 = False  # transformers' side in true fp32 too (the default; stated)
     torch.backends.cudnn.allow_tf32 = False

@@ -59,9 +59,11 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         [ -d $M ] || run make-model $CLI make-test-model $M --preset full
         [ -d $A ] || run quantize $CLI quantize --model $M --out $A --samples 16 --no-clip ;;
       # one process (-o addopts=: not pyproject's xdist workers, which would share the GPU; xdist isn't there)
-      tests) run tests python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_triton_kernels.py \
-               tests/test_kv_cache_8bit.py tests/test_generation.py tests/test_model_vs_transformers.py \
-               tests/test_prompt_encoding.py tests/test_awq.py ;;
+      tests) run tests python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_small_ops.py \
+               tests/test_decode_attention.py tests/test_prefill_attention.py tests/test_gemv.py \
+               tests/test_features.py tests/test_linears.py tests/test_decode_graphs.py tests/test_kernels.py \
+               tests/test_kv_cache_8bit.py tests/test_engine_generation.py tests/test_qwen2_vs_transformers.py \
+               tests/test_prompt_encoding.py tests/test_awq.py tests/test_quantize.py ;;
       depths)
         for m in $M $A; do
           run "depths-$(basename $m)" $CLI bench --model $m --depths 512,4096,16384,32768 --new-tokens 256 --runs 3

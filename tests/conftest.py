@@ -128,3 +128,89 @@ def attention_calls(monkeypatch):
         return calls
 
     return spy
+
+
+@pytest.fixture
+def gtx_1060_with_cuda13_torch(monkeypatch):
+    """torch's view of a machine with a GTX 1060 and PyPI's CUDA 13 build (test_gpu_support, test_doctor)."""
+    from gpu_machines import GTX_1060, machine
+
+    machine(monkeypatch, [GTX_1060])
+
+
+@pytest.fixture
+def model_copy(tiny_model, tmp_path):
+    """A fresh copy of the tiny model that a test may break (test_locate_errors, test_config, test_weights)."""
+    import shutil
+
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_model, dst)
+    return dst
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch's and NVML's view of a machine with two GPUs that they number the other way round (no GPU needed):
+    test_stats_gpu_numbering, desktop/test_gpu_monitor."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    import torch
+    from gpu_machines import CUDA_UUIDS, NVML
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=CUDA_UUIDS[index]))
+    nvml = types.ModuleType("pynvml")
+    handles = {uuid: (util, free, total) for uuid, util, free, total in NVML}
+
+    def by_uuid(uuid):
+        if uuid not in handles:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return uuid
+
+    nvml.nvmlInit = nvml.nvmlShutdown = lambda: None
+    nvml.nvmlDeviceGetHandleByUUID = by_uuid
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: NVML[i][0]
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=handles[h][0])
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(free=handles[h][1], total=handles[h][2])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    """A module's own engine on the tiny model (CPU, a 1024-token context), apart from the session's cpu_engine:
+    for tests that run a scheduler on its model beside the engine's own cache (test_scheduler)."""
+    from model_loader.engine import Engine
+
+    return Engine.load(tiny_model, device="cpu", context_length=1024)
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model):
+    """The tiny model's chat format (its tokenizer, stopping at its end-of-sentence token), one per module: it
+    remembers the last prompt it encoded (test_chat_format, test_prompt_encoding, test_tokenizer_control_tokens)."""
+    from model_loader.chat import ChatFormat
+    from model_loader.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tiny_model)
+    return ChatFormat(tok, [tok.eos_token_id])
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model):
+    """A real `r1desk-cli serve` on the tiny model (CPU, no key), one per test module: (its model id, its /v1 URL)."""
+    from serving import serve, stop
+
+    proc, model_id, url = serve(tiny_model)
+    yield model_id, url
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen_model):
+    """A real `r1desk-cli serve` on the tiny Qwen2.5-style model (tools), one per test module: (model id, /v1 URL)."""
+    from serving import serve, stop
+
+    proc, model_id, url = serve(qwen_model)
+    yield model_id, url
+    stop(proc)

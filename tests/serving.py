@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+API_KEY = "lab-key-42"  # what the lab server (the lab fixture, tests/desktop/conftest.py) requires
+
 
 def serve(model, *extra) -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen(

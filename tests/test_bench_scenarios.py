@@ -207,32 +207,3 @@ def test_the_depth_bench_says_which_attention_each_bucket_runs_and_what_the_othe
     assert json.loads(capsys.readouterr().out)["decode_attention_us"] == {
         "1024": {"shape A": 1200.0, "shape B": 1150.5}
     }
-
-
-def test_the_batch_bench_times_steady_decoding_and_compares_every_text_with_it_alone(cpu_engine):
-    from model_loader.bench_batch import run_batch
-
-    r = run_batch(cpu_engine, [1, 3], prompt_tokens=40, new_tokens=12, block_size=16)
-    rows = r["batches"]
-    assert [row["sequences"] for row in rows] == [1, 3]
-    assert all(row["decode_tok_s"] > 0 and row["steps"] >= 12 for row in rows)
-    # the CPU is batch-invariant: every text equals its prompt decoded alone, with an empty prefix cache each time
-    assert [row["matches_alone"] for row in rows] == [[12], [12, 12, 12]]
-
-
-def test_structured_scenario_times_three_ways_and_the_schema_reply_is_json(cpu_engine, capsys):
-    from model_loader.bench_structured import format_structured, run_structured
-
-    schema = {
-        "type": "object",
-        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-        "required": ["n"],
-        "additionalProperties": False,
-    }
-    r = run_structured(cpu_engine, prompt_tokens=64, new_tokens=40, runs=1, schema=schema)
-    for name in ("fast", "logprobs", "json_schema"):
-        assert r[name]["decode_tok_s_p50"] > 0
-    assert r["fast"]["completion_tokens"] == r["logprobs"]["completion_tokens"] == 40
-    assert r["json_schema"]["finish_reason"] == "eos" and r["json_schema"]["valid_json"]  # the grammar ended it
-    assert 0 < r["json_schema_ratio"] and 0 < r["logprobs_ratio"]
-    assert "JSON schema:" in format_structured(r)

@@ -6,14 +6,9 @@ import shutil
 import pytest
 
 from model_loader.chat import ChatFormat, ReasoningSplitter, StreamingDetokenizer, answer_only
-from model_loader.tokenizer import FolderTokenizer, load_tokenizer
+from model_loader.tokenizer import FolderTokenizer
 
 BOS = "<｜begin▁of▁sentence｜>"
-
-
-@pytest.fixture(scope="module")
-def chat(tiny_model):
-    return ChatFormat(load_tokenizer(tiny_model), [151643])
 
 
 def split(stream, in_reasoning=True):

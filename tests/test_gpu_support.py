@@ -4,12 +4,10 @@ still works. (This machine has no GPU: torch's device queries are set to what a 
 import pytest
 import torch
 
-from model_loader.errors import GpuUnsupportedError, ModelError
-from model_loader.gpu_support import code_runs_on, unsupported_gpu_reason
+from gpu_machines import CUDA13, CUDA124, GTX_1060, RTX_4070, machine
 
-# torch.cuda.get_arch_list() of real builds: PyPI's current Linux wheel (CUDA 13) and an older CUDA 12.4 one
-CUDA13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
-CUDA124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+from model_loader.errors import GpuUnsupportedError
+from model_loader.gpu_support import code_runs_on, unsupported_gpu_reason
 
 
 @pytest.mark.parametrize(
@@ -89,71 +87,6 @@ def test_a_gpu_newer_than_the_build_is_told_to_upgrade():
         assert fragment in msg, msg
 
 
-def machine(monkeypatch, gpus: list[tuple[tuple[int, int], str]]):
-    """torch's view of a machine with these GPUs (capability, name), in CUDA's order, and PyPI's CUDA 13 build."""
-
-    def index(device) -> int:
-        if device is None:
-            return 0
-        return device if isinstance(device, int) else (torch.device(device).index or 0)
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[index(device)][0])
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpus[index(device)][1])
-    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: CUDA13)
-    monkeypatch.setattr(torch.version, "hip", None)
-
-
-GTX_1060 = ((6, 1), "NVIDIA GeForce GTX 1060 6GB")
-RTX_4070 = ((8, 9), "NVIDIA GeForce RTX 4070")
-
-
-@pytest.fixture
-def gtx_1060_with_cuda13_torch(monkeypatch):
-    """torch's view of a machine with a GTX 1060 and PyPI's CUDA 13 build."""
-    machine(monkeypatch, [GTX_1060])
-
-
-def test_the_gpu_asked_for_is_the_one_checked(monkeypatch):
-    """Two GPUs: an RTX 4070 (cuda:0) and a GTX 1060 (cuda:1) under the CUDA 13 build. Loading on cuda:1 names
-    the GTX 1060; a GPU number the machine doesn't have is a clear error too."""
-    from model_loader.device import pick_device
-
-    machine(monkeypatch, [RTX_4070, GTX_1060])
-    assert pick_device("cuda:0") == torch.device("cuda:0")
-    with pytest.raises(GpuUnsupportedError, match="GTX 1060"):
-        pick_device("cuda:1")
-    with pytest.raises(ModelError, match="cuda:2 was requested but this machine has 2 NVIDIA GPU"):
-        pick_device("cuda:2")
-
-
-@pytest.mark.parametrize("device", ["auto", None, "cuda"])
-def test_an_unsupported_first_gpu_is_passed_over_for_one_that_works(monkeypatch, device):
-    """A desktop that kept its GTX 1060 (cuda:0) beside a new RTX 4070 (cuda:1): the default and a bare "cuda"
-    run on the RTX 4070 instead of stopping at the first GPU and offering the CPU; the device comes back with
-    its number, which the engine makes its threads' current device (Triton and CUDA graphs run there)."""
-    from model_loader.device import pick_device
-
-    machine(monkeypatch, [GTX_1060, RTX_4070])
-    assert pick_device(device) == torch.device("cuda", 1)
-
-
-def test_a_bare_cuda_is_numbered(monkeypatch):
-    from model_loader.device import pick_device
-
-    machine(monkeypatch, [RTX_4070, RTX_4070])
-    assert pick_device("cuda") == torch.device("cuda", 0)  # CUDA's order: the first that works
-
-
-def test_no_supported_gpu_names_the_first_and_counts_the_rest(monkeypatch):
-    from model_loader.device import pick_device
-
-    machine(monkeypatch, [GTX_1060, ((6, 1), "NVIDIA GeForce GTX 1070")])
-    with pytest.raises(GpuUnsupportedError, match="GTX 1060 6GB.*whl/cu126.* other GPU is not supported either"):
-        pick_device("auto")
-
-
 @pytest.mark.parametrize("device", ["cuda", None])  # asked for, and the default (auto)
 def test_loading_on_it_says_so_before_anything_runs(tiny_model, gtx_1060_with_cuda13_torch, device):
     from model_loader.engine import Engine
@@ -182,52 +115,6 @@ def test_the_cli_names_the_cpu_way_out(tiny_model, gtx_1060_with_cuda13_torch, c
         )
         == 0
     )  # the CPU still works
-
-
-def test_doctor_reports_it(gtx_1060_with_cuda13_torch, monkeypatch):
-    from types import SimpleNamespace
-
-    from model_loader import doctor
-
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda device=None: SimpleNamespace(
-            name="NVIDIA GeForce GTX 1060 6GB", major=6, minor=1, total_memory=6 * 2**30
-        ),
-    )
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what torch says on any GPU
-    info = doctor.collect()
-    assert info["compute_capability"] == "6.1"
-    assert info["default_precision"] == "float16"  # what r1desk computes in there (no bf16 GEMMs before Turing)
-    assert info["torch_gpu_code"] == " ".join(CUDA13)
-    assert "GTX 1060 6GB" in info["gpu_problem"] and "whl/cu126" in info["gpu_problem"]
-    assert "gpu_problem" in doctor.format_report(info)
-
-
-def test_doctor_reports_the_gpu_a_load_would_take_and_the_others(monkeypatch):
-    from types import SimpleNamespace
-
-    from model_loader import doctor
-
-    gpus = [GTX_1060, RTX_4070]
-    machine(monkeypatch, gpus)
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda index=0: SimpleNamespace(
-            name=gpus[index][1], major=gpus[index][0][0], minor=gpus[index][0][1], total_memory=12 * 2**30
-        ),
-    )
-    info = doctor.collect()
-    assert (info["gpu"], info["cuda_device"], info["compute_capability"]) == (
-        "NVIDIA GeForce RTX 4070",
-        "cuda:1",
-        "8.9",
-    )
-    assert info["default_precision"] == "bfloat16" and "gpu_problem" not in info
-    assert info["other_gpus"] == ["cuda:0 NVIDIA GeForce GTX 1060 6GB (not supported by this torch)"]
-    assert "cuda:0 NVIDIA GeForce GTX 1060" in doctor.format_report(info)
 
 
 def test_the_cli_takes_a_gpu_number(tiny_model, monkeypatch, capsys):

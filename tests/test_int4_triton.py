@@ -6,8 +6,6 @@ import torch
 
 from model_loader import awq as fmt
 from model_loader.engine import Engine
-from model_loader.variants import choose_int4_layout
-from model_loader.errors import ModelError
 from model_loader.kernels import int4_triton
 from model_loader.quantize import quantize
 
@@ -98,29 +96,6 @@ def test_engine_runs_awq_on_the_triton_int4_kernels(tiny_awq, device):
     # the GEMV's float-exponent trick keeps about 15 bits of each product sum (int4_triton._int4_dot_blocks):
     # on a GPU (fp32 FMAs, not the interpreter's numpy) that shows at 1e-4; a misplaced nibble is 100x more
     torch.testing.assert_close(triton_engine.decode_logits, dense_engine.decode_logits, atol=1e-3, rtol=1e-3)
-
-
-def test_an_int4_path_that_cannot_run_here_is_refused_by_name():
-    with pytest.raises(ModelError, match="the torch int4 path can't run here"):
-        choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced="torch")
-    assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=False, forced=None) is None
-    assert choose_int4_layout(torch.device("cpu"), torch.float32, triton_ok=True, forced=None) == "triton"
-
-
-def test_default_int4_path_follows_the_gpu_generation(monkeypatch):
-    """Hopper: our Triton kernels (measured fastest there); other sm80+ GPUs: torch's int4 kernel (the issue's
-    default, ours unmeasured there); either can be forced; without Triton torch's kernel runs where it can."""
-    import model_loader.variants as variants
-
-    monkeypatch.setattr(variants, "int4pack_supported", lambda dev: True)  # as on any CUDA sm80+ GPU
-    gpu, bf16 = torch.device("cuda"), torch.bfloat16
-    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(9, 0)) == "triton"
-    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(8, 6)) == "torch"
-    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced=None, capability=(12, 0)) == "torch"
-    assert choose_int4_layout(gpu, bf16, triton_ok=False, forced=None, capability=(9, 0)) == "torch"
-    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="torch", capability=(9, 0)) == "torch"
-    assert choose_int4_layout(gpu, bf16, triton_ok=True, forced="triton", capability=(8, 6)) == "triton"
-    assert choose_int4_layout(gpu, torch.float16, triton_ok=True, forced=None, capability=(8, 6)) == "triton"
 
 
 @pytest.mark.parametrize("config", [int4_triton.DEFAULT_INT4_GEMV, (16, 2, 1, 1), (32, 8, 8, 1), (16, 1, 2, 4)])

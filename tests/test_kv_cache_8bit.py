@@ -232,7 +232,7 @@ def test_prefill_attention_over_an_8bit_cache_matches_reference(
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["v-rows", "v-transposed"])
 def test_a_prefill_zeroes_the_stale_value_rows_and_their_scales_in_an_8bit_cache(device, transposed):
-    """As in the 16-bit cache (test_triton_kernels), and their scales too: a NaN scale would make a zeroed row
+    """As in the 16-bit cache (test_small_ops), and their scales too: a NaN scale would make a zeroed row
     NaN again."""
     from model_loader.kernels.jit_small_ops import STALE_V_ROWS
 

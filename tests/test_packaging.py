@@ -100,7 +100,7 @@ def bundle(tmp_path_factory, request):
 
 
 @pytest.fixture
-def profile(tmp_path) -> dict:
+def frozen_profile(tmp_path) -> dict:
     """Environment for a frozen run: HOME, XDG and AppData folders in tmp_path, offscreen Qt, nothing from this
     Python (the bundle must not lean on the checkout or site-packages)."""
     env = {
@@ -127,11 +127,11 @@ def profile(tmp_path) -> dict:
     return {"env": env, "home": home, "cwd": tmp_path}
 
 
-def run_frozen(bundle: Bundle, profile: dict, *args: str, env: dict | None = None, timeout: float = 300):
+def run_frozen(bundle: Bundle, frozen_profile: dict, *args: str, env: dict | None = None, timeout: float = 300):
     return subprocess.run(
         [str(bundle.exe), *args],
-        env={**profile["env"], **(env or {})},
-        cwd=profile["cwd"],
+        env={**frozen_profile["env"], **(env or {})},
+        cwd=frozen_profile["cwd"],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -229,16 +229,16 @@ def test_bundle_carries_what_the_frozen_app_needs_and_no_weights(bundle):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profile, tiny_model):
+def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, frozen_profile, tiny_model):
     before = tree_state(bundle.folder)
-    trace = profile["cwd"] / "startup.txt"
-    shot = profile["cwd"] / "window.png"
+    trace = frozen_profile["cwd"] / "startup.txt"
+    shot = frozen_profile["cwd"] / "window.png"
     # The user's message goes through the markdown/code/math renderer too: pygments and matplotlib frozen.
     prompt = r"Check $\frac{17 \cdot 23}{2}$ and `x = 1`. Reason step by step."
     t0 = time.monotonic()
     proc = run_frozen(
         bundle,
-        profile,
+        frozen_profile,
         "--self-test",
         "--model",
         str(tiny_model),
@@ -276,7 +276,7 @@ def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profi
 
     # settings, history and caches went to the user's folders; nothing was written into the bundle
     assert tree_state(bundle.folder) == before, "the frozen app wrote into its own folder"
-    mpl_cache = profile["home"] / ("localappdata" if WINDOWS else "cache")
+    mpl_cache = frozen_profile["home"] / ("localappdata" if WINDOWS else "cache")
     assert list(mpl_cache.rglob("fontlist-*.json")), "matplotlib's font cache is not in the user's cache folder"
     assert bundle.measured["window_s"] < VISIBLE_WINDOW_BUDGET_S, report(bundle)
 
@@ -284,12 +284,12 @@ def test_frozen_self_test_replies_fast_start_no_writes_into_bundle(bundle, profi
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not LINUX, reason="X11 is Linux's display server")
-def test_frozen_self_test_on_an_x11_display(bundle, profile, tiny_model):
+def test_frozen_self_test_on_an_x11_display(bundle, frozen_profile, tiny_model):
     """The platform plugin a Linux desktop really uses (xcb), on a virtual X server, not the offscreen one."""
     xvfb_run = shutil.which("xvfb-run")
     assert xvfb_run, "this test needs xvfb-run (apt: xvfb xauth)"
-    trace = profile["cwd"] / "startup-x11.txt"
-    env = {**profile["env"], "QT_QPA_PLATFORM": "xcb", "R1DESK_STARTUP_TRACE": str(trace)}
+    trace = frozen_profile["cwd"] / "startup-x11.txt"
+    env = {**frozen_profile["env"], "QT_QPA_PLATFORM": "xcb", "R1DESK_STARTUP_TRACE": str(trace)}
     t0 = time.monotonic()
     proc = subprocess.run(
         [
@@ -307,7 +307,7 @@ def test_frozen_self_test_on_an_x11_display(bundle, profile, tiny_model):
             "4",
         ],
         env=env,
-        cwd=profile["cwd"],
+        cwd=frozen_profile["cwd"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -322,15 +322,15 @@ def test_frozen_self_test_on_an_x11_display(bundle, profile, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_frozen_app_finds_a_model_in_the_hugging_face_cache(bundle, profile, tiny_model):
+def test_frozen_app_finds_a_model_in_the_hugging_face_cache(bundle, frozen_profile, tiny_model):
     """Repo ids resolve from the local HF cache exactly as in the installed app (HF_HUB_CACHE layout)."""
     sha = "0123456789abcdef0123456789abcdef01234567"
-    repo = profile["home"] / "hf" / "hub" / "models--test-org--tiny-r1"
+    repo = frozen_profile["home"] / "hf" / "hub" / "models--test-org--tiny-r1"
     shutil.copytree(tiny_model, repo / "snapshots" / sha)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(sha)
     proc = run_frozen(
-        bundle, profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu", "--max-new-tokens", "4"
+        bundle, frozen_profile, "--self-test", "--model", "test-org/tiny-r1", "--device", "cpu", "--max-new-tokens", "4"
     )
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     assert int(summary_fields(proc.stdout)["tokens"]) > 0
@@ -338,16 +338,16 @@ def test_frozen_app_finds_a_model_in_the_hugging_face_cache(bundle, profile, tin
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_frozen_app_says_why_when_the_model_is_missing(bundle, profile):
-    missing = profile["cwd"] / "no-such-model"
-    proc = run_frozen(bundle, profile, "--self-test", "--model", str(missing), "--device", "cpu")
+def test_frozen_app_says_why_when_the_model_is_missing(bundle, frozen_profile):
+    missing = frozen_profile["cwd"] / "no-such-model"
+    proc = run_frozen(bundle, frozen_profile, "--self-test", "--model", str(missing), "--device", "cpu")
     assert proc.returncode != 0
     assert "self-test FAILED" in proc.stderr and "no such folder" in proc.stderr, proc.stderr[-4000:]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profile, tiny_model):
+def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, frozen_profile, tiny_model):
     """desktop's download runs `r1desk --download-worker` (the frozen app re-run as a child): it must work
     frozen, print its JSON progress and write the model where it was told, with no window. Downloaded into
     r1desk's own models folder, the model is then found by its repo id (no Hugging Face cache here)."""
@@ -356,10 +356,10 @@ def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profil
 
     hub = FakeHub("test-org/tiny-r1", tiny_model)
     try:
-        dest = profile["home"] / "data" / "r1desk" / "models" / "tiny-r1"
+        dest = frozen_profile["home"] / "data" / "r1desk" / "models" / "tiny-r1"
         proc = run_frozen(
             bundle,
-            profile,
+            frozen_profile,
             "--download-worker",
             "test-org/tiny-r1",
             str(dest),
@@ -373,11 +373,11 @@ def test_frozen_download_child_fetches_a_model_the_app_then_finds(bundle, profil
     assert last == {"finished": str(dest)}
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         assert (dest / name).read_bytes() == (Path(tiny_model) / name).read_bytes()
-    empty_hf = profile["home"] / "hf-empty"  # so the repo id can only resolve to r1desk's own models folder
+    empty_hf = frozen_profile["home"] / "hf-empty"  # so the repo id can only resolve to r1desk's own models folder
     empty_hf.mkdir()
     proc = run_frozen(
         bundle,
-        profile,
+        frozen_profile,
         "--self-test",
         "--model",
         "test-org/tiny-r1",

@@ -23,14 +23,14 @@ class EagerGraph:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
+def paged_engine(tiny_model):
     from model_loader.engine import Engine
 
     return Engine.load(tiny_model, device="cpu", context_length=256, use_triton=True)
 
 
-def paged_forward(engine, buckets=()) -> PagedForward:
-    fwd = PagedForward(engine.model, PagedKVCache(engine.model, num_blocks=8, block_size=16), max_batch=2)
+def paged_forward(paged_engine, buckets=()) -> PagedForward:
+    fwd = PagedForward(paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=8, block_size=16), max_batch=2)
     if buckets:
         fwd.make_prefill_inputs(max(buckets))
         for b in buckets:
@@ -39,12 +39,12 @@ def paged_forward(engine, buckets=()) -> PagedForward:
     return fwd
 
 
-def test_a_fresh_prompt_through_the_prefill_graph_matches_the_eager_step(engine):
-    ids = engine.chat.render([{"role": "user", "content": "What is 2 + 2? Reason step by step."}]).ids
+def test_a_fresh_prompt_through_the_prefill_graph_matches_the_eager_step(paged_engine):
+    ids = paged_engine.chat.render([{"role": "user", "content": "What is 2 + 2? Reason step by step."}]).ids
     n = len(ids)
     assert 16 < n < 32  # the 32 bucket, with padding rows
     blocks = [5, 2]  # not consecutive: each row's slot comes from its block
-    eager, graphed = paged_forward(engine), paged_forward(engine, buckets=(16, 32, 64))
+    eager, graphed = paged_forward(paged_engine), paged_forward(paged_engine, buckets=(16, 32, 64))
     seq = SeqSlice(0, n, n, blocks, logits=True)
     want = eager.step(ids, list(range(n)), [seq])
     got = graphed.step(ids, list(range(n)), [seq])
@@ -58,9 +58,9 @@ def test_a_fresh_prompt_through_the_prefill_graph_matches_the_eager_step(engine)
         assert not cache_b[:, :, others].any()  # the padding rows wrote nothing
 
 
-def test_a_long_prompts_first_chunk_returns_no_logits_and_other_steps_run_eagerly(engine):
+def test_a_long_prompts_first_chunk_returns_no_logits_and_other_steps_run_eagerly(paged_engine):
     ids = list(range(100, 140))
-    graphed = paged_forward(engine, buckets=(16, 32, 64))
+    graphed = paged_forward(paged_engine, buckets=(16, 32, 64))
     assert graphed.step(ids, list(range(40)), [SeqSlice(0, 40, 40, [0, 1, 2], logits=False)]).shape[0] == 0
     # its second chunk reads the first's K/V from the cache: not a fresh prompt, so no graph
     more = list(range(140, 150))

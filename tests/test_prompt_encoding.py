@@ -4,12 +4,10 @@ user), and reuses the earlier ids where it can (model_loader.prompt_encoding).""
 
 import random
 
-import pytest
 
 from model_loader.chat import ChatFormat, history_content
 from model_loader.common_prefix import common_prefix
 from model_loader.prompt_encoding import IncrementalEncoder
-from model_loader.tokenizer import load_tokenizer
 
 PIECES = [
     "the",
@@ -53,12 +51,6 @@ def text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, n)))
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_model):
-    tok = load_tokenizer(tiny_model)
-    return ChatFormat(tok, [])
-
-
 def test_common_prefix_of_strings():
     assert common_prefix("", "abc") == 0
     assert common_prefix("abc", "abc") == 3
@@ -80,7 +72,7 @@ def test_same_ids_as_a_full_tokenization_over_random_chats(chat):
         messages.append({"role": "user", "content": text(rng, 30)})
         for turn in range(6):
             # the prompt text as the window renders it, tokenized by the encoder (render itself tokenizes a
-            # message holding control-token text piecewise: test_control_token_text covers that)
+            # message holding control-token text piecewise: test_tokenizer_control_tokens covers that)
             prompt = chat.render(messages)
             ids = encoder.encode(prompt.text)
             assert ids == tok.encode(prompt.text, add_special_tokens=False), (conversation, turn)

@@ -15,20 +15,11 @@ import pytest
 
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 from model_loader.remote import RemoteEngine, RemoteError
-from serving import serve as _serve
-from serving import stop as _stop
 from test_cli import cli
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    proc, model_id, url = _serve(tiny_model)
-    yield model_id, url
-    _stop(proc)
-
-
-def test_chat_remote_gives_the_reply_the_local_engine_gives(server, tiny_model):
-    model, url = server
+def test_chat_remote_gives_the_reply_the_local_engine_gives(tiny_server, tiny_model):
+    model, url = tiny_server
     args = ["chat", "--prompt", "Why is the sky blue?", "--json", "--temperature", "0", "--max-new-tokens", "12"]
     remote = json.loads(cli(*args, "--model", model, "--remote", url).stdout)
     local = json.loads(cli(*args, "--model", tiny_model, "--device", "cpu", "--context", "512").stdout)
@@ -36,8 +27,8 @@ def test_chat_remote_gives_the_reply_the_local_engine_gives(server, tiny_model):
     assert remote["completion_tokens"] == 12 and remote["finish_reason"] == "max_new_tokens"
 
 
-def test_cancel_ends_the_remote_reply_with_what_came(server):
-    model, url = server
+def test_cancel_ends_the_remote_reply_with_what_came(tiny_server):
+    model, url = tiny_server
     engine = RemoteEngine(url, model)
     control = GenerationControl()
     texts = []
@@ -54,10 +45,10 @@ def test_cancel_ends_the_remote_reply_with_what_came(server):
     assert engine.models() == [model]
 
 
-def test_stop_thinking_continues_the_reply_with_its_reasoning_closed(server):
+def test_stop_thinking_continues_the_reply_with_its_reasoning_closed(tiny_server):
     """r1desk's server continues an assistant message with its reasoning closed (continue_final_message with
     reasoning_content): the client hangs up on the reasoning and the same reply goes on as its answer."""
-    model, url = server
+    model, url = tiny_server
     engine = RemoteEngine(url, model)
     engine.warm_up()
     assert engine.info.continues  # its model list says r1desk
@@ -93,8 +84,8 @@ def test_a_server_that_is_not_r1desk_is_not_asked_to_continue(scripted):
     assert done.reasoning == "ab" and not done.stats.stopped_thinking
 
 
-def test_the_servers_load_from_its_metrics(server, scripted):
-    model, url = server
+def test_the_servers_load_from_its_metrics(tiny_server, scripted):
+    model, url = tiny_server
     ours = RemoteEngine(url, model).server_metrics()
     assert ours == {"running": 0, "waiting": 0, "slots": 1, "kv_cache_usage": None}  # one at a time: no paged cache
     theirs = RemoteEngine(scripted[0], "m").server_metrics()  # vLLM's names, summed over its engines

@@ -12,13 +12,6 @@ GREEDY = SamplingSettings(temperature=0, max_new_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    from model_loader.engine import Engine
-
-    return Engine.load(tiny_model, device="cpu", context_length=1024)
-
-
-@pytest.fixture(scope="module")
 def prompts(engine):
     """Prompts of 9 to ~300 tokens (one over several prefill chunks)."""
     texts = [

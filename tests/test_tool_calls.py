@@ -47,13 +47,6 @@ TOOLS = [WEATHER, ADD]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def qwen(qwen_model):
-    proc, model_id, url = _serve(qwen_model)
-    yield model_id, url
-    _stop(proc)
-
-
 # ---------------------------------------------------------------------------------------------- parsing
 REPLY = (
     'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n'
@@ -125,8 +118,8 @@ def test_calls_and_results_go_back_through_the_template(qwen_model):
 
 
 # ---------------------------------------------------------------------------------------------- the API
-def test_required_makes_the_reply_a_call_with_valid_arguments(qwen):
-    model, url = qwen
+def test_required_makes_the_reply_a_call_with_valid_arguments(qwen_server):
+    model, url = qwen_server
     client = _client(url)
     for seed in (1, 2, 3):
         r = client.chat.completions.create(
@@ -140,8 +133,8 @@ def test_required_makes_the_reply_a_call_with_valid_arguments(qwen):
             jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
 
 
-def test_a_named_function_is_the_one_called_and_streams_as_deltas(qwen):
-    model, url = qwen
+def test_a_named_function_is_the_one_called_and_streams_as_deltas(qwen_server):
+    model, url = qwen_server
     client = _client(url)
     choice = {"type": "function", "function": {"name": "add"}}
     whole = client.chat.completions.create(
@@ -160,8 +153,8 @@ def test_a_named_function_is_the_one_called_and_streams_as_deltas(qwen):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
-def test_a_call_and_its_result_round_trip(qwen):
-    model, url = qwen
+def test_a_call_and_its_result_round_trip(qwen_server):
+    model, url = qwen_server
     client = _client(url)
     first = (
         client.chat.completions.create(
@@ -184,8 +177,8 @@ def test_a_call_and_its_result_round_trip(qwen):
     )  # the call and result went in
 
 
-def test_auto_without_a_call_is_plain_content(qwen):
-    model, url = qwen
+def test_auto_without_a_call_is_plain_content(qwen_server):
+    model, url = qwen_server
     r = _client(url).chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=12)
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
     assert r.choices[0].finish_reason == "length"
@@ -201,8 +194,8 @@ def test_auto_without_a_call_is_plain_content(qwen):
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
-def test_bad_tool_requests_are_400s_naming_the_field(qwen, extra, param):
-    model, url = qwen
+def test_bad_tool_requests_are_400s_naming_the_field(qwen_server, extra, param):
+    model, url = qwen_server
     with pytest.raises(openai.BadRequestError) as err:
         _client(url).chat.completions.create(model=model, messages=ASK, max_tokens=2, extra_body=extra)
     assert err.value.body["param"] == param

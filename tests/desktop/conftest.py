@@ -130,3 +130,36 @@ def hub(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     yield h
     h.close()
+
+
+@pytest.fixture
+def renderer(qapp):
+    """The reply renderer in the light theme, as the window makes it (test_markdown, test_mathimg, ...)."""
+    from desktop.markdown import MarkdownRenderer
+    from desktop.theme import LIGHT
+
+    return MarkdownRenderer(LIGHT, 15.0)
+
+
+@pytest.fixture(scope="module")
+def lab(tiny_model):
+    """A real `r1desk-cli serve` on the tiny model (CPU) that requires serving.API_KEY, one per test module that
+    uses it: (its model id, its /v1 URL)."""
+    from serving import API_KEY, serve, stop
+
+    proc, model_id, url = serve(tiny_model, "--api-key", API_KEY)
+    yield model_id, url
+    stop(proc)
+
+
+@pytest.fixture
+def system_keyring():
+    """The system's keyring replaced by one in memory (fakes.MemoryKeyring) for the test: yields it."""
+    import keyring
+    from fakes import MemoryKeyring
+
+    before = keyring.get_keyring()
+    ring = MemoryKeyring()
+    keyring.set_keyring(ring)
+    yield ring
+    keyring.set_keyring(before)

@@ -3,6 +3,9 @@
 It speaks the real event API (model_loader.events: Started, Delta, Finished, GenerationStats, MemoryStats), honours
 GenerationControl (cancel, stop_thinking) before every "token", and paces tokens like a GPU would, so the
 GUI sees the same stream shape as with a real model: reasoning, then the answer.
+
+Also the desktop tests' other stand-ins and steps: reply() (send a message in a window and wait for its reply)
+and MemoryKeyring (the system keyring, in memory).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+
+from keyring.backend import KeyringBackend
+from keyring.errors import PasswordDeleteError
 
 from model_loader.errors import ContextFullError, OutOfMemoryError
 from model_loader.events import Delta, Finished, GenerationStats, MemoryStats, Started
@@ -174,6 +180,13 @@ class FakeEngine:
         yield Finished(text=text, reasoning=reasoning, answer=answer, token_ids=list(range(n)), stats=stats)
 
 
+def reply(qtbot, win, text) -> dict:
+    """Send `text` in the window and wait for its reply: the reply_finished signal's message."""
+    with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
+        assert win.send(text)
+    return blocker.args[0]
+
+
 def factory(
     engine: FakeEngine,
     fail_load: Exception | None = None,
@@ -200,3 +213,23 @@ def factory(
 
 
 __all__ = ["FakeEngine", "factory", "ContextFullError", "OutOfMemoryError"]
+
+
+class MemoryKeyring(KeyringBackend):
+    """A keyring backend in memory (the tests' stand-in for Secret Service / Keychain / Credential Locker)."""
+
+    priority = 1
+
+    def __init__(self):
+        super().__init__()
+        self.items = {}
+
+    def set_password(self, service, username, password):
+        self.items[(service, username)] = password
+
+    def get_password(self, service, username):
+        return self.items.get((service, username))
+
+    def delete_password(self, service, username):
+        if self.items.pop((service, username), None) is None:
+            raise PasswordDeleteError("no such key")

@@ -6,31 +6,11 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
-from serving import serve, stop
-from test_servers import MemoryKeyring
+from serving import API_KEY, serve
 
 from desktop.engine_status import model_title
 from desktop.settings import AppSettings
 from desktop.servers import KeyStore, Server, servers_to_json
-
-KEY = "lab-key-42"
-
-
-@pytest.fixture
-def system_keyring():
-    import keyring
-
-    before = keyring.get_keyring()
-    keyring.set_keyring(MemoryKeyring())
-    yield
-    keyring.set_keyring(before)
-
-
-@pytest.fixture(scope="module")
-def lab(tiny_model):
-    proc, model_id, url = serve(tiny_model, "--api-key", KEY)
-    yield model_id, url
-    stop(proc)
 
 
 def remote_settings(url: str, model_id: str) -> dict:
@@ -38,36 +18,9 @@ def remote_settings(url: str, model_id: str) -> dict:
     return dict(servers=servers, remote_server=url, remote_model=model_id)
 
 
-def test_add_server_lists_the_models_once_the_key_is_right(qtbot, lab):
-    from PySide6.QtWidgets import QDialogButtonBox
-
-    from desktop.server_dialog import AddServerDialog
-
-    model_id, url = lab
-    dlg = AddServerDialog(None, {"Lab"}, keys_where="the system keyring")
-    qtbot.addWidget(dlg)
-    add = dlg.buttons.button(QDialogButtonBox.Ok)
-    dlg.url.setText(url.removeprefix("http://").removesuffix("/v1"))  # typed without scheme and path
-    dlg.key.setText("wrong")
-    dlg.check()
-    qtbot.waitUntil(lambda: "Could not use this server" in dlg.status.text(), timeout=20000)
-    assert "refused the API key" in dlg.status.text() and not add.isEnabled()
-    assert dlg.url.text() == url  # made the OpenAI root
-    dlg.key.setText(KEY)
-    dlg.check()
-    qtbot.waitUntil(lambda: bool(dlg.models), timeout=20000)
-    assert dlg.models == [model_id] and add.isEnabled()
-    dlg.name.setText("Lab")
-    dlg.accept()  # a name already taken is refused, the dialog stays open
-    assert "already added" in dlg.status.text() and not dlg.result()
-    dlg.name.setText("Lab 2")
-    dlg.accept()
-    assert dlg.server() == Server("Lab 2", url, False, [model_id]) and dlg.api_key() == KEY
-
-
 def test_a_reply_from_a_server_streams_folds_and_is_saved(qtbot, make_window, lab, profile, system_keyring):
     model_id, url = lab
-    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    KeyStore(profile / "config" / "r1desk-keys").set(url, API_KEY)
     win = make_window(max_new_tokens=24, **remote_settings(url, model_id))
     assert win.engine_info["device"] == "remote"
     assert win.topbar.status_label.text() == f"Ready · {model_title(model_id)} · server at {url.split('/')[2]}"
@@ -117,7 +70,7 @@ def test_a_server_that_dies_mid_reply_keeps_the_partial_reply_and_says_why(
 
 def test_stop_thinking_on_a_server_continues_the_reply_as_its_answer(qtbot, make_window, lab, profile, system_keyring):
     model_id, url = lab
-    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    KeyStore(profile / "config" / "r1desk-keys").set(url, API_KEY)
     win = make_window(max_new_tokens=60, **remote_settings(url, model_id))
     assert win.engine_info["continues"]  # an r1desk server
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
@@ -149,11 +102,11 @@ def test_a_server_that_cannot_continue_says_so_on_the_stop_thinking_button(make_
 
 def test_the_self_test_runs_against_a_server(tmp_path, lab):
     """`r1desk --remote URL --model NAME --api-key-file F --self-test`: scripted use of a server's model."""
-    from test_selftest import _run
+    from test_app_selftest import _run
 
     model_id, url = lab
     key_file = tmp_path / "key"
-    key_file.write_text(KEY + "\n")
+    key_file.write_text(API_KEY + "\n")
     args = ["--remote", url, "--model", model_id, "--self-test", "--max-new-tokens", "8", "--prompt", "Hi"]
     out = _run([*args, "--api-key-file", str(key_file)], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -178,7 +131,7 @@ def test_the_top_bar_picks_a_servers_model_and_a_chat_remembers_which_model_answ
     import fakes
 
     model_id, url = lab
-    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    KeyStore(profile / "config" / "r1desk-keys").set(url, API_KEY)
     win = make_window(
         engine=fakes.FakeEngine(token_s=0.0), max_new_tokens=16, servers=remote_settings(url, model_id)["servers"]
     )
@@ -254,7 +207,7 @@ def test_a_server_without_a_reasoning_parser_still_folds_the_reasoning(qtbot, ma
 
 def test_stop_ends_a_servers_reply_and_keeps_what_came(qtbot, make_window, lab, profile, system_keyring):
     model_id, url = lab
-    KeyStore(profile / "config" / "r1desk-keys").set(url, KEY)
+    KeyStore(profile / "config" / "r1desk-keys").set(url, API_KEY)
     win = make_window(max_new_tokens=400, **remote_settings(url, model_id))
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
         win.send("Tell me a long story.")

@@ -5,40 +5,9 @@ import stat
 
 import keyring
 import pytest
-from keyring.backend import KeyringBackend
 from keyring.backends.fail import Keyring as NoKeyring
-from keyring.errors import PasswordDeleteError
 
 from desktop.servers import KEYRING_SERVICE, KeyStore, Server, normalised_url, servers_from_json, servers_to_json
-
-
-class MemoryKeyring(KeyringBackend):
-    """A keyring backend in memory (the tests' stand-in for Secret Service / Keychain / Credential Locker)."""
-
-    priority = 1
-
-    def __init__(self):
-        super().__init__()
-        self.items = {}
-
-    def set_password(self, service, username, password):
-        self.items[(service, username)] = password
-
-    def get_password(self, service, username):
-        return self.items.get((service, username))
-
-    def delete_password(self, service, username):
-        if self.items.pop((service, username), None) is None:
-            raise PasswordDeleteError("no such key")
-
-
-@pytest.fixture
-def system_keyring():
-    before = keyring.get_keyring()
-    ring = MemoryKeyring()
-    keyring.set_keyring(ring)
-    yield ring
-    keyring.set_keyring(before)
 
 
 @pytest.fixture

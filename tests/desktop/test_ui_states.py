@@ -6,13 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 import fakes
-from fakes import FakeEngine, OutOfMemoryError
-
-
-def _reply(qtbot, win, text):
-    with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
-        assert win.send(text)
-    return blocker.args[0]
+from fakes import FakeEngine, OutOfMemoryError, reply
 
 
 class MidFailEngine(FakeEngine):
@@ -62,7 +56,7 @@ def test_a_failed_reload_leaves_no_old_model_in_the_live_panel(qtbot, make_windo
 def test_a_theme_change_mid_reply_reaches_every_message_when_it_ends(qtbot, make_window):
     engine = FakeEngine(token_s=0.0)
     win = make_window(engine=engine, theme="light")
-    _reply(qtbot, win, "first")
+    reply(qtbot, win, "first")
     engine.token_s = 0.01
     win.send("second")
     qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=10000)
@@ -78,22 +72,22 @@ def test_a_regenerate_before_the_message_being_edited_ends_the_edit(qtbot, make_
     """Regenerating an earlier reply deleted the message being edited too, but the edit stayed: its Send then
     deleted everything from that message's id on, the regenerated reply included."""
     win = make_window(engine=FakeEngine(token_s=0.0))
-    _reply(qtbot, win, "question one")
-    _reply(qtbot, win, "question two")
+    reply(qtbot, win, "question one")
+    reply(qtbot, win, "question two")
     reply1, user2 = win.store.messages(win.conv_id)[1:3]
     win._on_message_action("edit", user2["id"])
     with qtbot.waitSignal(win.reply_finished, timeout=20000) as blocker:
         win._on_message_action("regenerate", reply1["id"])
     regenerated = blocker.args[0]["id"]
     assert win.editing_msg_id is None and not win.composer.editing_label.isVisible()
-    _reply(qtbot, win, "a follow-up")
+    reply(qtbot, win, "a follow-up")
     assert regenerated in [m["id"] for m in win.store.messages(win.conv_id)]
 
 
 def test_a_regenerate_that_cant_start_keeps_the_old_reply(qtbot, make_window):
     """With the queue full (API requests waiting), the old reply was deleted and nothing took its place."""
     win = make_window(engine=FakeEngine(token_s=0.0))
-    old = _reply(qtbot, win, "question")
+    old = reply(qtbot, win, "question")
     win.service.max_waiting = len(win.service.waiting)  # as full as 16 waiting API requests make it
     win._on_message_action("regenerate", old["id"])
     assert win.store.message(old["id"]) is not None and "could not start" in win.banner.label.text()
@@ -115,7 +109,7 @@ def test_history_actions_are_off_while_a_reply_is_written(qtbot, make_window):
     """They looked usable mid-reply and did nothing when clicked."""
     engine = FakeEngine(token_s=0.0)
     win = make_window(engine=engine)
-    old = _reply(qtbot, win, "question")
+    old = reply(qtbot, win, "question")
     engine.token_s = 0.01
     win.send("again")
     qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=10000)
@@ -134,19 +128,3 @@ def test_a_reply_kept_after_an_error_says_so(qtbot, make_window):
     win.open_conversation(win.conv_id)  # as after a restart, when the banner is gone
     w = win.chat.widgets[-1]
     assert "stopped by an error" in w.meta.text() and "stopped by an error" in w.reasoning_block.toggle.text()
-
-
-def test_esc_in_the_search_box_clears_the_search_and_leaves_the_reply(qtbot, make_window):
-    engine = FakeEngine(token_s=0.0)
-    win = make_window(engine=engine)
-    win.activateWindow()  # window shortcuts need the active window
-    _reply(qtbot, win, "question")
-    engine.token_s = 0.01
-    win.send("again")
-    qtbot.waitUntil(lambda: win.stream is not None and len(win.stream.reasoning) > 20, timeout=10000)
-    win.focus_search()
-    qtbot.keyClicks(win.sidebar.search, "ques")
-    qtbot.keyClick(win.sidebar.search, Qt.Key_Escape)
-    assert win.sidebar.search.text() == "" and win.stream is not None  # the reply goes on
-    with qtbot.waitSignal(win.reply_finished, timeout=10000):
-        qtbot.keyClick(win.sidebar.search, Qt.Key_Escape)  # a second Esc, with nothing to clear, stops it

@@ -1,6 +1,6 @@
 """4-bit (AWQ) in the window: the Precision entry when a 4-bit sibling exists, and the first-run 4-bit copy
 (download -> quantize on the engine thread -> load), with the tiny model on CPU at group size 32 (it is 64 wide;
-the app uses 128). r1desk's models folder is a tmp folder (XDG_DATA_HOME), as in test_window."""
+the app uses 128). r1desk's models folder is a tmp folder (XDG_DATA_HOME), as in test_welcome."""
 
 from __future__ import annotations
 

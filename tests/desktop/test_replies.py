@@ -1,4 +1,5 @@
-"""The chat window during a reply: streaming into the view, folding reasoning, stop, stop-thinking, closing."""
+"""One chat reply in the window (desktop.replies): streaming into the view and the store, folding reasoning,
+stop, stop-thinking, closing mid-reply."""
 
 from __future__ import annotations
 

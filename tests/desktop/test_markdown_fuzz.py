@@ -11,17 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from desktop.markdown import MarkdownRenderer
 from desktop.mathimg import render_png
-from desktop.theme import resolve
 
 BOUND_S = 15.0
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module")
-def renderer(qapp):
-    return MarkdownRenderer(resolve("light"), 14.0, 1.0, "monospace")
 
 
 def _render_bounded(renderer, text: str, quiet: bool = False):

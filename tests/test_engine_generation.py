@@ -1,11 +1,9 @@
 """Engine behaviour on the tiny model: sampling, prefix reuse, stopping, cancel, stop-thinking, context limits."""
 
-import random
 import threading
 
 import pytest
 
-from model_loader.common_prefix import common_prefix
 from model_loader.errors import ContextFullError
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings, Started
 
@@ -48,21 +46,6 @@ def test_prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill(cpu_engine):
     fresh, _ = run(cpu_engine, follow, temperature=0, max_new_tokens=16, ignore_eos=True)
     assert fresh.stats.prefix_reused_tokens == 0
     assert fresh.token_ids == reused.token_ids
-
-
-def test_common_prefix_finds_the_first_difference():
-    rng = random.Random(0)
-    for _ in range(300):
-        a = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
-        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
-        limit = rng.randrange(0, min(len(a), len(b)) + 1)
-        expected = 0
-        while expected < limit and a[expected] == b[expected]:
-            expected += 1
-        assert common_prefix(a, b, limit) == expected, (a, b, limit)
-    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 3) == 3
-    assert common_prefix([9, 2, 3], [1, 2, 3], 3) == 0
-    assert common_prefix([1, 2, 3], [1, 2, 4], 3) == 2
 
 
 def test_a_changed_conversation_reuses_only_what_still_matches(cpu_engine):
@@ -237,20 +220,3 @@ def test_out_of_gpu_memory_while_generating_is_reported_and_the_engine_stays_usa
     monkeypatch.setattr(cpu_engine.model, "prefill", real)
     final, _ = run(cpu_engine, temperature=0, max_new_tokens=3)
     assert final.stats.completion_tokens == 3 and final.stats.prefix_reused_tokens == 0
-
-
-def test_out_of_gpu_memory_while_loading_gives_advice(tiny_model, monkeypatch):
-    import torch
-
-    from model_loader import loading
-    from model_loader.engine import Engine
-    from model_loader.errors import OutOfMemoryError
-
-    def exhausted(*args, **kwargs):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-
-    monkeypatch.setattr(loading, "load_weights", exhausted)
-    with pytest.raises(
-        OutOfMemoryError, match="out of GPU memory while loading tiny-r1; try a shorter context length or 4-bit"
-    ):
-        Engine.load(tiny_model, device="cpu")

@@ -5,15 +5,6 @@ earlier assistant messages, through ChatFormat.render: the one path the API, the
 
 import pytest
 
-from model_loader.chat import ChatFormat
-from model_loader.tokenizer import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def chat(tiny_model):
-    tok = load_tokenizer(tiny_model)
-    return ChatFormat(tok, [tok.eos_token_id])
-
 
 def _conversation(where: str, text: str) -> list[dict]:
     messages = [

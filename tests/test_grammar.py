@@ -59,7 +59,7 @@ schemas = st.recursive(leaf, _containers, max_leaves=8).map(
 
 
 @pytest.fixture(scope="module")
-def engine(plain_model):
+def plain_engine(plain_model):
     from model_loader.engine import Engine
 
     return Engine.load(plain_model, device="cpu", context_length=1024)
@@ -72,9 +72,9 @@ def plain_model(tiny_model, tmp_path_factory):
     return make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain")
 
 
-def _reply(engine, constraint, **settings) -> Finished:
+def _reply(plain_engine, constraint, **settings) -> Finished:
     s = SamplingSettings(constraint=constraint, **{"max_new_tokens": 400, **settings})
-    events = list(engine.generate([{"role": "user", "content": "Answer in JSON."}], s))
+    events = list(plain_engine.generate([{"role": "user", "content": "Answer in JSON."}], s))
     return events[-1]
 
 
@@ -85,22 +85,25 @@ def _reply(engine, constraint, **settings) -> Finished:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(schema=schemas, temperature=st.sampled_from([0.0, 1.0]))
-def test_replies_under_a_random_schema_parse_and_validate(engine, schema, temperature):
-    constraint = compile_json(engine.folder.path, engine.model.cfg.vocab_size, schema)
-    done = _reply(engine, constraint, temperature=temperature, seed=3)
+def test_replies_under_a_random_schema_parse_and_validate(plain_engine, schema, temperature):
+    constraint = compile_json(plain_engine.folder.path, plain_engine.model.cfg.vocab_size, schema)
+    done = _reply(plain_engine, constraint, temperature=temperature, seed=3)
     assert done.stats.finish_reason == "eos", (schema, done.answer)  # the grammar ended it, not the budget
     jsonschema.validate(json.loads(done.answer), schema)
 
 
-def test_json_object_gives_an_object_where_the_same_settings_without_it_give_no_json(engine):
+def test_json_object_gives_an_object_where_the_same_settings_without_it_give_no_json(plain_engine):
     # The bias pulls towards "{}" (token 6257): free, the reply is a run of them, which is not JSON; under
     # json_object the grammar lets one through and then only the end.
     bias = {6257: 50.0}
-    free = _reply(engine, None, temperature=0, max_new_tokens=10, logit_bias=bias)
+    free = _reply(plain_engine, None, temperature=0, max_new_tokens=10, logit_bias=bias)
     with pytest.raises(ValueError):
         json.loads(free.answer)
     done = _reply(
-        engine, compile_json(engine.folder.path, engine.model.cfg.vocab_size, None), temperature=0, logit_bias=bias
+        plain_engine,
+        compile_json(plain_engine.folder.path, plain_engine.model.cfg.vocab_size, None),
+        temperature=0,
+        logit_bias=bias,
     )
     assert done.stats.finish_reason == "eos"
     assert json.loads(done.answer) == {}
@@ -114,9 +117,9 @@ def test_json_object_gives_an_object_where_the_same_settings_without_it_give_no_
         ({"type": "string", "pattern": "(unclosed"}, ""),
     ],
 )
-def test_a_schema_it_cant_compile_is_refused_with_the_reason(engine, schema, reason):
+def test_a_schema_it_cant_compile_is_refused_with_the_reason(plain_engine, schema, reason):
     with pytest.raises(GrammarError) as err:
-        compile_json(engine.folder.path, engine.model.cfg.vocab_size, schema)
+        compile_json(plain_engine.folder.path, plain_engine.model.cfg.vocab_size, schema)
     assert reason in str(err.value) and str(err.value)
 
 
@@ -125,19 +128,19 @@ def test_the_reasoning_stays_free_and_the_answer_follows_the_schema(tiny_model):
     thinking closes it; from there the answer is JSON for the schema."""
     from model_loader.engine import Engine
 
-    engine = Engine.load(tiny_model, device="cpu", context_length=1024)
+    plain_engine = Engine.load(tiny_model, device="cpu", context_length=1024)
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999}},
         "required": ["answer"],
         "additionalProperties": False,
     }
-    constraint = compile_json(tiny_model, engine.model.cfg.vocab_size, schema)
+    constraint = compile_json(tiny_model, plain_engine.model.cfg.vocab_size, schema)
 
     def run(constraint):
         control = GenerationControl()
         events = []
-        for event in engine.generate(
+        for event in plain_engine.generate(
             [{"role": "user", "content": "What is 6 x 7?"}],
             SamplingSettings(temperature=0, max_new_tokens=60, constraint=constraint),
             control,
@@ -153,4 +156,4 @@ def test_the_reasoning_stays_free_and_the_answer_follows_the_schema(tiny_model):
     assert bound.token_ids[:n] == free.token_ids[:n]  # the reasoning was not constrained
     assert bound.stats.finish_reason == "eos"
     jsonschema.validate(json.loads(bound.answer), schema)
-    engine.close()
+    plain_engine.close()

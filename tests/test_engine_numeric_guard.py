@@ -1,14 +1,12 @@
 """A model whose numbers break (fp16 overflow on an older GPU, NaN in a damaged weights file) is refused at load
-with what to do, instead of answering in random tokens; and the precision picked by default is one the GPU's
-matrix multiplies take."""
+with what to do, instead of answering in random tokens (Engine's warm-up check). The precision picked by
+default: test_device.py."""
 
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
-from model_loader.device import pick_dtype
 from model_loader.engine import Engine
 from model_loader.errors import ModelError
 
@@ -59,25 +57,6 @@ def test_nan_weights_are_refused_as_damaged(tiny_model, tmp_path):
     folder = _edited_copy(tiny_model, tmp_path, poison)
     with pytest.raises(ModelError, match="NaN or infinite values.*download the model again"):
         _load_and_warm(folder, "fp32")
-
-
-@pytest.mark.parametrize(
-    "capability, expected",
-    [
-        ((9, 0), torch.bfloat16),
-        ((8, 6), torch.bfloat16),
-        ((7, 5), torch.bfloat16),
-        ((7, 0), torch.float16),
-        ((6, 1), torch.float16),
-    ],
-)
-def test_the_default_precision_is_one_the_gpu_multiplies(monkeypatch, capability, expected):
-    """bf16 from Turing on (emulated there by cuBLAS); fp16 on Pascal and Volta, whose cuBLAS refuses bf16 GEMMs
-    although torch.cuda.is_bf16_supported() says yes (it only makes a tensor)."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert pick_dtype(torch.device("cuda"), None) is expected
-    assert pick_dtype(torch.device("cuda"), "bf16") is torch.bfloat16  # an explicit choice is kept
 
 
 def test_the_warm_up_checks_a_real_chat_start(tiny_model):
