@@ -39,6 +39,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
+def rotated_qkv(qkv, bias, cos_rows, sin_rows, num_heads: int, num_kv_heads: int):
+    """The QKV rows with their bias, q and k rotated by the rows' cos/sin [T, D/2]: (q [T, Hq, D] in qkv's dtype,
+    k and v [T, Hkv, D] in fp32, for the cache writer to round or quantize)."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    x = (qkv.float() + bias.float()).view(t, num_heads + 2 * num_kv_heads, d)
+    c, s = cos_rows[:, None, :], sin_rows[:, None, :]
+
+    def rotate(v):
+        v1, v2 = v[..., : d // 2], v[..., d // 2 :]
+        return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
+
+    q = rotate(x[:, :num_heads]).to(qkv.dtype)
+    return q, rotate(x[:, num_heads : num_heads + num_kv_heads]), x[:, num_heads + num_kv_heads :]
+
+
 def rope_bias_cache(
     qkv, bias, cos, sin, k_cache, v_cache, pos_t, start: int, num_heads: int, num_kv_heads: int, scales=None
 ):
@@ -49,18 +65,7 @@ def rope_bias_cache(
     Returns q rotated: [T, Hq, D].
     """
     t = qkv.shape[0]
-    d = k_cache.shape[-1]
-    x = (qkv.float() + bias.float()).view(t, num_heads + 2 * num_kv_heads, d)
-    c = cos[start : start + t, None, :]
-    s = sin[start : start + t, None, :]
-
-    def rotate(v):
-        v1, v2 = v[..., : d // 2], v[..., d // 2 :]
-        return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
-
-    q = rotate(x[:, :num_heads]).to(qkv.dtype)
-    k = rotate(x[:, num_heads : num_heads + num_kv_heads])
-    v = x[:, num_heads + num_kv_heads :]
+    q, k, v = rotated_qkv(qkv, bias, cos[start : start + t], sin[start : start + t], num_heads, num_kv_heads)
     if scales is not None:
         for rows, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
             data, row_scale = quantize_fp8_rows(rows.transpose(0, 1))

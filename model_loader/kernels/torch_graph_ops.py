@@ -12,7 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model_loader.kernels.reference import add_rms_norm, cached_kv, quantize_fp8_rows, rms_norm, silu_mul
+from model_loader.kernels.reference import (
+    add_rms_norm,
+    cached_kv,
+    quantize_fp8_rows,
+    rms_norm,
+    rotated_qkv,
+    silu_mul,
+)
 
 __all__ = ["add_rms_norm", "rms_norm", "silu_mul", "rope_bias_cache", "decode_attention_span", "decode_spans"]
 
@@ -39,20 +46,9 @@ def rope_bias_cache(
 ):
     """reference.rope_bias_cache with the T new rows at positions pos_t..pos_t+T-1 read on the device (start, the
     same position on the host, is not used: a graph replays with other positions). Returns q rotated [T, Hq, D]."""
-    t = qkv.shape[0]
-    d = k_cache.shape[-1]
-    positions = pos_t.long() + torch.arange(t, device=qkv.device)
-    x = (qkv.float() + bias.float()).view(t, num_heads + 2 * num_kv_heads, d)
-    c = cos.index_select(0, positions)[:, None, :]
-    s = sin.index_select(0, positions)[:, None, :]
-
-    def rotate(v):
-        v1, v2 = v[..., : d // 2], v[..., d // 2 :]
-        return torch.cat((v1 * c - v2 * s, v2 * c + v1 * s), dim=-1)
-
-    q = rotate(x[:, :num_heads]).to(qkv.dtype)
-    k = rotate(x[:, num_heads : num_heads + num_kv_heads])
-    v = x[:, num_heads + num_kv_heads :]
+    positions = pos_t.long() + torch.arange(qkv.shape[0], device=qkv.device)
+    c, s = cos.index_select(0, positions), sin.index_select(0, positions)
+    q, k, v = rotated_qkv(qkv, bias, c, s, num_heads, num_kv_heads)
     if scales is not None:
         for rows, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
             data, row_scale = quantize_fp8_rows(rows.transpose(0, 1))
