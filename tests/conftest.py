@@ -214,3 +214,14 @@ def qwen_server(qwen_model):
     proc, model_id, url = serve(qwen_model)
     yield model_id, url
     stop(proc)
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_model, tmp_path_factory):
+    """A real `r1desk-cli serve` on the tiny model with a plain chat template (serving.make_plain_model: all it
+    writes is answer), one per test module: (its model id, its /v1 URL)."""
+    from serving import make_plain_model, serve, stop
+
+    proc, model_id, url = serve(make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain"))
+    yield model_id, url
+    stop(proc)

@@ -11,33 +11,34 @@ import jsonschema
 import ollama
 import pytest
 
-from test_api import KEY, _serve, _stop
+from serving import KEY, serve, stop
 
 
 @pytest.fixture(scope="module")
-def r1(tiny_model):
-    proc, model_id, url = _serve(tiny_model, "--api-key", KEY)
+def r1_ollama(tiny_model):
+    """`serve` on the tiny R1 model with a key: (model id, the Ollama base URL, without /v1)."""
+    proc, model_id, url = serve(tiny_model, "--api-key", KEY)
     yield model_id, url.removesuffix("/v1")
-    _stop(proc)
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
-def qwen(qwen_model):
-    proc, model_id, url = _serve(qwen_model)
-    yield model_id, url.removesuffix("/v1")
-    _stop(proc)
+def qwen_ollama(qwen_server):
+    """The tiny Qwen2.5-style model's server as Ollama's clients address it (no /v1)."""
+    model_id, url = qwen_server
+    return model_id, url.removesuffix("/v1")
 
 
-def _client(host, key=KEY):
+def ollama_client(host, key=KEY):
     return ollama.Client(host=host, headers={"Authorization": f"Bearer {key}"} if key else {})
 
 
 HI = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
-def test_the_model_is_listed_shown_and_running(r1):
-    model, host = r1
-    client = _client(host)
+def test_the_model_is_listed_shown_and_running(r1_ollama):
+    model, host = r1_ollama
+    client = ollama_client(host)
     assert [m.model for m in client.list().models] == [model]
     shown = client.show(model)
     assert "thinking" in shown.capabilities and shown.details.family == "qwen2"
@@ -45,9 +46,9 @@ def test_the_model_is_listed_shown_and_running(r1):
     assert [m.model for m in client.ps().models] == [model]
 
 
-def test_chat_streams_thinking_then_content_and_a_seed_replays(r1):
-    model, host = r1
-    client = _client(host)
+def test_chat_streams_thinking_then_content_and_a_seed_replays(r1_ollama):
+    model, host = r1_ollama
+    client = ollama_client(host)
     whole = client.chat(model=model, messages=HI, options={"num_predict": 24, "temperature": 0.8, "seed": 7})
     assert whole.done and whole.done_reason == "length" and whole.eval_count == 24
     assert whole.message.thinking and whole.message.content == ""  # the random model never closes </think>
@@ -59,9 +60,9 @@ def test_chat_streams_thinking_then_content_and_a_seed_replays(r1):
     assert [p.done for p in parts][-1] is True and not any(p.done for p in parts[:-1])
 
 
-def test_top_k_one_is_greedy_whatever_the_seed(r1):
-    model, host = r1
-    client = _client(host)
+def test_top_k_one_is_greedy_whatever_the_seed(r1_ollama):
+    model, host = r1_ollama
+    client = ollama_client(host)
     greedy = client.chat(model=model, messages=HI, options={"num_predict": 10, "temperature": 0}).message.thinking
     for seed in (1, 2):
         got = client.chat(
@@ -70,9 +71,9 @@ def test_top_k_one_is_greedy_whatever_the_seed(r1):
         assert got.message.thinking == greedy
 
 
-def test_generate_applies_the_template_unless_raw(r1):
-    model, host = r1
-    client = _client(host)
+def test_generate_applies_the_template_unless_raw(r1_ollama):
+    model, host = r1_ollama
+    client = ollama_client(host)
     templated = client.generate(
         model=model, prompt="Why is the sky blue?", options={"num_predict": 8, "temperature": 0}
     )
@@ -86,10 +87,10 @@ def test_generate_applies_the_template_unless_raw(r1):
     assert loaded.done and loaded.done_reason == "load"
 
 
-def test_think_false_is_refused_on_a_model_that_always_reasons(r1):
-    model, host = r1
+def test_think_false_is_refused_on_a_model_that_always_reasons(r1_ollama):
+    model, host = r1_ollama
     with pytest.raises(ollama.ResponseError) as err:
-        _client(host).chat(model=model, messages=HI, think=False)
+        ollama_client(host).chat(model=model, messages=HI, think=False)
     assert err.value.status_code == 400 and "always reasons" in err.value.error
 
 
@@ -103,16 +104,16 @@ def test_think_false_is_refused_on_a_model_that_always_reasons(r1):
         ({"warp_speed": 1}, "warp_speed"),
     ],
 )
-def test_options_it_cant_honour_are_refused_naming_them(r1, opts, name):
-    model, host = r1
+def test_options_it_cant_honour_are_refused_naming_them(r1_ollama, opts, name):
+    model, host = r1_ollama
     with pytest.raises(ollama.ResponseError) as err:
-        _client(host).chat(model=model, messages=HI, options=opts)
+        ollama_client(host).chat(model=model, messages=HI, options=opts)
     assert err.value.status_code == 400 and f"options.{name}" in err.value.error
 
 
-def test_runtime_options_and_no_op_values_are_accepted(r1):
-    model, host = r1
-    r = _client(host).chat(
+def test_runtime_options_and_no_op_values_are_accepted(r1_ollama):
+    model, host = r1_ollama
+    r = ollama_client(host).chat(
         model=model,
         messages=HI,
         options={"num_predict": 2, "num_gpu": 99, "num_thread": 8, "mirostat": 0, "num_ctx": 512, "repeat_last_n": -1},
@@ -120,35 +121,35 @@ def test_runtime_options_and_no_op_values_are_accepted(r1):
     assert r.eval_count == 2
 
 
-def test_errors_are_in_ollamas_shape(r1):
-    model, host = r1
+def test_errors_are_in_ollamas_shape(r1_ollama):
+    model, host = r1_ollama
     with pytest.raises(ollama.ResponseError) as err:
-        _client(host).chat(model="nope", messages=HI)
+        ollama_client(host).chat(model="nope", messages=HI)
     assert err.value.status_code == 404 and "nope" in err.value.error
     with pytest.raises(ollama.ResponseError) as err:
-        _client(host, key=None).list()
+        ollama_client(host, key=None).list()
     assert err.value.status_code == 401
 
 
-def test_format_a_json_schema(qwen):
-    model, host = qwen
+def test_format_a_json_schema(qwen_ollama):
+    model, host = qwen_ollama
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 10}},
         "required": ["city"],
         "additionalProperties": False,
     }
-    r = _client(host, key=None).chat(
+    r = ollama_client(host, key=None).chat(
         model=model, messages=HI, format=schema, options={"num_predict": 100, "temperature": 0}
     )
     jsonschema.validate(json.loads(r.message.content), schema)
 
 
-def test_tools_on_a_model_that_takes_them(qwen):
+def test_tools_on_a_model_that_takes_them(qwen_ollama):
     from model_loader.tool_calls import ToolCallParser  # noqa: F401 (the parser the route uses)
 
-    model, host = qwen
-    client = _client(host, key=None)
+    model, host = qwen_ollama
+    client = ollama_client(host, key=None)
     tool = {
         "type": "function",
         "function": {
@@ -180,9 +181,9 @@ def test_tools_on_a_model_that_takes_them(qwen):
     assert after.prompt_eval_count > r.prompt_eval_count  # the call and its result went into the prompt
 
 
-def test_generate_with_suffix_fills_in_the_middle(qwen):
-    model, host = qwen
-    r = _client(host, key=None).generate(
+def test_generate_with_suffix_fills_in_the_middle(qwen_ollama):
+    model, host = qwen_ollama
+    r = ollama_client(host, key=None).generate(
         model=model, prompt="def add(a, b):\n    return ", suffix="\n", options={"num_predict": 5, "temperature": 0}
     )
     assert r.done and r.eval_count == 5

@@ -67,7 +67,7 @@ def plain_engine(plain_model):
 
 @pytest.fixture(scope="module")
 def plain_model(tiny_model, tmp_path_factory):
-    from test_api import make_plain_model
+    from serving import make_plain_model
 
     return make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain")
 

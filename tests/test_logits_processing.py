@@ -18,14 +18,6 @@ V = 32
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    """Its own engine: the scheduler test runs a scheduler on its model beside the engine's own cache."""
-    from model_loader.engine import Engine
-
-    return Engine.load(tiny_model, device="cpu", context_length=1024)
-
-
-@pytest.fixture(scope="module")
 def tiny_tokenizer(engine):
     return engine.tokenizer
 

@@ -2,12 +2,12 @@
 defined once.
 
 A module model_loader/X.py or model_loader/kernels/X.py is tested in tests/test_X.py or tests/test_X_<topic>.py,
-a module desktop/X.py in tests/desktop/test_X.py or tests/desktop/test_X_<topic>.py. A test file belongs to the
+a module desktop/X.py in tests/desktop/test_X.py or tests/desktop/test_X_<topic>.py, a module desktop/api/X.py in
+tests/test_api_X.py or tests/test_api_X_<topic>.py (beside the other tests that start `serve`, with their fixtures
+in tests/conftest.py and their helpers in tests/serving.py). A test file belongs to the
 module with the longest name it starts with (test_bench_batch.py is bench_batch's, not bench's), so one module's
 tests never pass for another's. A module without a test of its own is in ALLOWLIST, with the reason: a new module
 without tests fails here until it gets them (or a reason). Checked on the file names alone (no imports).
-
-desktop/api/ is left out for now: another agent is editing the API tests (tests/test_api*.py) at the moment.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 
-# (code folders, the test folder their tests live in)
+# (code folders, the test folder their tests live in, what their test files' names start with)
 LAYOUT = (
-    (("model_loader", "model_loader/kernels"), "tests"),
-    (("desktop",), "tests/desktop"),  # desktop/api/ left out for now (see above)
+    (("model_loader", "model_loader/kernels"), "tests", "test_"),
+    (("desktop",), "tests/desktop", "test_"),
+    (("desktop/api",), "tests", "test_api_"),
 )
 
 ALLOWLIST = {
@@ -39,7 +40,7 @@ ALLOWLIST = {
     "desktop/cli.py": "`r1desk-cli`'s entry point (model_loader.cli's commands and `serve`), run as a subprocess by "
     "tests/test_cli.py and, through tests/serving.py, by the API tests",
     "desktop/serve.py": "`r1desk-cli serve` (the API without a window), run end to end through tests/serving.py by "
-    "tests/test_api.py, tests/test_remote.py and the window's server tests",
+    "tests/test_api_server.py, tests/test_remote.py and the window's server tests",
     # Triton kernel sources (jit_X: the @triton.jit code of X, apart so compile workers load it without torch),
     # tested through the host-side module that launches them
     "model_loader/kernels/jit_common.py": "the kernels' shared @triton.jit helpers, run by tests/test_small_ops.py, "
@@ -51,16 +52,16 @@ ALLOWLIST = {
     "model_loader/kernels/jit_small_ops.py": "small_ops' kernels: tests/test_small_ops.py",
     "model_loader/kernels/reference.py": "the plain PyTorch reference every kernel test compares against, and the "
     "CPU path tests/test_qwen2_vs_transformers.py checks against transformers",
-    # To do: tested in a file another agent is editing now; its fused-sampler tests move to test_fused_sampler.py
-    "model_loader/kernels/fused_sampler.py": "tested by tests/test_sampling.py (the fused sampler against "
-    "sampling's definition) for now",
-    "model_loader/kernels/jit_sampler.py": "fused_sampler's kernels: tests/test_sampling.py for now",
+    "model_loader/kernels/jit_sampler.py": "fused_sampler's kernels: tests/test_fused_sampler.py",
+    # The API's aiohttp handlers: a request in, the service's events out as OpenAI's or Ollama's JSON; run end to
+    # end by the tests of the module whose shapes they serve
+    "desktop/api/completions_route.py": "POST /v1/completions: tests/test_api_completions.py, through `serve`",
+    "desktop/api/ollama_route.py": "Ollama's /api routes: tests/test_api_ollama.py, through `serve` and the "
+    "`ollama` client",
 }
 
 # Fixtures that are defined twice on purpose: the desktop tests' tiny_model is tests/conftest.py's as a str path
 OVERRIDES = {"tiny_model": {"tests/conftest.py", "tests/desktop/conftest.py"}}
-# To do: files another agent is editing now, whose module-local fixtures (engine, server, ...) repeat names
-EDITED_ELSEWHERE = re.compile(r"tests/test_api\w*\.py|tests/test_logits_processing\.py")
 
 
 def modules(folders) -> list[str]:
@@ -72,19 +73,22 @@ def modules(folders) -> list[str]:
     )
 
 
-def owner(test_stem: str, names: set[str]) -> str | None:
-    """The module a test file belongs to: the longest module name that test_<name> or test_<name>_<topic> is."""
-    stem = test_stem.removeprefix("test_")
+def owner(test_stem: str, names: set[str], prefix: str = "test_") -> str | None:
+    """The module a test file belongs to: the longest module name that <prefix><name> or <prefix><name>_<topic>
+    is (prefix: test_, or test_api_ for desktop/api/)."""
+    if not test_stem.startswith(prefix):
+        return None
+    stem = test_stem.removeprefix(prefix)
     matches = [n for n in names if stem == n or stem.startswith(n + "_")]
     return max(matches, key=len, default=None)
 
 
 def untested_modules() -> list[str]:
     untested = []
-    for folders, test_folder in LAYOUT:
+    for folders, test_folder, prefix in LAYOUT:
         paths = modules(folders)
         names = {Path(p).stem for p in paths}
-        tested = {owner(t.stem, names) for t in (ROOT / test_folder).glob("test_*.py")}
+        tested = {owner(t.stem, names, prefix) for t in (ROOT / test_folder).glob("test_*.py")}
         untested += [p for p in paths if Path(p).stem not in tested]
     return sorted(untested)
 
@@ -106,6 +110,10 @@ def test_the_longest_module_name_owns_a_test_file():
     assert owner("test_kv_cache_8bit", names) == "kv_cache"
     assert owner("test_benchmarks", names) is None  # a name's prefix is not the name
     assert owner("test_layering", names) is None
+    api = {"completions", "completions_route", "server"}
+    assert owner("test_api_completions", api, "test_api_") == "completions"
+    assert owner("test_api_server_parallel", api, "test_api_") == "server"
+    assert owner("test_server", api, "test_api_") is None  # desktop/api/'s tests start with test_api_
 
 
 def fixture_definitions() -> dict[str, set[str]]:
@@ -128,7 +136,6 @@ def test_every_fixture_is_defined_once():
     different names."""
     twice = {}
     for name, files in fixture_definitions().items():
-        files = {f for f in files if not EDITED_ELSEWHERE.fullmatch(f)}
         if len(files) > 1 and OVERRIDES.get(name) != files:
             twice[name] = sorted(files)
     assert twice == {}

@@ -13,7 +13,7 @@ import pytest
 
 from model_loader.chat_template import QWEN25_CHAT_TEMPLATE, R1_CHAT_TEMPLATE
 from model_loader.tool_calls import ToolCallParser, template_supports_tools
-from test_api import _client, _serve, _stop
+from serving import openai_client, serve, stop
 
 WEATHER = {
     "type": "function",
@@ -120,7 +120,7 @@ def test_calls_and_results_go_back_through_the_template(qwen_model):
 # ---------------------------------------------------------------------------------------------- the API
 def test_required_makes_the_reply_a_call_with_valid_arguments(qwen_server):
     model, url = qwen_server
-    client = _client(url)
+    client = openai_client(url)
     for seed in (1, 2, 3):
         r = client.chat.completions.create(
             model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=200
@@ -135,7 +135,7 @@ def test_required_makes_the_reply_a_call_with_valid_arguments(qwen_server):
 
 def test_a_named_function_is_the_one_called_and_streams_as_deltas(qwen_server):
     model, url = qwen_server
-    client = _client(url)
+    client = openai_client(url)
     choice = {"type": "function", "function": {"name": "add"}}
     whole = client.chat.completions.create(
         model=model, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=200
@@ -155,7 +155,7 @@ def test_a_named_function_is_the_one_called_and_streams_as_deltas(qwen_server):
 
 def test_a_call_and_its_result_round_trip(qwen_server):
     model, url = qwen_server
-    client = _client(url)
+    client = openai_client(url)
     first = (
         client.chat.completions.create(
             model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=200
@@ -179,7 +179,7 @@ def test_a_call_and_its_result_round_trip(qwen_server):
 
 def test_auto_without_a_call_is_plain_content(qwen_server):
     model, url = qwen_server
-    r = _client(url).chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=12)
+    r = openai_client(url).chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=12)
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
     assert r.choices[0].finish_reason == "length"
 
@@ -197,18 +197,18 @@ def test_auto_without_a_call_is_plain_content(qwen_server):
 def test_bad_tool_requests_are_400s_naming_the_field(qwen_server, extra, param):
     model, url = qwen_server
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).chat.completions.create(model=model, messages=ASK, max_tokens=2, extra_body=extra)
+        openai_client(url).chat.completions.create(model=model, messages=ASK, max_tokens=2, extra_body=extra)
     assert err.value.body["param"] == param
 
 
 def test_a_model_without_tool_support_says_so(tiny_model):
-    proc, model, url = _serve(tiny_model)
+    proc, model, url = serve(tiny_model)
     try:
-        client = _client(url)
+        client = openai_client(url)
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=2)
         assert err.value.body["code"] == "tools_not_supported" and "tool" in err.value.body["message"]
         r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=2)
         assert r.choices[0].message.tool_calls is None
     finally:
-        _stop(proc)
+        stop(proc)

@@ -5,67 +5,30 @@ copy with a plain chat template (output is all answer: content, stop strings).""
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from urllib.parse import urlsplit
 
 import aiohttp
 import openai
 import pytest
-from serving import serve as _serve
-from serving import stop as _stop
+from serving import KEY, Reply, error_body, openai_client, raw_request, serve, stop
 
-KEY = "test-key-123"
 ORIGIN = "http://app.example"  # a web app's origin the r1 server lets in (given with a trailing slash)
 
 
 @pytest.fixture(scope="module")
-def r1(tiny_model):
-    proc, model_id, url = _serve(tiny_model, "--api-key", KEY, "--max-waiting", "2", "--allow-origin", ORIGIN + "/")
+def keyed_server(tiny_model):
+    proc, model_id, url = serve(tiny_model, "--api-key", KEY, "--max-waiting", "2", "--allow-origin", ORIGIN + "/")
     yield model_id, url
-    _stop(proc)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_model, tmp_path_factory):
-    proc, model_id, url = _serve(make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain"))
-    yield model_id, url
-    _stop(proc)
-
-
-def make_plain_model(tiny_model, folder):
-    """The tiny model as a non-reasoning model (Qwen2.5-style: no <think> tags in the vocabulary or the
-    template): everything it writes is answer."""
-    shutil.copytree(tiny_model, folder)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    assert "<｜Assistant｜><think>\\n" in cfg["chat_template"]
-    cfg["chat_template"] = cfg["chat_template"].replace("<｜Assistant｜><think>\\n", "<｜Assistant｜>")
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))  # a Qwen2.5-style vocabulary:
-    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] not in ("<think>", "</think>")]  # no tags
-    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
-    for name in ("tokenizer_config.json",):  # the same tags may be listed as added tokens there too
-        cfg = json.loads((folder / name).read_text())
-        decoder = cfg.get("added_tokens_decoder", {})
-        cfg["added_tokens_decoder"] = {
-            k: v for k, v in decoder.items() if v.get("content") not in ("<think>", "</think>")
-        }
-        (folder / name).write_text(json.dumps(cfg))
-    return folder
-
-
-def _client(url, key=KEY):
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
+    stop(proc)
 
 
 def _ask(server, content, key=KEY, **kw):
     model_id, url = server
-    return _client(url, key).chat.completions.create(
+    return openai_client(url, key).chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": content}], **kw
     )
 
@@ -73,22 +36,22 @@ def _ask(server, content, key=KEY, **kw):
 def _stream(server, content, **kw):
     model_id, url = server
     return list(
-        _client(url).chat.completions.create(
+        openai_client(url).chat.completions.create(
             model=model_id, messages=[{"role": "user", "content": content}], stream=True, **kw
         )
     )
 
 
 # ---------------------------------------------------------------------------------------------- answers
-def test_models_list_names_the_loaded_model(r1):
-    model_id, url = r1
+def test_models_list_names_the_loaded_model(keyed_server):
+    model_id, url = keyed_server
     assert model_id == "tiny-r1"
-    assert [m.id for m in _client(url).models.list()] == ["tiny-r1"]
-    assert _client(url).models.retrieve("tiny-r1").id == "tiny-r1"
+    assert [m.id for m in openai_client(url).models.list()] == ["tiny-r1"]
+    assert openai_client(url).models.retrieve("tiny-r1").id == "tiny-r1"
 
 
-def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage(r1):
-    whole = _ask(r1, "Why is the sky blue?", max_tokens=40, temperature=0)
+def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage(keyed_server):
+    whole = _ask(keyed_server, "Why is the sky blue?", max_tokens=40, temperature=0)
     msg = whole.choices[0].message
     extra = msg.model_extra
     assert msg.role == "assistant"
@@ -99,7 +62,9 @@ def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage
     assert (u.completion_tokens, u.completion_tokens_details.reasoning_tokens) == (40, 40)
     assert u.prompt_tokens > 5 and u.total_tokens == u.prompt_tokens + 40
 
-    chunks = _stream(r1, "Why is the sky blue?", max_tokens=40, temperature=0, stream_options={"include_usage": True})
+    chunks = _stream(
+        keyed_server, "Why is the sky blue?", max_tokens=40, temperature=0, stream_options={"include_usage": True}
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
     assert text == extra["reasoning_content"]
@@ -111,10 +76,10 @@ def test_streamed_and_plain_answers_agree_with_reasoning_in_its_fields_and_usage
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: its prefix reused
 
 
-def test_reasoning_tokens_count_only_the_reasoning(r1):
+def test_reasoning_tokens_count_only_the_reasoning(keyed_server):
     # the bias makes the model close its reasoning at once: one reasoning token (the tag), the rest answer
-    model_id, url = r1
-    r = _client(url).chat.completions.create(
+    model_id, url = keyed_server
+    r = openai_client(url).chat.completions.create(
         model=model_id,
         messages=[{"role": "user", "content": "hi"}],
         max_tokens=6,
@@ -126,92 +91,63 @@ def test_reasoning_tokens_count_only_the_reasoning(r1):
     assert r.choices[0].message.content  # the rest is answer
 
 
-def test_a_stop_string_ends_the_generation_not_just_the_text(plain):
-    full = _ask(plain, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
+def test_a_stop_string_ends_the_generation_not_just_the_text(plain_server):
+    full = _ask(plain_server, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
     stop = full[8:12]
-    stopped = _ask(plain, "Tell me something.", max_tokens=400, temperature=0, stop=[stop])
+    stopped = _ask(plain_server, "Tell me something.", max_tokens=400, temperature=0, stop=[stop])
     assert stopped.choices[0].finish_reason == "stop"
     # the engine was told to stop when the string appeared: it wrote a few tokens past it, not 400
     assert stopped.usage.completion_tokens < 100
 
 
-def test_answer_goes_to_content_and_stop_strings_cut_it(plain):
-    full = _ask(plain, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
+def test_answer_goes_to_content_and_stop_strings_cut_it(plain_server):
+    full = _ask(plain_server, "Tell me something.", max_tokens=48, temperature=0).choices[0].message.content
     assert len(full) > 20
     stop = full[12:16]
     cut = full.find(stop)
-    stopped = _ask(plain, "Tell me something.", max_tokens=48, temperature=0, stop=[stop, "never appears"])
+    stopped = _ask(plain_server, "Tell me something.", max_tokens=48, temperature=0, stop=[stop, "never appears"])
     assert stopped.choices[0].message.content == full[:cut]
     assert stopped.choices[0].finish_reason == "stop"
-    chunks = _stream(plain, "Tell me something.", max_tokens=48, temperature=0, stop=stop)
+    chunks = _stream(plain_server, "Tell me something.", max_tokens=48, temperature=0, stop=stop)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:cut]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_a_seed_replays_a_sampled_reply(plain):
-    a = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
-    b = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
-    c = _ask(plain, "Write a poem.", max_tokens=30, temperature=1.0, seed=8).choices[0].message.content
+def test_a_seed_replays_a_sampled_reply(plain_server):
+    a = _ask(plain_server, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
+    b = _ask(plain_server, "Write a poem.", max_tokens=30, temperature=1.0, seed=7).choices[0].message.content
+    c = _ask(plain_server, "Write a poem.", max_tokens=30, temperature=1.0, seed=8).choices[0].message.content
     assert a == b and a != c
 
 
-def test_follow_up_reuses_the_prefix_after_other_requests_and_stays_exact(plain):
+def test_follow_up_reuses_the_prefix_after_other_requests_and_stays_exact(plain_server):
     """Chat and API clients interleave on one KV cache: a conversation's later turn must not depend on
     what ran in between (the engine reuses only the common token prefix)."""
-    first = _ask(plain, "Name a colour.", max_tokens=12, temperature=0).choices[0].message.content
-    _ask(plain, "Something else entirely, longer than the first question.", max_tokens=12, temperature=0)
-    model_id, url = plain
+    first = _ask(plain_server, "Name a colour.", max_tokens=12, temperature=0).choices[0].message.content
+    _ask(plain_server, "Something else entirely, longer than the first question.", max_tokens=12, temperature=0)
+    model_id, url = plain_server
     history = [
         {"role": "user", "content": "Name a colour."},
         {"role": "assistant", "content": first},
         {"role": "user", "content": "Another?"},
     ]
-    after_other = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
-    again = _client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
+    after_other = openai_client(url).chat.completions.create(
+        model=model_id, messages=history, max_tokens=12, temperature=0
+    )
+    again = openai_client(url).chat.completions.create(model=model_id, messages=history, max_tokens=12, temperature=0)
     assert after_other.choices[0].message.content == again.choices[0].message.content
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
 # ---------------------------------------------------------------------------------------------- errors
-class Reply:
-    def __init__(self, status, headers, body):
-        self.status_code, self.headers, self.text = status, headers, body.decode("utf-8", "replace")
-
-    def json(self):
-        return json.loads(self.text)
-
-
-def _raw(url, method, path, key=KEY, headers=None, json_body=None, content=None):
-    """One HTTP request with exactly these headers (http.client sends a Host header we give it as is)."""
-    headers = dict(headers or {})
-    if key:
-        headers.setdefault("Authorization", f"Bearer {key}")
-    if json_body is not None:
-        content = json.dumps(json_body).encode()
-    if content is not None:
-        headers.setdefault("Content-Type", "application/json")
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    try:
-        conn.request(method, path, body=content, headers=headers)
-        resp = conn.getresponse()
-        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
-    finally:
-        conn.close()
-
-
-def _error(resp, status):
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}, body
-    return body["error"]
-
-
-def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
-    model_id, url = r1
+def test_bad_requests_get_openai_shaped_errors_naming_the_field(keyed_server):
+    model_id, url = keyed_server
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}]}
-    assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"{not json"), 400)["message"]
-    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body={"model": model_id}), 400)["param"] == "messages"
+    assert "JSON" in error_body(raw_request(url, "POST", "/v1/chat/completions", content=b"{not json"), 400)["message"]
+    assert (
+        error_body(raw_request(url, "POST", "/v1/chat/completions", json_body={"model": model_id}), 400)["param"]
+        == "messages"
+    )
     for field, value in [
         ("temperature", 3),
         ("temperature", "hot"),
@@ -222,29 +158,35 @@ def test_bad_requests_get_openai_shaped_errors_naming_the_field(r1):
         ("top_p", 0),
         ("seed", 1.5),
     ]:
-        err = _error(_raw(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
+        err = error_body(raw_request(url, "POST", "/v1/chat/completions", json_body={**ok, field: value}), 400)
         assert err["param"] == field and field in err["message"], (field, err)
     both = {**ok, "max_completion_tokens": 5, "max_tokens": -1}  # an invalid one beside a valid one
-    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=both), 400)["param"] == "max_tokens"
+    assert error_body(raw_request(url, "POST", "/v1/chat/completions", json_body=both), 400)["param"] == "max_tokens"
     bad_role = {**ok, "messages": [{"role": "function", "content": "x"}]}
-    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"] == "messages[0].role"
+    assert (
+        error_body(raw_request(url, "POST", "/v1/chat/completions", json_body=bad_role), 400)["param"]
+        == "messages[0].role"
+    )
     no_call_id = {**ok, "messages": [{"role": "tool", "content": "x"}]}
     assert (
-        _error(_raw(url, "POST", "/v1/chat/completions", json_body=no_call_id), 400)["param"]
+        error_body(raw_request(url, "POST", "/v1/chat/completions", json_body=no_call_id), 400)["param"]
         == "messages[0].tool_call_id"
     )
     image = {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
-    assert _error(_raw(url, "POST", "/v1/chat/completions", json_body=image), 400)["param"] == "messages[0].content[0]"
+    assert (
+        error_body(raw_request(url, "POST", "/v1/chat/completions", json_body=image), 400)["param"]
+        == "messages[0].content[0]"
+    )
     with pytest.raises(openai.NotFoundError) as nf:
-        _client(url).chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
+        openai_client(url).chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
     assert nf.value.body["code"] == "model_not_found" and nf.value.body["param"] == "model"
 
 
-def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(r1):
+def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(keyed_server):
     """JSON's \\ud800 escapes decode to lone surrogates, which nothing downstream can encode (the model name
     echoed in an error, the tokenizer); a body nested 100,000 deep overflows the parser. Both were 500s with a
     traceback; an Authorization header that isn't UTF-8 was a 500 too."""
-    model_id, url = r1
+    model_id, url = keyed_server
     for body, param in [
         (b'{"model": "\\ud800", "messages": []}', "model"),
         (
@@ -254,34 +196,38 @@ def test_text_that_is_not_unicode_and_json_nested_too_deep_get_a_400_not_a_500(r
             "messages[0].content",
         ),
     ]:
-        err = _error(_raw(url, "POST", "/v1/chat/completions", content=body), 400)
+        err = error_body(raw_request(url, "POST", "/v1/chat/completions", content=body), 400)
         assert err["param"] == param and "Unicode" in err["message"], err
-    assert "JSON" in _error(_raw(url, "POST", "/v1/chat/completions", content=b"[" * 100_000), 400)["message"]
     assert (
-        _error(_raw(url, "GET", "/v1/models", key=None, headers={"Authorization": "Bearer k\xff"}), 401)["code"]
+        "JSON" in error_body(raw_request(url, "POST", "/v1/chat/completions", content=b"[" * 100_000), 400)["message"]
+    )
+    assert (
+        error_body(raw_request(url, "GET", "/v1/models", key=None, headers={"Authorization": "Bearer k\xff"}), 401)[
+            "code"
+        ]
         == "invalid_api_key"
     )
-    assert _ask(r1, "hi", max_tokens=2).choices[0].finish_reason  # and the server still answers
+    assert _ask(keyed_server, "hi", max_tokens=2).choices[0].finish_reason  # and the server still answers
 
 
-def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflights(r1):
+def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflights(keyed_server):
     """A browser shows a page only "a CORS error" for a response without Access-Control-Allow-Origin, so errors
     carry it too; a preflight that asks for the OpenAI JavaScript SDK's own x-stainless-* headers gets them
     allowed (else the browser never sends the request). Other origins get a 403 without them."""
-    model_id, url = r1
+    model_id, url = keyed_server
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     origin = {"Origin": ORIGIN}
     cases = [
-        (_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers=origin), 200),
-        (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9}, headers=origin), 400),
-        (_raw(url, "GET", "/v1/models", key=None, headers=origin), 401),
-        (_raw(url, "GET", "/v1/nothing", headers=origin), 404),
-        (_raw(url, "POST", "/v1/chat/completions", json_body={**ok, "stream": True}, headers=origin), 200),
+        (raw_request(url, "POST", "/v1/chat/completions", json_body=ok, headers=origin), 200),
+        (raw_request(url, "POST", "/v1/chat/completions", json_body={**ok, "temperature": 9}, headers=origin), 400),
+        (raw_request(url, "GET", "/v1/models", key=None, headers=origin), 401),
+        (raw_request(url, "GET", "/v1/nothing", headers=origin), 404),
+        (raw_request(url, "POST", "/v1/chat/completions", json_body={**ok, "stream": True}, headers=origin), 200),
     ]
     for reply, status in cases:
         assert reply.status_code == status and reply.headers.get("access-control-allow-origin") == ORIGIN, reply
     asked = "authorization,content-type,x-stainless-os,x-stainless-retry-count"
-    pre = _raw(
+    pre = raw_request(
         url,
         "OPTIONS",
         "/v1/chat/completions",
@@ -291,43 +237,52 @@ def test_a_listed_origin_gets_cors_headers_on_answers_errors_streams_and_preflig
     assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == ORIGIN
     assert pre.headers["access-control-allow-headers"] == asked
     assert "Access-Control-Request-Headers" in pre.headers["vary"]
-    other = _raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Origin": "http://evil.example"})
+    other = raw_request(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Origin": "http://evil.example"})
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
-def test_a_prompt_longer_than_the_context_is_refused(r1):
+def test_a_prompt_longer_than_the_context_is_refused(keyed_server):
     with pytest.raises(openai.BadRequestError) as err:
-        _ask(r1, "word " * 700, max_tokens=5)  # the server runs with a 512-token context
+        _ask(keyed_server, "word " * 700, max_tokens=5)  # the server runs with a 512-token context
     assert err.value.body["code"] == "context_length_exceeded"
 
 
-def test_keys_routes_methods_sizes_and_hosts(r1):
-    model_id, url = r1
+def test_keys_routes_methods_sizes_and_hosts(keyed_server):
+    model_id, url = keyed_server
     ok = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert _error(_raw(url, "GET", "/v1/models", key=None), 401)["code"] == "invalid_api_key"
-    assert _error(_raw(url, "GET", "/v1/models", key="wrong"), 401)["code"] == "invalid_api_key"
+    assert error_body(raw_request(url, "GET", "/v1/models", key=None), 401)["code"] == "invalid_api_key"
+    assert error_body(raw_request(url, "GET", "/v1/models", key="wrong"), 401)["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
-        _ask(r1, "hi", key="wrong")
-    assert _error(_raw(url, "GET", "/v1/nothing"), 404)["code"] == "not_found"
-    assert _error(_raw(url, "GET", "/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+        _ask(keyed_server, "hi", key="wrong")
+    assert error_body(raw_request(url, "GET", "/v1/nothing"), 404)["code"] == "not_found"
+    assert error_body(raw_request(url, "GET", "/v1/chat/completions"), 405)["code"] == "method_not_allowed"
     huge = json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (4 * 2**20 + 10)}]})
-    assert _error(_raw(url, "POST", "/v1/chat/completions", content=huge.encode()), 413)["code"] == "request_too_large"
+    assert (
+        error_body(raw_request(url, "POST", "/v1/chat/completions", content=huge.encode()), 413)["code"]
+        == "request_too_large"
+    )
     # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own Host header
-    err = _error(_raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "evil.example:80"}), 403)
+    err = error_body(
+        raw_request(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "evil.example:80"}), 403
+    )
     assert err["code"] == "forbidden_host"
-    assert _raw(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "localhost"}).status_code == 200
-    health = _raw(url, "GET", "/health", key=None)
+    assert (
+        raw_request(url, "POST", "/v1/chat/completions", json_body=ok, headers={"Host": "localhost"}).status_code == 200
+    )
+    health = raw_request(url, "GET", "/health", key=None)
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    assert health.json()["last"] is None and _raw(url, "GET", "/health").json()["last"]  # the key shows more
+    assert health.json()["last"] is None and raw_request(url, "GET", "/health").json()["last"]  # the key shows more
     assert "access-control-allow-origin" not in {k.lower() for k in health.headers}  # no CORS unless listed
-    assert _error(_raw(url, "GET", "/metrics", key=None), 401)["code"] == "invalid_api_key"  # a key guards load
-    assert "r1desk_requests_running 0.0" in _raw(url, "GET", "/metrics").text
+    assert (
+        error_body(raw_request(url, "GET", "/metrics", key=None), 401)["code"] == "invalid_api_key"
+    )  # a key guards load
+    assert "r1desk_requests_running 0.0" in raw_request(url, "GET", "/metrics").text
 
 
-def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
+def test_a_full_queue_gets_429_and_disconnects_cancel(keyed_server):
     """One streaming request runs, two wait (--max-waiting 2): the fourth gets 429 with Retry-After. Closing
     the streams cancels their generations: the running one stops long before its 400 tokens."""
-    model_id, url = r1
+    model_id, url = keyed_server
     body = {"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": True}
     headers = {"Authorization": f"Bearer {KEY}"}
 
@@ -354,25 +309,25 @@ def test_a_full_queue_gets_429_and_disconnects_cancel(r1):
             return result
 
     full = asyncio.run(scenario())
-    assert _error(full, 429)["code"] == "queue_full"
+    assert error_body(full, 429)["code"] == "queue_full"
     assert full.headers["retry-after"].isdigit()
     deadline = time.monotonic() + 60
     while True:  # the server notices each hang-up and ends its request
         assert time.monotonic() < deadline, "the hung-up requests were never ended"
-        health = _raw(url, "GET", "/health").json()
+        health = raw_request(url, "GET", "/health").json()
         if not health["running"] and health["waiting"] == 0:
             break
     last = health["last"]
     assert last["finish_reason"] == "cancelled" and last["completion_tokens"] < 400
 
 
-def test_four_concurrent_clients_each_get_their_own_whole_answer(plain):
+def test_four_concurrent_clients_each_get_their_own_whole_answer(plain_server):
     prompts = [f"Question number {i}?" for i in range(4)]
-    alone = {p: _ask(plain, p, max_tokens=24, temperature=0).choices[0].message.content for p in prompts}
+    alone = {p: _ask(plain_server, p, max_tokens=24, temperature=0).choices[0].message.content for p in prompts}
     together = {}
 
     def client(p):
-        together[p] = _ask(plain, p, max_tokens=24, temperature=0).choices[0].message.content
+        together[p] = _ask(plain_server, p, max_tokens=24, temperature=0).choices[0].message.content
 
     threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
     for t in threads:

@@ -14,22 +14,15 @@ import pytest
 
 from desktop.api import schema
 from model_loader.events import TokenLogprobs
-from test_api import _client, _serve, _stop, make_plain_model
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_model, tmp_path_factory):
-    proc, model_id, url = _serve(make_plain_model(tiny_model, tmp_path_factory.mktemp("plain") / "tiny-plain"))
-    yield model_id, url
-    _stop(proc)
+from serving import openai_client
 
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 
 
-def test_logprobs_come_per_token_in_openais_shape_and_spell_the_answer(plain):
-    model, url = plain
-    client = _client(url)
+def test_logprobs_come_per_token_in_openais_shape_and_spell_the_answer(plain_server):
+    model, url = plain_server
+    client = openai_client(url)
     r = client.chat.completions.create(
         model=model, messages=HELLO, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
     )
@@ -56,18 +49,18 @@ def test_logprobs_come_per_token_in_openais_shape_and_spell_the_answer(plain):
     assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-5)
 
 
-def test_logprobs_without_top_and_left_out(plain):
-    model, url = plain
-    client = _client(url)
+def test_logprobs_without_top_and_left_out(plain_server):
+    model, url = plain_server
+    client = openai_client(url)
     r = client.chat.completions.create(model=model, messages=HELLO, temperature=0, max_tokens=4, logprobs=True)
     assert [t.top_logprobs for t in r.choices[0].logprobs.content] == [[]] * 4
     r = client.chat.completions.create(model=model, messages=HELLO, temperature=0, max_tokens=4)
     assert r.choices[0].logprobs is None
 
 
-def test_top_k_one_gives_the_greedy_text_whatever_the_seed(plain):
-    model, url = plain
-    client = _client(url)
+def test_top_k_one_gives_the_greedy_text_whatever_the_seed(plain_server):
+    model, url = plain_server
+    client = openai_client(url)
     greedy = client.chat.completions.create(model=model, messages=HELLO, temperature=0, max_tokens=10)
     texts = {
         client.chat.completions.create(
@@ -80,9 +73,9 @@ def test_top_k_one_gives_the_greedy_text_whatever_the_seed(plain):
     assert texts == {greedy.choices[0].message.content}
 
 
-def test_logit_bias_forces_a_token(plain):
-    model, url = plain
-    client = _client(url)
+def test_logit_bias_forces_a_token(plain_server):
+    model, url = plain_server
+    client = openai_client(url)
     r = client.chat.completions.create(
         model=model, messages=HELLO, temperature=0, max_tokens=5, logit_bias={"9707": 100}, logprobs=True
     )  # 9707: "Hello"
@@ -115,18 +108,18 @@ def test_logit_bias_forces_a_token(plain):
         ({"tool_choice": "required"}, "tool_choice"),
     ],
 )
-def test_each_field_it_cant_honour_or_a_bad_value_is_a_400_naming_it(plain, extra, param):
-    model, url = plain
+def test_each_field_it_cant_honour_or_a_bad_value_is_a_400_naming_it(plain_server, extra, param):
+    model, url = plain_server
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=2, extra_body=extra)
+        openai_client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=2, extra_body=extra)
     assert err.value.status_code == 400
     assert err.value.body["param"] == param, err.value.body
     assert param.split(".")[0] in err.value.body["message"]
 
 
-def test_bookkeeping_fields_are_accepted(plain):
-    model, url = plain
-    r = _client(url).chat.completions.create(
+def test_bookkeeping_fields_are_accepted(plain_server):
+    model, url = plain_server
+    r = openai_client(url).chat.completions.create(
         model=model,
         messages=HELLO,
         max_tokens=2,
@@ -165,11 +158,11 @@ SCHEMA = {
 }
 
 
-def test_json_schema_output_parses_and_validates_streamed_or_not(plain):
+def test_json_schema_output_parses_and_validates_streamed_or_not(plain_server):
     import jsonschema
 
-    model, url = plain
-    client = _client(url)
+    model, url = plain_server
+    client = openai_client(url)
     fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
     for seed in (1, 2):
         r = client.chat.completions.create(
@@ -187,9 +180,9 @@ def test_json_schema_output_parses_and_validates_streamed_or_not(plain):
     jsonschema.validate(json.loads(streamed), SCHEMA)
 
 
-def test_json_object_output_is_an_object(plain):
-    model, url = plain
-    r = _client(url).chat.completions.create(
+def test_json_object_output_is_an_object(plain_server):
+    model, url = plain_server
+    r = openai_client(url).chat.completions.create(
         model=model,
         messages=HELLO,
         max_tokens=20,
@@ -216,8 +209,8 @@ def test_json_object_output_is_an_object(plain):
         ),
     ],
 )
-def test_a_schema_it_cant_use_is_a_400_with_the_reason(plain, fmt, param, code):
-    model, url = plain
+def test_a_schema_it_cant_use_is_a_400_with_the_reason(plain_server, fmt, param, code):
+    model, url = plain_server
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=2, response_format=fmt)
+        openai_client(url).chat.completions.create(model=model, messages=HELLO, max_tokens=2, response_format=fmt)
     assert err.value.body["param"] == param and err.value.body["code"] == code

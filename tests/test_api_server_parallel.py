@@ -10,31 +10,31 @@ import urllib.request
 
 import pytest
 
-from test_api import _client, _serve, _stop
+from serving import openai_client, serve, stop
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):
-    proc, model_id, url = _serve(tiny_model, "--max-parallel", "4", "--max-tokens-cap", "300")
+def parallel_server(tiny_model):
+    proc, model_id, url = serve(tiny_model, "--max-parallel", "4", "--max-tokens-cap", "300")
     yield model_id, url
-    _stop(proc)
+    stop(proc)
 
 
-def _ask(server, content, **kw):
-    model_id, url = server
-    return _client(url, key="none").chat.completions.create(
+def _ask(parallel_server, content, **kw):
+    model_id, url = parallel_server
+    return openai_client(url, key="none").chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": content}], temperature=0, **kw
     )
 
 
-def test_a_short_request_finishes_while_a_long_one_streams(server):
+def test_a_short_request_finishes_while_a_long_one_streams(parallel_server):
     """With one reply at a time the short request would wait for all 300 tokens of the long one."""
-    model_id, url = server
+    model_id, url = parallel_server
     first_chunk = threading.Event()
     ended = []
 
     def long_request():
-        stream = _client(url, key="none").chat.completions.create(
+        stream = openai_client(url, key="none").chat.completions.create(
             model=model_id,
             messages=[{"role": "user", "content": "Tell me everything."}],
             temperature=0,
@@ -48,20 +48,24 @@ def test_a_short_request_finishes_while_a_long_one_streams(server):
     t = threading.Thread(target=long_request)
     t.start()
     assert first_chunk.wait(60)
-    short = _ask(server, "Hi", max_tokens=5)
+    short = _ask(parallel_server, "Hi", max_tokens=5)
     ended.append("short")
     t.join(120)
     assert short.usage.completion_tokens == 5
     assert ended == ["short", "long"]
 
 
-def test_answers_decoded_together_are_the_answers_alone(server):
+def test_answers_decoded_together_are_the_answers_alone(parallel_server):
     questions = [f"Question number {i}: why?" * (i + 1) for i in range(4)]
-    alone = [_ask(server, q, max_tokens=24).choices[0].message.model_extra["reasoning_content"] for q in questions]
+    alone = [
+        _ask(parallel_server, q, max_tokens=24).choices[0].message.model_extra["reasoning_content"] for q in questions
+    ]
     together: dict[int, str] = {}
 
     def ask(i):
-        together[i] = _ask(server, questions[i], max_tokens=24).choices[0].message.model_extra["reasoning_content"]
+        together[i] = (
+            _ask(parallel_server, questions[i], max_tokens=24).choices[0].message.model_extra["reasoning_content"]
+        )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
     for t in threads:
@@ -71,10 +75,10 @@ def test_answers_decoded_together_are_the_answers_alone(server):
     assert [together[i] for i in range(4)] == alone
 
 
-def test_the_cap_bounds_every_request_and_health_counts_replies(server):
-    capped = _ask(server, "Go on.", max_tokens=400)
+def test_the_cap_bounds_every_request_and_health_counts_replies(parallel_server):
+    capped = _ask(parallel_server, "Go on.", max_tokens=400)
     assert capped.usage.completion_tokens == 300 and capped.choices[0].finish_reason == "length"
-    model_id, url = server
+    model_id, url = parallel_server
     with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as resp:
         health = json.loads(resp.read())
     assert health["running"] == 0 and health["waiting"] == 0 and health["status"] == "ok"
@@ -93,14 +97,14 @@ def _metrics(url) -> dict:
     }
 
 
-def test_metrics_parse_and_move_with_requests(server):
-    model_id, url = server
+def test_metrics_parse_and_move_with_requests(parallel_server):
+    model_id, url = parallel_server
     before = _metrics(url)
     assert before["r1desk_max_parallel"] == 4
     assert before["r1desk_kv_blocks_used"] + before["r1desk_kv_blocks_free"] > 0
     prompt = "The same long system of rules. " * 20
     for _ in range(2):  # the second time, its full blocks come from the prefix cache
-        _ask(server, prompt, max_tokens=7)
+        _ask(parallel_server, prompt, max_tokens=7)
     after = _metrics(url)
     assert after["r1desk_generation_tokens_total"] - before.get("r1desk_generation_tokens_total", 0) == 14
     assert (
@@ -121,20 +125,20 @@ def test_metrics_parse_and_move_with_requests(server):
     assert after["r1desk_requests_running"] == 0 and after["r1desk_kv_blocks_used"] == 0
 
 
-def test_n_choices_are_the_seeds_replies_and_share_the_prompt(server):
+def test_n_choices_are_the_seeds_replies_and_share_the_prompt(parallel_server):
     """n = 3 sampled with seed 40: choice i is the reply seed 40 + i gives alone; the choices after the first
     reuse the first one's prefill; usage counts the prompt once and every choice's tokens; a stream carries all
     three, each with its index."""
-    model_id, url = server
+    model_id, url = parallel_server
     prompt = "Explain the same long question again, please. " * 12
     kw = dict(max_tokens=10, temperature=0.9)
-    many = _client(url, key="none").chat.completions.create(
+    many = openai_client(url, key="none").chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": prompt}], n=3, seed=40, **kw
     )
     assert [c.index for c in many.choices] == [0, 1, 2]
     texts = [c.message.model_extra["reasoning_content"] for c in many.choices]
     alone = [
-        _client(url, key="none")
+        openai_client(url, key="none")
         .chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}], seed=40 + i, **kw)
         .choices[0]
         .message.model_extra["reasoning_content"]
@@ -142,10 +146,10 @@ def test_n_choices_are_the_seeds_replies_and_share_the_prompt(server):
     ]
     assert texts == alone and len(set(texts)) > 1
     assert many.usage.completion_tokens == 30
-    assert many.usage.prompt_tokens == _ask(server, prompt, max_tokens=1).usage.prompt_tokens
+    assert many.usage.prompt_tokens == _ask(parallel_server, prompt, max_tokens=1).usage.prompt_tokens
     before = _metrics(url)["r1desk_prompt_cached_tokens_total"]
     chunks = list(
-        _client(url, key="none").chat.completions.create(
+        openai_client(url, key="none").chat.completions.create(
             model=model_id,
             messages=[{"role": "user", "content": prompt + "!"}],
             n=3,
@@ -171,11 +175,11 @@ def test_n_choices_are_the_seeds_replies_and_share_the_prompt(server):
     assert _metrics(url)["r1desk_prompt_cached_tokens_total"] - before >= 2 * 64
 
 
-def test_n_is_bounded(server):
+def test_n_is_bounded(parallel_server):
     from openai import BadRequestError
 
     with pytest.raises(BadRequestError, match="at most 16"):
-        _ask(server, "hi", max_tokens=2, n=17)
+        _ask(parallel_server, "hi", max_tokens=2, n=17)
 
 
 def test_the_serve_benchmark_times_every_request(tiny_model):

@@ -10,28 +10,14 @@ import pytest
 
 from model_loader.chat import STOP_THINKING_TEXT
 from model_loader.events import SamplingSettings
-from test_api import _client, _serve, _stop
+from serving import openai_client
 
 ASK = [{"role": "user", "content": "What is 6 x 7?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    proc, model_id, url = _serve(tiny_model)
-    yield model_id, url
-    _stop(proc)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model):
-    from model_loader.engine import Engine
-
-    return Engine.load(tiny_model, device="cpu", context_length=512)
-
-
-def test_stop_thinking_by_continuing_with_the_reasoning_so_far(server, engine):
-    model, url = server
-    client = _client(url)
+def test_stop_thinking_by_continuing_with_the_reasoning_so_far(tiny_server, engine):
+    model, url = tiny_server
+    client = openai_client(url)
     first = client.chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=0)
     reasoning = first.choices[0].message.model_extra["reasoning_content"]  # never closed by the random model
     assert reasoning and not first.choices[0].message.content
@@ -52,9 +38,9 @@ def test_stop_thinking_by_continuing_with_the_reasoning_so_far(server, engine):
     assert message.content == alone.answer
 
 
-def test_raw_reasoning_without_its_close_goes_on_as_reasoning(server):
-    model, url = server
-    r = _client(url).chat.completions.create(
+def test_raw_reasoning_without_its_close_goes_on_as_reasoning(tiny_server):
+    model, url = tiny_server
+    r = openai_client(url).chat.completions.create(
         model=model,
         messages=[*ASK, {"role": "assistant", "content": "<think>\nFirst, six times seven"}],
         max_tokens=6,
@@ -77,8 +63,8 @@ def test_raw_reasoning_without_its_close_goes_on_as_reasoning(server):
         (ASK, {"continue_final_message": "yes"}, "continue_final_message"),
     ],
 )
-def test_bad_continuations_are_400s(server, messages, extra, param):
-    model, url = server
+def test_bad_continuations_are_400s(tiny_server, messages, extra, param):
+    model, url = tiny_server
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).chat.completions.create(model=model, messages=messages, max_tokens=2, extra_body=extra)
+        openai_client(url).chat.completions.create(model=model, messages=messages, max_tokens=2, extra_body=extra)
     assert err.value.body["param"] == param

@@ -14,24 +14,24 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from test_api import _client, _error, _raw, _serve, _stop
+from serving import openai_client, error_body, raw_request, serve, stop
 
 KEY = "key-from-a-file"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
+def key_file_server(tiny_model, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(KEY + "\n")
-    proc, model_id, url = _serve(
+    proc, model_id, url = serve(
         tiny_model, "--api-key-file", str(key_file), "--served-model-name", "r1-small", "deepseek-r1"
     )
     yield model_id, url
-    _stop(proc)
+    stop(proc)
 
 
 def _tokens_generated(url) -> float:
-    for line in _raw(url, "GET", "/metrics", key=KEY).text.splitlines():
+    for line in raw_request(url, "GET", "/metrics", key=KEY).text.splitlines():
         if line.startswith("r1desk_generation_tokens_total"):
             return float(line.split()[-1])
     return 0.0
@@ -41,12 +41,12 @@ def _body(model_id, **kw):
     return {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **kw}
 
 
-def test_a_web_pages_request_does_nothing_whatever_its_content_type(server):
-    model_id, url = server
+def test_a_web_pages_request_does_nothing_whatever_its_content_type(key_file_server):
+    model_id, url = key_file_server
     before = _tokens_generated(url)
     form_like = json.dumps(_body(model_id)).encode()
     for content_type in ("text/plain", "application/json"):
-        r = _raw(
+        r = raw_request(
             url,
             "POST",
             "/v1/chat/completions",
@@ -54,8 +54,8 @@ def test_a_web_pages_request_does_nothing_whatever_its_content_type(server):
             content=form_like,
             headers={"Content-Type": content_type, "Origin": "https://evil.example"},
         )
-        assert _error(r, 403)["code"] == "forbidden_origin"
-    preflight = _raw(
+        assert error_body(r, 403)["code"] == "forbidden_origin"
+    preflight = raw_request(
         url,
         "OPTIONS",
         "/v1/chat/completions",
@@ -66,13 +66,15 @@ def test_a_web_pages_request_does_nothing_whatever_its_content_type(server):
     assert _tokens_generated(url) == before  # nothing was generated
 
 
-def test_a_body_that_is_not_declared_json_is_a_415(server):
-    model_id, url = server
+def test_a_body_that_is_not_declared_json_is_a_415(key_file_server):
+    model_id, url = key_file_server
     body = json.dumps(_body(model_id)).encode()
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-        r = _raw(url, "POST", "/v1/chat/completions", key=KEY, content=body, headers={"Content-Type": content_type})
-        assert _error(r, 415)["code"] == "unsupported_media_type"
-    ok = _raw(
+        r = raw_request(
+            url, "POST", "/v1/chat/completions", key=KEY, content=body, headers={"Content-Type": content_type}
+        )
+        assert error_body(r, 415)["code"] == "unsupported_media_type"
+    ok = raw_request(
         url,
         "POST",
         "/v1/chat/completions",
@@ -83,11 +85,11 @@ def test_a_body_that_is_not_declared_json_is_a_415(server):
     assert ok.status_code == 200, ok.text
 
 
-def test_the_key_from_a_file_guards_the_api(server):
-    model_id, url = server
-    assert _error(_raw(url, "GET", "/v1/models", key=None), 401)["code"] == "invalid_api_key"
-    assert _error(_raw(url, "GET", "/v1/models", key="wrong"), 401)["code"] == "invalid_api_key"
-    assert _raw(url, "GET", "/v1/models", key=KEY).status_code == 200
+def test_the_key_from_a_file_guards_the_api(key_file_server):
+    model_id, url = key_file_server
+    assert error_body(raw_request(url, "GET", "/v1/models", key=None), 401)["code"] == "invalid_api_key"
+    assert error_body(raw_request(url, "GET", "/v1/models", key="wrong"), 401)["code"] == "invalid_api_key"
+    assert raw_request(url, "GET", "/v1/models", key=KEY).status_code == 200
 
 
 def test_api_key_sources_in_order_and_a_bad_file_is_an_error(tmp_path, monkeypatch):
@@ -111,9 +113,9 @@ def test_api_key_sources_in_order_and_a_bad_file_is_an_error(tmp_path, monkeypat
         api_key_of(args(api_key_file=str(tmp_path / "missing")))
 
 
-def test_served_model_names_are_the_ids_clients_use(server, tiny_model):
-    model_id, url = server
-    client = _client(url, KEY)
+def test_served_model_names_are_the_ids_clients_use(key_file_server, tiny_model):
+    model_id, url = key_file_server
+    client = openai_client(url, KEY)
     assert model_id == "r1-small"
     assert [m.id for m in client.models.list()] == ["r1-small", "deepseek-r1"]
     r = client.chat.completions.create(model="deepseek-r1", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
@@ -124,9 +126,9 @@ def test_served_model_names_are_the_ids_clients_use(server, tiny_model):
         )
 
 
-def test_prompt_plus_max_tokens_past_the_context_is_a_400_with_the_numbers(server):
-    model_id, url = server
-    client = _client(url, KEY)
+def test_prompt_plus_max_tokens_past_the_context_is_a_400_with_the_numbers(key_file_server):
+    model_id, url = key_file_server
+    client = openai_client(url, KEY)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hi"}], max_tokens=510)
     assert err.value.body["code"] == "context_length_exceeded"
@@ -154,8 +156,8 @@ def test_a_failure_inside_the_server_answers_a_generic_500():
         class request_ended:
             connect = staticmethod(lambda slot: None)
 
-    server = ApiServer(NoService())
-    response = asyncio.run(server._errors(make_mocked_request("GET", "/v1/models"), broken))
+    key_file_server = ApiServer(NoService())
+    response = asyncio.run(key_file_server._errors(make_mocked_request("GET", "/v1/models"), broken))
     assert response.status == 500
     body = json.loads(response.body)
     assert body["error"]["code"] == "internal_error" and "secret" not in response.text
@@ -163,19 +165,19 @@ def test_a_failure_inside_the_server_answers_a_generic_500():
     assert err.status == 500 and "secret" not in err.message
 
 
-def test_a_host_that_only_ends_in_localhost_is_not_loopback(server):
+def test_a_host_that_only_ends_in_localhost_is_not_loopback(key_file_server):
     from desktop.api.server import is_loopback
 
-    model_id, url = server
+    model_id, url = key_file_server
     assert not is_loopback("evillocalhost") and is_loopback("app.localhost") and is_loopback("127.0.0.5")
-    r = _raw(url, "GET", "/v1/models", key=KEY, headers={"Host": "evillocalhost"})
-    assert _error(r, 403)["code"] == "forbidden_host"
+    r = raw_request(url, "GET", "/v1/models", key=KEY, headers={"Host": "evillocalhost"})
+    assert error_body(r, 403)["code"] == "forbidden_host"
 
 
 def test_ctrl_c_with_a_stream_open_ends_it_with_an_error_event_and_exits_at_once(tiny_model):
     """The stream asks for the whole 4k context (seconds of decoding on the CPU): the signal lands mid-stream.
     The client gets a last error event and [DONE]; the process exits within 2 s of the signal."""
-    proc, model_id, url = _serve(tiny_model, "--context", "4096")
+    proc, model_id, url = serve(tiny_model, "--context", "4096")
     try:
         import http.client
 
