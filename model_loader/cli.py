@@ -574,6 +574,38 @@ def cmd_make_test_model(args) -> int:
     return 0
 
 
+def cmd_kernel_store(args) -> int:
+    from model_loader.kernels import kernel_store
+
+    if args.action == "record":
+        from model_loader.kernel_records import record
+
+        kv_caches = [k.strip() for k in args.kv_cache.split(",") if k.strip()]
+        records = record(args.model, kv_caches, args.parallel, say=lambda s: print(s, file=sys.stderr, flush=True))
+        kernel_store.write_records(records, args.out)
+        print(f"wrote {args.out}: {len({r.variant() for r in records})} kernel variants")
+        return 0
+    if args.action == "build":
+        records = kernel_store.read_records(args.records)
+
+        def progress(done: int, total: int) -> None:
+            if done == total or done % 20 == 0:
+                print(f"compiled {done}/{total}", file=sys.stderr, flush=True)
+
+        info = kernel_store.build(records, args.arch, args.out, progress=progress)
+        print(
+            json.dumps(info, indent=1)
+            if args.json
+            else f"wrote {args.out}: {info['kernels']} kernels ({info['variants']} variants x {len(info['archs'])} "
+            f"architectures, {len(info['failed'])} that an architecture can't compile), {len(info['modules'])} C "
+            f"modules, {info['bytes'] / 2**20:.1f} MiB"
+        )
+        return 0
+    problem = kernel_store.usable(args.store)  # check
+    print(problem or f"{args.store} is usable by this Triton on this platform")
+    return 1 if problem else 0
+
+
 def cmd_doctor(args) -> int:
     from model_loader.doctor import collect, format_report
 
@@ -705,6 +737,30 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
         help="tokenizer and chat template: DeepSeek-R1-Distill's (default) or Qwen2.5-Instruct's",
     )
     make.set_defaults(func=cmd_make_test_model)
+
+    store = sub.add_parser(
+        "kernel-store",
+        help="the release build's kernel store: record the kernels a GPU compiles, build a store from records",
+    )
+    actions = store.add_subparsers(dest="action", required=True)
+    rec = actions.add_parser("record", help="load and warm up models on this GPU, write the kernels compiled")
+    rec.add_argument("--model", action="append", required=True, help="a model folder (repeat for several)")
+    rec.add_argument("--kv-cache", default="16-bit,8-bit", help="KV cache formats to warm up (default both)")
+    rec.add_argument("--parallel", type=int, default=4, help="replies at once through the scheduler (0: skip)")
+    rec.add_argument("--out", required=True, help="the records file to write (JSON lines)")
+    build = actions.add_parser("build", help="compile records for GPU architectures into a store (no GPU needed)")
+    build.add_argument("--records", nargs="+", required=True, help="records files from `record`")
+    build.add_argument(
+        "--arch",
+        type=_counts("architectures"),
+        default=[75, 80, 86, 89, 90, 120],
+        help="compute capabilities x10 (default 75,80,86,89,90,120: Turing to Blackwell desktop cards)",
+    )
+    build.add_argument("--out", required=True, help="the store's folder (emptied first)")
+    build.add_argument("--json", action="store_true")
+    check = actions.add_parser("check", help="whether this Triton can use a store")
+    check.add_argument("store")
+    store.set_defaults(func=cmd_kernel_store)
 
     doctor = sub.add_parser("doctor", help="report the OS, torch, GPU, CUDA graphs and models found")
     doctor.add_argument("--json", action="store_true")

@@ -23,6 +23,15 @@ PY="$BIN/python"
 "$PY" -m pip install -q $TORCH
 "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else "this torch is a CPU-only build: the release needs CUDA's (set TORCH)")'
 "$PY" -m pip install -q . "pyinstaller>=6.11" "pyinstaller-hooks-contrib>=2025.1"
+# The kernel store: the kernels recorded on GPUs (packaging/kernel-records/, `r1desk-cli kernel-store record`)
+# compiled for every GPU architecture by this environment's Triton, and Triton's C modules built here, so the
+# app needs no C compiler (docs/packaging.md, "The kernel store"). Without records the bundle has no store.
+shopt -s nullglob
+RECORDS=(packaging/kernel-records/*.jsonl)
+rm -rf build/kernel-store
+if [ ${#RECORDS[@]} -gt 0 ]; then
+  "$PY" -m model_loader.cli kernel-store build --records "${RECORDS[@]}" --out build/kernel-store
+fi
 "$PY" -m PyInstaller --noconfirm --clean packaging/r1desk.spec --distpath dist --workpath build/pyinstaller
 "$PY" - <<'PY'
 import os, platform, shutil, sys, tomllib

@@ -5,8 +5,9 @@ It only prepares the frozen process, then runs desktop.app:main exactly as the i
   child's bootstrap instead of opening a second window.
 - matplotlib's cache goes to the user's cache folder (PyInstaller's runtime hook points it at a temp folder
   that is deleted at exit, which would rebuild the font list on every start); never into the bundle.
-- Triton compiles a small C launcher the first time a kernel runs; a double-clicked app on a machine without a
-  C compiler would fail there, so without one the engine is told to use its plain PyTorch path.
+- Triton builds small C modules (its driver utilities, kernel launchers) the first time a kernel runs, with the
+  system's C compiler. The bundle's kernel store carries them prebuilt; only a bundle without one, on a machine
+  without a compiler, tells the engine to use its plain PyTorch path.
 - The app icon and desktop-file name are set on the QApplication that desktop.app:main then reuses: every
   window gets the icon, and Wayland/X11 docks match the window to r1desk.desktop.
 - R1DESK_STARTUP_TRACE=<file>: write when the window first painted and when the engine became ready (the
@@ -27,8 +28,17 @@ def prepare_frozen_environment() -> None:
     from platformdirs import user_cache_dir
 
     os.environ["MPLCONFIGDIR"] = os.path.join(user_cache_dir("r1desk", appauthor=False), "matplotlib")
-    if sys.platform.startswith("linux") and not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+    no_compiler = not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"))
+    if sys.platform.startswith("linux") and no_compiler and not bundled_store_has_modules():
         os.environ.setdefault("R1DESK_NO_TRITON", "no-compiler")  # model_loader.kernels.NO_COMPILER
+
+
+def bundled_store_has_modules() -> bool:
+    """Whether the bundle's kernel store carries Triton's C modules for this platform and Python (then Triton needs
+    no compiler: model_loader.kernels.kernel_store). Read from its STORE.json, without importing Triton here."""
+    from model_loader.kernels.kernel_store import carries_modules
+
+    return carries_modules(os.path.join(getattr(sys, "_MEIPASS", ""), "kernel-store"))
 
 
 def make_application():

@@ -35,6 +35,14 @@ def triton_unavailable(device) -> str | None:
     except Exception as err:  # not installed (Windows without triton-windows), or a broken install
         package = "triton-windows" if sys.platform == "win32" else "triton"
         return f"Triton could not be imported ({type(err).__name__}). Install it (pip install {package})."
+    from model_loader.kernels import kernel_store
+
+    problem = kernel_store.activate()  # the bundle's kernel store, or $R1DESK_KERNEL_STORE; before any compile
+    if problem and not kernel_store.has_compiler():
+        return (
+            f"no C compiler was found, which Triton needs to build its kernels' launchers, and {problem}. "
+            f"{COMPILER_HINT}"
+        )
     return None
 
 

@@ -56,7 +56,10 @@ def enabled() -> bool:
     two of the sampler's kernels come back from the workers under another cache key and are compiled again on a
     thread, and the workers lose to the threads."""
     off = os.environ.get("R1DESK_COMPILE_PROCESSES", "").strip().lower() in ("0", "false", "no", "off")
-    return not getattr(sys, "frozen", False) and not off
+    from model_loader.kernels import kernel_store
+
+    # with a kernel store, a worker (which reads only the disk cache) would compile what the store already holds
+    return not getattr(sys, "frozen", False) and not off and kernel_store.active() is None
 
 
 WORKER_BYTES = 400 * 2**20  # host memory to leave per worker: a warm worker takes well under it, more while compiling
