@@ -38,6 +38,21 @@ def pytest_xdist_auto_num_workers(config):
     return min(_cpus(), MAX_WORKERS, by_memory)
 
 
+@pytest.fixture(autouse=True)
+def _faulthandler_reports_to_pytest(request):
+    """After each test, faulthandler writes to pytest's stderr again: a test that runs the app's crash log in this
+    process (desktop.crashlog) points it at the log's file and turns it off when the log stops, and a crash later
+    in this worker would then end it without a word (xdist only says "node down")."""
+    yield
+    import faulthandler
+
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    fd = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.enable(file=fd, all_threads=True)
+
+
 _worker_reports: list[str] = []
 
 
