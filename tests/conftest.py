@@ -2,6 +2,9 @@ import os
 
 import pytest
 
+# A worker that crashes ends with its test failed instead of a run that never ends (xdist_crash_safe.py says why)
+from xdist_crash_safe import pytest_xdist_make_scheduler  # noqa: F401  (a hook: pytest finds it here)
+
 # The suite runs on pytest-xdist's workers (pyproject's addopts: -n auto, one test module per worker at a time).
 MAX_WORKERS = 4  # each holds torch, Qt and test models; past ~4 the bundle module (two minutes) sets the pace
 WORKER_MEMORY = 3 << 30  # a worker's share at the peak (2 workers: ~7 GB resident together, the frozen app's included)
