@@ -191,6 +191,7 @@ def test_close_frees_the_tensors_at_once_and_collects_no_garbage_on_its_thread(t
         def __del__(self):
             finalized.append(threading.current_thread().name)
 
+    was_enabled = gc.isenabled()  # off where desktop tests ran before in this worker: it must stay off
     gc.disable()
     try:
         Garbage()
@@ -199,7 +200,8 @@ def test_close_frees_the_tensors_at_once_and_collects_no_garbage_on_its_thread(t
         closer.join()
         assert finalized == [] and all(ref() is None for ref in held)
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
         gc.collect()
     assert finalized == [threading.current_thread().name]
 

@@ -16,12 +16,14 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True, scope="session")
 def _gc_on_the_gui_thread_only():
     """As desktop.gcguard does in the app: a collection on the engine/pool thread could destroy widgets of
-    earlier tests off the GUI thread (a crash). Collect between tests, on this thread, instead."""
+    earlier tests off the GUI thread (a crash). Collect between tests, on this thread, instead. At the session's
+    end, a last collection here, and the collector stays off: switched back on, its next run could start on
+    whichever thread allocates first, while the session's other fixtures are still being torn down."""
     import gc
 
     gc.disable()
     yield
-    gc.enable()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

@@ -140,13 +140,15 @@ def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, h
     host.worker.engine_factory = make
     freed_when_reported = []
     host.worker.failed.connect(lambda *a: freed_when_reported.append(loaded[0]() is None), Qt.DirectConnection)
+    was_enabled = gc.isenabled()  # off in the desktop tests (conftest): it must stay off after this one
     gc.disable()
     try:
         with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
             host.load(LoadRequest("/models/any", "cpu", 512))
         assert blocker.args[1] == "oom" and freed_when_reported == [True]
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
 
 
 def test_window_is_shown_before_torch_is_imported(tmp_path, tiny_model):
