@@ -244,9 +244,11 @@ def build(records, archs, out, progress=None) -> dict:
                     failed.append({"kernel": record.name, "arch": arch, "error": f"{type(err).__name__}: {err}"[:300]})
                 if progress:
                     progress(len(kernels) + len(failed), len(variants) * len(archs))
-        with tempfile.TemporaryDirectory(prefix="r1desk-store-modules-") as scratch:
-            knobs.cache.dir = scratch  # C modules must be built here, not found in this machine's cache
-            modules = _build_modules(kernels, out / "modules")
+        modules: set[str] = set()
+        if sys.platform.startswith("linux"):  # triton-windows builds them with the TinyCC it ships: nothing to do
+            with tempfile.TemporaryDirectory(prefix="r1desk-store-modules-") as scratch:
+                knobs.cache.dir = scratch  # C modules must be built here, not found in this machine's cache
+                modules = _build_modules(kernels, out / "modules")
     finally:
         knobs.cache.dir, knobs.compilation.store_binary_only = saved_dir, saved_binary_only
     for lock in (out / "cache").rglob("lock"):  # Triton's per-entry lock files: nothing to lock in a bundle
@@ -424,10 +426,10 @@ def activate(store=None) -> str | None:
     from triton import knobs
 
     knobs.cache.manager_class = _store_cache(store / "cache")
-    if _compiler() is None:
+    if sys.platform.startswith("linux") and _compiler() is None:  # (Windows: triton-windows ships a compiler)
         knobs.build.impl = _ModulesFromStore(store / "modules")
     _active["store"] = store
-    log.info("kernel store in use: %s (C modules from it: %s)", store, _compiler() is None)
+    log.info("kernel store in use: %s (C modules from it: %s)", store, knobs.build.impl is not None)
     return None
 
 
