@@ -26,6 +26,10 @@
 #   fp32        greedy ids against transformers' fp32 (benchmarks/fp32_vs_transformers.py)
 #   twogpu      the engine on a second GPU (benchmarks/second_gpu_check.py; needs two)
 #   notriton    without Triton: the CUDA-graph path against the eager one (benchmarks/no_triton_graphs.py)
+#   store       the kernel store: record the kernels bf16 and AWQ compile here (OUT_DIR/records.jsonl, for
+#               packaging/kernel-records/), build a store for every architecture (/tmp/kernel-store, its size in
+#               store-build.txt), then bench a first start with it and no C compiler against the compiler
+#               (benchmarks/kernel_store_check.py)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -97,6 +101,13 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       fp32) run fp32 python3 -m benchmarks.fp32_vs_transformers --model $M ;;
       notriton) run notriton python3 -m benchmarks.no_triton_graphs --model $M ;;
       twogpu) run twogpu python3 -m benchmarks.second_gpu_check --model $M ;;
+      store)
+        run store-record $CLI kernel-store record --model $M --model $A --out "$OUT/records.jsonl"
+        run store-build $CLI kernel-store build --records "$OUT/records.jsonl" --out /tmp/kernel-store
+        for m in $M $A; do
+          run "store-check-$(basename $m)" python3 -m benchmarks.kernel_store_check --model $m \
+            --store /tmp/kernel-store --json "$OUT/store-check-$(basename $m).json"
+        done ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
   done
