@@ -110,13 +110,11 @@ def recording(records: list, skip_compiles: bool = False):
     any thread). skip_compiles: record only; Triton compiles and launches nothing (a walk without a GPU)."""
     from triton import knobs
 
-    from model_loader.kernels.compile_workers import WORKER_MODULES
-
     previous = knobs.runtime.jit_cache_hook
     lock = threading.Lock()
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **extra):  # Triton's keyword names
-        if fn.module in WORKER_MODULES:
+        if fn.module.startswith("model_loader."):  # the jit_* modules, and the paged cache's kernels
             target = fn.jit_function.device_caches[compile["device"]][2]
             with lock:
                 records.append(
