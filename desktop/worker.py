@@ -29,6 +29,7 @@ thread-safe flags the engine checks before every token.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, QTimer, Qt, Signal, Slot
 
+log = logging.getLogger(__name__)
 
 DELTA_INTERVAL_S = 1 / 240  # the worker joins deltas arriving closer than this into one signal
 
@@ -137,6 +139,7 @@ class LoadRequest:
     dtype: str | None = None  # None: automatic
     kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
     max_parallel: int = 1  # replies decoded together: above 1 the engine serves through its scheduler
+    use_triton: bool | None = None  # None: r1desk's kernels where they work; False: plain PyTorch operations
     remote: dict | None = None  # a model on a server instead (EngineWorker._load_remote)
     seq: int = 0  # EngineHost.load's number: a newer load stops this one
 
@@ -191,6 +194,7 @@ class EngineWorker(QObject):
         try:
             from model_loader.engine import Engine  # torch import happens here, off the GUI thread
             from model_loader.errors import GpuMissingError, GpuUnsupportedError, ModelError, OutOfMemoryError
+            from model_loader.kernels import kernels_failure
         except Exception as err:  # a broken torch install must not take the window down
             self.failed.emit(0, "import", f"could not import the model engine: {err}")
             return
@@ -214,33 +218,58 @@ class EngineWorker(QObject):
         def on_compiling() -> None:
             self.stage.emit("compiling")
 
+        def on_warmup(done: int, total: int, what: str) -> None:
+            if stop_here():
+                raise LoadAborted()
+            self.warmup_progress.emit(done, total, what)
+
+        def attempt(request: LoadRequest):
+            engine = None
+            try:
+                if self.engine_factory is not None:
+                    engine = self.engine_factory(request, on_progress, on_compiling)
+                else:
+                    engine = Engine.load(
+                        request.spec,
+                        device=device,
+                        context_length=request.context_length,
+                        dtype=request.dtype or None,
+                        progress=on_progress,
+                        on_compiling=on_compiling,
+                        kv_cache=request.kv_cache or "16-bit",
+                        use_triton=request.use_triton,
+                    )
+                # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
+                self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
+                engine.warm_up(progress=on_warmup)
+                return engine
+            except BaseException:
+                if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: VRAM back now
+                    engine.close()
+                raise
+
         engine, failure = None, None
+        parallel = int(request.max_parallel or 1)
         try:
-            if self.engine_factory is not None:
-                engine = self.engine_factory(request, on_progress, on_compiling)
-            else:
-                engine = Engine.load(
-                    request.spec,
-                    device=device,
-                    context_length=request.context_length,
-                    dtype=request.dtype or None,
-                    progress=on_progress,
-                    on_compiling=on_compiling,
-                    kv_cache=request.kv_cache or "16-bit",
-                )
-            # The first start on a machine compiles our GPU kernels (seconds to tens of seconds): say so.
-            self.stage.emit("preparing" if getattr(engine, "first_start", False) else "warming")
-
-            def on_warmup(done: int, total: int, what: str) -> None:
-                if stop_here():
-                    raise LoadAborted()
-                self.warmup_progress.emit(done, total, what)
-
-            engine.warm_up(progress=on_warmup)
-            parallel = int(request.max_parallel or 1)
+            problem = None
+            try:
+                engine = attempt(request)
+            except Exception as err:
+                problem = kernels_failure(err)
+                if problem is None or request.use_triton is False:
+                    raise
+            if engine is None:
+                # r1desk's kernels passed their check at load but failed later (a C module the kernel store lacks,
+                # with no compiler to build it; a kernel this GPU's compiler rejects): the same model again on
+                # plain PyTorch operations (out of the except block: the failed load's frames are gone, and
+                # with them its memory), and the live panel says why.
+                log.warning("r1desk's kernels failed to start (%s); loading again without them", problem)
+                self._free_device_memory()
+                engine = attempt(dataclasses.replace(request, use_triton=False))
+                engine.info.kernels_note = problem
             scheduler = engine.serve_batched(parallel) if parallel > 1 else None
         except BaseException as err:
-            if engine is not None and hasattr(engine, "close"):  # loaded, then failed to warm up: its VRAM back now
+            if engine is not None and hasattr(engine, "close"):  # warmed up, then failed to batch: VRAM back now
                 engine.close()
             engine = None
             if isinstance(err, LoadAborted):  # a newer load replaced it, or the app is closing: this load ended

@@ -82,3 +82,18 @@ def triton_problem(device) -> str | None:
         if any(word in text.lower() for word in ("compiler", "gcc", "clang", "cc ", "python.h")):
             return f"Triton could not build its kernels ({text[:160]}). {COMPILER_HINT}"
         return f"Triton could not run on this GPU ({text[:160]})."
+
+
+def kernels_failure(err: BaseException) -> str | None:
+    """Why r1desk's kernels failed after their check at load passed, worded for the live panel (as
+    triton_unavailable), where `err` came from Triton: a C module the kernel store lacks with no compiler to build
+    it, or Triton's compiler on this GPU. None for any other error (those are not the kernels' to answer for)."""
+    from model_loader.kernels.kernel_store import StoreMiss
+
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if isinstance(err, StoreMiss):
+        return f"{first}. {COMPILER_HINT}"
+    module = type(err).__module__ or ""
+    if module == "triton" or module.startswith("triton."):
+        return f"they failed on this GPU ({type(err).__name__}: {first[:160]}); the log has the details."
+    return None

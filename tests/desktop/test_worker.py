@@ -114,6 +114,47 @@ def test_load_errors_are_reported_not_raised(qtbot, host, tmp_path):
     assert str(tmp_path) in message and "config.json" in message
 
 
+def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(qtbot, host):
+    """A load whose warm-up fails inside Triton (here: a C module the kernel store lacks, with no C compiler) is
+    loaded again on plain PyTorch operations, and the engine's note says why (the live panel shows it); a failure
+    that isn't the kernels' is reported as before, not retried."""
+    from fakes import FakeEngine
+
+    from model_loader.kernels.kernel_store import StoreMiss
+
+    class KernelsFailOnWarmUp(FakeEngine):
+        def warm_up(self, progress=None):
+            raise StoreMiss(
+                "Triton needs its C module '__triton_launcher' for this kernel, which r1desk's kernel "
+                "store lacks, and no C compiler was found to build it"
+            )
+
+    asked, closed = [], []
+
+    def make(request, progress, on_compiling=None):
+        asked.append(request.use_triton)
+        engine = KernelsFailOnWarmUp() if request.use_triton is None else FakeEngine()
+        engine.close = lambda: closed.append(request.use_triton)
+        return engine
+
+    host.worker.engine_factory = make
+    with qtbot.waitSignal(host.worker.ready, timeout=30000) as blocker:
+        host.load(LoadRequest("/models/any", "cuda", 512))
+    assert asked == [None, False] and closed == [None]  # the failed engine closed before the second load
+    note = blocker.args[0]["kernels_note"]
+    assert "'__triton_launcher'" in note and "install gcc" in note
+
+    def not_the_kernels(request, progress, on_compiling=None):
+        asked.append(request.use_triton)
+        raise OSError("the disk went away")
+
+    asked.clear()
+    host.worker.engine_factory = not_the_kernels
+    with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
+        host.load(LoadRequest("/models/any", "cuda", 512))
+    assert asked == [None] and "the disk went away" in blocker.args[2]
+
+
 def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, host):
     """A load that runs out of memory raises out of frames that hold what was loaded so far, and the error's
     traceback keeps those frames. The worker reported the failure (and emptied torch's cache) while it still
