@@ -34,6 +34,39 @@ def _collect_after_each_test():
     gc.collect()
 
 
+@pytest.fixture
+def wait_cross_thread(qtbot):
+    """`with wait_cross_thread(signal, timeout=ms) as caught: ...` then caught.args: qtbot.waitSignal for a signal
+    emitted on another thread (the engine worker's). pytest-qt's blocker is not a QObject, so its slot runs on the
+    emitting thread and stops the blocker's timer from there: the wait can hang past its timeout, or the timer
+    fire on a deleted object (a crash). Here the signal reaches a QObject on this thread, queued, and the wait
+    polls for it."""
+    from contextlib import contextmanager
+
+    from PySide6.QtCore import QObject
+
+    class Caught(QObject):  # on the GUI thread: a signal from another thread reaches catch() queued, here
+        def __init__(self):
+            super().__init__()
+            self.args = None
+
+        def catch(self, *args):
+            if self.args is None:
+                self.args = list(args)
+
+    @contextmanager
+    def wait(signal, timeout: int = 10000):
+        caught = Caught()
+        signal.connect(caught.catch)
+        try:
+            yield caught
+            qtbot.waitUntil(lambda: caught.args is not None, timeout=timeout)
+        finally:
+            signal.disconnect(caught.catch)
+
+    return wait
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model) -> str:
     """tests/conftest.py's tiny model (built once a session), as the str path Qt settings and subprocesses take."""

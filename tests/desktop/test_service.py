@@ -165,7 +165,7 @@ def test_ended_requests_are_not_kept_by_the_service(qtbot, service):
 
 
 @pytest.mark.parametrize("first_ends", ["aborted at its next step", "ready all the same", "failed all the same"])
-def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(qtbot, first_ends):
+def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(wait_cross_thread, qtbot, first_ends):
     """Settings changed while a model loads queue a second load behind the first. The first is told to stop;
     whether it stops, or ends ready or failed anyway (past its last step), the service stays "loading" and says
     nothing until the second ends: its Ready would let a message be sent that then waits through the second
@@ -196,7 +196,7 @@ def test_a_load_asked_for_while_another_runs_is_the_only_one_that_counts(qtbot, 
         svc.load(LoadRequest("/models/first", "cpu", 4096, None))
         svc.load(LoadRequest("/models/second", "cpu", 4096, "bf16"))
         worker = svc.host.worker
-        with qtbot.waitSignals([worker.ready if first_ends == "ready all the same" else worker.failed], timeout=10000):
+        with wait_cross_thread(worker.ready if first_ends == "ready all the same" else worker.failed, timeout=10000):
             gates["/models/first"].set()
         # the service's slots ran first (connected first): the first load's end changed nothing
         assert svc.state == "loading" and readies == [] and failures == []

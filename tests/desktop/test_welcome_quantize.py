@@ -149,7 +149,9 @@ def test_first_run_download_then_4bit_copy_loads_and_replies(qtbot, aio, hub, ma
     assert reply.args[0]["stats"]["completion_tokens"] == 8
 
 
-def test_cancelling_the_4bit_copy_leaves_no_half_made_model(qtbot, make_window, models_dir, tiny_model):
+def test_cancelling_the_4bit_copy_leaves_no_half_made_model(
+    wait_cross_thread, qtbot, make_window, models_dir, tiny_model
+):
     dense = models_dir / "tiny-r1"
     shutil.copytree(tiny_model, dense)
     win = make_window(model=None, wait_ready=False)
@@ -169,7 +171,7 @@ def test_cancelling_the_4bit_copy_leaves_no_half_made_model(qtbot, make_window, 
     # Hold the worker at its first step until the click has happened (the tiny model quantizes in well under a
     # second, faster than a click): what is tested is what Cancel does mid-way, not who wins a race.
     win.service.host.worker.quantize_progress.connect(lambda *a: clicked.wait(30), Qt.DirectConnection)
-    with qtbot.waitSignal(win.service.host.worker.quantize_failed, timeout=60000) as blocker:
+    with wait_cross_thread(win.service.host.worker.quantize_failed, timeout=60000) as blocker:
         win.quantize_model(str(dense))
     assert blocker.args[0] == "cancelled"
     assert not (models_dir / "tiny-r1-AWQ").exists()

@@ -35,11 +35,11 @@ def _record(host):
     return events, threads
 
 
-def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
+def test_load_then_generate_signal_order_and_threads(wait_cross_thread, qtbot, host, tiny_model):
     from model_loader.events import Finished, GenerationControl, Started
 
     events, threads = _record(host)
-    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+    with wait_cross_thread(host.worker.ready, timeout=60000):
         host.load(LoadRequest(tiny_model, "cpu", 512))
     kinds = [e[0] if e[0] != "stage" else f"stage:{e[1]}" for e in events]
     assert kinds[:2] == ["stage:importing", "stage:loading"]
@@ -52,7 +52,7 @@ def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
 
     events.clear()
     settings = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=24)
-    with qtbot.waitSignal(host.worker.finished, timeout=60000):
+    with wait_cross_thread(host.worker.finished, timeout=60000):
         gen = host.generate([{"role": "user", "content": "Hello"}], settings, GenerationControl())
     assert [e[0] for e in events][0] == "started" and [e[0] for e in events][-1] == "finished"
     assert {e[0] for e in events[1:-1]} == {"delta"}  # one started, then only deltas before the one finished
@@ -73,14 +73,14 @@ def test_load_then_generate_signal_order_and_threads(qtbot, host, tiny_model):
     assert threads["delta"] != threading.get_ident()  # the engine ran on the worker thread, not the GUI's
 
 
-def test_cancel_stops_the_reply(qtbot, host, tiny_model):
+def test_cancel_stops_the_reply(wait_cross_thread, qtbot, host, tiny_model):
     from model_loader.events import GenerationControl
 
-    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+    with wait_cross_thread(host.worker.ready, timeout=60000):
         host.load(LoadRequest(tiny_model, "cpu", 4096))
     control = GenerationControl()
     host.worker.delta.connect(lambda *a: control.cancel())  # cancel from the GUI thread at the first delta
-    with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
+    with wait_cross_thread(host.worker.finished, timeout=60000) as blocker:
         host.generate(
             [{"role": "user", "content": "Count to a thousand"}], dict(temperature=0.0, max_new_tokens=3000), control
         )
@@ -89,32 +89,32 @@ def test_cancel_stops_the_reply(qtbot, host, tiny_model):
     assert stats.completion_tokens < 3000
 
 
-def test_stop_thinking_makes_the_model_answer(qtbot, host, tiny_model):
+def test_stop_thinking_makes_the_model_answer(wait_cross_thread, qtbot, host, tiny_model):
     from model_loader.events import GenerationControl
 
-    with qtbot.waitSignal(host.worker.ready, timeout=60000):
+    with wait_cross_thread(host.worker.ready, timeout=60000):
         host.load(LoadRequest(tiny_model, "cpu", 1024))
     control = GenerationControl()
     kinds = []
     host.worker.delta.connect(
         lambda g, t, k, n: (kinds.append(k), control.stop_thinking() if len(kinds) == 3 else None)
     )
-    with qtbot.waitSignal(host.worker.finished, timeout=60000) as blocker:
+    with wait_cross_thread(host.worker.finished, timeout=60000) as blocker:
         host.generate([{"role": "user", "content": "Think hard"}], dict(temperature=0.0, max_new_tokens=80), control)
     stats = blocker.args[1].stats
     assert stats.stopped_thinking is True
     assert "answer" in kinds and kinds.index("answer") >= 3
 
 
-def test_load_errors_are_reported_not_raised(qtbot, host, tmp_path):
-    with qtbot.waitSignal(host.worker.failed, timeout=60000) as blocker:
+def test_load_errors_are_reported_not_raised(wait_cross_thread, qtbot, host, tmp_path):
+    with wait_cross_thread(host.worker.failed, timeout=60000) as blocker:
         host.load(LoadRequest(str(tmp_path), "cpu", 512))  # an empty folder
     gen_id, kind, message = blocker.args
     assert (gen_id, kind) == (0, "model")
     assert str(tmp_path) in message and "config.json" in message
 
 
-def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(qtbot, host):
+def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(wait_cross_thread, qtbot, host):
     """A load whose warm-up fails inside Triton (here: a C module the kernel store lacks, with no C compiler) is
     loaded again on plain PyTorch operations, and the engine's note says why (the live panel shows it); a failure
     that isn't the kernels' is reported as before, not retried."""
@@ -138,7 +138,7 @@ def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(q
         return engine
 
     host.worker.engine_factory = make
-    with qtbot.waitSignal(host.worker.ready, timeout=30000) as blocker:
+    with wait_cross_thread(host.worker.ready, timeout=30000) as blocker:
         host.load(LoadRequest("/models/any", "cuda", 512))
     assert asked == [None, False] and closed == [None]  # the failed engine closed before the second load
     note = blocker.args[0]["kernels_note"]
@@ -150,12 +150,12 @@ def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(q
 
     asked.clear()
     host.worker.engine_factory = not_the_kernels
-    with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
+    with wait_cross_thread(host.worker.failed, timeout=30000) as blocker:
         host.load(LoadRequest("/models/any", "cuda", 512))
     assert asked == [None] and "the disk went away" in blocker.args[2]
 
 
-def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, host):
+def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(wait_cross_thread, qtbot, host):
     """A load that runs out of memory raises out of frames that hold what was loaded so far, and the error's
     traceback keeps those frames. The worker reported the failure (and emptied torch's cache) while it still
     held the error, so those weights were freed only afterwards, into torch's cache, out of the driver's reach
@@ -184,7 +184,7 @@ def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(qtbot, h
     was_enabled = gc.isenabled()  # off in the desktop tests (conftest): it must stay off after this one
     gc.disable()
     try:
-        with qtbot.waitSignal(host.worker.failed, timeout=30000) as blocker:
+        with wait_cross_thread(host.worker.failed, timeout=30000) as blocker:
             host.load(LoadRequest("/models/any", "cpu", 512))
         assert blocker.args[1] == "oom" and freed_when_reported == [True]
     finally:
