@@ -15,11 +15,11 @@ def _watch(qtbot):
     return watch
 
 
-def test_the_servers_load_arrives_while_the_panel_is_open(qtbot, lab, tmp_path):
+def test_the_servers_load_arrives_while_the_panel_is_open(wait_cross_thread, qtbot, lab, tmp_path):
     model_id, url = lab
     watch = _watch(qtbot)
     try:
-        with qtbot.waitSignal(watch.figures, timeout=20000) as got:
+        with wait_cross_thread(watch.figures, timeout=20000) as got:
             watch.watch(url, model_id, tmp_path / "keys", insecure_tls=False, key=API_KEY)
         figures = got.args[0]
         assert figures["running"] == 0 and figures["waiting"] == 0  # an idle server
@@ -28,10 +28,10 @@ def test_the_servers_load_arrives_while_the_panel_is_open(qtbot, lab, tmp_path):
         watch.stop()
 
 
-def test_a_server_that_cannot_be_reached_gives_none(qtbot, tmp_path):
+def test_a_server_that_cannot_be_reached_gives_none(wait_cross_thread, qtbot, tmp_path):
     watch = _watch(qtbot)
     try:
-        with qtbot.waitSignal(watch.figures, timeout=20000) as got:
+        with wait_cross_thread(watch.figures, timeout=20000) as got:
             watch.watch("http://127.0.0.1:9/v1", "m", tmp_path / "keys", insecure_tls=False, key="k")
         assert got.args[0] is None
     finally:
