@@ -37,10 +37,10 @@ def _collect_after_each_test():
 @pytest.fixture
 def wait_cross_thread(qtbot):
     """`with wait_cross_thread(signal, timeout=ms) as caught: ...` then caught.args: qtbot.waitSignal for a signal
-    emitted on another thread (the engine worker's, a polling thread's). pytest-qt's blocker is not a QObject, so its slot runs on the
-    emitting thread and stops the blocker's timer from there: the wait can hang past its timeout, or the timer
-    fire on a deleted object (a crash). Here the signal reaches a QObject on this thread, queued, and the wait
-    polls for it."""
+    emitted on another thread (the engine worker's, a polling thread's). pytest-qt's blocker is not a QObject, so
+    its slot runs on the emitting thread and stops the blocker's timer from there: the wait can hang past its
+    timeout, or the timer fire on a deleted object (a crash). Here the signal reaches a QObject on this thread,
+    queued, and the wait polls for it."""
     from contextlib import contextmanager
 
     from PySide6.QtCore import QObject
