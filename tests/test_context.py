@@ -93,3 +93,112 @@ def test_exactly_the_minimum_context_loads_and_one_granule_less_does_not(monkeyp
     # a model that positions fewer than MIN_CONTEXT tokens at all gets all it can, however little room is left
     room_for(300)
     assert auto_context(torch.device("cuda"), Cfg(max_position_embeddings=256), 2) == 256
+
+
+def test_an_8bit_cache_token_costs_a_byte_a_value_plus_a_scale_a_row():
+    from model_loader.kv_cache import KV_8BIT
+
+    # 28 layers x 2 x 2 heads x 128 values, a byte each plus a 4-byte scale per 128-value row, plus the RoPE row
+    assert per_token_bytes(Cfg(), 2, KV_8BIT) == 28 * 2 * 2 * (128 + 4) + 512
+    assert per_token_bytes(Cfg(head_dim=64, num_key_value_heads=4), 2, KV_8BIT) == 28 * 2 * 4 * (64 + 4) + 256
+
+
+def test_an_8bit_cache_gets_a_longer_auto_context_from_the_same_memory(monkeypatch):
+    import torch
+
+    from model_loader.kv_cache import KV_8BIT
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (int(1.3 * GiB), 8 * GiB))  # 0.3 GiB past headroom
+    sixteen = auto_context(torch.device("cuda"), Cfg(), 2)
+    eight = auto_context(torch.device("cuda"), Cfg(), 2, KV_8BIT)
+    assert sixteen == 11_008  # 29,184 B a token
+    assert eight == 20_992  # 15,296 B a token: 21,059 fit, rounded down to 256s
+
+
+def test_the_context_is_measured_on_the_device_the_model_is_loaded_on(monkeypatch):
+    import torch
+
+    second = torch.device("cuda", 1)
+    # the second GPU is empty, the first is almost full: a model loaded on the second gets the full target
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda dev: (79 * GiB, 80 * GiB) if dev == second else (GiB, 80 * GiB)
+    )
+    assert auto_context(second, Cfg(), 2) == AUTO_TARGET
+
+
+def test_the_cpu_context_comes_from_the_host_memory(monkeypatch):
+    import torch
+
+    from model_loader import context
+
+    monkeypatch.setattr(context, "host_memory", lambda: (int(1.6 * GiB), 6 * GiB))
+    assert auto_context(torch.device("cpu"), Cfg(), 2) == 22_016  # as for a 6 GB card with 1.6 GiB free
+
+
+def test_the_cpu_context_falls_back_to_8192_tokens_where_the_host_memory_is_unknown(monkeypatch):
+    import torch
+
+    from model_loader import context
+
+    monkeypatch.setattr(context, "host_memory", lambda: (None, None))
+    assert auto_context(torch.device("cpu"), Cfg(), 2) == context.CPU_FALLBACK == 8192
+    assert auto_context(torch.device("cpu"), Cfg(max_position_embeddings=2048), 2) == 2048  # never past the model
+
+
+MEMINFO = "MemTotal:       16318212 kB\nMemFree:         1203456 kB\nMemAvailable:    9876544 kB\n\nBuffers: 1 kB\n"
+
+
+def _files(monkeypatch, files):
+    """open() in model_loader.context serves `files` (path -> text); any other path does not exist."""
+    import io
+
+    from model_loader import context
+
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(context, "open", fake_open, raising=False)
+
+
+def test_host_memory_on_linux_is_memavailable_and_memtotal_in_bytes(monkeypatch):
+    from model_loader.context import host_memory
+
+    _files(monkeypatch, {"/proc/meminfo": MEMINFO})
+    assert host_memory() == (9876544 * 1024, 16318212 * 1024)
+
+
+def _sysconf(monkeypatch, values):
+    import os
+
+    def fake_sysconf(name):
+        if name not in values:
+            raise ValueError(f"unrecognized configuration name {name!r}")
+        return values[name]
+
+    monkeypatch.setattr(os, "sysconf", fake_sysconf)
+
+
+def test_host_memory_without_proc_meminfo_counts_posix_pages(monkeypatch):
+    from model_loader.context import host_memory
+
+    _files(monkeypatch, {})  # macOS, the BSDs: no /proc/meminfo
+    _sysconf(monkeypatch, {"SC_PAGE_SIZE": 16384, "SC_AVPHYS_PAGES": 1000, "SC_PHYS_PAGES": 5000})
+    assert host_memory() == (1000 * 16384, 5000 * 16384)
+
+
+def test_host_memory_with_a_meminfo_lacking_memavailable_counts_posix_pages(monkeypatch):
+    from model_loader.context import host_memory
+
+    _files(monkeypatch, {"/proc/meminfo": "MemTotal:       16318212 kB\nMemFree:         1203456 kB\n"})  # Linux < 3.14
+    _sysconf(monkeypatch, {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 300, "SC_PHYS_PAGES": 4000})
+    assert host_memory() == (300 * 4096, 4000 * 4096)
+
+
+def test_host_memory_is_unknown_where_neither_source_answers(monkeypatch):
+    from model_loader.context import host_memory
+
+    _files(monkeypatch, {})
+    _sysconf(monkeypatch, {})  # Windows has no sysconf at all; an OS without these names raises ValueError
+    assert host_memory() == (None, None)

@@ -309,3 +309,195 @@ def test_a_cancelled_callback_never_reaches_the_exception_handler(loop):
 
     loop.run_until_complete(main())
     assert caught == []
+
+
+def test_the_app_loop_passes_its_options_on(qapp, monkeypatch):
+    """qt_event_loop(app, **kwargs) hands both to the loop it makes, ours or qasync's (already_running: the app's
+    own Qt loop is already running, so the asyncio loop counts as running from the start)."""
+    from desktop.fastloop import qt_event_loop
+
+    for qasyncs in ("0", "1"):
+        monkeypatch.setenv("R1DESK_QASYNC_LOOP", qasyncs)
+        loop = qt_event_loop(qapp, already_running=True)
+        assert loop.is_running()
+        loop.stop()
+        loop.close()
+
+
+def test_callbacks_run_in_the_context_they_were_scheduled_with(loop):
+    """call_soon_threadsafe, call_later and call_at take a contextvars.Context, as asyncio's do (aiohttp and
+    asyncio's own tasks rely on it)."""
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="outside")
+    seen = {}
+
+    def record(name):
+        seen[name] = var.get()
+
+    async def main():
+        done = loop.create_future()
+        for name, schedule in (
+            ("soon", lambda ctx: loop.call_soon(record, "soon", context=ctx)),
+            ("threadsafe", lambda ctx: loop.call_soon_threadsafe(record, "threadsafe", context=ctx)),
+            ("later", lambda ctx: loop.call_later(0.001, record, "later", context=ctx)),
+            ("at", lambda ctx: loop.call_at(loop.time() + 0.001, record, "at", context=ctx)),
+        ):
+            ctx = contextvars.copy_context()
+            ctx.run(var.set, f"in {name}")
+            schedule(ctx)
+        loop.call_later(0.01, done.set_result, None)
+        await done
+
+    loop.run_until_complete(main())
+    assert seen == {"soon": "in soon", "threadsafe": "in threadsafe", "later": "in later", "at": "in at"}
+
+
+def test_in_debug_mode_callbacks_and_timers_still_run_with_their_arguments_and_context(loop):
+    """PYTHONASYNCIODEBUG / set_debug: call_soon, call_later and call_at are qasync's (they time each callback),
+    and must still run each callback, with its arguments, in its context, in deadline order."""
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="outside")
+    seen = []
+    loop.set_debug(True)
+
+    async def main():
+        done = loop.create_future()
+        ctx = contextvars.copy_context()
+        ctx.run(var.set, "inside")
+
+        def record(name):
+            seen.append((name, var.get()))
+
+        loop.call_at(loop.time() + 0.02, record, "at", context=ctx)
+        loop.call_later(0.01, record, "later", context=ctx)
+        loop.call_soon(record, "soon", context=ctx)
+        loop.call_later(0.06, done.set_result, None)
+        await done
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # debug mode reports slow callbacks
+        loop.run_until_complete(main())
+    assert seen == [("soon", "inside"), ("later", "inside"), ("at", "inside")]
+
+
+def test_the_timer_heap_is_rebuilt_when_asyncio_would(qapp):
+    """As asyncio's _run_once: cancelled timers are purged from the heap once they are more than 100 and more
+    than half of it, not before (each purge is a pass over the heap)."""
+    from desktop.fastloop import FastQEventLoop
+
+    def purged_at(n):
+        """(the cancel that purged the heap, the timers left) for a live timer and n others, cancelled in turn"""
+        loop = FastQEventLoop(qapp)
+        try:
+            loop.call_later(3600, lambda: None)  # a live head: cancelled ones behind it are never pruned lazily
+            timers = [loop.call_later(3630, lambda: None) for _ in range(n)]
+            for k, timer in enumerate(timers, 1):
+                timer.cancel()
+                if len(loop._scheduled) < 1 + n:
+                    return k, len(loop._scheduled)
+            return None
+        finally:
+            loop.close()
+
+    assert purged_at(150) == (101, 1 + 150 - 101)  # 151 timers: the 101st cancelled one purges them
+    assert purged_at(300) == (151, 1 + 300 - 151)  # 301 timers: past half of them
+
+
+def test_cancelled_and_fired_timers_leave_the_cancelled_count_exact(loop):
+    """A cancelled timer at the head of the heap is dropped when the Qt timer fires, and a timer that has run is
+    no longer scheduled (cancelling it afterwards, as asyncio.wait_for does with its timeout, counts nothing):
+    the count of cancelled timers keeps matching the heap, and no Qt timer stays armed once none is left."""
+
+    async def main():
+        done = loop.create_future()
+        early = loop.call_later(0.002, lambda: None)
+        fired = loop.call_later(0.004, lambda: None)
+        loop.call_later(0.01, done.set_result, None)
+        early.cancel()
+        await done
+        fired.cancel()  # after it ran
+
+    loop.run_until_complete(main())
+    assert loop._timer_cancelled_count == sum(1 for t in loop._scheduled if t._cancelled) == 0
+    assert loop._scheduled == []
+    assert (loop._qt_timer_id, loop._qt_timer_when) == (0, math.inf)
+
+
+def test_removing_a_reader_or_writer_says_whether_there_was_one(loop):
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        assert loop.remove_reader(a.fileno()) is False  # none yet
+        assert loop.remove_writer(a.fileno()) is False
+        loop.add_reader(a.fileno(), lambda: None)
+        loop.add_writer(a.fileno(), lambda: None)
+        assert loop.remove_writer(a.fileno()) is True
+        assert loop.remove_writer(a.fileno()) is False
+        assert loop.remove_reader(a.fileno()) is True
+        assert loop.remove_reader(a.fileno()) is False
+        loop.add_reader(a.fileno(), lambda: None)
+        loop.add_writer(b.fileno(), lambda: None)
+        loop.close()
+        assert not loop.remove_reader(a.fileno()) and not loop.remove_writer(b.fileno())  # closed: nothing left
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_deadline_already_past_runs_at_once(loop):
+    ran = []
+
+    async def main():
+        done = loop.create_future()
+        loop.call_at(loop.time() - 5.0, ran.append, "overdue")
+        loop.call_later(0.02, done.set_result, None)
+        await done
+
+    guard = _stop_after(loop, 3000)
+    loop.run_until_complete(main())
+    guard.stop()
+    assert ran == ["overdue"]
+
+
+def test_a_replaced_or_removed_reader_has_its_handle_cancelled(loop):
+    """As asyncio's selector loop: sock_recv and the like remove their reader only if its handle was not
+    cancelled, i.e. not replaced by a newer reader on that socket."""
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        first = loop._add_reader(a.fileno(), lambda: None)
+        second = loop._add_reader(a.fileno(), lambda: None)
+        assert first.cancelled() and not second.cancelled()
+        writer = loop._add_writer(b.fileno(), lambda: None)
+        loop.remove_reader(a.fileno())
+        loop.remove_writer(b.fileno())
+        assert second.cancelled() and writer.cancelled()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_closing_the_loop_leaves_no_callback_timer_or_socket_notifier_behind(loop):
+    """Nothing of a closed loop fires afterwards: its queued callbacks, its Qt timer and its sockets' notifiers
+    are all gone."""
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        loop.call_soon(print, "never")
+        loop.call_later(0.001, print, "never")
+        loop.add_reader(a.fileno(), lambda: None)
+        loop.add_writer(b.fileno(), lambda: None)
+        notifiers = [loop._read_notifiers[a.fileno()], loop._write_notifiers[b.fileno()]]
+        loop.close()
+        assert loop.is_closed()
+        assert not loop._ready_batch
+        assert (loop._qt_timer_id, loop._qt_timer_when) == (0, math.inf)
+        assert [(n.isEnabled(), n.handle) for n in notifiers] == [(False, None), (False, None)]
+    finally:
+        a.close()
+        b.close()
