@@ -592,7 +592,7 @@ def cmd_kernel_store(args) -> int:
             if done == total or done % 20 == 0:
                 print(f"compiled {done}/{total}", file=sys.stderr, flush=True)
 
-        info = kernel_store.build(records, args.arch, args.out, progress=progress)
+        info = kernel_store.build(records, args.arch, args.out, progress=progress, workers=args.workers)
         print(
             json.dumps(info, indent=1)
             if args.json
@@ -757,6 +757,7 @@ def build_parser(add_commands=None) -> argparse.ArgumentParser:
         help="compute capabilities x10 (default 75,80,86,89,90,120: Turing to Blackwell desktop cards)",
     )
     build.add_argument("--out", required=True, help="the store's folder (emptied first)")
+    build.add_argument("--workers", type=int, default=None, help="compile processes (default: a CPU each)")
     build.add_argument("--json", action="store_true")
     check = actions.add_parser("check", help="whether this Triton can use a store")
     check.add_argument("store")

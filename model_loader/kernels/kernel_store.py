@@ -217,10 +217,11 @@ def compile_record(record: Record, arch: int):
     )
 
 
-def build(records, archs, out, progress=None) -> dict:
+def build(records, archs, out, progress=None, workers: int | None = None) -> dict:
     """Build a store in `out` (emptied first): every record's kernel for every architecture in `archs` (e.g. 80,
-    86, 89, 90, 120), and the C modules Triton builds for them on this platform (needs a C compiler; a machine
-    without a GPU driver links against a stand-in libcuda, built here). Returns STORE.json's content."""
+    86, 89, 90, 120), compiled in `workers` processes (default: a CPU each, as host memory allows), and the C modules
+    Triton builds for them on this platform (needs a C compiler; a machine without a GPU driver links against a
+    stand-in libcuda, built here). Returns STORE.json's content."""
     from triton import __version__ as triton_version
     from triton import knobs
 
@@ -228,20 +229,27 @@ def build(records, archs, out, progress=None) -> dict:
     if out.exists():
         shutil.rmtree(out)
     (out / "modules").mkdir(parents=True)
+    cache = str(out / "cache")
     variants = list({r.variant(): r for r in records}.values())
+    jobs = [(record, arch) for arch in archs for record in variants]
+    pooled = len(jobs) > 1 and workers != 1
+    errors = _compile_in_processes(jobs, cache, workers, progress) if pooled else {}
     kernels, failed = [], []
     saved_dir, saved_binary_only = knobs.cache.dir, knobs.compilation.store_binary_only
     try:
-        knobs.cache.dir = str(out / "cache")
+        knobs.cache.dir = cache
         knobs.compilation.store_binary_only = True  # the cubin and its metadata, not every stage's IR
-        for arch in archs:
-            for record in variants:
+        for n, (record, arch) in enumerate(jobs, 1):  # what the processes compiled is only loaded here
+            error = errors.get(n - 1)
+            if error is None:
                 try:
                     kernels.append(compile_record(record, arch))
                 except Exception as err:  # a kernel this architecture can't run (e.g. fp8 before sm_89)
-                    failed.append({"kernel": record.name, "arch": arch, "error": f"{type(err).__name__}: {err}"[:300]})
-                if progress:
-                    progress(len(kernels) + len(failed), len(variants) * len(archs))
+                    error = f"{type(err).__name__}: {err}"[:300]
+            if error is not None:
+                failed.append({"kernel": record.name, "arch": arch, "error": error})
+            if progress and not pooled:
+                progress(n, len(jobs))
         modules: set[str] = set()
         if sys.platform.startswith("linux"):  # triton-windows builds them with the TinyCC it ships: nothing to do
             with tempfile.TemporaryDirectory(prefix="r1desk-store-modules-") as scratch:
@@ -265,6 +273,46 @@ def build(records, archs, out, progress=None) -> dict:
     }
     (out / STORE_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return info
+
+
+def _compile_in_processes(jobs, cache: str, workers: int | None, progress) -> dict[int, str]:
+    """Compile the (record, arch) jobs into the cache in spawned processes; {job index: error} for those that
+    failed. One compile is seconds of mostly single-threaded work, and a store is hundreds of them."""
+    import multiprocessing
+    from concurrent.futures import as_completed
+
+    # its processes start without this one's __main__ (a script without a __main__ guard would run again)
+    from model_loader.kernels.compile_workers import _LeanProcessPool, affordable_workers
+
+    count = workers or max(1, affordable_workers(os.cpu_count() or 1))
+    count = max(1, min(count, len(jobs)))
+    errors: dict[int, str] = {}
+    with _LeanProcessPool(max_workers=count, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_job, cache, record.to_json(), arch): i for i, (record, arch) in enumerate(jobs)}
+        for done, future in enumerate(as_completed(futures), 1):
+            try:
+                error = future.result()
+            except Exception as err:  # the worker died: this process compiles that job again, and reports it
+                error = None
+                log.warning("a compile process failed (%s); compiling that kernel here", err)
+            if error is not None:
+                errors[futures[future]] = error
+            if progress:
+                progress(done, len(jobs))
+    return errors
+
+
+def _compile_job(cache: str, record_json: str, arch: int) -> str | None:
+    """In a worker process: one record for one architecture into the store's cache; None, or why it failed."""
+    from triton import knobs
+
+    knobs.cache.dir = cache
+    knobs.compilation.store_binary_only = True
+    try:
+        compile_record(Record.from_json(record_json), arch)
+        return None
+    except Exception as err:  # a kernel this architecture can't run (e.g. fp8 before sm_89)
+        return f"{type(err).__name__}: {err}"[:300]
 
 
 def _build_modules(kernels, dest: Path) -> set[str]:
