@@ -113,31 +113,17 @@ def recording(records: list, skip_compiles: bool = False):
     previous = knobs.runtime.jit_cache_hook
     lock = threading.Lock()
 
-    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **extra):  # Triton's keyword names
+    def hook(*, fn, compile, **rest):  # Triton's keyword names; the rest goes on to the hook before this one
         if fn.module.startswith("model_loader."):  # the jit_* modules, and the paged cache's kernels
             target = fn.jit_function.device_caches[compile["device"]][2]
+            record = Record(
+                fn.module, fn.name, compile["specialization_data"], (target.backend, target.arch, target.warp_size)
+            )
             with lock:
-                records.append(
-                    Record(
-                        fn.module,
-                        fn.name,
-                        compile["specialization_data"],
-                        (target.backend, target.arch, target.warp_size),
-                    )
-                )
+                records.append(record)
         if skip_compiles:
             return True
-        if previous is not None:
-            return previous(
-                key=key,
-                repr=repr,
-                fn=fn,
-                compile=compile,
-                is_manual_warmup=is_manual_warmup,
-                already_compiled=already_compiled,
-                **extra,
-            )
-        return None
+        return previous(fn=fn, compile=compile, **rest) if previous is not None else None
 
     knobs.runtime.jit_cache_hook = hook
     try:
