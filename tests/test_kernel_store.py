@@ -76,7 +76,7 @@ for arch in (80, 90):
 
 from triton.backends.nvidia.driver import CudaUtils
 
-result["cuda_utils"] = CudaUtils().get_device_capability.__name__  # built and loaded: no compiler here
+result["cuda_utils"] = CudaUtils().load_binary.__name__  # built and loaded: no compiler here
 
 try:  # an architecture the store doesn't hold compiles (and here fails)
     with kernel_store.target_only(86), precompile.compile_only():
@@ -116,7 +116,9 @@ def test_a_store_built_without_a_gpu_serves_every_kernel_and_module_with_no_comp
     build_env = dict(base, TRITON_CACHE_DIR=str(tmp_path / "build-cache"))
     info = _run(BUILD, tmp_path, build_env)
     assert info["archs"] == [80, 90] and info["kernels"] == 2 * info["variants"] and info["variants"] >= 3
-    assert info["failed"] == [] and [m.split("-")[0] for m in info["modules"]] == ["cuda_utils"]
+    assert info["failed"] == []
+    # Triton's driver module, and where Triton builds a launcher per kernel signature (3.6 and older), those too
+    assert sorted({m.split("-")[0] for m in info["modules"]} - {"__triton_launcher"}) == ["cuda_utils"]
     assert 0 < info["bytes"] < 20 * 2**20
 
     empty_bin = tmp_path / "bin"
@@ -130,7 +132,7 @@ def test_a_store_built_without_a_gpu_serves_every_kernel_and_module_with_no_comp
     )
     result = _run(USE, tmp_path, user_env)
     assert result["sm80"] == result["sm90"] == "from the store"
-    assert result["cuda_utils"] == "get_device_capability"
+    assert result["cuda_utils"] == "load_binary"
     assert result["sm86"] == "a kernel was compiled at run time"  # the check does catch a compile
     assert "not_in_the_store" in result["unknown_module"] and "no C compiler" in result["unknown_module"]
     # nothing was compiled into the user's cache: the store was only read
