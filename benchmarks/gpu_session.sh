@@ -30,6 +30,9 @@
 #               packaging/kernel-records/), build a store for every architecture (/tmp/kernel-store, its size in
 #               store-build.txt), then bench a first start with it and no C compiler against the compiler
 #               (benchmarks/kernel_store_check.py)
+#   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
+#               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
+#               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -108,6 +111,17 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           run "store-check-$(basename $m)" python3 -m benchmarks.kernel_store_check --model $m \
             --store /tmp/kernel-store --json "$OUT/store-check-$(basename $m).json"
         done ;;
+      frozen)
+        . .qt/env.sh >/dev/null
+        if [ ! -f /tmp/kernel-store/STORE.json ]; then
+          run store-build-here $CLI kernel-store build --records packaging/kernel-records/*.jsonl --out /tmp/kernel-store \
+            --arch "$(python3 -c 'import torch; a, b = torch.cuda.get_device_capability(); print(a * 10 + b)')"
+        fi
+        R1DESK_KERNEL_STORE_DIR=/tmp/kernel-store run frozen-build python3 -m PyInstaller --noconfirm --clean \
+          packaging/r1desk.spec --distpath /tmp/dist --workpath /tmp/pyinstaller
+        du -sh /tmp/dist/r1desk /tmp/dist/r1desk/_internal/kernel-store >>"$OUT/frozen-build.txt" 2>&1
+        run frozen python3 -m benchmarks.frozen_check --bundle /tmp/dist/r1desk --model $M --model $A --no-store \
+          --json "$OUT/frozen.json" --screenshot-dir "$OUT" ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
   done

@@ -26,6 +26,8 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, QStandardPaths, QTimer
 from PySide6.QtWidgets import QApplication
 
+from desktop.live_figures import slow_kernels_notice
+
 SELF_TEST_TIMEOUT_S = 600
 
 
@@ -188,10 +190,13 @@ class SelfTest:
             f"r1desk self-test ok: model={info.get('model_name')} device={info.get('device')} "
             f"tokens={s.get('completion_tokens')} ttft_ms={s.get('ttft_ms', 0):.0f} "
             f"tok_s={s.get('decode_tok_s', 0):.1f} finish={s.get('finish_reason')} seed={s.get('seed')} "
-            f"reply={self.reply_digest} "
+            f"reply={self.reply_digest} kernels={info.get('kernels')} graphs={bool(info.get('cuda_graphs'))} "
             f"wall_s={time.monotonic() - self.t0:.1f}{_gap_summary(s.get('token_latencies_ms') or [])}",
             flush=True,
         )
+        notice = slow_kernels_notice(info)
+        if notice:  # what the live panel shows the user: the packaged app's fallback is checked by it
+            print(f"r1desk self-test notice: {notice}", flush=True)
         self._quit(0)
 
     def _fail(self, reason: str, code: int = 1) -> None:

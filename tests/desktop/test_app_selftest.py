@@ -58,6 +58,8 @@ def test_self_test_loads_answers_screenshots_and_exits_0(tmp_path, tiny_model):
     fields = dict(f.split("=", 1) for f in lines[0].split()[3:] if "=" in f)
     assert float(fields["gap_ms_p50"]) > 0 and float(fields["gap_ms_max"]) >= float(fields["gap_ms_p50"])
     assert int(fields["stalls_over_5ms"]) >= 0 and "stall_ms" in fields
+    # which kernels ran (on a GPU the packaged app's proof reads these, and the notice line where they are off)
+    assert fields["kernels"] == "pytorch" and fields["graphs"] == "False"
     img = QImage(str(shot))
     assert not img.isNull() and img.width() >= 760
 
