@@ -59,11 +59,15 @@ def compiled_in(folder: Path) -> dict:
     }
 
 
+DEVICE: list[str] = []  # --device DEV for the app, where given
+
+
 def self_test(cmd: list[str], env: dict, max_new: int, screenshot: str | None = None) -> dict:
     args = ["--self-test", "--max-new-tokens", str(max_new)] + (["--screenshot", screenshot] if screenshot else [])
+    args += DEVICE
     t0 = time.monotonic()
     done = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=900)
-    result = {"rc": done.returncode, "wall_s": round(time.monotonic() - t0, 2), **summary_fields(done.stdout)}
+    result = {"rc": done.returncode, "process_s": round(time.monotonic() - t0, 2), **summary_fields(done.stdout)}
     if done.returncode != 0 or "tok_s" not in result:
         result["stderr"] = done.stderr[-3000:]
     return result
@@ -104,10 +108,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=4096)
     parser.add_argument("--no-store", action="store_true", help="first, a frozen run with the store moved aside")
+    parser.add_argument("--device", help="the app's device (cpu: try this tool on a machine without a GPU)")
     parser.add_argument("--json")
     parser.add_argument("--screenshot-dir", help="where the --no-store run saves its window")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
+    DEVICE[:] = ["--device", args.device] if args.device else []
     no_cc_path = path_without_compilers()
     report: dict = {"bundle": str(bundle), "runs": []}
 
