@@ -157,7 +157,7 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = Engine.load(args.model, context_length=args.context)
     t_loaded = time.perf_counter()
-    ahead = engine._ahead  # the walk beside the load (a first start), for its timeline
+    ahead = engine.compiles_beside_load  # the walk beside the load (a first start), for its timeline
     timeline = [{"ended": label, "at_s": round(at - t_start, 3)} for label, at in (ahead.timeline if ahead else [])]
     first = engine.first_start
     engine.warm_up(progress=lambda done, total, what: steps.append((time.perf_counter(), what)))

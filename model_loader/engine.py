@@ -11,7 +11,6 @@ captured them: load, warm_up and generate must all run on the same thread.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import time
@@ -19,7 +18,6 @@ from typing import Iterator
 
 import torch
 
-from model_loader.compile_ahead import WARM_UP_TOKENS, walk_warm_up_paths
 from model_loader.chat import (
     STOP_THINKING_TEXT,
     AnswerNewlineTrimmer,
@@ -35,7 +33,6 @@ from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError, 
 from model_loader.forced_tokens import RING, ClosePush
 from model_loader.events import Delta, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader import kernel_cache
-from model_loader.kernels import precompile, torch_graph_ops
 from model_loader.locate import ModelFolder
 from model_loader.qwen2 import Qwen2Model
 from model_loader.logits_processing import LogitsPipeline
@@ -44,7 +41,8 @@ from model_loader.stats import decode_context, memory_stats
 from model_loader.device import use_device
 from model_loader.decode_graphs import DecodeStep, PrefillGraphs
 from model_loader.loading import OOM_ADVICE, EngineInfo, load_model
-from model_loader.variants import kernel_variant
+from model_loader.variants import kernel_variant as variant_of
+from model_loader.warm_up import warm_up as run_warm_up
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +67,7 @@ class Engine:
         # encoded once: a reply needs it between its first token and its first decode step
         self._close_tag = chat.encode_plain(STOP_THINKING_TEXT)
         self._cache_tokens: list[int] = []  # ids whose K/V are valid at positions 0..len-1
-        self._ahead = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
+        self.compiles_beside_load = None  # compile_ahead.CompileBesideLoad: a first start's compiles, until warm_up()
         self.scheduler = None  # serve_batched(): the scheduler that owns the KV cache from then on
         self.closed = False
         self.ready = False
@@ -117,159 +115,33 @@ class Engine:
             if loaded.ahead is not None:  # the compiles it began end before the error is reported
                 loaded.ahead.abandon()
             raise
-        engine._ahead = loaded.ahead
+        engine.compiles_beside_load = loaded.ahead
         return engine
 
     @property
-    def _kernel_variant(self) -> str:
-        return kernel_variant(self.model.cfg, self.model.dtype, self.info.quantization, self.info.kv_cache)
+    def kernel_variant(self) -> str:
+        return variant_of(self.model.cfg, self.model.dtype, self.info.quantization, self.info.kv_cache)
 
     @property
     def first_start(self) -> bool:
         """Warm-up will compile GPU kernels (none prepared here for this GPU and model kind: kernel_cache)."""
         return self.info.kernels == "triton" and not kernel_cache.kernels_prepared(
-            self.model.device, self._kernel_variant
-        )
-
-    def _warm_up_ids(self) -> torch.Tensor:
-        """The warm-up's eager prompt: the start of a real chat (the sequence's first token, where Qwen2 models put
-        their largest activations), as long as compile_ahead.warm_up_ids, whose kernels it must reuse."""
-        ids = self.chat.render([{"role": "user", "content": "Hello! How are you doing today?"}]).ids
-        ids = (ids * WARM_UP_TOKENS)[:WARM_UP_TOKENS]
-        return torch.tensor(ids, dtype=torch.int64, device=self.model.device)
-
-    def _check_finite(self, logits: torch.Tensor) -> None:
-        """A prefill of a real prompt must give finite logits, or every reply would be random tokens: fp16 overflows
-        on some Qwen2 models (activations past 65,504), and a damaged weights file can hold NaN or infinity."""
-        if bool(torch.isfinite(logits).all()):
-            return
-        name = self.info.model_name
-        if self.model.dtype == torch.float16:
-            raise ModelError(
-                f"{name} overflows in fp16 precision (its activations exceed fp16's range, so it computes "
-                f"infinities): choose bf16 (GPUs of compute capability 7.5 and newer) or fp32 "
-                f"(Settings > Precision; --dtype for r1desk-cli), or run on the CPU"
-            )
-        raise ModelError(
-            f"{name} computed NaN or infinite values on a test prompt: its weights are probably "
-            f"damaged; download the model again"
+            self.model.device, self.kernel_variant
         )
 
     def warm_up(self, progress=None) -> None:
         """Compile the kernels, tune and capture the decode graphs and the prefill graphs of every bucket, so that
-        nothing compiles or captures after this and the first reply starts at full speed. Must run on the thread
-        that will generate. progress(done, total, what) is called between the steps."""
-        t0 = time.perf_counter()
-        use_device(self.model.device)
-        graphs = self.info.cuda_graphs
-        buckets = sorted(self.prefill_graphs.buckets, reverse=True) if self.prefill_graphs is not None else []
-        total = 2 + (2 if graphs and self.model.use_triton else 0) + 2 + len(buckets)
-        done = 0
-
-        def step(what: str) -> None:
-            nonlocal done
-            if progress is not None:
-                progress(done, total, what)
-            done += 1
-
-        # On a first start the warm-up's paths are first walked with compile-only launches, every compile on a
-        # thread pool, so all kernels compile at once (kernels.precompile). Once this GPU and model kind are
-        # prepared (kernel_cache), everything is in Triton's disk cache and that walk would only cost time.
-        # A first start whose twin could not be walked beside the load walks the loaded model now.
-        beside_load, self._ahead = self._ahead, None
-        try:
-            if beside_load is not None and not beside_load.complete:  # its walk stopped early
-                beside_load.finish()  # what it submitted compiles; the walk below submits the rest
-                self._count_worker_compiles(beside_load)
-                beside_load = None
-            ahead = beside_load is None and self.first_start and self.model.device.type == "cuda"
-            with precompile.compile_pool() if ahead else contextlib.nullcontext() as pool:
-                self._warm_up_steps(step, graphs, buckets, pool or beside_load, walk=ahead)
-        finally:  # a warm-up stopped early (a window closed, out of memory) still ends the compiles it began
-            if beside_load is not None:
-                beside_load.finish()
-        if progress is not None:
-            progress(total, total, "ready")
-        if self.info.kernels == "triton":
-            kernel_cache.mark_prepared(self.model.device, self._kernel_variant)
-        self._cache_tokens = []  # warm-up wrote junk into the cache
-        self.info.warmup_s = time.perf_counter() - t0
-        self.ready = True
-
-    def _count_worker_compiles(self, pool) -> None:
-        stats = pool.worker_stats if pool.in_processes else None
-        if stats:
-            so_far = self.info.compile_workers or {}
-            self.info.compile_workers = {k: so_far.get(k, 0) + v for k, v in stats.items()}
-
-    def _warm_up_steps(self, step, graphs: bool, buckets: list[int], pool, walk: bool) -> None:
-        """pool: a first start's compiles (kernels.precompile.CompilePool, or compile_ahead.CompileBesideLoad
-        whose walk is done); walk: walk the warm-up's paths into it first."""
-        try:
-            step(
-                (
-                    "compiling every kernel at once ("
-                    + (f"{pool.processes} worker processes)" if pool.in_processes else f"{pool.threads} CPU threads)")
-                )
-                if pool is not None
-                else "preparing the kernels"
-            )
-            if pool is not None:
-                t = time.perf_counter()
-                if walk:
-                    walk_warm_up_paths(self.model, buckets, graphs)
-                pool.finish()
-                self._count_worker_compiles(pool)
-                log.info(
-                    "kernels compiled ahead in %.2f s (%s)",
-                    time.perf_counter() - t,
-                    "walked now" if walk else "the rest of what was walked beside the load",
-                )
-            step("running the prefill kernels")
-            with torch.inference_mode():
-                ids = self._warm_up_ids()
-                self._check_finite(self.model.prefill(ids, 0))
-                self.model.prefill(ids[:2], ids.numel())  # the prefix-reuse path too
-            if graphs and not self.model.use_triton:  # plain PyTorch ops: a graph per span, nothing to tune
-                self.step.use_spans(torch_graph_ops.decode_spans(self.model.max_ctx))
-            elif graphs:  # before any capture: the graphs record whichever kernels win
-                step("timing the matrix-vector kernels")
-                tuned = self.model.tune_gemv()
-                self.info.gemv = dict(tuned["choice"])
-                log.info("single-token GEMV per weight shape: %s (us: %s)", self.info.gemv, tuned["timings_us"])
-                step("timing the attention kernels")
-                from model_loader.kernels.decode_attention import depth_buckets  # graphs run only with Triton's kernels
-
-                attention = self.step.tune(self.model.decode_attention_candidates(), depth_buckets(self.model.max_ctx))
-                attn = self.model.decode_attention  # what runs: a shape this GPU has no room for ran a fallback
-                self.info.decode_attention = {
-                    f"<={upper}": str(attn.working.get(attn.resolve(config), config))
-                    for upper, config in attention["plan"]
-                }
-                log.info(
-                    "decode attention per depth bucket: %s (us per decode step: %s)",
-                    self.info.decode_attention,
-                    attention["timings_us"],
-                )
-            for mode in ("greedy", "sample"):
-                step(f"capturing the {mode} decode step")
-                self.step.capture(mode)
-            for bucket in buckets:  # largest first: sizes the pool
-                step(f"capturing the {bucket}-token prefill")
-                self.prefill_graphs.capture(bucket)
-            if self.model.device.type == "cuda":
-                torch.cuda.synchronize(self.model.device)
-        except torch.cuda.OutOfMemoryError as err:
-            torch.cuda.empty_cache()
-            raise OutOfMemoryError(f"out of GPU memory while warming up; {OOM_ADVICE}") from err
+        nothing compiles or captures after this and the first reply starts at full speed (model_loader.warm_up).
+        Must run on the thread that will generate. progress(done, total, what) is called between the steps."""
+        run_warm_up(self, progress)
 
     def close(self) -> None:
         """Free the model's device memory now (weights, KV cache, graphs). The engine is unusable afterwards."""
         if self.closed:
             return
-        if self._ahead is not None:  # closed before its warm-up
-            self._ahead.abandon()
-            self._ahead = None
+        if self.compiles_beside_load is not None:  # closed before its warm-up
+            self.compiles_beside_load.abandon()
+            self.compiles_beside_load = None
         self.ready = False
         if self.scheduler is not None:
             self.scheduler.close()

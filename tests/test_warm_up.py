@@ -1,6 +1,7 @@
-"""A model whose numbers break (fp16 overflow on an older GPU, NaN in a damaged weights file) is refused at load
-with what to do, instead of answering in random tokens (Engine's warm-up check). The precision picked by
-default: test_device.py."""
+"""The warm-up (model_loader.warm_up): a model whose numbers break (fp16 overflow on an older GPU, NaN in a damaged
+weights file) is refused at load with what to do, instead of answering in random tokens, and the checked prompt
+is a real chat's start. The precision picked by default: test_device.py; the warm-up on a GPU (kernels compiled,
+graphs captured): test_decode_graphs.py, test_kernels.py."""
 
 import shutil
 
@@ -9,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from model_loader.engine import Engine
 from model_loader.errors import ModelError
+from model_loader.warm_up import warm_up_ids
 
 
 def _edited_copy(tiny_model, tmp_path, edit):
@@ -66,7 +68,7 @@ def test_the_warm_up_checks_a_real_chat_start(tiny_model):
 
     engine = Engine.load(tiny_model, device="cpu", context_length=256)
     try:
-        ids = engine._warm_up_ids().tolist()
+        ids = warm_up_ids(engine).tolist()
         chat_start = engine.chat.render([{"role": "user", "content": "Hello! How are you doing today?"}]).ids
         assert len(ids) == WARM_UP_TOKENS and ids == chat_start[:WARM_UP_TOKENS]
         assert ids[0] == engine.tokenizer.bos_token_id
