@@ -3,7 +3,7 @@
 At each depth: microseconds per token of a real greedy reply (generate_ids, 256 tokens) against the same graph
 replayed alone (200 times), with the loop's per-step token copy to pinned memory, with its event record, with the
 host waiting three steps behind (as the engine's queue does), and right after a fresh prefill. --queued also
-times replies with engine.QUEUED_STEPS set to each value (is the host's pacing part of it?; not run yet: the
+times replies with decode_loop.QUEUED_STEPS set to each value (is the host's pacing part of it?; not run yet: the
 session that wrote it had no device time left). --clocks samples NVML's SM and memory clocks, power and throttle
 reasons every millisecond during each measurement and prints their means next to it (is the reply's GPU slower
 clocked than the graph alone?). Each reply also prints its per-token latency over its first 32 tokens against its
@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from model_loader import engine as engine_module
+from model_loader import decode_loop as loop_module
 from model_loader import forced_tokens
 from model_loader.bench import bench_prompt
 from model_loader.engine import Engine
@@ -208,15 +208,15 @@ def main() -> None:
             print(
                 depth, rnd, f"reply {reply:.1f} us/token;", " ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True
             )
-    default = engine_module.QUEUED_STEPS
+    default = loop_module.QUEUED_STEPS
     for queued in [int(q) for q in args.queued.split(",") if q]:
-        engine_module.QUEUED_STEPS = queued
+        loop_module.QUEUED_STEPS = queued
         print(
             f"queued {queued}:",
             " ".join(f"{d} {reply_us_per_token(engine, bench_prompt(engine, d)):.1f}" for d in depths),
             flush=True,
         )
-    engine_module.QUEUED_STEPS = default
+    loop_module.QUEUED_STEPS = default
 
 
 if __name__ == "__main__":

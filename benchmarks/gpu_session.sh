@@ -69,7 +69,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       tests) run tests python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_small_ops.py \
                tests/test_decode_attention.py tests/test_prefill_attention.py tests/test_gemv.py \
                tests/test_features.py tests/test_linears.py tests/test_decode_graphs.py tests/test_kernels.py \
-               tests/test_kv_cache_8bit.py tests/test_engine_generation.py tests/test_qwen2_vs_transformers.py \
+               tests/test_kv_cache_8bit.py tests/test_decode_loop.py tests/test_engine.py tests/test_qwen2_vs_transformers.py \
                tests/test_prompt_encoding.py tests/test_awq.py tests/test_quantize.py ;;
       depths)
         for m in $M $A; do

@@ -1,6 +1,6 @@
 """Tokens the host forces into a reply while its decode steps are already queued on the GPU ("stop thinking").
 
-The decode loop keeps several steps queued ahead of the host (engine.QUEUED_STEPS), and each step's input is
+The decode loop keeps several steps queued ahead of the host (decode_loop.QUEUED_STEPS), and each step's input is
 the token the previous step sampled, on the GPU. Closing the reasoning by waiting for those queued steps,
 throwing their tokens away and prefilling the close tag after them would put the queued steps' GPU time plus a
 prefill before the answer's start. Instead, every decode step ends with a commit (the next
@@ -32,7 +32,7 @@ CAPACITY = 16  # forced tokens per reply: the close tag is 3 with R1's tokenizer
 # little to the commit kernel's time a step. The device's state, int32: [taken, closed by the model, </think> id or -1].
 TAKEN, CLOSED, CLOSE_ID = range(3)
 # Committed tokens the commit kernel writes to pinned host memory, at their position modulo RING: a slot is
-# rewritten RING steps later, and the host reads each within the few steps it keeps queued (engine.QUEUED_STEPS).
+# rewritten RING steps later, and the host reads each within the few steps it keeps queued (decode_loop.QUEUED_STEPS).
 RING = 64
 # Whether the engine reads each step's token from that ring (else it copies the token after each step, as it
 # must without Triton): a module setting so that benchmarks can compare the two (decode_loop_overhead.py --ring-ab).

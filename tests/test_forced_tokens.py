@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from model_loader.chat import STOP_THINKING_TEXT
-from model_loader.engine import QUEUED_STEPS, Engine
+from model_loader.decode_loop import QUEUED_STEPS
+from model_loader.engine import Engine
 from model_loader.events import Delta, Finished, GenerationControl, SamplingSettings
 from model_loader.forced_tokens import CAPACITY, RING, ClosePush, ForcedTokens, commit_reference
 from model_loader.kernels import small_ops  # noqa: F401  (triton is a test dependency)
@@ -259,7 +260,7 @@ def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_le
     not know as the close: a Stop thinking asked once the answer had begun pushed the tag into the answer and
     flagged the reply as stopped. Once the reasoning has closed, however it was written, the request is over."""
     import model_loader.decode_graphs as decode_graphs
-    import model_loader.engine as engine_module
+    import model_loader.decode_loop as loop_module
 
     engine = Engine.load(tiny_model, device="cpu", context_length=512)
     engine.warm_up()
@@ -274,7 +275,7 @@ def test_stop_thinking_after_the_model_closed_its_reasoning_in_several_tokens_le
     def scripted(logits):  # the model writes exactly this, token by token
         return torch.tensor([script[min(next(step), len(script) - 1)]], dtype=torch.int64)
 
-    monkeypatch.setattr(engine_module, "greedy", scripted)  # the first token (after the prefill)
+    monkeypatch.setattr(loop_module, "greedy", scripted)  # the first token (after the prefill)
     monkeypatch.setattr(decode_graphs, "greedy", scripted)  # the decode steps
     control, final, asked = GenerationControl(), None, False
     settings = SamplingSettings(temperature=0, max_new_tokens=len(script), ignore_eos=True)
