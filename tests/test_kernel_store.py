@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 LINUX = sys.platform.startswith("linux")
 
 # Both sides record the same launches: an RMS norm (bf16 and fp32 rows) and a residual add-norm, as the
-# decode step launches them, each for a GPU this machine doesn't have (TargetOnlyDriver: nothing runs).
+# decode step launches them, each for a GPU this machine doesn't have (TargetOnlyDriver: nothing runs); with
+# programmatic dependent launch where the GPU has it (sm_90+: records come from such a GPU), without before.
 LAUNCHES = """
 import torch
-from model_loader.kernels import small_ops
+from model_loader.kernels import features, small_ops
 
-def launches():
+def launches(arch):
+    features._PDL_OK[torch.device("cpu")] = arch >= 90  # what pdl_supported finds on such a GPU
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.zeros(2, 1536, dtype=dtype)
         w = torch.ones(1536, dtype=dtype)
@@ -42,7 +44,7 @@ from model_loader.kernels import kernel_store
 
 records = []
 with kernel_store.target_only(90), kernel_store.recording(records, skip_compiles=True):
-    launches()
+    launches(90)
 kernel_store.write_records(records, sys.argv[1] + "/records.jsonl")
 info = kernel_store.build(  # in two compile processes, as on a many-core build machine
     kernel_store.read_records([sys.argv[1] + "/records.jsonl"]), [80, 90], sys.argv[1] + "/store", workers=2
@@ -71,7 +73,7 @@ nvidia_compiler.CUDABackend.add_stages = compiled_at_run_time  # what every real
 result = {}
 for arch in (80, 90):
     with kernel_store.target_only(arch), precompile.compile_only():
-        launches()  # warm-ups: Triton binds and compiles (finds) each variant, launches nothing
+        launches(arch)  # warm-ups: Triton binds and compiles (finds) each variant, launches nothing
     result[f"sm{arch}"] = "from the store"
 
 from triton.backends.nvidia.driver import CudaUtils
@@ -80,7 +82,7 @@ result["cuda_utils"] = CudaUtils().load_binary.__name__  # built and loaded: no 
 
 try:  # an architecture the store doesn't hold compiles (and here fails)
     with kernel_store.target_only(86), precompile.compile_only():
-        launches()
+        launches(86)
     result["sm86"] = "no compile?"
 except AssertionError as err:
     result["sm86"] = str(err)

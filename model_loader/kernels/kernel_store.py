@@ -190,6 +190,30 @@ def options_for(record: Record, arch: int) -> dict:
     return make_backend(GPUTarget(record.target[0], arch, record.target[2])).parse_options(explicit).__dict__
 
 
+# What the host code turns off where programmatic dependent launch can't run (before Hopper): the kernels' PDL
+# constexpr (features.pdl_launch_args) and decode attention's early-tile and late-launch variants
+# (decode_attention.decode_attention_candidates), which only pay off with it.
+_PDL_CONSTEXPRS = ("PDL", "EARLY_TILE", "LATE_LAUNCH")
+
+
+def for_architecture(record: Record, arch: int) -> Record:
+    """The record as the app launches it on sm_<arch>. Records come from a GPU that runs programmatic dependent
+    launch (sm_90+), whose `griddepcontrol` instructions ptxas refuses before sm_90; there the same launch
+    passes PDL=False, no launch_pdl and the plain decode attention, so that is the variant a store needs."""
+    if arch >= 90:
+        return record
+    spec = json.loads(record.specialization)
+    names = list(spec.get("signature", {}))
+    values = list(spec.get("constant_vals", []))
+    for i, key in enumerate(spec.get("constant_keys", [])):
+        if len(key) == 1 and key[0] < len(names) and names[key[0]] in _PDL_CONSTEXPRS and values[i] is True:
+            values[i] = False
+    spec["constant_vals"] = values
+    if spec.get("options", {}).get("launch_pdl"):
+        spec["options"]["launch_pdl"] = False
+    return Record(record.module, record.name, json.dumps(spec), record.target)
+
+
 def compile_record(record: Record, arch: int):
     """Compile one record for sm_<arch> into the current Triton cache (knobs.cache.dir); the CompiledKernel."""
     import triton
@@ -217,7 +241,11 @@ def build(records, archs, out, progress=None, workers: int | None = None) -> dic
     (out / "modules").mkdir(parents=True)
     cache = str(out / "cache")
     variants = list({r.variant(): r for r in records}.values())
-    jobs = [(record, arch) for arch in archs for record in variants]
+    jobs = [
+        (record, arch)
+        for arch in archs
+        for record in {v.variant(): v for v in (for_architecture(r, arch) for r in variants)}.values()
+    ]
     pooled = len(jobs) > 1 and workers != 1
     errors = _compile_in_processes(jobs, cache, workers, progress) if pooled else {}
     kernels, failed = [], []
