@@ -32,7 +32,8 @@
 #               (benchmarks/kernel_store_check.py)
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
-#               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py)
+#               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
+#               FROZEN_FLAGS= leaves that run out)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -113,14 +114,13 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         done ;;
       frozen)
         . .qt/env.sh >/dev/null
-        if [ ! -f /tmp/kernel-store/STORE.json ]; then
-          run store-build-here $CLI kernel-store build --records packaging/kernel-records/*.jsonl --out /tmp/kernel-store \
-            --arch "$(python3 -c 'import torch; a, b = torch.cuda.get_device_capability(); print(a * 10 + b)')"
+        if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
+          run store-build-release $CLI kernel-store build --records packaging/kernel-records/*.jsonl --out /tmp/kernel-store
         fi
         R1DESK_KERNEL_STORE_DIR=/tmp/kernel-store run frozen-build python3 -m PyInstaller --noconfirm --clean \
           packaging/r1desk.spec --distpath /tmp/dist --workpath /tmp/pyinstaller
         du -sh /tmp/dist/r1desk /tmp/dist/r1desk/_internal/kernel-store >>"$OUT/frozen-build.txt" 2>&1
-        run frozen python3 -m benchmarks.frozen_check --bundle /tmp/dist/r1desk --model $M --model $A --no-store \
+        run frozen python3 -m benchmarks.frozen_check --bundle /tmp/dist/r1desk --model $M --model $A ${FROZEN_FLAGS---no-store} \
           --json "$OUT/frozen.json" --screenshot-dir "$OUT" ;;
       *) echo "unknown part: $p" >&2 ;;
     esac
