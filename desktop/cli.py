@@ -7,7 +7,6 @@ import sys
 
 from model_loader.cli import TEMPERATURE, TOP_P, _add_model_args, _count, _port, api_key_of
 from model_loader.cli import main as model_loader_main
-from model_loader.kv_cache import KV_16BIT
 
 
 def add_serve(sub) -> None:
@@ -71,13 +70,6 @@ def cmd_serve(args) -> int:
         args.api_key = api_key_of(args)
     except ValueError as err:
         print(f"r1desk serve: {err}", file=sys.stderr)
-        return 2
-    if args.max_parallel > 1 and args.kv_cache != KV_16BIT:
-        print(
-            "r1desk serve: --max-parallel above 1 needs the 16-bit KV cache (the paged cache has no 8-bit format "
-            "yet): drop --kv-cache 8-bit, or serve one reply at a time",
-            file=sys.stderr,
-        )
         return 2
     return run(args)
 

@@ -295,11 +295,9 @@ class SettingsDialog(QDialog):
             "How many replies the model writes together: above 1, requests from other apps "
             "(the local API) and your own chats are decoded side by side instead of waiting "
             "in turn, for little more time than one. 1 writes one reply at a time, the "
-            "fastest for a single reply. Needs the 16-bit KV cache"
+            "fastest for a single reply"
         )
         form.addRow("Replies at once", self.parallel)
-        self.kv_cache.currentIndexChanged.connect(self._on_kv_cache)
-        self._on_kv_cache()
         self._local_rows = [holder, self.device, self.precision, self.context, self.kv_cache, self.parallel]
         self._on_source()
         self.vote = self._spin(QSpinBox(), *R["vote_chains"], settings.vote_chains, "Chains for Ask ×N")
@@ -409,13 +407,6 @@ class SettingsDialog(QDialog):
         spin.setValue(value)
         spin.setAccessibleName(name)
         return spin
-
-    def _on_kv_cache(self) -> None:
-        """Several replies at once run over the paged 16-bit cache only: with 8-bit chosen, one at a time."""
-        sixteen = self.kv_cache.currentData() == "16-bit"
-        if not sixteen:
-            self.parallel.setValue(1)
-        self.parallel.setEnabled(sixteen)
 
     def _browse(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose the model folder", self.model_path.text())

@@ -363,7 +363,9 @@ def cmd_bench(args) -> int:
     if args.scenario == "serve":
         from model_loader.bench_serve import format_serve, run_serve_scenario
 
-        extra = ["--context", str(args.context)] + (["--dtype", args.dtype] if args.dtype else [])
+        extra = ["--context", str(args.context), "--kv-cache", args.kv_cache] + (
+            ["--dtype", args.dtype] if args.dtype else []
+        )
         result = run_serve_scenario(
             args.model,
             args.device,

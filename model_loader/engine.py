@@ -164,25 +164,21 @@ class Engine:
         on the thread that will step the scheduler (it captures its decode graphs there)."""
         from model_loader.scheduler import Scheduler, SchedulerConfig
 
-        if self.info.kv_cache != KV_16BIT:
-            raise ModelError(
-                "several replies at once need the 16-bit KV cache (the paged cache has no 8-bit "
-                "format yet): choose the 16-bit KV cache, or one reply at a time"
-            )
         use_device(self.model.device)
         self.step.graphs.clear()
         self.step.outputs.clear()
         if self.prefill_graphs is not None:
             self.prefill_graphs.graphs.clear()
             self.prefill_graphs.outputs.clear()
-        self.model.k_cache = self.model.v_cache = None
+        self.model.k_cache = self.model.v_cache = self.model.k_scale = self.model.v_scale = None
         self.cache_tokens = []
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
             torch.cuda.empty_cache()
         try:
-            blocks = Scheduler.blocks_for_device(self.model, block_size, max_seqs)
-            config = SchedulerConfig(max_seqs=max_seqs, block_size=block_size)
+            kind = self.info.kv_cache
+            blocks = Scheduler.blocks_for_device(self.model, block_size, max_seqs, kind)
+            config = SchedulerConfig(max_seqs=max_seqs, block_size=block_size, kv_cache=kind)
             if os.environ.get("R1DESK_PREFILL_TOKENS"):  # an A/B switch (docs/BENCHMARKS.md)
                 config.prefill_tokens = int(os.environ["R1DESK_PREFILL_TOKENS"])
             self.scheduler = Scheduler(self.model, self.chat, blocks, config)

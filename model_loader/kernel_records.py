@@ -40,8 +40,8 @@ def record(
                     ):
                         for _ in engine.generate_ids(ids, settings):
                             pass
-                    if parallel > 1 and kv_cache == KV_16BIT:
-                        say(f"{model}: {parallel} replies at once")
+                    if parallel > 1:
+                        say(f"{model}, {kv_cache} KV cache: {parallel} replies at once")
                         _run_batched(engine, ids, parallel)
                 finally:
                     engine.close()

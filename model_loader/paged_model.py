@@ -23,30 +23,68 @@ import torch
 import torch.nn.functional as F
 
 from model_loader.kernels import reference
+from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache
 from model_loader.qwen2 import Qwen2Model
 
 MIN_ROWS_CPU = 8
 
 
 class PagedKVCache:
-    """K and V for every block of a kv_blocks.BlockPool, on the model's device, in its dtype."""
+    """K and V for every block of a kv_blocks.BlockPool, on the model's device: in the model's dtype (16-bit), or
+    (8-bit) fp8 e4m3 rows with an fp32 scale per (layer, KV head, slot) row, quantized as the single-sequence
+    cache's rows are (kv_cache.py; here V is row-major like K: the paged kernels read it a block's rows at a time)."""
 
-    def __init__(self, model: Qwen2Model, num_blocks: int, block_size: int):
+    def __init__(self, model: Qwen2Model, num_blocks: int, block_size: int, kind: str = KV_16BIT):
         cfg = model.cfg
+        self.kind = check_kv_cache(kind)
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.dtype = model.dtype  # what attention reads
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, num_blocks * block_size, cfg.head_dim)
+        stored = torch.float8_e4m3fn if kind == KV_8BIT else model.dtype
         # zero-filled: a padded attention lane never reads uninitialised memory
-        self.k = torch.zeros(shape, device=model.device, dtype=model.dtype)
-        self.v = torch.zeros(shape, device=model.device, dtype=model.dtype)
+        self.k = torch.zeros(shape, device=model.device, dtype=stored)
+        self.v = torch.zeros(shape, device=model.device, dtype=stored)
+        self.k_scale = self.v_scale = None
+        if kind == KV_8BIT:
+            self.k_scale = torch.zeros(shape[:-1], device=model.device, dtype=torch.float32)
+            self.v_scale = torch.zeros(shape[:-1], device=model.device, dtype=torch.float32)
 
     @staticmethod
-    def bytes_per_block(model: Qwen2Model, block_size: int) -> int:
+    def bytes_per_block(model: Qwen2Model, block_size: int, kind: str = KV_16BIT) -> int:
         cfg = model.cfg
-        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * block_size * model.dtype.itemsize
+        rows = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * block_size  # K and V rows of a block
+        return rows * (cfg.head_dim + 4 if kind == KV_8BIT else cfg.head_dim * model.dtype.itemsize)
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        tensors = (self.k, self.v) + ((self.k_scale, self.v_scale) if self.k_scale is not None else ())
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k_scale, v_scale) [Hkv, slots] of a layer of an 8-bit cache; None for a 16-bit one."""
+        return None if self.k_scale is None else (self.k_scale[layer], self.v_scale[layer])
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's K and V at the slots in `index` (any shape): [Hkv, *index.shape, D] in the model's dtype,
+        dequantized from an 8-bit cache as reference.cached_kv does."""
+        if self.k_scale is None:
+            return self.k[layer][:, index], self.v[layer][:, index]
+        # fp8 moved as bytes: PyTorch's CPU indexing has no float8 kernels
+        k, v = (t[layer].view(torch.uint8)[:, index].view(t.dtype) for t in (self.k, self.v))
+        ks, vs = self.k_scale[layer][:, index], self.v_scale[layer][:, index]
+        return (k.float() * ks[..., None]).to(self.dtype), (v.float() * vs[..., None]).to(self.dtype)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K and V rows [n, Hkv, D] (fp32) into a layer's slots [n], rounded to the model's dtype or quantized
+        (reference.quantize_fp8_rows, as the single-sequence cache writer)."""
+        for cache, scale, rows in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            rows = rows.transpose(0, 1)  # [Hkv, n, D]
+            if scale is None:
+                cache[layer].index_copy_(1, slots, rows.to(self.dtype))
+            else:
+                data, row_scale = reference.quantize_fp8_rows(rows)
+                cache[layer].view(torch.uint8).index_copy_(1, slots, data.view(torch.uint8))
+                scale[layer].index_copy_(1, slots, row_scale)
 
 
 @dataclass
@@ -192,6 +230,7 @@ class PagedForward:
                     slots_t,
                     cfg.num_attention_heads,
                     cfg.num_key_value_heads,
+                    scales=self.cache.scales(i),
                 )
             else:
                 q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t)
@@ -285,8 +324,7 @@ class PagedForward:
         scale = self.model.scale
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:  # causal over the prompt's own rows
-            k = self.cache.k[layer].index_select(1, gather)
-            v = self.cache.v[layer].index_select(1, gather)
+            k, v = self.cache.gather(layer, gather)
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True
             )
@@ -347,7 +385,10 @@ class PagedForward:
         """attend(q, layer) for decoding rows through paged_ops (q [B, Hq, D] -> [B, Hq * D])."""
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
-            out = self.kernels(q, self.cache.k[layer], self.cache.v[layer], tables, lengths, self.model.scale)
+            cache = self.cache
+            out = self.kernels(
+                q, cache.k[layer], cache.v[layer], tables, lengths, self.model.scale, cache.scales(layer)
+            )
             return out.reshape(q.shape[0], -1)
 
         return attend
@@ -357,8 +398,7 @@ class PagedForward:
 
         def attend(q: torch.Tensor, layer: int) -> torch.Tensor:
             b = q.shape[0]
-            k = self.cache.k[layer][:, index].transpose(0, 1)  # [B, Hkv, L, D]
-            v = self.cache.v[layer][:, index].transpose(0, 1)
+            k, v = (t.transpose(0, 1) for t in self.cache.gather(layer, index))  # [B, Hkv, L, D]
             out = F.scaled_dot_product_attention(
                 q[:, :, None, :], k, v, attn_mask=mask, scale=self.model.scale, enable_gqa=True
             )
@@ -403,16 +443,12 @@ class PagedForward:
 
         q = rotate(x[:, :hq]).to(qkv.dtype)
         real = slots_t >= 0
-        k = rotate(x[:, hq : hq + hkv])[real]
-        v = x[:, hq + hkv :][real]
-        self.cache.k[layer].index_copy_(1, slots_t[real], k.to(qkv.dtype).transpose(0, 1))
-        self.cache.v[layer].index_copy_(1, slots_t[real], v.to(qkv.dtype).transpose(0, 1))
+        self.cache.write(layer, slots_t[real], rotate(x[:, hq : hq + hkv])[real], x[:, hq + hkv :][real])
         return q
 
     def _attend(self, q: torch.Tensor, layer: int, seq: SeqSlice, index: torch.Tensor) -> torch.Tensor:
         """q [rows, Hq, D] of one sequence -> [rows, Hq * D], over its `context` cached tokens."""
-        k = self.cache.k[layer].index_select(1, index)  # [Hkv, context, D]
-        v = self.cache.v[layer].index_select(1, index)
+        k, v = self.cache.gather(layer, index)  # [Hkv, context, D]
         scale = self.model.scale
         if seq.rows == 1:
             return reference.decode_attention(q[0], k, v, None, seq.context, scale).reshape(1, -1)

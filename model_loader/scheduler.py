@@ -44,6 +44,7 @@ from model_loader.chat import STOP_THINKING_TEXT
 from model_loader.errors import ContextFullError, ModelError, check_room
 from model_loader.events import Failed, Finished, GenerationControl, GenerationStats, SamplingSettings, Started
 from model_loader.kv_blocks import BlockPool, BlockTable
+from model_loader.kv_cache import KV_16BIT
 from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
 from model_loader.reply_text import ReplyText
 from model_loader.logits_processing import LogitsPipeline
@@ -63,6 +64,7 @@ class SchedulerConfig:
     # first token waits 16 prefill steps, at four a step four (docs/BENCHMARKS.md, 'Under real HTTP clients').
     prefill_tokens: int = 2048
     block_size: int = 64  # tokens a KV block holds
+    kv_cache: str = KV_16BIT  # the paged cache's format: "16-bit" (the model's dtype) or "8-bit" (kv_cache.py)
     # a fresh prompt alone in a step replays a captured graph (PagedForward.capture_prefill_graphs); the
     # environment's R1DESK_PREFILL_GRAPHS=0 turns that off everywhere a scheduler is made (an A/B switch)
     prefill_graphs: bool = dataclasses.field(
@@ -129,7 +131,7 @@ class Scheduler:
         if self.config.chunk % self.config.block_size:
             raise ValueError("the prefill chunk must be a whole number of KV blocks")
         self.pool = BlockPool(num_blocks, self.config.block_size)
-        self.cache = PagedKVCache(model, num_blocks, self.config.block_size)
+        self.cache = PagedKVCache(model, num_blocks, self.config.block_size, self.config.kv_cache)
         self.forward = PagedForward(model, self.cache, max_batch=self.config.max_seqs)
         if model.device.type == "cuda":
             self.forward.capture_decode_graphs()  # on this thread, the one that will call step()
@@ -149,12 +151,12 @@ class Scheduler:
 
     # ---------------------------------------------------------------- sizing
     @staticmethod
-    def blocks_that_fit(model, block_size: int, free_bytes: int, share: float = 0.9) -> int:
+    def blocks_that_fit(model, block_size: int, free_bytes: int, share: float = 0.9, kind: str = KV_16BIT) -> int:
         """How many KV blocks `share` of free_bytes holds (the rest stays for activations and the allocator)."""
-        return max(0, int(free_bytes * share) // PagedKVCache.bytes_per_block(model, block_size))
+        return max(0, int(free_bytes * share) // PagedKVCache.bytes_per_block(model, block_size, kind))
 
     @classmethod
-    def blocks_for_device(cls, model, block_size: int, max_seqs: int) -> int:
+    def blocks_for_device(cls, model, block_size: int, max_seqs: int, kind: str = KV_16BIT) -> int:
         """A paged cache for max_seqs sequences of the whole context each, or what the device's free memory holds
         if less (a GPU's: 90% of it; the CPU's: half of the available RAM). ModelError if not even one sequence
         of the whole context fits."""
@@ -163,10 +165,14 @@ class Scheduler:
         per_seq = -(-model.max_ctx // block_size)
         if model.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(model.device)
-            fit = cls.blocks_that_fit(model, block_size, free)
+            fit = cls.blocks_that_fit(model, block_size, free, kind=kind)
         else:
             available, _ = host_memory()
-            fit = per_seq * max_seqs if available is None else cls.blocks_that_fit(model, block_size, available, 0.5)
+            fit = (
+                per_seq * max_seqs
+                if available is None
+                else cls.blocks_that_fit(model, block_size, available, 0.5, kind=kind)
+            )
         if fit < per_seq:
             tokens = fit * block_size
             raise ModelError(

@@ -349,19 +349,20 @@ def test_a_sequences_logits_are_bitwise_the_same_alone_or_batched(engine, prompt
     assert torch.equal(decode_alone, decode_batched)
 
 
-def test_the_triton_path_decodes_what_the_pytorch_path_decodes(tiny_model, prompts):
-    """The paged Triton kernels (cache writer, decode attention over block tables) inside the whole scheduler, in
-    Triton's interpreter on the CPU (a GPU's own run checks them compiled): the same greedy text as the PyTorch
-    path for prompts decoding together."""
+@pytest.mark.parametrize("kv_cache", ["16-bit", "8-bit"])
+def test_the_triton_path_decodes_what_the_pytorch_path_decodes(tiny_model, prompts, kv_cache):
+    """The paged Triton kernels (cache writer, decode attention over block tables; with an 8-bit cache, fp8 rows
+    and their scales) inside the whole scheduler, in Triton's interpreter on the CPU (a GPU's own run checks them
+    compiled): the same greedy text as the PyTorch path for prompts decoding together."""
     from model_loader.engine import Engine
 
-    triton_engine = Engine.load(tiny_model, device="cpu", context_length=1024, use_triton=True)
-    plain = Engine.load(tiny_model, device="cpu", context_length=1024)
+    triton_engine = Engine.load(tiny_model, device="cpu", context_length=1024, use_triton=True, kv_cache=kv_cache)
+    plain = Engine.load(tiny_model, device="cpu", context_length=1024, kv_cache=kv_cache)
     assert triton_engine.model.use_triton and not plain.model.use_triton
     settings = SamplingSettings(temperature=0, max_new_tokens=10, ignore_eos=True)
     results = []
     for engine in (triton_engine, plain):
-        scheduler = make(engine, max_seqs=4)
+        scheduler = make(engine, max_seqs=4, kv_cache=kv_cache)
         sinks = [Collect() for _ in range(3)]
         for ids, sink in zip(prompts[:3], sinks):
             scheduler.submit(ids, settings, sink=sink)
@@ -446,3 +447,39 @@ def test_random_arrivals_and_cancels_keep_the_block_accounting_exact(engine, ste
     scheduler.pool.check([])
     assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
     assert ended == {i: 1 for i in range(len(seqs))}
+
+
+@pytest.fixture(scope="module")
+def engine_8bit(tiny_model):
+    from model_loader.engine import Engine
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=1024, kv_cache="8-bit")
+    yield engine
+    engine.close()
+
+
+def test_the_8bit_paged_cache_decodes_what_the_8bit_engine_decodes_alone_or_batched(engine_8bit, prompts):
+    """An 8-bit paged cache quantizes each K/V row as the single-sequence 8-bit cache does (fp8 e4m3 with a scale
+    per row), so a sequence decodes the engine's text, and batched the same as alone."""
+    scheduler = make(engine_8bit, kv_cache="8-bit")
+    assert scheduler.cache.k.dtype == torch.float8_e4m3fn and scheduler.cache.k_scale is not None
+    sinks = [Collect() for _ in prompts[:3]]
+    for ids, sink in zip(prompts[:3], sinks):
+        scheduler.submit(ids, GREEDY, sink=sink)
+    scheduler.run_until_idle()
+    for ids, sink in zip(prompts[:3], sinks):
+        theirs = [e for e in engine_8bit.generate_ids(ids, GREEDY)][-1]
+        assert sink.final.token_ids == theirs.token_ids
+    assert scheduler.pool.used_blocks == 0  # every finished sequence gave its blocks back
+
+
+def test_an_8bit_block_costs_about_half_a_16bit_one(engine):
+    from model_loader.paged_model import PagedKVCache
+
+    cfg = engine.model.cfg
+    sixteen = PagedKVCache.bytes_per_block(engine.model, 64)
+    eight = PagedKVCache.bytes_per_block(engine.model, 64, "8-bit")
+    rows = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 64
+    assert sixteen == rows * cfg.head_dim * engine.model.dtype.itemsize and eight == rows * (cfg.head_dim + 4)
+    cache = PagedKVCache(engine.model, 3, 64, "8-bit")
+    assert cache.nbytes == 3 * eight

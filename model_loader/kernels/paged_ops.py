@@ -4,10 +4,11 @@ decode step launches instead of the single-sequence engine's cache writer and de
   paged_rope_write   QKV bias + RoPE at each row's own position + K/V written to each row's own cache slot
   paged_decode_attention   split-K flash decoding for B sequences at once, each over its own blocks and length
 
-Cache layout [KV heads, slots, head_dim] per layer, slot = block * block_size + offset. Everything that changes
-between steps (positions, slots, block tables, lengths) is read from device tensors, so one CUDA graph per batch
-size serves every step. Shapes and results match paged_model's PyTorch path, which the tests compare against.
-16-bit caches only (the scheduler's); the 8-bit cache keeps the single-sequence engine's kernels for now.
+Cache layout [KV heads, slots, head_dim] per layer, slot = block * block_size + offset; an 8-bit cache (KV_FP8)
+holds fp8 e4m3 rows, K and V both row-major, with an fp32 scale per (KV head, slot) row beside them
+(kv_cache.py), written as the single-sequence writer writes its rows. Everything that changes between steps
+(positions, slots, block tables, lengths) is read from device tensors, so one CUDA graph per batch size serves
+every step. Shapes and results match paged_model's PyTorch path, which the tests compare against.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from model_loader.kernels.jit_small_ops import _store_fp8_rows
 from model_loader.kernels.precompile import launch
 
 LOG2_E = tl.constexpr(1.4426950408889634)
@@ -30,6 +32,8 @@ def _paged_rope_write_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     pos_ptr,
     slot_ptr,
     n_rows,
@@ -38,6 +42,7 @@ def _paged_rope_write_kernel(
     NUM_KV: tl.constexpr,
     D: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # BLOCK_T rows of one head per program; head 0..Hq-1: q, then Hkv k heads, then Hkv v heads. A row whose slot
     # is negative (a padding row of a captured batch) writes nothing to the cache.
@@ -67,19 +72,26 @@ def _paged_rope_write_kernel(
         slot = tl.load(slot_ptr + row, mask=live, other=-1)
         keep = (live & (slot >= 0))[:, None]
         if head < NUM_HEADS + NUM_KV:
-            cache_ptr = k_cache_ptr
+            cache_ptr, scale_ptr = k_cache_ptr, k_scale_ptr
             kvh = head - NUM_HEADS
         else:
-            cache_ptr = v_cache_ptr
+            cache_ptr, scale_ptr = v_cache_ptr, v_scale_ptr
             kvh = head - NUM_HEADS - NUM_KV
-        dst = cache_ptr + (kvh * n_slots + slot[:, None]) * D
-        tl.store(dst + half, y1.to(cache_ptr.dtype.element_ty), mask=keep)
-        tl.store(dst + D // 2 + half, y2.to(cache_ptr.dtype.element_ty), mask=keep)
+        cache_row = kvh * n_slots + slot[:, None]
+        if KV_FP8:
+            _store_fp8_rows(
+                cache_ptr, scale_ptr, cache_row, cache_row * D + half, cache_row * D + D // 2 + half, y1, y2, keep
+            )
+        else:
+            tl.store(cache_ptr + cache_row * D + half, y1.to(cache_ptr.dtype.element_ty), mask=keep)
+            tl.store(cache_ptr + cache_row * D + D // 2 + half, y2.to(cache_ptr.dtype.element_ty), mask=keep)
 
 
-def paged_rope_write(qkv, bias, cos, sin, k_cache, v_cache, positions, slots, num_heads, num_kv_heads, q_out=None):
-    """qkv [T, (Hq + 2 Hkv) D]; positions, slots [T] int (slot < 0: don't write); k_cache/v_cache [Hkv, S, D]
-    -> q [T, Hq, D] rotated (q_out if given)."""
+def paged_rope_write(
+    qkv, bias, cos, sin, k_cache, v_cache, positions, slots, num_heads, num_kv_heads, q_out=None, scales=None
+):
+    """qkv [T, (Hq + 2 Hkv) D]; positions, slots [T] int (slot < 0: don't write); k_cache/v_cache [Hkv, S, D];
+    scales: (k_scale, v_scale) [Hkv, S] of an 8-bit cache, else None -> q [T, Hq, D] rotated (q_out if given)."""
     t = qkv.shape[0]
     d = k_cache.shape[-1]
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device) if q_out is None else q_out
@@ -92,6 +104,7 @@ def paged_rope_write(qkv, bias, cos, sin, k_cache, v_cache, positions, slots, nu
         q,
         k_cache,
         v_cache,
+        *(scales if scales is not None else (k_cache, v_cache)),  # unread without KV_FP8
         positions,
         slots,
         t,
@@ -100,6 +113,7 @@ def paged_rope_write(qkv, bias, cos, sin, k_cache, v_cache, positions, slots, nu
         NUM_KV=num_kv_heads,
         D=d,
         BLOCK_T=block_t,
+        KV_FP8=scales is not None,
         num_warps=1 if t == 1 else 4,
     )
     return q
@@ -110,6 +124,8 @@ def _paged_decode_split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     table_ptr,
     len_ptr,
     mid_o_ptr,
@@ -124,6 +140,7 @@ def _paged_decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # One program: sequence b, KV head h, split s of b's context. Its GROUP query heads attend together (GQA: each
     # K/V tile is read once for all of them). A tile of BLOCK_N tokens lies inside one cache block (BLOCK_N divides
@@ -153,19 +170,28 @@ def _paged_decode_split_kernel(
         visible = n < hi
         k = tl.load(k_ptr + offs, mask=visible[:, None], other=0.0)
         v = tl.load(v_ptr + offs, mask=visible[:, None], other=0.0)
+        if KV_FP8:  # e4m3 goes into the model's dtype exactly; each row's scale applies to its score and its weight
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k))
+        scale_rows = h * n_slots + rows  # an 8-bit cache's scales: one per (KV head, slot)
+        if KV_FP8:
+            scores = scores * tl.load(k_scale_ptr + scale_rows, mask=visible, other=0.0)[None, :]
         scores = tl.where(visible[None, :], scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        weights = p
+        if KV_FP8:
+            weights = p * tl.load(v_scale_ptr + scale_rows, mask=visible, other=0.0)[None, :]
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(weights, v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(weights.to(v.dtype), v)
         m_i = m_new
     hq = tl.num_programs(1) * GROUP
     mid = (b * hq + heads) * SPLITS + s
@@ -220,9 +246,9 @@ class PagedDecodeAttention:
         fill = max(1, 2 * self.sms // (batch * self.num_kv_heads))
         return min(32, 1 << (fill.bit_length() - 1))
 
-    def __call__(self, q, k_cache, v_cache, tables, lengths, scale):
-        """q [B, Hq, D]; k_cache/v_cache [Hkv, S, D]; tables [B, W] int32 block ids; lengths [B] int32
-        -> [B, Hq, D] (a reused buffer)."""
+    def __call__(self, q, k_cache, v_cache, tables, lengths, scale, scales=None):
+        """q [B, Hq, D]; k_cache/v_cache [Hkv, S, D]; tables [B, W] int32 block ids; lengths [B] int32; scales:
+        (k_scale, v_scale) [Hkv, S] of an 8-bit cache, else None -> [B, Hq, D] (a reused buffer)."""
         b = q.shape[0]
         splits = self.splits_for(b)
         group = self.num_heads // self.num_kv_heads
@@ -232,6 +258,7 @@ class PagedDecodeAttention:
             q,
             k_cache,
             v_cache,
+            *(scales if scales is not None else (k_cache, v_cache)),  # unread without KV_FP8
             tables,
             lengths,
             mid_o,
@@ -246,6 +273,7 @@ class PagedDecodeAttention:
             BLOCK_SIZE=self.block_size,
             SPLITS=splits,
             IEEE=q.dtype == torch.float32,
+            KV_FP8=scales is not None,
             num_warps=4,
             num_stages=2,
         )
