@@ -33,7 +33,7 @@
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
-#               FROZEN_FLAGS= leaves that run out)
+#               FROZEN_FLAGS= leaves that run out; STORE_ARCHS=90 builds the store for sm_90 alone)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -115,7 +115,8 @@ for part in "${@:-models tests depths chat followup firststart}"; do
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
-          run store-build-release $CLI kernel-store build --records packaging/kernel-records/*.jsonl --out /tmp/kernel-store
+          run store-build-release $CLI kernel-store build --records packaging/kernel-records/*.jsonl --out /tmp/kernel-store \
+            --arch "${STORE_ARCHS:-75,80,86,89,90,120}"
         fi
         R1DESK_KERNEL_STORE_DIR=/tmp/kernel-store run frozen-build python3 -m PyInstaller --noconfirm --clean \
           packaging/r1desk.spec --distpath /tmp/dist --workpath /tmp/pyinstaller
