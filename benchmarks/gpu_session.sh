@@ -30,6 +30,8 @@
 #               packaging/kernel-records/), build a store for every architecture (/tmp/kernel-store, its size in
 #               store-build.txt), then bench a first start with it and no C compiler against the compiler
 #               (benchmarks/kernel_store_check.py)
+#   versus      this tree against an older one unpacked in $BASE (default .base/: `git archive REV | tar -x -C .base`,
+#               carried), alternated: the window's self-test (needs .qt/, .gl/), the headline, decode at 512 and 16k
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
@@ -112,6 +114,21 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           run "store-check-$(basename $m)" python3 -m benchmarks.kernel_store_check --model $m \
             --store /tmp/kernel-store --json "$OUT/store-check-$(basename $m).json"
         done ;;
+      versus)
+        B=${BASE:-.base}
+        ( . .qt/env.sh >/dev/null
+          for t in "$B" . "$B" .; do
+            (cd "$t" && PYTHONPATH=$PYTHONPATH:$PWD timeout 120 python3 -m desktop.app --model $M --self-test \
+              --max-new-tokens 4096 2>&1 | grep "self-test" | sed "s|^|$t |")
+          done ) >"$OUT/versus-window.txt" 2>&1
+        for t in "$B" .; do
+          (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m model_loader.cli bench --model $M --runs 3 \
+            2>&1 | tail -n 12 | sed "s|^|$t |")
+        done >"$OUT/versus-headline.txt" 2>&1
+        for t in "$B" .; do
+          (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m model_loader.cli bench --model $M \
+            --depths 512,16384 --new-tokens 256 --runs 1 2>&1 | tail -n 8 | sed "s|^|$t |")
+        done >"$OUT/versus-depths.txt" 2>&1 ;;
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
