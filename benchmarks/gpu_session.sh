@@ -114,13 +114,16 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           run "store-check-$(basename $m)" python3 -m benchmarks.kernel_store_check --model $m \
             --store /tmp/kernel-store --json "$OUT/store-check-$(basename $m).json"
         done ;;
-      versus)
+      versus)  # in pairs, the cheapest first, so a time limit leaves whole comparisons
         B=${BASE:-.base}
-        ( . .qt/env.sh >/dev/null
-          for t in "$B" . "$B" .; do
-            (cd "$t" && PYTHONPATH=$PYTHONPATH:$PWD timeout 120 python3 -m desktop.app --model $M --self-test \
-              --max-new-tokens 4096 2>&1 | grep "self-test" | sed "s|^|$t |")
-          done ) >"$OUT/versus-window.txt" 2>&1
+        window_pair() {
+          ( . .qt/env.sh >/dev/null
+            for t in "$B" .; do
+              (cd "$t" && PYTHONPATH=$PYTHONPATH:$PWD timeout 120 python3 -m desktop.app --model $M --self-test \
+                --max-new-tokens 4096 2>&1 | grep "self-test" | sed "s|^|$t |")
+            done ) >>"$OUT/versus-window.txt" 2>&1
+        }
+        window_pair
         for t in "$B" .; do
           (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m model_loader.cli bench --model $M --runs 3 \
             2>&1 | tail -n 12 | sed "s|^|$t |")
@@ -128,7 +131,8 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         for t in "$B" .; do
           (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m model_loader.cli bench --model $M \
             --depths 512,16384 --new-tokens 256 --runs 1 2>&1 | tail -n 8 | sed "s|^|$t |")
-        done >"$OUT/versus-depths.txt" 2>&1 ;;
+        done >"$OUT/versus-depths.txt" 2>&1
+        window_pair ;;
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
