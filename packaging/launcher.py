@@ -5,6 +5,7 @@ It only prepares the frozen process, then runs desktop.app:main exactly as the i
   child's bootstrap instead of opening a second window.
 - matplotlib's cache goes to the user's cache folder (PyInstaller's runtime hook points it at a temp folder
   that is deleted at exit, which would rebuild the font list on every start); never into the bundle.
+- Triton finds its GPU backends by listing its own folder (TRITON_BACKENDS_IN_TREE), not through package metadata.
 - Triton builds small C modules (its driver utilities, kernel launchers) the first time a kernel runs, with the
   system's C compiler. The bundle's kernel store carries them prebuilt; only a bundle without one, on a machine
   without a compiler, tells the engine to use its plain PyTorch path.
@@ -28,6 +29,10 @@ def prepare_frozen_environment() -> None:
     from platformdirs import user_cache_dir
 
     os.environ["MPLCONFIGDIR"] = os.path.join(user_cache_dir("r1desk", appauthor=False), "matplotlib")
+    # Triton finds its GPU backends through its package's entry points by default; a frozen app may not carry the
+    # metadata they live in (the spec ships it; PyInstaller's hook for Triton doesn't), and then Triton sees no
+    # driver at all. Triton (3.6 has it) can instead list the backends folder it ships, which the bundle has.
+    os.environ.setdefault("TRITON_BACKENDS_IN_TREE", "1")
     no_compiler = not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"))
     if sys.platform.startswith("linux") and no_compiler and not bundled_store_has_modules():
         os.environ.setdefault("R1DESK_NO_TRITON", "no-compiler")  # model_loader.kernels.NO_COMPILER

@@ -254,3 +254,31 @@ def test_the_launcher_leaves_triton_on_when_the_bundle_carries_the_modules(tmp_p
     _store(tmp_path / "kernel-store", modules=[])  # a store of kernels only: Triton would still need a compiler
     launcher.prepare_frozen_environment()
     assert os.environ["R1DESK_NO_TRITON"] == "no-compiler"
+
+
+def test_a_frozen_triton_finds_its_backends_without_package_metadata(tmp_path, monkeypatch):
+    """Triton finds its GPU backends through its package's entry points, which a bundle may lack (PyInstaller's hook
+    for Triton doesn't collect them): then it sees no driver and the app falls back to PyTorch. The launcher has it
+    list its backends folder instead, which this Triton honours."""
+    from test_packaging import _launcher
+
+    code = """
+import importlib.metadata as metadata, json
+metadata.entry_points = lambda **kwargs: metadata.EntryPoints([])  # a bundle without Triton's metadata
+from triton.backends import backends
+print(json.dumps(sorted(backends)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_BACKENDS_IN_TREE"}
+
+    def backends(extra: dict) -> list:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **extra})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert backends({}) == []  # what the first frozen run on a GPU met: "0 active drivers"
+    for name in ("TRITON_BACKENDS_IN_TREE", "R1DESK_NO_TRITON", "MPLCONFIGDIR"):  # what it sets, restored after
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    _launcher().prepare_frozen_environment()
+    assert "nvidia" in backends({"TRITON_BACKENDS_IN_TREE": os.environ["TRITON_BACKENDS_IN_TREE"]})
