@@ -3,14 +3,13 @@
 At each depth: microseconds per token of a real greedy reply (generate_ids, 256 tokens) against the same graph
 replayed alone (200 times), with the loop's per-step token copy to pinned memory, with its event record, with the
 host waiting three steps behind (as the engine's queue does), and right after a fresh prefill. --queued also
-times replies with decode_loop.QUEUED_STEPS set to each value (is the host's pacing part of it?; not run yet: the
-session that wrote it had no device time left). --clocks samples NVML's SM and memory clocks, power and throttle
+times replies with decode_loop.QUEUED_STEPS set to each value (is the host's pacing part of it?; not yet run on a
+GPU). --clocks samples NVML's SM and memory clocks, power and throttle
 reasons every millisecond during each measurement and prints their means next to it (is the reply's GPU slower
 clocked than the graph alone?). Each reply also prints its per-token latency over its first 32 tokens against its
 last 128, and --long N times a reply of N tokens too: the per-token cost of the extra tokens, free of anything a
 reply pays once.
-H200, 2026-12-05 (BENCHMARKS, eighteenth session): at 512 the copy is the whole difference (~9 us); at 16k the
-reply is ~30 us a token slower than all of these.
+What it found: docs/BENCHMARKS.md, "A reply at depth against its graph".
 usage: python -m benchmarks.decode_loop_overhead MODEL_DIR [--depths 512,16384] [--queued 4,16] [--rounds 2]
        [--clocks] [--long 768] [--ring-ab]
 --ring-ab: replies with the committed tokens read from the commit kernel's host ring (the engine's default with

@@ -4,7 +4,7 @@ Our single-token dense GEMV by configuration, against cuBLAS, on the 1.5B's shap
 each so every read comes from HBM as in decoding), GPU time per call through CUDA graphs (gemv.time_configs,
 what the warm-up's tuning measures), programmatic dependent launch as the decode step runs it.
 
-Two questions (2026-12-04, fourteenth session):
+Two questions:
 - the MLP's gate/up weight with its rows in pairs, the GEMV writing SiLU(gate) * up itself, against the GEMV
   followed by the separate SiLU kernel (the decode step until now; decode_kernel_bounds.py put that kernel at 25 us a
   step on the H200), and cuBLAS + the SiLU kernel;

@@ -7,8 +7,8 @@ Run it twice with the same --cache to see a cached start.
 
     python -m benchmarks.first_start_profile --model M [--cache DIR] [--context 4096] [--json F] [--sample-walk]
 
---sample-walk (fifteenth session) samples the compile walk's stack every 5 ms and prints where its first step
-(which takes ~0.7-1.3 s on the H200 machines, whichever part of the walk comes first) spends its time.
+--sample-walk samples the compile walk's stack every 5 ms and prints where its first step (the slowest, whichever
+part of the walk comes first) spends its time.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def main() -> None:
     os.environ["TRITON_CACHE_DIR"] = cache
     # The marker that says a warm-up completed on this machine (model_loader.kernel_cache) lives in the user's
     # cache folder: with an empty Triton cache it must be missing too, or the engine skips compiling beside the
-    # load and compiles everything on its own thread during the warm-up (what a first start never does: 25 s
-    # instead of 5 on the H200, fourteenth session, when a bench run earlier in the same call had left it).
+    # load and compiles everything on its own thread during the warm-up (what a first start never does, and
+    # several times slower).
     if not os.listdir(cache):
         os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="r1desk-cache-")
     t_start = time.perf_counter()

@@ -125,8 +125,8 @@ def test_a_first_start_compiles_every_kernel_on_the_pool(
     """Every Triton compile of a first start (a disk-cache hit still goes through triton's compile()) runs on a
     compile-pool thread: the pass ahead, over the model's shape twin while the weights load (model_loader.
     compile_ahead) or over the loaded model where the twin doesn't fit, submitted each variant the warm-up
-    launches; none is compiled on the loading thread. On the H200 (2026-12-03) benchmarks/first_start_profile.py
-    measured the same: 14 of 14 (bf16) and 29 of 29 (4-bit) compiles on the pool. With the 8-bit KV cache the
+    launches; none is compiled on the loading thread (on a GPU, benchmarks/first_start_profile.py counts the
+    same: every compile on the pool). With the 8-bit KV cache the
     twin has one too, so its kernels' 8-bit variants are among those compiled ahead."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel_cache marker: a first start
     # Beside the load the compiles run in worker processes (the default, kernels.compile_workers) or on threads.

@@ -141,7 +141,7 @@ def _compile_all(launches) -> dict[str, int]:
 def _assert_fit_everywhere(shared: dict[str, int]) -> None:
     """The kernels without shared-memory fallbacks (all but the two attentions, checked below) fit the smallest
     budget r1desk runs on: a Turing card's 64 KB (what they take there is no more than on sm_86: no pipelined
-    copies before sm_80; Triton 3.6 at the 1.5B's shapes, 2026-12-04: at most 32 KB, the sampler's histograms)."""
+    copies before sm_80; at the 1.5B's shapes the largest is the sampler's histograms, at most 32 KB)."""
     too_big = {name: size for name, size in shared.items() if size > TURING_SHARED and "_attn_" not in name}
     assert not too_big, too_big
 

@@ -6,12 +6,12 @@ cuBLAS's GEMM writing all 2 x 8,960 outputs, then the SiLU·mul kernel reading t
 rows M = 2,048 / 1,024 / 512 (a follow-up's new tokens), the 1.5B's gate/up weight (17,920 x 1,536, rows in
 (gate, up) pairs as linears.pair_gate_up_rows stores them on the Triton path).
 
-Why (2026-12-04, fifteenth session): the follow-up bar (<= 10 ms for 2,048 new tokens) is 0.1-0.7 ms away; the
+Why: the follow-up bar (<= 10 ms for 2,048 new tokens) is 0.1-0.7 ms away; the
 SiLU·mul kernel is ~0.74 ms of that graph (27 layers x 2,048 x 17,920 bf16 read, half that written: at HBM
 bandwidth already), so only not writing and re-reading the gate/up output can remove it.
 
-Result (H200, 2026-12-04, docs/BENCHMARKS.md): no gain. The best fused kernel ((128, 64, 64, 4 warps, 3 stages)
-with TMA, or persistent (128, 128, 64, 8, 3), with or without Triton's warp specialization) ties cuBLAS + SiLU·mul
+Result (docs/BENCHMARKS.md, "Tried and rejected"): no gain on an H200. The best fused kernel ((128, 64, 64, 4 warps,
+3 stages) with TMA, or persistent (128, 128, 64, 8, 3), with or without Triton's warp specialization) ties cuBLAS + SiLU·mul
 at M = 2,048 (175-179 us against 178-180) and loses at 1,024 and 512: Triton's GEMM reaches ~630-645 TFLOP/s
 where cuBLAS reaches 710-736, which eats what the fusion saves. Kept as a benchmark, not in the app.
 
