@@ -10,10 +10,11 @@ Why: the follow-up bar (<= 10 ms for 2,048 new tokens) is 0.1-0.7 ms away; the
 SiLU·mul kernel is ~0.74 ms of that graph (27 layers x 2,048 x 17,920 bf16 read, half that written: at HBM
 bandwidth already), so only not writing and re-reading the gate/up output can remove it.
 
-Result (docs/BENCHMARKS.md, "Tried and rejected"): no gain on an H200. The best fused kernel ((128, 64, 64, 4 warps,
-3 stages) with TMA, or persistent (128, 128, 64, 8, 3), with or without Triton's warp specialization) ties cuBLAS + SiLU·mul
-at M = 2,048 (175-179 us against 178-180) and loses at 1,024 and 512: Triton's GEMM reaches ~630-645 TFLOP/s
-where cuBLAS reaches 710-736, which eats what the fusion saves. Kept as a benchmark, not in the app.
+Result (docs/BENCHMARKS.md, "Tried and rejected"): no gain on an H200. The best fused kernel ((128, 64, 64,
+4 warps, 3 stages) with TMA, or persistent (128, 128, 64, 8, 3), with or without Triton's warp specialization) ties
+cuBLAS + SiLU·mul at M = 2,048 (175-179 us against 178-180) and loses at 1,024 and 512: Triton's GEMM reaches
+~630-645 TFLOP/s where cuBLAS reaches 710-736, which eats what the fusion saves. Kept as a benchmark, not in the
+app.
 
 usage: python -m benchmarks.research.prefill_gemm_swiglu [--rows 2048,1024,512] [--configs all]
 """
