@@ -248,16 +248,20 @@ class EngineWorker(QObject):
                     engine.close()
                 raise
 
-        engine, failure = None, None
+        engine, scheduler, failure = None, None, None
         parallel = int(request.max_parallel or 1)
         try:
             problem = None
             try:
                 engine = attempt(request)
+                scheduler = engine.serve_batched(parallel) if parallel > 1 else None  # the paged kernels start here
             except Exception as err:
                 problem = kernels_failure(err)
                 if problem is None or request.use_triton is False:
                     raise
+                if engine is not None:  # warmed up, then its paged kernels failed: its memory back first
+                    engine.close()
+                    engine = None
             if engine is None:
                 # r1desk's kernels passed their check at load but failed later (a C module the kernel store lacks,
                 # with no compiler to build it; a kernel this GPU's compiler rejects): the same model again on
@@ -267,7 +271,7 @@ class EngineWorker(QObject):
                 self._free_device_memory()
                 engine = attempt(dataclasses.replace(request, use_triton=False))
                 engine.info.kernels_note = problem
-            scheduler = engine.serve_batched(parallel) if parallel > 1 else None
+                scheduler = engine.serve_batched(parallel) if parallel > 1 else None
         except BaseException as err:
             if engine is not None and hasattr(engine, "close"):  # warmed up, then failed to batch: VRAM back now
                 engine.close()

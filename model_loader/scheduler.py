@@ -295,7 +295,7 @@ class Scheduler:
         self.end_all("unloaded", "the model was unloaded before this reply ended")
         self.forward.graphs.clear()
         self.forward.prefill_graphs.clear()
-        self.cache.k = self.cache.v = None
+        self.cache.k = self.cache.v = self.cache.k_scale = self.cache.v_scale = None
 
     def run_until_idle(self) -> None:
         while self.has_work():

@@ -155,6 +155,47 @@ def test_kernels_that_fail_after_their_check_load_the_model_again_without_them(w
     assert asked == [None] and "the disk went away" in blocker.args[2]
 
 
+def test_paged_kernels_that_fail_when_batching_starts_load_the_model_again_without_them(wait_cross_thread, qtbot, host):
+    """Several replies at once start the scheduler's paged kernels after the warm-up (Engine.serve_batched): a C
+    module the store lacks fails there, and the model is loaded again on plain PyTorch operations and batches,
+    the warmed-up engine closed first, instead of the load failing."""
+    from fakes import FakeEngine
+
+    from model_loader.kernels.kernel_store import StoreMiss
+
+    class Scheduler:
+        def has_work(self):
+            return False
+
+        def end_all(self, *args):
+            pass
+
+    class Batching(FakeEngine):
+        def serve_batched(self, max_seqs):
+            if self.use_triton is None:
+                raise StoreMiss(
+                    "Triton needs its C module '__triton_launcher' for this kernel, which r1desk's kernel store "
+                    "lacks, and no C compiler was found to build it"
+                )
+            batched.append(max_seqs)
+            return Scheduler()
+
+    asked, closed, batched = [], [], []
+
+    def make(request, progress, on_compiling=None):
+        asked.append(request.use_triton)
+        engine = Batching()
+        engine.use_triton = request.use_triton
+        engine.close = lambda: closed.append(request.use_triton)
+        return engine
+
+    host.worker.engine_factory = make
+    with wait_cross_thread(host.worker.ready, timeout=30000) as blocker:
+        host.load(LoadRequest("/models/any", "cuda", 512, max_parallel=3))
+    assert asked == [None, False] and closed == [None] and batched == [3]
+    assert blocker.args[0]["max_parallel"] == 3 and "'__triton_launcher'" in blocker.args[0]["kernels_note"]
+
+
 def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(wait_cross_thread, qtbot, host):
     """A load that runs out of memory raises out of frames that hold what was loaded so far, and the error's
     traceback keeps those frames. The worker reported the failure (and emptied torch's cache) while it still
