@@ -7,7 +7,8 @@ tree, nothing is installed):
     python -m benchmarks.NAME --help
 
 Most need a CUDA GPU and a model folder (`r1desk-cli make-test-model DIR --preset full` makes a random full-size
-one); window_overhead, api_latency_split, prompt_render, grammar_cost, repro_thread_state and decode_kernel_sass
-need no GPU. `bash benchmarks/gpu_session.sh OUT_DIR [PART ...]` runs the GPU machine's set. benchmarks/research/
-holds experiments kept because their question is still open (its README.md: one line each).
+one); window_overhead, api_latency_split, prompt_render, grammar_cost, repro_thread_state, decode_kernel_sass and
+scheduler_host_overhead need no GPU. `bash benchmarks/gpu_session.sh OUT_DIR [PART ...]` runs the GPU machine's
+set. benchmarks/research/ holds experiments kept because their question is still open (its README.md: one line
+each).
 """

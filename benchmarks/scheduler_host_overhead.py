@@ -1,0 +1,76 @@
+"""How much host work does a scheduler step cost beside the forward pass (a development tool, any machine)?
+
+The scheduler waits for each step's tokens before it builds the next step, so its host work per step (sampling
+set-up, detokenizing, the reply's text, events, block bookkeeping) is time the GPU idles. This runs a model's
+scheduler with the forward pass replaced by a stub that returns fixed logits (token 100 everywhere), B sequences
+decoding N tokens each, and prints microseconds of host work per step, then cProfile's top functions.
+On a CPU the greedy argmax over the vocabulary and the stub's own copies are counted too (on a GPU they are device
+work); the profile shows them apart.
+
+    python -m benchmarks.scheduler_host_overhead --model DIR [--batch 1,8] [--tokens 400] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from model_loader.engine import Engine
+from model_loader.events import SamplingSettings
+from model_loader.scheduler import Scheduler, SchedulerConfig
+
+
+def stubbed(scheduler: Scheduler, vocab: int, device) -> list:
+    """Replace the scheduler's forward pass by fixed logits; returns the list each step's size is appended to."""
+    steps: list[int] = []
+    fixed = torch.zeros(1, vocab, device=device)
+    fixed[0, 100] = 1.0
+
+    def step(tokens, positions, seqs):
+        steps.append(len(seqs))
+        return fixed.expand(sum(1 for s in seqs if s.logits), vocab).clone()
+
+    scheduler.forward.step = step
+    return steps
+
+
+def run(scheduler: Scheduler, batch: int, tokens: int) -> None:
+    settings = SamplingSettings(temperature=0, max_new_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        scheduler.submit(list(range(10 + i, 60 + i)), settings, sink=lambda event: None)
+    scheduler.run_until_idle()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--top", type=int, default=12, help="profile rows to print")
+    args = parser.parse_args()
+    engine = Engine.load(args.model, device=args.device, context_length=2048)
+    batches = [int(b) for b in args.batch.split(",")]
+    config = SchedulerConfig(max_seqs=max(batches), chunk=512, block_size=64)
+    blocks = max(batches) * (-(-(60 + args.tokens) // 64)) + 1
+    scheduler = Scheduler(engine.model, engine.chat, blocks, config)
+    steps = stubbed(scheduler, engine.model.cfg.vocab_size, engine.model.device)
+    for batch in batches:
+        run(scheduler, batch, 8)  # the first replies' one-time costs out of the way
+        first, t = len(steps), time.perf_counter()
+        run(scheduler, batch, args.tokens)
+        n = len(steps) - first
+        print(f"batch {batch}: {n} steps, {(time.perf_counter() - t) / n * 1e6:.0f} us of host work a step")
+        profile = cProfile.Profile()  # a second run, profiled (the profiler's own cost inflates its times)
+        profile.enable()
+        run(scheduler, batch, args.tokens)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
