@@ -3,9 +3,10 @@
 The scheduler waits for each step's tokens before it builds the next step, so its host work per step (sampling
 set-up, detokenizing, the reply's text, events, block bookkeeping) is time the GPU idles. This runs a model's
 scheduler with the forward pass replaced by a stub that returns fixed logits (token 100 everywhere), B sequences
-decoding N tokens each, and prints microseconds of host work per step, then cProfile's top functions.
-On a CPU the greedy argmax over the vocabulary and the stub's own copies are counted too (on a GPU they are device
-work); the profile shows them apart.
+decoding N tokens each, and prints microseconds of host work per step: with the scheduler's sampler (on a CPU its
+greedy argmax over the vocabulary and the stub's copies count too; on a GPU they are device work), then with the
+sampler stubbed as well (the bookkeeping alone), then cProfile's top functions of a third run (the profiler's own
+cost inflates small Python calls several times: read it for where, not how much).
 
     python -m benchmarks.scheduler_host_overhead --model DIR [--batch 1,8] [--tokens 400] [--device cpu]
 """
@@ -65,6 +66,13 @@ def main() -> None:
         run(scheduler, batch, args.tokens)
         n = len(steps) - first
         print(f"batch {batch}: {n} steps, {(time.perf_counter() - t) / n * 1e6:.0f} us of host work a step")
+        sample = scheduler._sample
+        scheduler._sample = lambda seqs, logits: [(seq, 100) for seq in seqs]
+        first, t = len(steps), time.perf_counter()
+        run(scheduler, batch, args.tokens)
+        scheduler._sample = sample
+        n = len(steps) - first
+        print(f"batch {batch}: {(time.perf_counter() - t) / n * 1e6:.0f} us a step with the sampler stubbed too")
         profile = cProfile.Profile()  # a second run, profiled (the profiler's own cost inflates its times)
         profile.enable()
         run(scheduler, batch, args.tokens)
