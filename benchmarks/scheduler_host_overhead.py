@@ -2,7 +2,8 @@
 
 The scheduler waits for each step's tokens before it builds the next step, so its host work per step (sampling
 set-up, detokenizing, the reply's text, events, block bookkeeping) is time the GPU idles. This runs a model's
-scheduler with the forward pass replaced by a stub that returns fixed logits (token 100 everywhere), B sequences
+scheduler with the forward pass replaced by a stub that returns fixed logits (the word " the" everywhere: a whole
+character each token, as real text mostly is), B sequences
 decoding N tokens each, and prints microseconds of host work per step: with the scheduler's sampler (on a CPU its
 greedy argmax over the vocabulary and the stub's copies count too; on a GPU they are device work), then with the
 sampler stubbed as well (the bookkeeping alone), then cProfile's top functions of a third run (the profiler's own
@@ -25,11 +26,12 @@ from model_loader.events import SamplingSettings
 from model_loader.scheduler import Scheduler, SchedulerConfig
 
 
-def stubbed(scheduler: Scheduler, vocab: int, device) -> list:
-    """Replace the scheduler's forward pass by fixed logits; returns the list each step's size is appended to."""
+def stubbed(scheduler: Scheduler, vocab: int, device, token: int) -> list:
+    """Replace the scheduler's forward pass by fixed logits that pick `token`; returns the list each step's size is
+    appended to."""
     steps: list[int] = []
     fixed = torch.zeros(1, vocab, device=device)
-    fixed[0, 100] = 1.0
+    fixed[0, token] = 1.0
 
     def step(tokens, positions, seqs):
         steps.append(len(seqs))
@@ -59,7 +61,8 @@ def main() -> None:
     config = SchedulerConfig(max_seqs=max(batches), chunk=512, block_size=64)
     blocks = max(batches) * (-(-(60 + args.tokens) // 64)) + 1
     scheduler = Scheduler(engine.model, engine.chat, blocks, config)
-    steps = stubbed(scheduler, engine.model.cfg.vocab_size, engine.model.device)
+    word = engine.tokenizer.encode(" the")[0]
+    steps = stubbed(scheduler, engine.model.cfg.vocab_size, engine.model.device, word)
     for batch in batches:
         run(scheduler, batch, 8)  # the first replies' one-time costs out of the way
         first, t = len(steps), time.perf_counter()
@@ -67,7 +70,7 @@ def main() -> None:
         n = len(steps) - first
         print(f"batch {batch}: {n} steps, {(time.perf_counter() - t) / n * 1e6:.0f} us of host work a step")
         sample = scheduler._sample
-        scheduler._sample = lambda seqs, logits: [(seq, 100) for seq in seqs]
+        scheduler._sample = lambda seqs, logits: [(seq, word) for seq in seqs]
         first, t = len(steps), time.perf_counter()
         run(scheduler, batch, args.tokens)
         scheduler._sample = sample
