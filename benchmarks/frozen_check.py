@@ -59,12 +59,9 @@ def compiled_in(folder: Path) -> dict:
     }
 
 
-DEVICE: list[str] = []  # --device DEV for the app, where given
-
-
-def self_test(cmd: list[str], env: dict, max_new: int, screenshot: str | None = None) -> dict:
-    args = ["--self-test", "--max-new-tokens", str(max_new)] + (["--screenshot", screenshot] if screenshot else [])
-    args += DEVICE
+def self_test(cmd: list[str], env: dict, app_args: list[str], screenshot: str | None = None) -> dict:
+    """app_args: the self-test's own (--self-test, --max-new-tokens, --device), the same for every run."""
+    args = app_args + (["--screenshot", screenshot] if screenshot else [])
     t0 = time.monotonic()
     done = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=900)
     result = {"rc": done.returncode, "process_s": round(time.monotonic() - t0, 2), **summary_fields(done.stdout)}
@@ -73,12 +70,12 @@ def self_test(cmd: list[str], env: dict, max_new: int, screenshot: str | None = 
     return result
 
 
-def unfrozen(model: str, max_new: int) -> dict:
+def unfrozen(model: str, app_args: list[str]) -> dict:
     cmd = [sys.executable, "-m", "desktop.app", "--model", model]
-    return self_test(cmd, dict(os.environ, QT_QPA_PLATFORM="offscreen"), max_new)
+    return self_test(cmd, dict(os.environ, QT_QPA_PLATFORM="offscreen"), app_args)
 
 
-def frozen(bundle: Path, model: str, max_new: int, no_cc_path: str, screenshot: str | None = None) -> dict:
+def frozen(bundle: Path, model: str, app_args: list[str], no_cc_path: str, screenshot: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="r1desk-new-user-") as home:
         env = {k: v for k, v in os.environ.items() if k not in DROPPED and not k.startswith(("TRITON_", "R1DESK_"))}
         trace = Path(home) / "startup-trace.txt"
@@ -92,7 +89,7 @@ def frozen(bundle: Path, model: str, max_new: int, no_cc_path: str, screenshot: 
             R1DESK_STARTUP_TRACE=str(trace),
         )
         t0 = time.monotonic()
-        result = self_test([str(bundle / "r1desk"), "--model", model], env, max_new, screenshot)
+        result = self_test([str(bundle / "r1desk"), "--model", model], env, app_args, screenshot)
         if trace.is_file():
             marks = {k: float(v) for k, v in (ln.split() for ln in trace.read_text().splitlines())}
             if "ready" in marks:
@@ -113,7 +110,8 @@ def main() -> None:
     parser.add_argument("--screenshot-dir", help="where the --no-store run saves its window")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
-    DEVICE[:] = ["--device", args.device] if args.device else []
+    app_args = ["--self-test", "--max-new-tokens", str(args.max_new_tokens)]
+    app_args += ["--device", args.device] if args.device else []
     no_cc_path = path_without_compilers()
     report: dict = {"bundle": str(bundle), "runs": []}
 
@@ -129,7 +127,7 @@ def main() -> None:
         shot = str(Path(args.screenshot_dir or tempfile.mkdtemp()) / "frozen-no-store.png")
         store.rename(aside)
         try:
-            run = frozen(bundle, args.model[0], args.max_new_tokens, no_cc_path, screenshot=shot)
+            run = frozen(bundle, args.model[0], app_args, no_cc_path, screenshot=shot)
         finally:
             aside.rename(store)
         run.update(model=args.model[0], how="frozen, store moved aside", screenshot=shot)
@@ -137,11 +135,7 @@ def main() -> None:
     for model in args.model:
         for round_ in range(args.rounds):
             for how in ("unfrozen", "frozen"):
-                run = (
-                    unfrozen(model, args.max_new_tokens)
-                    if how == "unfrozen"
-                    else frozen(bundle, model, args.max_new_tokens, no_cc_path)
-                )
+                run = unfrozen(model, app_args) if how == "unfrozen" else frozen(bundle, model, app_args, no_cc_path)
                 run.update(model=model, how=how, round=round_)
                 keep(run)
         tok_s = {
