@@ -1,7 +1,9 @@
 """How much host work does a scheduler step cost beside the forward pass (a development tool, any machine)?
 
-The scheduler waits for each step's tokens before it builds the next step, so its host work per step (sampling
-set-up, detokenizing, the reply's text, events, block bookkeeping) is time the GPU idles. This runs a model's
+A step's host work (sampling set-up, detokenizing, the reply's text, events, block bookkeeping) is time the GPU
+idles where the scheduler waits for a step's tokens before it builds the next (prefill steps, logits pipelines,
+SchedulerConfig.overlap off); where it overlaps decode steps, the GPU idles only while that work outlasts a step's
+device time. This runs a model's
 scheduler with the forward pass replaced by a stub that returns fixed logits (the word " the" everywhere: a whole
 character each token, as real text mostly is), B sequences
 decoding N tokens each, and prints microseconds of host work per step: with the scheduler's sampler (on a CPU its
@@ -69,11 +71,11 @@ def main() -> None:
         run(scheduler, batch, args.tokens)
         n = len(steps) - first
         print(f"batch {batch}: {n} steps, {(time.perf_counter() - t) / n * 1e6:.0f} us of host work a step")
-        sample = scheduler._sample
         scheduler._sample = lambda seqs, logits: [(seq, word) for seq in seqs]
+        scheduler._device_samples = lambda seqs, logits: torch.full((len(seqs),), word, device=logits.device)
         first, t = len(steps), time.perf_counter()
         run(scheduler, batch, args.tokens)
-        scheduler._sample = sample
+        del scheduler._sample, scheduler._device_samples  # the class's own again
         n = len(steps) - first
         print(f"batch {batch}: {(time.perf_counter() - t) / n * 1e6:.0f} us a step with the sampler stubbed too")
         profile = cProfile.Profile()  # a second run, profiled (the profiler's own cost inflates its times)

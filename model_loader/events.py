@@ -89,6 +89,11 @@ class GenerationControl:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
+    @property
+    def stop_thinking_asked(self) -> bool:
+        """A stop-thinking request is waiting (without taking it)."""
+        return self._stop_thinking.is_set()
+
     def take_stop_thinking(self) -> bool:
         if self._stop_thinking.is_set():
             self._stop_thinking.clear()

@@ -149,9 +149,10 @@ class PagedForward:
 
     # ---------------------------------------------------------------- a step
     @torch.inference_mode()
-    def step(self, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
+    def step(self, tokens: list[int] | torch.Tensor, positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
         """tokens/positions: [T] new tokens of every sequence, each sequence's rows together (SeqSlice), the
-        decoding ones first. Writes their K/V into the cache and returns logits [S, V] for the sequences
+        decoding ones first; tokens may be a device tensor (the scheduler's samples of the step before, which
+        the host has not read yet). Writes their K/V into the cache and returns logits [S, V] for the sequences
         with logits=True, in order (a decode step's graph returns them in the model's dtype)."""
         if self.graphs and all(seq.rows == 1 for seq in seqs):
             bucket = self._bucket(len(seqs))
@@ -165,7 +166,10 @@ class PagedForward:
         n = len(tokens)
         pad = max(0, self.min_rows - n)
         slots = [s for seq in seqs for s in self.slots(seq.blocks, seq.context - seq.rows, seq.context)]
-        tokens_t = torch.tensor(tokens + [0] * pad, dtype=torch.int64, device=dev)
+        if isinstance(tokens, torch.Tensor):  # the previous step's samples, on the device
+            tokens_t = torch.cat([tokens.to(torch.int64), tokens.new_zeros(pad, dtype=torch.int64)])
+        else:
+            tokens_t = torch.tensor(tokens + [0] * pad, dtype=torch.int64, device=dev)
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.int64, device=dev)
         slots_t = torch.tensor(slots + [-1] * pad, dtype=torch.int64, device=dev)
         # the leading decoding sequences (the scheduler puts them first) attend together where batched
@@ -365,8 +369,14 @@ class PagedForward:
             + (seq.context - 1) % self.cache.block_size
             for seq in seqs
         ]
-        rows = torch.tensor([tokens + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
+        on_device = isinstance(tokens, torch.Tensor)  # the previous step's samples, not yet read by the host
+        rows = torch.tensor(
+            [[0] * bucket if on_device else tokens + [0] * pad, positions + [0] * pad, slots + [-1] * pad],
+            dtype=torch.int64,
+        )
         st["tokens"][:bucket].copy_(rows[0], non_blocking=True)
+        if on_device:
+            st["tokens"][:b].copy_(tokens)
         st["positions"][:bucket].copy_(rows[1], non_blocking=True)
         st["slots"][:bucket].copy_(rows[2], non_blocking=True)
         tables = torch.zeros((bucket, self.table_width), dtype=torch.int32)

@@ -70,6 +70,10 @@ class SchedulerConfig:
     prefill_graphs: bool = dataclasses.field(
         default_factory=lambda: os.environ.get("R1DESK_PREFILL_GRAPHS", "1") != "0"
     )
+    # while the same sequences decode, the next step is launched with the samples still on the device, before the
+    # host reads them and does its bookkeeping (text, events, blocks): the GPU does not idle between steps. The
+    # environment's R1DESK_OVERLAP=0 turns that off (an A/B switch)
+    overlap: bool = dataclasses.field(default_factory=lambda: os.environ.get("R1DESK_OVERLAP", "1") != "0")
 
 
 class Sequence:
@@ -121,6 +125,34 @@ class Sequence:
         return self.settings.temperature <= 0
 
 
+@dataclass
+class LaunchedStep:
+    """A decode step given to the device whose samples the host has not read yet: `ids` on the device, on a GPU
+    copied into pinned memory behind an event, so reading them waits for this step alone, not for a step
+    launched after it."""
+
+    batch: list[tuple[Sequence, int]]
+    ids: torch.Tensor
+    host: torch.Tensor | None = None
+    ready: object = None  # torch.cuda.Event
+
+    @classmethod
+    def of(cls, batch: list[tuple[Sequence, int]], ids: torch.Tensor) -> "LaunchedStep":
+        if ids.device.type != "cuda":
+            return cls(batch, ids)
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(batch, ids, host, ready)
+
+    def read(self) -> list[int]:
+        if self.ready is None:
+            return self.ids.tolist()
+        self.ready.synchronize()
+        return self.host.tolist()
+
+
 class Scheduler:
     def __init__(self, model, chat, num_blocks: int, config: SchedulerConfig | None = None):
         """model: a loaded qwen2.Qwen2Model; chat: its chat.ChatFormat (tokenizer, stop ids, the reasoning's close
@@ -145,7 +177,9 @@ class Scheduler:
         self._ids = 0
         self._lock = threading.Lock()  # submit() from several threads: sequence ids
         self._close_tag = chat.encode_plain(STOP_THINKING_TEXT) if chat.think_close_id is not None else []
+        self._launched: LaunchedStep | None = None  # with config.overlap: a step whose samples are unread
         self.steps = 0
+        self.overlapped_steps = 0  # steps launched before the host read the samples of the step before
         self.tokens_generated = 0
         self.preemptions = 0
 
@@ -275,11 +309,12 @@ class Scheduler:
         }
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._incoming)
+        return bool(self.running or self.waiting or self._incoming or self._launched)
 
     def end_all(self, reason: str = "cancelled", message: str = "") -> None:
         """End every sequence now, on the stepping thread: "cancelled" finishes each with what it wrote so far
         (Finished); any other reason fails it (Failed(message, kind=reason)). The cache stays usable."""
+        self._drop_launched()
         while self._incoming:
             self.waiting.append(self._incoming.popleft())
         for seq in [*self.running, *self.waiting]:
@@ -304,6 +339,8 @@ class Scheduler:
     # ---------------------------------------------------------------- the step
     def step(self) -> bool:
         """One forward pass over a batch of sequences. False when there was nothing to run."""
+        if self._launched is not None:
+            return self._read_launched()
         while self._incoming:
             self.waiting.append(self._incoming.popleft())
         self._apply_controls()
@@ -316,22 +353,119 @@ class Scheduler:
             slices.append(SeqSlice(len(tokens), stop - start, stop, seq.table.blocks, stop == len(seq.tokens)))
             tokens += seq.tokens[start:stop]
             positions += range(start, stop)
+        overlap = self.config.overlap and all(self._samples_on_device(seq, stop) for seq, stop in batch)
         try:
             logits = self.forward.step(tokens, positions, slices)
-            chosen = self._sample([seq for seq, stop in batch if stop == len(seq.tokens)], logits)
+            if overlap:
+                self._launched = LaunchedStep.of(batch, self._device_samples([seq for seq, _ in batch], logits))
+            else:
+                chosen = self._sample([seq for seq, stop in batch if stop == len(seq.tokens)], logits)
         except Exception as err:  # noqa: BLE001 - isolated below: only the sequence that fails alone is told
             self._step_failed(batch, err)
             return True
+        if overlap:
+            return self._read_launched()
+        self._complete(batch, chosen)
+        return True
+
+    def _complete(self, batch: list[tuple[Sequence, int]], chosen: list[tuple[Sequence, int]]) -> None:
+        """A step's results: its tokens are in the cache, its samples join their sequences. A sequence that ended
+        after an overlapped step was launched has its row skipped; one cancelled since the step began takes no
+        more tokens (the next step ends it with what it had when the cancel came)."""
         self.steps += 1
         for seq, stop in batch:
+            if seq.status != "running":
+                continue
+            stop = min(stop, len(seq.tokens))  # an overlapped step's row past a sample dropped for a cancel
             seq.computed = stop
             self.pool.register(seq.table, seq.tokens, stop)
             if self._solo and seq is self._solo[0] and stop >= seq.isolate_until:
                 self._solo.popleft()
         now = time.perf_counter()
         for seq, token in chosen:
-            self._take_token(seq, token, now)
+            if seq.status == "running" and not seq.control.cancelled:
+                self._take_token(seq, token, now)
+
+    # ---------------------------------------------------------------- overlapped decode steps
+    def _samples_on_device(self, seq: Sequence, stop: int) -> bool:
+        """Whether this batch row's sample can stay on the device for the step after: a decoding sequence that
+        samples without host work (no logits pipeline, no forced close tag)."""
+        return seq.pending == 1 and stop == len(seq.tokens) and seq.pipeline is None and not seq.forced
+
+    def _device_samples(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Each sequence's next token, by its own settings and random stream, as a device tensor [B]."""
+        if all(seq.greedy for seq in seqs):
+            return torch.argmax(logits, dim=-1)
+        rows = [
+            torch.argmax(logits[i : i + 1], dim=-1)
+            if seq.greedy
+            else sort_sample(logits[i : i + 1], seq.params, seq.generator)
+            for i, seq in enumerate(seqs)
+        ]
+        return torch.cat(rows)
+
+    def _read_launched(self) -> bool:
+        """Launch the next step of the same sequences first where it can go (`_launch_next`), then read this
+        step's samples and do the host's part while the device runs it."""
+        launched, self._launched = self._launched, None
+        following = self._launch_next(launched)
+        try:
+            ids = launched.read()
+        except Exception as err:  # noqa: BLE001 - an asynchronous device error: as any failed step
+            self._step_failed(launched.batch, err)
+            return True
+        self._complete(launched.batch, [(seq, token) for (seq, _), token in zip(launched.batch, ids)])
+        self._launched = following
         return True
+
+    def _launch_next(self, launched: LaunchedStep) -> LaunchedStep | None:
+        """The next decode step of the sequences of `launched`, fed its unread samples, where nothing can change
+        that step: no arrival could join it (or no slot is free), every running sequence is in it and will go on
+        after this sample (its token limit and the context permitting), none is cancelled or asked to stop
+        thinking, and a KV block for the new position is free for each without preempting anyone. None where it
+        can't go, or if launching it raised (the step then runs again unoverlapped, where a failure is isolated
+        as always)."""
+        if not self.config.overlap or self._solo or self._incoming:
+            return None
+        if self.waiting and len(self.running) < self.config.max_seqs:
+            return None
+        seqs = [seq for seq, _ in launched.batch]
+        if len(seqs) != len(self.running):
+            return None
+        for seq in seqs:
+            n = len(seq.tokens) + 1  # its text once this sample joins it
+            limit = seq.settings.max_new_tokens
+            if seq.status != "running" or seq.control.cancelled or seq.control.stop_thinking_asked:
+                return None
+            if n >= self.max_ctx or (limit is not None and n - seq.n_prompt >= limit):
+                return None
+        bs = self.pool.block_size
+        if sum(len(seq.table.blocks) * bs < len(seq.tokens) + 1 for seq in seqs) > self.pool.free_blocks:
+            return None
+        for seq in seqs:
+            if len(seq.table.blocks) * bs < len(seq.tokens) + 1:
+                self.pool.grow(seq.table, len(seq.tokens) + 1)
+        positions = [len(seq.tokens) for seq in seqs]
+        slices = [SeqSlice(i, 1, p + 1, seq.table.blocks, True) for i, (seq, p) in enumerate(zip(seqs, positions))]
+        try:
+            logits = self.forward.step(launched.ids, positions, slices)
+            following = LaunchedStep.of(
+                [(seq, p + 1) for seq, p in zip(seqs, positions)], self._device_samples(seqs, logits)
+            )
+        except Exception:  # noqa: BLE001 - run again without overlap: _step_failed isolates it there
+            log.debug("an overlapped step failed to launch; running it again on its own", exc_info=True)
+            return None
+        self.overlapped_steps += 1
+        return following
+
+    def _drop_launched(self) -> None:
+        """Wait for a launched step and forget its samples (the sequences are ending)."""
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            try:
+                launched.read()
+            except Exception:  # noqa: BLE001 - the step's sequences end anyway
+                log.debug("a launched step failed while its sequences ended", exc_info=True)
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
         """The step's sequences and where each one's new tokens end."""

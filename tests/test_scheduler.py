@@ -103,6 +103,41 @@ def test_cancelling_one_of_four_leaves_the_others_unchanged(engine, prompts):
     assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
 
 
+def test_overlapped_steps_decode_what_steps_one_at_a_time_decode(engine, prompts):
+    """The next decode step launched before the host reads the samples (config.overlap): the same texts, ends and
+    finish reasons as without it, for greedy and seeded replies of different lengths, one of which ends on a stop
+    token that the launched step could not foresee, and a cancel mid-reply."""
+    import copy
+
+    greedy = alone(engine, prompts[0], SamplingSettings(temperature=0, max_new_tokens=12)).token_ids
+    chat = copy.copy(engine.chat)
+    chat.stop_ids = frozenset({greedy[6]})  # prompt 0's reply ends there, by its model's choice
+    settings = [
+        SamplingSettings(temperature=0, max_new_tokens=30),
+        SamplingSettings(temperature=0, max_new_tokens=9, ignore_eos=True),
+        SamplingSettings(temperature=0.8, top_p=0.9, max_new_tokens=26, seed=7, ignore_eos=True),
+        SamplingSettings(temperature=0.8, top_k=20, max_new_tokens=30, seed=8, ignore_eos=True),
+    ]
+    outcomes, overlapped = {}, {}
+    for overlap in (False, True):
+        scheduler = Scheduler(
+            engine.model, chat, 256, SchedulerConfig(max_seqs=8, chunk=64, block_size=16, overlap=overlap)
+        )
+        sinks, controls = [Collect() for _ in settings], [GenerationControl() for _ in settings]
+        seqs = [scheduler.submit(ids, s, control=c, sink=k) for ids, s, c, k in zip(prompts, settings, controls, sinks)]
+        while len(seqs[3].output) < 15:
+            scheduler.step()
+        controls[3].cancel()
+        scheduler.run_until_idle()
+        outcomes[overlap] = [(k.final.token_ids, k.final.text, k.final.stats.finish_reason) for k in sinks]
+        overlapped[overlap] = scheduler.overlapped_steps
+        assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+    assert outcomes[True] == outcomes[False]
+    assert [reason for _, _, reason in outcomes[True]] == ["eos", "max_new_tokens", "max_new_tokens", "cancelled"]
+    assert len(outcomes[True][0][0]) == 7
+    assert overlapped[False] == 0 and overlapped[True] >= 10
+
+
 def test_a_seed_gives_the_same_text_alone_or_batched(engine, prompts):
     settings = [
         SamplingSettings(temperature=0.9, top_p=0.9, top_k=50, max_new_tokens=20, seed=s, ignore_eos=True)
