@@ -32,6 +32,8 @@
 #               (benchmarks/kernel_store_check.py)
 #   versus      this tree against an older one unpacked in $BASE (default .base/: `git archive REV | tar -x -C .base`,
 #               carried), alternated: the window's self-test (needs .qt/, .gl/), the headline, decode at 512 and 16k
+#   overlap     the scheduler's overlapped decode steps (SchedulerConfig.overlap) against steps one at a time, 1/8/32
+#               sequences, alternated; the engine's batch 1 beside them; the serve scenario (16 clients, 200 requests)
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
@@ -133,6 +135,14 @@ for part in "${@:-models tests depths chat followup firststart}"; do
             --depths 512,16384 --new-tokens 256 --runs 1 2>&1 | tail -n 8 | sed "s|^|$t |")
         done >"$OUT/versus-depths.txt" 2>&1
         window_pair ;;
+      overlap)  # the scheduler with its decode steps overlapped (the default) and not, alternated, then the engine
+        for o in 1 0 1 0; do
+          k=$((${k:-0} + 1))
+          R1DESK_OVERLAP=$o run "overlap-$o-$k" $CLI bench --model $M --batch 1,8,32 --json
+        done
+        run overlap-engine $CLI bench --model $M --runs 3
+        run overlap-serve $CLI bench --model $M --scenario serve --clients 16 --requests 200 --max-parallel 16 \
+          --new-tokens 256 --context 4096 --json ;;
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it

@@ -105,11 +105,12 @@ class PagedForward:
 
     Where the model runs Triton's kernels, the cache writes and the decode attention are paged_ops' kernels, and
     steps in which every sequence decodes replay a CUDA graph captured for their count rounded up to a bucket
-    (capture_decode_graphs), as the single-sequence engine's decode step does. A step that is one fresh prompt's
-    first chunk alone (a new chat on an idle engine: its time to first token) replays a graph captured for its
-    length rounded up to a bucket (capture_prefill_graphs), as the engine's prefill does: eagerly, its ~450
-    launches from Python take longer than the GPU's work. Other prefill chunks attend per sequence with PyTorch
-    ops (gather the context, then SDPA)."""
+    (capture_decode_graphs), as the single-sequence engine's decode step does. In a step whose prompts are all
+    fresh ones' chunks (new chats: their time to first token), each prompt replays a graph captured for its length
+    rounded up to a bucket (capture_prefill_graphs), as the engine's prefill does, and the decoding sequences beside
+    them their decode graph: eagerly, a step's ~450 launches from Python take longer than the GPU's work. Other
+    prefill chunks (a cached prefix's continuation, a long prompt's later chunks) run eagerly and attend per
+    sequence with PyTorch ops (gather the context, then SDPA)."""
 
     GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -158,10 +159,8 @@ class PagedForward:
             bucket = self._bucket(len(seqs))
             if bucket in self.graphs:
                 return self._replay(bucket, tokens, positions, seqs)
-        if self.prefill_graphs and len(seqs) == 1 and 1 < seqs[0].rows == seqs[0].context:
-            bucket = next((b for b in self.prefill_graphs if b >= seqs[0].rows), None)
-            if bucket is not None:
-                return self._replay_prefill(bucket, tokens, seqs[0])
+        if self.prefill_graphs and self._graphed_prompts(seqs):
+            return self._replay_split(tokens, positions, seqs)
         model, dev = self.model, self.model.device
         n = len(tokens)
         pad = max(0, self.min_rows - n)
@@ -262,13 +261,7 @@ class PagedForward:
             return
         dev = self.model.device
         top = self._bucket(self.max_batch) or self.max_batch
-        self._static = {
-            "tokens": torch.zeros(top, dtype=torch.int64, device=dev),
-            "positions": torch.zeros(top, dtype=torch.int64, device=dev),
-            "slots": torch.full((top,), -1, dtype=torch.int64, device=dev),
-            "tables": torch.zeros((top, self.table_width), dtype=torch.int32, device=dev),
-            "lengths": torch.ones(top, dtype=torch.int32, device=dev),
-        }
+        self.make_decode_inputs(top)
         pool = self._graph_pool()
         for bucket in sorted((b for b in self.GRAPH_BUCKETS if b <= top), reverse=True):  # largest first: the pool
             stream = side_stream(dev)
@@ -280,6 +273,17 @@ class PagedForward:
             with graph_capture(graph, dev, pool), torch.inference_mode():
                 logits = self._static_step(bucket)
             self.graphs[bucket] = (graph, logits)
+
+    def make_decode_inputs(self, top: int) -> None:
+        """The decode graphs' static inputs, for buckets up to `top` sequences."""
+        dev = self.model.device
+        self._static = {
+            "tokens": torch.zeros(top, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(top, dtype=torch.int64, device=dev),
+            "slots": torch.full((top,), -1, dtype=torch.int64, device=dev),
+            "tables": torch.zeros((top, self.table_width), dtype=torch.int32, device=dev),
+            "lengths": torch.ones(top, dtype=torch.int32, device=dev),
+        }
 
     def _graph_pool(self):
         if self._pool is None:
@@ -336,6 +340,35 @@ class PagedForward:
 
         h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket], attend)
         return self._logits(h.index_select(0, st["last"]), residual.index_select(0, st["last"]))
+
+    def _prefill_bucket(self, rows: int) -> int | None:
+        return next((b for b in self.prefill_graphs if b >= rows), None)
+
+    def _graphed_prompts(self, seqs: list[SeqSlice]) -> bool:
+        """Whether a step with prompts runs as captured graphs: each prompt a fresh one's chunk (reading no earlier
+        chunk's K/V) that fits a prefill bucket, and the decoding sequences before them (if any) a decode bucket."""
+        decoding = next((i for i, seq in enumerate(seqs) if seq.rows > 1), len(seqs))
+        prompts = seqs[decoding:]
+        if not prompts or any(not 1 < seq.rows == seq.context for seq in prompts):
+            return False
+        if any(self._prefill_bucket(seq.rows) is None for seq in prompts):
+            return False
+        return not decoding or self._bucket(decoding) in self.graphs
+
+    def _replay_split(self, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
+        """A step of fresh prompts (and decoding sequences) as one graph replay per prompt (and one for the
+        decoding rows): the GPU's work of each reading the weights again is less than the host's of launching
+        ~450 kernels for an eager step, and each prompt computes what it computes alone. Logits in fp32, the
+        decoding sequences' first, then each prompt's that has them."""
+        decoding = next(i for i, seq in enumerate(seqs) if seq.rows > 1)
+        parts = []
+        if decoding:
+            head = seqs[:decoding]
+            parts.append(self._replay(self._bucket(decoding), tokens[:decoding], positions[:decoding], head).float())
+        for seq in seqs[decoding:]:
+            rows = tokens[seq.row0 : seq.row0 + seq.rows]
+            parts.append(self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq))
+        return torch.cat(parts)
 
     def _replay_prefill(self, bucket: int, tokens: list[int], seq: SeqSlice) -> torch.Tensor:
         st, n = self._prefill_static, seq.rows

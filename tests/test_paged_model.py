@@ -29,13 +29,18 @@ def paged_engine(tiny_model):
     return Engine.load(tiny_model, device="cpu", context_length=256, use_triton=True)
 
 
-def paged_forward(paged_engine, buckets=()) -> PagedForward:
+def paged_forward(paged_engine, buckets=(), decode_buckets=()) -> PagedForward:
     fwd = PagedForward(paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=8, block_size=16), max_batch=2)
     if buckets:
         fwd.make_prefill_inputs(max(buckets))
         for b in buckets:
             graph = EagerGraph(lambda b=b: fwd._static_prefill(b))
             fwd.prefill_graphs[b] = (graph, graph.out)
+    if decode_buckets:
+        fwd.make_decode_inputs(max(decode_buckets))
+        for b in decode_buckets:
+            graph = EagerGraph(lambda b=b: fwd._static_step(b))
+            fwd.graphs[b] = (graph, graph.out)
     return fwd
 
 
@@ -71,3 +76,32 @@ def test_a_long_prompts_first_chunk_returns_no_logits_and_other_steps_run_eagerl
     long_ids = list(range(100, 180))
     graphed.step(long_ids, list(range(80)), [SeqSlice(0, 80, 80, [4, 5, 6, 7, 0], logits=True)])
     assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [0, 0, 1]
+
+
+def test_prompts_arriving_beside_a_decoding_reply_run_as_graphs_and_match_the_eager_step(paged_engine):
+    """A step of one decoding sequence and two fresh prompts (a burst of new chats): one decode graph replay and
+    one prefill graph replay per prompt, the same logits and cache as the eager step."""
+    render = paged_engine.chat.render
+    first = render([{"role": "user", "content": "Hi there, how are you?"}]).ids
+    prompts = [render([{"role": "user", "content": t}]).ids for t in ("What is 2 + 2? Reason step by step.", "Hi")]
+    assert 16 < len(prompts[0]) <= 32 and len(prompts[1]) <= 16
+    eager = paged_forward(paged_engine)
+    graphed = paged_forward(paged_engine, buckets=(16, 32), decode_buckets=(1, 2))
+    n = len(first)
+    for fwd in (eager, graphed):  # the decoding sequence's prompt, already in the cache
+        fwd.step(first, list(range(n)), [SeqSlice(0, n, n, [0, 1, 2], logits=True)])
+    before = [g.replays for g, _ in graphed.prefill_graphs.values()]
+    tokens, positions = [first[-1] + 1], [n]
+    seqs = [SeqSlice(0, 1, n + 1, [0, 1, 2], logits=True)]
+    for p, blocks in zip(prompts, ([3, 5], [6])):
+        seqs.append(SeqSlice(len(tokens), len(p), len(p), blocks, logits=True))
+        tokens += p
+        positions += range(len(p))
+    want = eager.step(tokens, positions, seqs)
+    got = graphed.step(tokens, positions, seqs)
+    assert got.shape == want.shape == (3, paged_engine.model.cfg.vocab_size)
+    assert [g.replays for g, _ in graphed.graphs.values()] == [1, 0]
+    assert [g.replays - b for (g, _), b in zip(graphed.prefill_graphs.values(), before)] == [1, 1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graphed.cache.k, eager.cache.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graphed.cache.v, eager.cache.v, rtol=1e-4, atol=1e-4)
