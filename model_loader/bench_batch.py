@@ -80,7 +80,9 @@ def _one_batch(scheduler: Scheduler, prompts: list[list[int]], new_tokens: int) 
             and all(seq.pending == 1 for seq in scheduler.running)
         )
         t = time.perf_counter()
-        scheduler.step()  # ends with its sampled tokens on the host: the step's GPU work is done
+        # ends with one step's samples on the host (overlapped, the next step already runs): in the steady state
+        # one call per step's worth of tokens
+        scheduler.step()
         steps += 1
         if steady:
             decode_s += time.perf_counter() - t

@@ -359,15 +359,19 @@ class PagedForward:
         """A step of fresh prompts (and decoding sequences) as one graph replay per prompt (and one for the
         decoding rows): the GPU's work of each reading the weights again is less than the host's of launching
         ~450 kernels for an eager step, and each prompt computes what it computes alone. Logits in fp32, the
-        decoding sequences' first, then each prompt's that has them."""
+        decoding sequences' first, then each prompt's that has them. Each part is copied out of its graph's output
+        before the next replay: one bucket's graph replays twice for two prompts of about one length, and the
+        graphs share a memory pool (a graph's output may be another's scratch)."""
         decoding = next(i for i, seq in enumerate(seqs) if seq.rows > 1)
         parts = []
         if decoding:
             head = seqs[:decoding]
-            parts.append(self._replay(self._bucket(decoding), tokens[:decoding], positions[:decoding], head).float())
+            logits = self._replay(self._bucket(decoding), tokens[:decoding], positions[:decoding], head)
+            parts.append(logits.to(torch.float32, copy=True))
         for seq in seqs[decoding:]:
             rows = tokens[seq.row0 : seq.row0 + seq.rows]
-            parts.append(self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq))
+            logits = self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq)
+            parts.append(logits.to(torch.float32, copy=True))
         return torch.cat(parts)
 
     def _replay_prefill(self, bucket: int, tokens: list[int], seq: SeqSlice) -> torch.Tensor:

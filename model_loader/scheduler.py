@@ -412,7 +412,7 @@ class Scheduler:
         try:
             ids = launched.read()
         except Exception as err:  # noqa: BLE001 - an asynchronous device error: as any failed step
-            self._step_failed(launched.batch, err)
+            self._step_failed([(seq, stop) for seq, stop in launched.batch if seq.status == "running"], err)
             return True
         self._complete(launched.batch, [(seq, token) for (seq, _), token in zip(launched.batch, ids)])
         self._launched = following
@@ -427,7 +427,9 @@ class Scheduler:
         as always)."""
         if not self.config.overlap or self._solo or self._incoming:
             return None
-        if self.waiting and len(self.running) < self.config.max_seqs:
+        if self.waiting and (
+            len(self.running) < self.config.max_seqs or any(s.control.cancelled for s in self.waiting)
+        ):
             return None
         seqs = [seq for seq, _ in launched.batch]
         if len(seqs) != len(self.running):
@@ -435,7 +437,7 @@ class Scheduler:
         for seq in seqs:
             n = len(seq.tokens) + 1  # its text once this sample joins it
             limit = seq.settings.max_new_tokens
-            if seq.status != "running" or seq.control.cancelled or seq.control.stop_thinking_asked:
+            if seq.status != "running" or seq.control.cancelled or self._would_stop_thinking(seq):
                 return None
             if n >= self.max_ctx or (limit is not None and n - seq.n_prompt >= limit):
                 return None
@@ -447,16 +449,28 @@ class Scheduler:
                 self.pool.grow(seq.table, len(seq.tokens) + 1)
         positions = [len(seq.tokens) for seq in seqs]
         slices = [SeqSlice(i, 1, p + 1, seq.table.blocks, True) for i, (seq, p) in enumerate(zip(seqs, positions))]
+        streams = [(seq.generator, seq.generator.get_state()) for seq in seqs if seq.generator is not None]
         try:
             logits = self.forward.step(launched.ids, positions, slices)
             following = LaunchedStep.of(
                 [(seq, p + 1) for seq, p in zip(seqs, positions)], self._device_samples(seqs, logits)
             )
-        except Exception:  # noqa: BLE001 - run again without overlap: _step_failed isolates it there
-            log.debug("an overlapped step failed to launch; running it again on its own", exc_info=True)
+        except Exception as err:  # noqa: BLE001 - run again without overlap: _step_failed isolates it there
+            for generator, state in streams:  # the rerun draws what this one drew: a seed keeps its text
+                generator.set_state(state)
+            log.warning("an overlapped step failed to launch (%s: %s); running it on its own", type(err).__name__, err)
             return None
         self.overlapped_steps += 1
         return following
+
+    def _would_stop_thinking(self, seq: Sequence) -> bool:
+        """A stop-thinking request that the next unoverlapped step would act on (as _apply_controls does)."""
+        return (
+            seq.control.stop_thinking_asked
+            and seq.reply.in_reasoning
+            and not seq.pushed_close
+            and bool(self._close_tag)
+        )
 
     def _drop_launched(self) -> None:
         """Wait for a launched step and forget its samples (the sequences are ending)."""

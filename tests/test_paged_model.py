@@ -105,3 +105,19 @@ def test_prompts_arriving_beside_a_decoding_reply_run_as_graphs_and_match_the_ea
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed.cache.k, eager.cache.k, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed.cache.v, eager.cache.v, rtol=1e-4, atol=1e-4)
+
+
+def test_two_prompts_of_one_length_bucket_keep_their_own_logits(paged_engine):
+    """Both replay the one bucket's graph, whose output the second replay overwrites: each prompt's logits are
+    copied out first (an fp32 model's .float() would copy nothing)."""
+    assert paged_engine.model.dtype == torch.float32
+    render = paged_engine.chat.render
+    a, b = (render([{"role": "user", "content": t}]).ids for t in ("Hi", "Yo"))
+    assert len(a) <= 16 and len(b) <= 16
+    eager, graphed = paged_forward(paged_engine), paged_forward(paged_engine, buckets=(16,))
+    seqs = [SeqSlice(0, len(a), len(a), [0], True), SeqSlice(len(a), len(b), len(b), [1], True)]
+    positions = list(range(len(a))) + list(range(len(b)))
+    want = eager.step(a + b, positions, seqs)
+    got = graphed.step(a + b, positions, seqs)
+    assert not torch.allclose(want[0], want[1])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

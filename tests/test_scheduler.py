@@ -138,6 +138,98 @@ def test_overlapped_steps_decode_what_steps_one_at_a_time_decode(engine, prompts
     assert overlapped[False] == 0 and overlapped[True] >= 10
 
 
+def test_a_waiting_request_cancelled_ends_at_once_while_others_decode_overlapped(engine, prompts):
+    scheduler = make(engine, max_seqs=1)  # one decodes, the other waits for its slot
+    waiting, control = Collect(), GenerationControl()
+    scheduler.submit(prompts[0], SamplingSettings(temperature=0, max_new_tokens=40, ignore_eos=True))
+    scheduler.submit(prompts[1], GREEDY, control=control, sink=waiting)
+    for _ in range(5):
+        scheduler.step()
+    assert scheduler.overlapped_steps
+    control.cancel()
+    for _ in range(2):
+        scheduler.step()
+    assert waiting.final.stats.finish_reason == "cancelled" and waiting.final.token_ids == []
+
+
+def overlapped_run(engine, prompts, chat=None, blocks=256):
+    """Three seeded replies through an overlapping scheduler: (their token ids, the scheduler)."""
+    scheduler = Scheduler(
+        engine.model, chat or engine.chat, blocks, SchedulerConfig(max_seqs=8, chunk=64, block_size=16)
+    )
+    sinks = [Collect() for _ in range(3)]
+    for i, sink in enumerate(sinks):
+        settings = SamplingSettings(temperature=0.9, top_k=50, max_new_tokens=30, seed=11 + i, ignore_eos=True)
+        scheduler.submit(prompts[i], settings, sink=sink)
+    scheduler.run_until_idle()
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+    return [sink.final.token_ids for sink in sinks], scheduler
+
+
+def test_a_step_that_fails_to_launch_ahead_keeps_each_seeds_text(engine, prompts, monkeypatch):
+    """The sampler raises half-way through a launched-ahead step (after one sequence's draw): the step runs again
+    unoverlapped from the same random streams."""
+    import model_loader.scheduler as scheduler_module
+
+    want, _ = overlapped_run(engine, prompts)
+    real_sample, real_launch = scheduler_module.sort_sample, Scheduler._launch_next
+    calls = {"ahead": False, "n": 0}
+
+    def launch(self, launched):
+        calls["ahead"] = True
+        try:
+            return real_launch(self, launched)
+        finally:
+            calls["ahead"] = False
+
+    def flaky(logits, params, generator):
+        calls["n"] += calls["ahead"]
+        if calls["ahead"] and calls["n"] == 20:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return real_sample(logits, params, generator)
+
+    monkeypatch.setattr(Scheduler, "_launch_next", launch)
+    monkeypatch.setattr(scheduler_module, "sort_sample", flaky)
+    got, scheduler = overlapped_run(engine, prompts)
+    assert calls["n"] > 20 and scheduler.overlapped_steps
+    assert got == want
+
+
+def test_a_failed_read_of_a_launched_step_leaves_out_a_sequence_that_ended(engine, prompts, monkeypatch):
+    """The device error surfaces when the host reads a launched step whose batch holds a sequence that ended on a
+    stop token meanwhile: the step is the other one's alone (which fails, as a sequence whose step fails alone
+    does), and the scheduler drains with every block free."""
+    import copy
+
+    import model_loader.scheduler as scheduler_module
+
+    greedy = alone(engine, prompts[0], SamplingSettings(temperature=0, max_new_tokens=12)).token_ids
+    chat = copy.copy(engine.chat)
+    chat.stop_ids = frozenset({greedy[6]})
+    scheduler = Scheduler(engine.model, chat, 64, SchedulerConfig(max_seqs=8, chunk=64, block_size=16))
+    sinks = [Collect(), Collect()]
+    scheduler.submit(prompts[0], SamplingSettings(temperature=0, max_new_tokens=30), sink=sinks[0])
+    scheduler.submit(prompts[1], GREEDY, sink=sinks[1])
+    real_read = scheduler_module.LaunchedStep.read
+    fired = []
+
+    def read(self):
+        if not fired and any(seq.status == "finished" for seq, _ in self.batch):
+            fired.append(True)
+            raise RuntimeError("a device error")
+        return real_read(self)
+
+    monkeypatch.setattr(scheduler_module.LaunchedStep, "read", read)
+    for _ in range(300):
+        if not scheduler.has_work():
+            break
+        scheduler.step()
+    assert fired and not scheduler.has_work()
+    assert sinks[0].final.stats.finish_reason == "eos"
+    assert isinstance(sinks[1].final, Failed) and "a device error" in sinks[1].final.message
+    assert scheduler.pool.free_blocks == scheduler.pool.num_blocks
+
+
 def test_a_seed_gives_the_same_text_alone_or_batched(engine, prompts):
     settings = [
         SamplingSettings(temperature=0.9, top_p=0.9, top_k=50, max_new_tokens=20, seed=s, ignore_eos=True)
