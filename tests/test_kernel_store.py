@@ -1,9 +1,9 @@
 """The kernel store (model_loader.kernels.kernel_store): built on a machine without a GPU for GPU architectures it
-doesn't have, then used in a fresh process with no C compiler on PATH, where every kernel it holds and Triton's C
-driver module come from it, and a compile of anything is an error (so the test fails if anything is built at run
-time). Then the parts on their own: records, the options re-derived per architecture, what makes a store unusable,
-the message for a C module it lacks, and the bundle's launcher leaving Triton on when its store carries the
-modules."""
+doesn't have, then used in a fresh process with no C compiler on PATH and, as in the bundle, Triton's files hashing
+otherwise than where the store was built, where every kernel it holds and Triton's C driver module come from it,
+and a compile of anything is an error (so the test fails if anything is built at run time). Then the parts on their
+own: records, the options re-derived per architecture, what makes a store unusable, the message for a C module it
+lacks, and the bundle's launcher leaving Triton on when its store carries the modules."""
 
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ from model_loader.kernels import kernel_store, precompile
 
 assert not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) and "CC" not in os.environ
 ctypes.CDLL(sys.argv[1] + "/driver/libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+# as in the bundle: the same Triton, whose own files hash otherwise there (its library stripped of debug sections,
+# its sources laid out by PyInstaller), and every kernel's cache key starts with that hash
+import triton.runtime.cache as triton_cache
+sys.frozen = True
+triton_cache.triton_key = lambda: "the bundle's hash of Triton's files"
 assert kernel_store.activate(sys.argv[1] + "/store") is None
 
 import triton.backends.nvidia.compiler as nvidia_compiler
@@ -122,6 +127,7 @@ def test_a_store_built_without_a_gpu_serves_every_kernel_and_module_with_no_comp
     # Triton's driver module, and where Triton builds a launcher per kernel signature (3.6 and older), those too
     assert sorted({m.split("-")[0] for m in info["modules"]} - {"__triton_launcher"}) == ["cuda_utils"]
     assert 0 < info["bytes"] < 20 * 2**20
+    assert info["triton_key"].startswith(info["triton"])  # Triton's hash of its own files, for the bundle
 
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()

@@ -234,6 +234,7 @@ def build(records, archs, out, progress=None, workers: int | None = None) -> dic
     stand-in libcuda, built here). Returns STORE.json's content."""
     from triton import __version__ as triton_version
     from triton import knobs
+    from triton.runtime.cache import triton_key
 
     out = Path(out)
     if out.exists():
@@ -284,6 +285,7 @@ def build(records, archs, out, progress=None, workers: int | None = None) -> dic
         "failed": failed,
         "modules": sorted(modules),
         "bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        "triton_key": triton_key(),  # what every kernel's cache key here starts with (see adopt_triton_key)
     }
     (out / STORE_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return info
@@ -455,10 +457,9 @@ def default_store() -> Path | None:
 
 def usable(store) -> str | None:
     """None where this process's Triton can use the store, else why not."""
-    try:
-        info = json.loads((Path(store) / STORE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        return f"no readable {STORE_FILE} in {store} ({type(err).__name__})"
+    info = _info(store)
+    if isinstance(info, str):
+        return info
     import triton
 
     wanted = {
@@ -469,6 +470,31 @@ def usable(store) -> str | None:
     }
     wrong = [f"{k} {info.get(k)!r} (here {v!r})" for k, v in wanted.items() if info.get(k) != v]
     return f"the kernel store was built for another {', '.join(wrong)}" if wrong else None
+
+
+def _info(store) -> dict | str:
+    """The store's STORE.json, or why it can't be read."""
+    try:
+        return json.loads((Path(store) / STORE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return f"no readable {STORE_FILE} in {store} ({type(err).__name__})"
+
+
+def adopt_triton_key(recorded: str) -> None:
+    """Make Triton's triton_key() the store's. Every kernel's cache key starts with it, and Triton derives it by
+    hashing its own files, which in the bundle are not byte for byte the ones the store was built with, though the
+    same Triton (usable() checked the version; the release build makes both from one environment): the spec strips
+    libtriton's debug sections, and PyInstaller lays out its sources. Without this every store lookup of the frozen
+    app misses and each kernel compiles at first start (H100: 26 for bf16, ~10 s to ready against ~3)."""
+    import triton.runtime.cache as cache
+
+    def triton_key() -> str:
+        return recorded
+
+    cache.triton_key = triton_key  # get_cache_key() looks it up in its module at each call
+    autotuner = sys.modules.get("triton.runtime.autotuner")  # imported it by name
+    if autotuner is not None and hasattr(autotuner, "triton_key"):
+        autotuner.triton_key = triton_key
 
 
 def activate(store=None) -> str | None:
@@ -485,6 +511,9 @@ def activate(store=None) -> str | None:
         return problem
     from triton import knobs
 
+    recorded = _info(store).get("triton_key")
+    if getattr(sys, "frozen", False) and recorded:  # (outside a bundle, Triton's files are the store's or newer)
+        adopt_triton_key(recorded)
     knobs.cache.manager_class = _store_cache(store / "cache")
     if sys.platform.startswith("linux") and _compiler() is None:  # (Windows: triton-windows ships a compiler)
         knobs.build.impl = _ModulesFromStore(store / "modules")
