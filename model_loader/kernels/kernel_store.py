@@ -485,7 +485,7 @@ def adopt_triton_key(recorded: str) -> None:
     hashing its own files, which in the bundle are not byte for byte the ones the store was built with, though the
     same Triton (usable() checked the version; the release build makes both from one environment): the spec strips
     libtriton's debug sections, and PyInstaller lays out its sources. Without this every store lookup of the frozen
-    app misses and each kernel compiles at first start (H100: 26 for bf16, ~10 s to ready against ~3)."""
+    app misses and each kernel compiles at first start (docs/BENCHMARKS.md, "The kernel store")."""
     import triton.runtime.cache as cache
 
     def triton_key() -> str:
