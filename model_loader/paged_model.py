@@ -159,8 +159,9 @@ class PagedForward:
             bucket = self._bucket(len(seqs))
             if bucket in self.graphs:
                 return self._replay(bucket, tokens, positions, seqs)
-        if self.prefill_graphs and self._graphed_prompts(seqs):
-            return self._replay_split(tokens, positions, seqs)
+        decoding = self._graphed_prompts(seqs) if self.prefill_graphs else None
+        if decoding is not None:
+            return self._replay_split(tokens, positions, seqs, decoding)
         model, dev = self.model, self.model.device
         n = len(tokens)
         pad = max(0, self.min_rows - n)
@@ -344,25 +345,27 @@ class PagedForward:
     def _prefill_bucket(self, rows: int) -> int | None:
         return next((b for b in self.prefill_graphs if b >= rows), None)
 
-    def _graphed_prompts(self, seqs: list[SeqSlice]) -> bool:
-        """Whether a step with prompts runs as captured graphs: each prompt a fresh one's chunk (reading no earlier
-        chunk's K/V) that fits a prefill bucket, and the decoding sequences before them (if any) a decode bucket."""
+    def _graphed_prompts(self, seqs: list[SeqSlice]) -> int | None:
+        """Where a step with prompts runs as captured graphs (each prompt a fresh one's chunk, reading no earlier
+        chunk's K/V, that fits a prefill bucket, and the decoding sequences before them, if any, a decode bucket):
+        how many sequences decode. None where it doesn't."""
         decoding = next((i for i, seq in enumerate(seqs) if seq.rows > 1), len(seqs))
         prompts = seqs[decoding:]
         if not prompts or any(not 1 < seq.rows == seq.context for seq in prompts):
-            return False
+            return None
         if any(self._prefill_bucket(seq.rows) is None for seq in prompts):
-            return False
-        return not decoding or self._bucket(decoding) in self.graphs
+            return None
+        return decoding if not decoding or self._bucket(decoding) in self.graphs else None
 
-    def _replay_split(self, tokens: list[int], positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
+    def _replay_split(
+        self, tokens: list[int], positions: list[int], seqs: list[SeqSlice], decoding: int
+    ) -> torch.Tensor:
         """A step of fresh prompts (and decoding sequences) as one graph replay per prompt (and one for the
         decoding rows): the GPU's work of each reading the weights again is less than the host's of launching
         ~450 kernels for an eager step, and each prompt computes what it computes alone. Logits in fp32, the
         decoding sequences' first, then each prompt's that has them. Each part is copied out of its graph's output
         before the next replay: one bucket's graph replays twice for two prompts of about one length, and the
         graphs share a memory pool (a graph's output may be another's scratch)."""
-        decoding = next(i for i, seq in enumerate(seqs) if seq.rows > 1)
         parts = []
         if decoding:
             head = seqs[:decoding]
@@ -370,9 +373,8 @@ class PagedForward:
             parts.append(logits.to(torch.float32, copy=True))
         for seq in seqs[decoding:]:
             rows = tokens[seq.row0 : seq.row0 + seq.rows]
-            logits = self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq)
-            parts.append(logits.to(torch.float32, copy=True))
-        return torch.cat(parts)
+            parts.append(self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _replay_prefill(self, bucket: int, tokens: list[int], seq: SeqSlice) -> torch.Tensor:
         st, n = self._prefill_static, seq.rows
@@ -390,7 +392,7 @@ class PagedForward:
         graph.replay()
         if not seq.logits:  # a long prompt's first chunk: its K/V was all it was for
             return torch.empty(0, self.model.cfg.vocab_size, device=self.model.device)
-        return logits.float()
+        return logits.to(torch.float32, copy=True)  # out of the graph's output before another replay
 
     def _static_step(self, bucket: int) -> torch.Tensor:
         st = self._static

@@ -442,11 +442,11 @@ class Scheduler:
             if n >= self.max_ctx or (limit is not None and n - seq.n_prompt >= limit):
                 return None
         bs = self.pool.block_size
-        if sum(len(seq.table.blocks) * bs < len(seq.tokens) + 1 for seq in seqs) > self.pool.free_blocks:
+        growing = [seq for seq in seqs if len(seq.table.blocks) * bs < len(seq.tokens) + 1]
+        if len(growing) > self.pool.free_blocks:
             return None
-        for seq in seqs:
-            if len(seq.table.blocks) * bs < len(seq.tokens) + 1:
-                self.pool.grow(seq.table, len(seq.tokens) + 1)
+        for seq in growing:
+            self.pool.grow(seq.table, len(seq.tokens) + 1)
         positions = [len(seq.tokens) for seq in seqs]
         slices = [SeqSlice(i, 1, p + 1, seq.table.blocks, True) for i, (seq, p) in enumerate(zip(seqs, positions))]
         streams = [(seq.generator, seq.generator.get_state()) for seq in seqs if seq.generator is not None]

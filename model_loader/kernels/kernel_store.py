@@ -457,7 +457,11 @@ def default_store() -> Path | None:
 
 def usable(store) -> str | None:
     """None where this process's Triton can use the store, else why not."""
-    info = _info(store)
+    return _problem(_info(store))
+
+
+def _problem(info: dict | str) -> str | None:
+    """usable()'s answer from the store's STORE.json (or why it couldn't be read)."""
     if isinstance(info, str):
         return info
     import triton
@@ -505,13 +509,14 @@ def activate(store=None) -> str | None:
         return None
     if _active.get("store") == store:
         return None
-    problem = usable(store)
+    info = _info(store)  # read once: it says whether the store fits and holds the Triton key to adopt
+    problem = _problem(info)
     if problem:
         log.warning("not using the kernel store: %s", problem)
         return problem
     from triton import knobs
 
-    recorded = _info(store).get("triton_key")
+    recorded = info.get("triton_key")
     if getattr(sys, "frozen", False) and recorded:  # (outside a bundle, Triton's files are the store's or newer)
         adopt_triton_key(recorded)
     knobs.cache.manager_class = _store_cache(store / "cache")
