@@ -3,9 +3,9 @@
 shared memory (max_shared_memory), and the first of several kernel shapes that launches here
 (launch_first_that_fits).
 
-On Hopper (sm90+) every kernel of small_ops, decode_attention, prefill_attention, gemv and int4_triton is launched
-with programmatic dependent launch (pdl_launch_args): a kernel's grid is set up while the previous one finishes,
-which at ~10 small kernels per layer is a large share of a decode step.
+On Hopper (sm90+) every kernel of small_ops, decode_attention, prefill_attention, gemv, int4_triton and paged_ops
+is launched with programmatic dependent launch (pdl_launch_args): a kernel's grid is set up while the previous one
+finishes, which at ~10 small kernels per layer is a large share of a decode step.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model_loader.kernels.features import pdl_launch_args
+from model_loader.kernels.jit_common import _pdl_start
 from model_loader.kernels.jit_small_ops import _store_fp8_rows
 from model_loader.kernels.precompile import launch
 
@@ -43,9 +45,11 @@ def _paged_rope_write_kernel(
     D: tl.constexpr,
     BLOCK_T: tl.constexpr,
     KV_FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # BLOCK_T rows of one head per program; head 0..Hq-1: q, then Hkv k heads, then Hkv v heads. A row whose slot
     # is negative (a padding row of a captured batch) writes nothing to the cache.
+    _pdl_start(PDL)
     row = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
     live = row < n_rows
@@ -115,6 +119,7 @@ def paged_rope_write(
         BLOCK_T=block_t,
         KV_FP8=scales is not None,
         num_warps=1 if t == 1 else 4,
+        **pdl_launch_args(qkv.device),
     )
     return q
 
@@ -141,10 +146,12 @@ def _paged_decode_split_kernel(
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program: sequence b, KV head h, split s of b's context. Its GROUP query heads attend together (GQA: each
     # K/V tile is read once for all of them). A tile of BLOCK_N tokens lies inside one cache block (BLOCK_N divides
     # BLOCK_SIZE), found through b's block table. Writes each query head's partial output and log-sum-exp.
+    _pdl_start(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -204,9 +211,10 @@ def _paged_decode_split_kernel(
 
 @triton.jit
 def _paged_decode_reduce_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr
+    mid_o_ptr, mid_lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr
 ):
     # One program per (sequence, query head): the splits' partial outputs weighed by their softmax mass.
+    _pdl_start(PDL)
     row = tl.program_id(0)  # b * Hq + head
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
@@ -254,6 +262,7 @@ class PagedDecodeAttention:
         group = self.num_heads // self.num_kv_heads
         rows = b * self.num_heads * splits
         mid_o, mid_lse = self.mid_o[: rows * self.head_dim], self.mid_lse[:rows]
+        pdl = pdl_launch_args(q.device)  # each waits for the kernel before it to finish before reading anything
         launch(_paged_decode_split_kernel, (b, self.num_kv_heads, splits))(
             q,
             k_cache,
@@ -276,6 +285,7 @@ class PagedDecodeAttention:
             KV_FP8=scales is not None,
             num_warps=4,
             num_stages=2,
+            **pdl,
         )
         out = self.out[:b]
         launch(_paged_decode_reduce_kernel, (b * self.num_heads,))(
@@ -286,5 +296,6 @@ class PagedDecodeAttention:
             SPLITS=splits,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
             num_warps=2,
+            **pdl,
         )
         return out
