@@ -17,7 +17,7 @@ by the row count, so outputs match a sequence run alone only to rounding (docs/B
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,13 @@ from model_loader.kv_cache import KV_8BIT, KV_16BIT, check_kv_cache
 from model_loader.qwen2 import Qwen2Model
 
 MIN_ROWS_CPU = 8
+# Decode graphs are captured for at least this many rows, more than the sequences decoding at once: a step's short
+# prompt continuations (a cached prefix's new turn) replay them row by row (PagedForward._plan).
+MIN_GRAPH_ROWS = 32
+# The cached tokens that the rows of multi-row sequences may read in all in a decode graph's replay: each row
+# attends on its own there, so a continuation of r rows over c tokens reads its context r times (the eager step's
+# attention reads it once). 2^18 tokens of the 1.5B's cache are ~7 GB, ~2 ms of an H100: a few eager launches.
+ROW_GRAPH_READS = 1 << 18
 
 
 class PagedKVCache:
@@ -104,13 +111,16 @@ class PagedForward:
     """One batched step of a loaded Qwen2Model (its weights, linear kernels and norms) over a PagedKVCache.
 
     Where the model runs Triton's kernels, the cache writes and the decode attention are paged_ops' kernels, and
-    steps in which every sequence decodes replay a CUDA graph captured for their count rounded up to a bucket
-    (capture_decode_graphs), as the single-sequence engine's decode step does. In a step whose prompts are all
-    fresh ones' chunks (new chats: their time to first token), each prompt replays a graph captured for its length
-    rounded up to a bucket (capture_prefill_graphs), as the engine's prefill does, and the decoding sequences beside
-    them their decode graph: eagerly, a step's ~450 launches from Python take longer than the GPU's work. Other
-    prefill chunks (a cached prefix's continuation, a long prompt's later chunks) run eagerly and attend per
-    sequence with PyTorch ops (gather the context, then SDPA)."""
+    a step runs as CUDA graphs wherever it can (eagerly, a step's ~450 launches from Python take longer than the
+    GPU's work):
+    - every sequence decoding: the decode graph captured for their count rounded up to a bucket
+      (capture_decode_graphs), as the single-sequence engine's decode step does;
+    - otherwise by sequence (_plan): a fresh prompt's chunk replays the prefill graph of its length rounded up to
+      a bucket (capture_prefill_graphs), computing what it computes alone; decoding sequences and short
+      continuations (a cached prefix's new turn) replay the decode graphs with one row per token, each row
+      attending to the positions before it, packed up to the largest bucket a replay; what fits neither (a long
+      prompt's later chunks, a long continuation) runs eagerly and attends per sequence with PyTorch ops (gather
+      the context, then SDPA)."""
 
     GRAPH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -123,6 +133,8 @@ class PagedForward:
         self.min_rows = MIN_ROWS_CPU if model.device.type == "cpu" else 1
         self.batched_decode = model.device.type != "cpu" if batched_decode is None else batched_decode
         self.max_batch = max_batch
+        # decode graphs' rows: beyond max_batch where continuations replay them row by row (_plan)
+        self.max_rows = max(max_batch, MIN_GRAPH_ROWS) if model.device.type == "cuda" else max_batch
         self.table_width = -(-model.max_ctx // cache.block_size)  # the most blocks a sequence can hold
         self.kernels = None
         if model.use_triton:
@@ -134,7 +146,7 @@ class PagedForward:
                 cfg.num_key_value_heads,
                 cfg.head_dim,
                 cache.block_size,
-                max_batch,
+                self.max_rows,
                 model.device,
                 model.dtype,
             )
@@ -154,14 +166,18 @@ class PagedForward:
         """tokens/positions: [T] new tokens of every sequence, each sequence's rows together (SeqSlice), the
         decoding ones first; tokens may be a device tensor (the scheduler's samples of the step before, which
         the host has not read yet). Writes their K/V into the cache and returns logits [S, V] for the sequences
-        with logits=True, in order (a decode step's graph returns them in the model's dtype)."""
+        with logits=True, in order (a decode step's graph returns them in the model's dtype, other steps fp32)."""
         if self.graphs and all(seq.rows == 1 for seq in seqs):
-            bucket = self._bucket(len(seqs))
-            if bucket in self.graphs:
+            bucket = self._graph_bucket(len(seqs))
+            if bucket is not None:
                 return self._replay(bucket, tokens, positions, seqs)
-        decoding = self._graphed_prompts(seqs) if self.prefill_graphs else None
-        if decoding is not None:
-            return self._replay_split(tokens, positions, seqs, decoding)
+        plan = self._plan(seqs) if self.graphs or self.prefill_graphs else None
+        if plan is not None:
+            return self._replay_plan(tokens, positions, seqs, *plan)
+        return self._eager(tokens, positions, seqs)
+
+    def _eager(self, tokens: list[int] | torch.Tensor, positions: list[int], seqs: list[SeqSlice]) -> torch.Tensor:
+        """The step without graphs: one launch per kernel, attention per sequence where it isn't batched."""
         model, dev = self.model, self.model.device
         n = len(tokens)
         pad = max(0, self.min_rows - n)
@@ -249,10 +265,15 @@ class PagedForward:
 
     # ---------------------------------------------------------------- decode graphs
     def _bucket(self, batch: int) -> int | None:
-        return next((b for b in self.GRAPH_BUCKETS if b >= batch and b <= self.max_batch), None)
+        """The bucket that `batch` rows are captured in (before capture too)."""
+        return next((b for b in self.GRAPH_BUCKETS if b >= batch and b <= self.max_rows), None)
+
+    def _graph_bucket(self, rows: int) -> int | None:
+        """The smallest captured decode graph for `rows` rows, if any."""
+        return min((b for b in self.graphs if b >= rows), default=None)
 
     def capture_decode_graphs(self) -> None:
-        """Capture a decode step for each batch bucket up to max_batch (Triton path on CUDA only). Their inputs
+        """Capture a decode step for each batch bucket up to max_rows (Triton path on CUDA only). Their inputs
         are static buffers; rows past a step's sequences are padding: token 0 at position 0, no cache write,
         attending to one slot of block 0. They write nothing into the cache, so capturing is safe at any time
         no step runs."""
@@ -261,7 +282,7 @@ class PagedForward:
         if self.kernels is None or self.model.device.type != "cuda":
             return
         dev = self.model.device
-        top = self._bucket(self.max_batch) or self.max_batch
+        top = self._bucket(self.max_rows) or self.max_rows
         self.make_decode_inputs(top)
         pool = self._graph_pool()
         for bucket in sorted((b for b in self.GRAPH_BUCKETS if b <= top), reverse=True):  # largest first: the pool
@@ -345,36 +366,82 @@ class PagedForward:
     def _prefill_bucket(self, rows: int) -> int | None:
         return next((b for b in self.prefill_graphs if b >= rows), None)
 
-    def _graphed_prompts(self, seqs: list[SeqSlice]) -> int | None:
-        """Where a step with prompts runs as captured graphs (each prompt a fresh one's chunk, reading no earlier
-        chunk's K/V, that fits a prefill bucket, and the decoding sequences before them, if any, a decode bucket):
-        how many sequences decode. None where it doesn't."""
-        decoding = next((i for i, seq in enumerate(seqs) if seq.rows > 1), len(seqs))
-        prompts = seqs[decoding:]
-        if not prompts or any(not 1 < seq.rows == seq.context for seq in prompts):
-            return None
-        if any(self._prefill_bucket(seq.rows) is None for seq in prompts):
-            return None
-        return decoding if not decoding or self._bucket(decoding) in self.graphs else None
+    def _plan(self, seqs: list[SeqSlice]) -> tuple[list[int], list[int], list[int]] | None:
+        """Which sequences of a step replay the decode graphs row by row, which their prompt's prefill graph, and
+        which run eagerly (indices into seqs); None where all would run eagerly."""
+        top = max(self.graphs, default=0)
+        rowwise, prompts, eager = [], [], []
+        reads = 0
+        for i, seq in enumerate(seqs):
+            if seq.rows == 1 and top:
+                rowwise.append(i)
+            elif seq.rows == seq.context and self._prefill_bucket(seq.rows) is not None:
+                prompts.append(i)  # a fresh prompt: reads no earlier chunk's K/V
+            elif seq.rows <= top and reads + seq.rows * seq.context <= ROW_GRAPH_READS:
+                reads += seq.rows * seq.context
+                rowwise.append(i)
+            else:
+                eager.append(i)
+        return None if len(eager) == len(seqs) else (rowwise, prompts, eager)
 
-    def _replay_split(
-        self, tokens: list[int], positions: list[int], seqs: list[SeqSlice], decoding: int
+    def _replay_plan(
+        self,
+        tokens: list[int] | torch.Tensor,
+        positions: list[int],
+        seqs: list[SeqSlice],
+        rowwise: list[int],
+        prompts: list[int],
+        eager: list[int],
     ) -> torch.Tensor:
-        """A step of fresh prompts (and decoding sequences) as one graph replay per prompt (and one for the
-        decoding rows): the GPU's work of each reading the weights again is less than the host's of launching
-        ~450 kernels for an eager step, and each prompt computes what it computes alone. Logits in fp32, the
-        decoding sequences' first, then each prompt's that has them. Each part is copied out of its graph's output
-        before the next replay: one bucket's graph replays twice for two prompts of about one length, and the
-        graphs share a memory pool (a graph's output may be another's scratch)."""
-        parts = []
-        if decoding:
-            head = seqs[:decoding]
-            logits = self._replay(self._bucket(decoding), tokens[:decoding], positions[:decoding], head)
-            parts.append(logits.to(torch.float32, copy=True))
-        for seq in seqs[decoding:]:
-            rows = tokens[seq.row0 : seq.row0 + seq.rows]
-            parts.append(self._replay_prefill(self._prefill_bucket(seq.rows), rows, seq))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        """A step run as _plan says; logits in fp32, in the order of seqs. Each replay's logits are copied out of
+        its graph's output before the next replay: one bucket's graph may replay twice in a step, and the graphs
+        share a memory pool (a graph's output may be another's scratch). Sequences don't read each other's K/V, so
+        the parts may run in any order."""
+        if isinstance(tokens, torch.Tensor):  # (the scheduler passes device samples only to all-decoding steps)
+            tokens = tokens.tolist()
+        out: dict[int, torch.Tensor] = {}
+        for group in self._packed(seqs, rowwise):
+            rows: list[SeqSlice] = []
+            last = []
+            for i in group:
+                seq = seqs[i]
+                first = seq.context - seq.rows
+                rows += [SeqSlice(seq.row0 + j, 1, first + j + 1, seq.blocks, False) for j in range(seq.rows)]
+                last.append(len(rows) - 1)
+            row_tokens = [tokens[r.row0] for r in rows]
+            row_positions = [positions[r.row0] for r in rows]
+            logits = self._replay(self._graph_bucket(len(rows)), row_tokens, row_positions, rows)
+            picked = logits.index_select(0, torch.tensor(last, device=logits.device)).float()
+            out.update((i, picked[k : k + 1]) for k, i in enumerate(group))
+        for i in prompts:
+            seq = seqs[i]
+            rows_of = tokens[seq.row0 : seq.row0 + seq.rows]
+            out[i] = self._replay_prefill(self._prefill_bucket(seq.rows), rows_of, seq)
+        if eager:
+            sub_tokens, sub_positions, sub_seqs = [], [], []
+            for i in eager:
+                seq = seqs[i]
+                sub_seqs.append(replace(seq, row0=len(sub_tokens)))
+                sub_tokens += tokens[seq.row0 : seq.row0 + seq.rows]
+                sub_positions += positions[seq.row0 : seq.row0 + seq.rows]
+            logits = iter(self._eager(sub_tokens, sub_positions, sub_seqs))
+            out.update((i, next(logits)[None]) for i in eager if seqs[i].logits)
+        parts = [out[i] for i, seq in enumerate(seqs) if seq.logits and i in out]
+        if not parts:
+            return torch.empty(0, self.model.cfg.vocab_size, device=self.model.device)
+        return torch.cat(parts)
+
+    def _packed(self, seqs: list[SeqSlice], chosen: list[int]) -> list[list[int]]:
+        """The chosen sequences in groups of at most the largest decode graph's rows, in order, none split."""
+        top = max(self.graphs, default=0)
+        groups, rows = [], top
+        for i in chosen:
+            if rows + seqs[i].rows > top:
+                groups.append([])
+                rows = 0
+            groups[-1].append(i)
+            rows += seqs[i].rows
+        return groups
 
     def _replay_prefill(self, bucket: int, tokens: list[int], seq: SeqSlice) -> torch.Tensor:
         st, n = self._prefill_static, seq.rows

@@ -30,7 +30,8 @@ def paged_engine(tiny_model):
 
 
 def paged_forward(paged_engine, buckets=(), decode_buckets=()) -> PagedForward:
-    fwd = PagedForward(paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=8, block_size=16), max_batch=2)
+    cache = PagedKVCache(paged_engine.model, num_blocks=8, block_size=16)
+    fwd = PagedForward(paged_engine.model, cache, max_batch=max((2, *decode_buckets)))
     if buckets:
         fwd.make_prefill_inputs(max(buckets))
         for b in buckets:
@@ -121,3 +122,81 @@ def test_two_prompts_of_one_length_bucket_keep_their_own_logits(paged_engine):
     got = graphed.step(a + b, positions, seqs)
     assert not torch.allclose(want[0], want[1])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def prefilled(fwds, prompts):
+    """Each prompt (ids, blocks) prefilled into the cache of every forward, eagerly: the cached prefixes of a
+    step to come."""
+    for ids, blocks in prompts:
+        for fwd in fwds:
+            fwd._eager(ids, list(range(len(ids))), [SeqSlice(0, len(ids), len(ids), blocks, logits=False)])
+
+
+def step_of(parts):
+    """(tokens, positions, seqs) of a step from (new ids, cached tokens before them, blocks, logits) per sequence."""
+    tokens, positions, seqs = [], [], []
+    for ids, cached, blocks, logits in parts:
+        seqs.append(SeqSlice(len(tokens), len(ids), cached + len(ids), blocks, logits))
+        tokens += ids
+        positions += range(cached, cached + len(ids))
+    return tokens, positions, seqs
+
+
+def assert_same_step(eager, graphed, tokens, positions, seqs):
+    want = eager.step(tokens, positions, seqs)
+    got = graphed.step(tokens, positions, seqs)
+    assert got.shape == want.shape == (sum(s.logits for s in seqs), eager.model.cfg.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graphed.cache.k, eager.cache.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graphed.cache.v, eager.cache.v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_cached_prefixs_continuation_replays_the_decode_graph_row_by_row(paged_engine):
+    """A new turn after a cached prefix (5 new tokens over 20 cached) beside a decoding sequence: one replay of
+    the 8-row decode graph, each continuation row attending to the positions before it, as the eager step's
+    causal attention over the cache does."""
+    eager = paged_forward(paged_engine)
+    graphed = paged_forward(paged_engine, buckets=(16, 32), decode_buckets=(1, 2, 4, 8))
+    decoding, prefix = list(range(200, 230)), list(range(300, 320))
+    prefilled((eager, graphed), [(decoding, [0, 1]), (prefix, [5, 3])])
+    tokens, positions, seqs = step_of([([231], 30, [0, 1], True), (list(range(400, 405)), 20, [5, 3], True)])
+    assert_same_step(eager, graphed, tokens, positions, seqs)
+    assert [g.replays for g, _ in graphed.graphs.values()] == [0, 0, 0, 1]
+    assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [0, 0]
+
+
+def test_a_mixed_step_packs_rows_into_replays_and_runs_only_the_rest_eagerly(paged_engine):
+    """Decoding, two short continuations, one longer than the largest decode graph and a fresh prompt in one
+    step: rows packed into two replays of the 4-row graph (none split), the fresh prompt through its prefill
+    graph, the long continuation alone eagerly; logits in the step's order and the cache as the eager step's."""
+    eager = paged_forward(paged_engine)
+    graphed = paged_forward(paged_engine, buckets=(16, 32), decode_buckets=(1, 2, 4))
+    cached = [(list(range(200, 220)), [0, 1]), (list(range(240, 250)), [2]), (list(range(260, 270)), [3])]
+    cached.append((list(range(280, 290)), [4]))
+    prefilled((eager, graphed), cached)
+    fresh = paged_engine.chat.render([{"role": "user", "content": "Hi"}]).ids
+    assert len(fresh) <= 16
+    tokens, positions, seqs = step_of(
+        [
+            ([221], 20, [0, 1], True),
+            ([501, 502, 503], 10, [2], True),
+            ([511, 512, 513], 10, [3], True),
+            (list(range(520, 526)), 10, [4], True),  # 6 rows: more than the largest decode graph's 4
+            (fresh, 0, [6], True),
+        ]
+    )
+    assert_same_step(eager, graphed, tokens, positions, seqs)
+    assert [g.replays for g, _ in graphed.graphs.values()] == [0, 0, 2]
+    assert [g.replays for g, _ in graphed.prefill_graphs.values()] == [1, 0]
+
+
+def test_a_continuation_that_would_read_too_much_row_by_row_runs_eagerly(paged_engine, monkeypatch):
+    import model_loader.paged_model as paged_model
+
+    monkeypatch.setattr(paged_model, "ROW_GRAPH_READS", 5 * 24)  # less than 5 rows reading 25 tokens each
+    eager = paged_forward(paged_engine)
+    graphed = paged_forward(paged_engine, decode_buckets=(1, 2, 4, 8))
+    prefilled((eager, graphed), [(list(range(200, 230)), [0, 1]), (list(range(300, 320)), [5, 3])])
+    tokens, positions, seqs = step_of([([231], 30, [0, 1], True), (list(range(400, 405)), 20, [5, 3], True)])
+    assert_same_step(eager, graphed, tokens, positions, seqs)
+    assert [g.replays for g, _ in graphed.graphs.values()] == [1, 0, 0, 0]  # the decoding row alone
