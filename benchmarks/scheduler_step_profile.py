@@ -6,7 +6,8 @@ At one depth, for the engine's greedy decode graph and for the scheduler's decod
 - the same with what the scheduler adds to each step on the device: the inputs' copies and the greedy argmax
   (PagedForward.step and Scheduler._device_samples as the scheduler calls them, no host sync);
 - torch.profiler's per-kernel totals of one replay, the engine's and batch 1's side by side, so the kernels that
-  make up a difference are named.
+  make up a difference are named;
+- a fresh 512-token prompt's prefill graph, the engine's and the scheduler's (what time to first token is made of).
 
     python -m benchmarks.scheduler_step_profile MODEL_DIR [--depth 512] [--batch 1,8,32] [--json OUT]
 """
@@ -94,6 +95,16 @@ def main() -> None:
         }
         report["batches"].append(row)
         print(f"batch {b} (bucket {bucket}): replay {replay_us:.1f} us, with inputs and argmax {step_us:.1f} us")
+    prompt = list(range(1000, 1512))
+    engine_prefill = engine.prefill_graphs.graphs[(True, 512)]
+    engine.prefill_graphs.run(prompt, 0)
+    report["prefill_512_engine_us"] = round(gpu_us(engine_prefill.replay, 50), 1)
+    forward._replay_prefill(512, prompt, SeqSlice(0, 512, 512, list(range(1, 9)), True))
+    report["prefill_512_scheduler_us"] = round(gpu_us(forward.prefill_graphs[512][0].replay, 50), 1)
+    print(
+        f"a fresh 512-token prompt's prefill graph: engine {report['prefill_512_engine_us']:.1f} us, "
+        f"scheduler {report['prefill_512_scheduler_us']:.1f} us"
+    )
     one = next((r for r in report["batches"] if r["sequences"] == 1), None)
     if one is not None:
         print("\nkernel                                                                  engine us   batch-1 us")
