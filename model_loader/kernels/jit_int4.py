@@ -262,3 +262,79 @@ def _int4pack_dequantize_kernel(
     zero = tl.load(sz + 1, mask=mask, other=0.0).to(tl.float32)
     w = (q.to(tl.float32) - 8.0) * s + zero  # torch's int4 kernel: (q - 8) * scale + zero
     tl.store(w_ptr + n[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    M,
+    N,
+    KP,
+    GROUPS,
+    NUM_BLOCKS,
+    BLOCKS_PER_SPLIT,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GATE_UP_PAIRS: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # A few rows of activations (a batch of decoding sequences) times W: program (c, sp) owns stored rows
+    # c*BLOCK_N.. over packed blocks sp*BLOCKS_PER_SPLIT.., each weight read once for all BLOCK_M rows. A block's
+    # IB ints per row hold 8 runs of IB inputs (nibble j: inputs 8*IB*b + j*IB ..), each dequantised in
+    # registers (2**23 + q, as the dequantiser) into the activations' dtype and multiplied by its run of x on
+    # the tensor cores. out: the output [M, N] itself (the first split's only) or split sp's fp32 partial sums
+    # (summed by _int4_gemm_reduce_kernel). GATE_UP_PAIRS: stored rows (gate i, up i) go to columns i and
+    # N/2 + i, the dense [gate; up] order the callers expect of several rows.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    i = tl.arange(0, IB)
+    k = KP * 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first = tl.program_id(1) * BLOCKS_PER_SPLIT
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, NUM_BLOCKS)
+    for b in range(first, last):
+        packed = tl.load(qw_ptr + rows[:, None] * KP + (b * IB + i)[None, :], mask=row_mask[:, None], other=0)
+        g = (b * 8 * IB) // GROUP  # a block lies inside one group
+        s = tl.load(s_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(8):
+            q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            w = ((q - (z + MAGIC)[:, None]) * s[:, None]).to(x_ptr.dtype.element_ty)  # [BLOCK_N, IB]
+            x = tl.load(x_ptr + m[:, None] * k + (b * 8 * IB + j * IB + i)[None, :], mask=m_mask[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+    if GATE_UP_PAIRS:
+        cols = rows // 2 + (rows % 2) * (N // 2)
+    else:
+        cols = rows
+    mask = m_mask[:, None] & row_mask[None, :]
+    dst = out_ptr + (tl.program_id(1) * M + m[:, None]) * N + cols[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _int4_gemm_reduce_kernel(part_ptr, out_ptr, MN, SPLITS, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # out = the splits' fp32 partial sums added in split order (the same sum every run), in out's dtype.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    total = tl.zeros([BLOCK], tl.float32)
+    for sp in range(SPLITS):
+        total += tl.load(part_ptr + sp * MN + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
