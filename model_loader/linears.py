@@ -5,9 +5,8 @@ shape and per row count:
                          Triton path the MLP's gate/up rows are stored in pairs (pair_gate_up_rows) so that
                          the single-token GEMV outputs SiLU(gate) * up itself
   awq.RowPackedInt4      one token: our Triton int4 GEMV (config measured per shape at warm-up; the MLP's
-                         gate/up GEMV outputs SiLU(gate) * up); a few rows (a batch of decoding sequences):
-                         our int4 GEMM, dequantising in registers; many rows (prefill): dequantise into a
-                         shared scratch buffer, then cuBLAS
+                         gate/up GEMV outputs SiLU(gate) * up);
+                         several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
   awq.Int4Weight         one token: torch's int4 kernel (CUDA sm80+); several rows: our dequantiser of its
                          tile layout + cuBLAS once enable_int4pack_prefill() has checked it against torch's
                          kernel on this GPU (torch's kernel is many times slower than cuBLAS for a prompt's rows)
@@ -87,8 +86,6 @@ class Linears:
 
             if x.shape[0] == 1:
                 return int4_triton.int4_gemv(x, w, self._int4_config(w, False))
-            if int4_triton.int4_gemm_fits(x, w):
-                return int4_triton.int4_gemm(x, w)
             return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
         if isinstance(w, Int4Weight):
             if self.int4pack_prefill and x.shape[0] > 1:

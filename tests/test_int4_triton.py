@@ -121,38 +121,6 @@ def test_gate_up_gemv_outputs_silu_gate_times_up(device, config):
         int4_triton.int4_gemv(x, plain, config, silu_output=True)
 
 
-@pytest.mark.parametrize("rows", [2, 5, 16, 32])
-@pytest.mark.parametrize(
-    "n_out,k_in,group,paired", [(40, 384, 128, False), (80, 768, 128, True), (1040, 128, 128, False)]
-)
-def test_int4_gemm_of_a_few_rows_matches_the_dense_weight(device, rows, n_out, k_in, group, paired):
-    """A batch of decoding rows (up to INT4_GEMM_MAX_ROWS) against F.linear over the dequantised weight: K split
-    over programs and not (1040 x 128: one block, many row tiles), a paired gate/up weight's columns back in
-    [gate; up] order, and rows padded to the tensor cores' 16."""
-    q, z, s = _random_awq(n_out, k_in, group)
-    w = fmt.to_row_packed(q.to(device), z.to(device), s.to(device), group)
-    w = fmt.pair_gate_up(w) if paired else w
-    x = torch.randn(rows, k_in, generator=torch.Generator().manual_seed(3)).to(device, _dtype(device))
-    expected = x.float() @ fmt.dequantize_row_packed(w).t().to(x.dtype).float()
-    got = int4_triton.int4_gemm(x, w)
-    assert got.shape == (rows, n_out) and got.dtype == x.dtype
-    tol = dict(atol=2e-2, rtol=2e-2) if device == "cuda" else dict(atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got.float(), expected, **tol)
-
-
-def test_int4_gemm_takes_only_what_it_fits():
-    q, z, s = _random_awq(16, 192, 64)  # groups of 64: runs of 8 inputs, under the tensor cores' 16
-    narrow = fmt.to_row_packed(q, z, s, 64)
-    assert not int4_triton.int4_gemm_fits(torch.zeros(4, 192), narrow)
-    q, z, s = _random_awq(16, 256, 128)
-    w = fmt.to_row_packed(q, z, s, 128)
-    assert int4_triton.int4_gemm_fits(torch.zeros(int4_triton.INT4_GEMM_MAX_ROWS, 256), w)
-    assert not int4_triton.int4_gemm_fits(torch.zeros(1, 256), w)  # one row: the GEMV's
-    assert not int4_triton.int4_gemm_fits(torch.zeros(int4_triton.INT4_GEMM_MAX_ROWS + 1, 256), w)
-    with pytest.raises(ValueError, match="int4 GEMM"):
-        int4_triton.int4_gemm(torch.zeros(4, 128), w)
-
-
 @pytest.mark.parametrize(
     "n_out,k_in,group,inner_k_tiles", [(16, 256, 64, 8), (24, 128, 32, 2), (40, 512, 128, 4), (8, 768, 256, 8)]
 )

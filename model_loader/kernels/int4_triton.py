@@ -11,10 +11,6 @@ Decoding reads every weight once per token, so a single-token GEMV on packed int
                  The layout (awq.RowPackedInt4) makes every load a contiguous vector: the packed ints, and
                  per nibble a run of activations; a packed block lies inside one group, so scales and zeros
                  are read once per row and block.
-A few rows at once (a batch of decoding sequences, a short continuation) still read every weight once:
-  int4_gemm      x [M, K] @ W.T for M up to INT4_GEMM_MAX_ROWS: each program dequantises its tile of W in
-                 registers, a run of 16 inputs at a time, and multiplies all M rows by it on the tensor cores;
-                 K is split across programs until they cover the GPU (fp32 partials, then one reduction).
 Prefill multiplies many rows by the same weights; there cuBLAS on a dense copy wins by far, so
   int4_dequantize      writes W as bf16/fp16 into a reusable scratch buffer (one write of W per linear);
   int4pack_dequantize  does the same from torch's int4 tile layout (torch's int4 decode path),
@@ -31,13 +27,7 @@ import torch
 import triton
 
 from model_loader.awq import RowPackedInt4
-from model_loader.kernels.jit_int4 import (
-    _int4_dequantize_kernel,
-    _int4_gemm_kernel,
-    _int4_gemm_reduce_kernel,
-    _int4_gemv_kernel,
-    _int4pack_dequantize_kernel,
-)
+from model_loader.kernels.jit_int4 import _int4_dequantize_kernel, _int4_gemv_kernel, _int4pack_dequantize_kernel
 from model_loader.kernels.precompile import launch
 from model_loader.kernels import gemv
 from model_loader.kernels.features import pdl_launch_args
@@ -141,63 +131,6 @@ def int4_gemv(
         **pdl_launch_args(x.device),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    return out
-
-
-# Rows int4_gemm takes: up to the scheduler's usual decode batches. Its arithmetic per weight grows with the rows,
-# and past a few dozen one dense copy of W (int4_dequantize, then cuBLAS) costs less than recomputing it per tile.
-INT4_GEMM_MAX_ROWS = 32
-INT4_GEMM_BLOCK_N = 64
-
-
-def int4_gemm_fits(x: torch.Tensor, w: RowPackedInt4) -> bool:
-    """Whether int4_gemm takes these rows and this weight: 2 to INT4_GEMM_MAX_ROWS rows, runs of 16 inputs
-    (groups of 128 or more: the tensor cores' smallest K)."""
-    return 1 < x.shape[0] <= INT4_GEMM_MAX_ROWS and w.interleave == 16
-
-
-def int4_gemm(x: torch.Tensor, w: RowPackedInt4) -> torch.Tensor:
-    """x [M, K] (M up to INT4_GEMM_MAX_ROWS) -> x @ W.T [M, N] in x's dtype, W's columns in the dense order (a
-    paired gate/up weight's as [gate | up]), as F.linear(x, int4_dequantize(w, ...)) gives."""
-    n, k = w.shape
-    rows = x.shape[0]
-    if x.shape[-1] != k or not int4_gemm_fits(x, w):
-        raise ValueError(f"int4 GEMM: {rows} rows of {x.shape[-1]} inputs for a weight of {k} inputs")
-    x = x.contiguous()
-    blocks = k // (8 * w.interleave)
-    tiles = triton.cdiv(n, INT4_GEMM_BLOCK_N)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 8
-    per_split = triton.cdiv(blocks, min(blocks, max(1, triton.cdiv(2 * sms, tiles))))  # ~2 programs an SM
-    splits = triton.cdiv(blocks, per_split)
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    pdl = pdl_launch_args(x.device)
-    launch(_int4_gemm_kernel, (tiles, splits))(
-        x,
-        w.qweight,
-        w.scales,
-        w.zeros,
-        partials,
-        rows,
-        n,
-        k // 8,
-        w.scales.shape[1],
-        blocks,
-        per_split,
-        GROUP=w.group_size,
-        IB=w.interleave,
-        BLOCK_M=max(16, triton.next_power_of_2(rows)),
-        BLOCK_N=INT4_GEMM_BLOCK_N,
-        GATE_UP_PAIRS=w.gate_up_pairs,
-        IEEE=x.dtype == torch.float32,
-        num_warps=4,
-        **pdl,
-    )
-    if splits > 1:
-        block = 1024
-        launch(_int4_gemm_reduce_kernel, (triton.cdiv(rows * n, block),))(
-            partials, out, rows * n, splits, BLOCK=block, num_warps=4, **pdl
-        )
     return out
 
 
