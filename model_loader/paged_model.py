@@ -135,7 +135,9 @@ class PagedForward:
         self.max_batch = max_batch
         # decode graphs' rows: beyond max_batch where continuations replay them row by row (_plan)
         self.max_rows = max(max_batch, MIN_GRAPH_ROWS) if model.device.type == "cuda" else max_batch
-        self.table_width = -(-model.max_ctx // cache.block_size)  # the most blocks a sequence can hold
+        # the most blocks a sequence can hold, rounded up to 16: Triton specializes the kernels on whether an int
+        # argument divides by 16, so every context length takes the one variant the kernel store holds
+        self.table_width = -(-model.max_ctx // cache.block_size // 16) * 16
         self.kernels = None
         if model.use_triton:
             from model_loader.kernels.paged_ops import PagedDecodeAttention

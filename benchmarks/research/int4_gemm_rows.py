@@ -1,0 +1,209 @@
+"""Can a 4-bit GEMM that dequantises in registers beat a dense copy of W and cuBLAS for the scheduler's decode
+batches (2 to 32 rows), with the weights streamed from DRAM as in a real step (a research tool)?
+
+The AWQ model decodes several sequences with int4_triton.int4_dequantize + cuBLAS per linear: ~6 GB of traffic a
+step for ~1 GB of int4 weights, so 8 sequences reach only ~3x one sequence's rate (docs/BENCHMARKS.md, "Many
+sequences at once"). The kernel here reads each int4 weight once for all rows: a program owns BLOCK_N output rows
+over some packed blocks (K split until the programs cover the GPU), dequantises a run of 16 inputs at a time in
+registers and multiplies every row by it on the tensor cores (tl.dot with K = 16), fp32 partial sums then one
+reduction. With weights resident in L2 it beat the dense path at every row count; inside the decode graphs it
+did not (H200, 2026-12-06: 8 sequences 2,888 against 2,930 tok/s, 32 sequences 7,999 against 10,850): it is
+latency-bound once the weights come from DRAM. This sweeps its tile and split over the 1.5B's four linears with
+the weights rotated over enough copies to miss L2, against the dense path likewise rotated.
+
+    python -m benchmarks.research.int4_gemm_rows [--rows 8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from model_loader import awq as fmt
+from model_loader.kernels import int4_triton
+from model_loader.kernels.jit_int4 import MAGIC
+
+SHAPES = {
+    "qkv": (2048, 1536, False),
+    "o": (1536, 1536, False),
+    "gate_up": (17920, 1536, True),
+    "down": (1536, 8960, False),
+}
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    M,
+    N,
+    KP,
+    GROUPS,
+    NUM_BLOCKS,
+    BLOCKS_PER_SPLIT,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GATE_UP_PAIRS: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # A few rows of activations (a batch of decoding sequences) times W: program (c, sp) owns stored rows
+    # c*BLOCK_N.. over packed blocks sp*BLOCKS_PER_SPLIT.., each weight read once for all BLOCK_M rows. A block's
+    # IB ints per row hold 8 runs of IB inputs (nibble j: inputs 8*IB*b + j*IB ..), each dequantised in
+    # registers (2**23 + q, as the dequantiser) into the activations' dtype and multiplied by its run of x on
+    # the tensor cores. out: the output [M, N] itself (the first split's only) or split sp's fp32 partial sums
+    # (summed by _int4_gemm_reduce_kernel). GATE_UP_PAIRS: stored rows (gate i, up i) go to columns i and
+    # N/2 + i, the dense [gate; up] order the callers expect of several rows.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    i = tl.arange(0, IB)
+    k = KP * 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first = tl.program_id(1) * BLOCKS_PER_SPLIT
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, NUM_BLOCKS)
+    for b in range(first, last):
+        packed = tl.load(qw_ptr + rows[:, None] * KP + (b * IB + i)[None, :], mask=row_mask[:, None], other=0)
+        g = (b * 8 * IB) // GROUP  # a block lies inside one group
+        s = tl.load(s_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rows * GROUPS + g, mask=row_mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(8):
+            q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            w = ((q - (z + MAGIC)[:, None]) * s[:, None]).to(x_ptr.dtype.element_ty)  # [BLOCK_N, IB]
+            x = tl.load(x_ptr + m[:, None] * k + (b * 8 * IB + j * IB + i)[None, :], mask=m_mask[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+    if GATE_UP_PAIRS:
+        cols = rows // 2 + (rows % 2) * (N // 2)
+    else:
+        cols = rows
+    mask = m_mask[:, None] & row_mask[None, :]
+    dst = out_ptr + (tl.program_id(1) * M + m[:, None]) * N + cols[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _int4_gemm_reduce_kernel(part_ptr, out_ptr, MN, SPLITS, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # out = the splits' fp32 partial sums added in split order (the same sum every run), in out's dtype.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    total = tl.zeros([BLOCK], tl.float32)
+    for sp in range(SPLITS):
+        total += tl.load(part_ptr + sp * MN + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def int4_gemm(x, w, block_n: int = 64, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
+    n, k = w.shape
+    rows = x.shape[0]
+    blocks = k // (8 * w.interleave)
+    tiles = triton.cdiv(n, block_n)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    per_split = triton.cdiv(blocks, min(blocks, max(1, triton.cdiv(programs_per_sm * sms, tiles))))
+    splits = triton.cdiv(blocks, per_split)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _int4_gemm_kernel[(tiles, splits)](
+        x,
+        w.qweight,
+        w.scales,
+        w.zeros,
+        partials,
+        rows,
+        n,
+        k // 8,
+        w.scales.shape[1],
+        blocks,
+        per_split,
+        GROUP=w.group_size,
+        IB=w.interleave,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=block_n,
+        GATE_UP_PAIRS=w.gate_up_pairs,
+        IEEE=False,
+        PDL=False,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    if splits > 1:
+        _int4_gemm_reduce_kernel[(triton.cdiv(rows * n, 1024),)](partials, out, rows * n, splits, BLOCK=1024, PDL=False)
+    return out
+
+
+def rotated_us(fn, copies: int, replays: int = 20) -> float:
+    """GPU microseconds a call of fn(i) for i over the copies, inside one CUDA graph (no launch gaps)."""
+    for i in range(copies):
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (copies * replays)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="8,32")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20)
+    print(f"{torch.cuda.get_device_name()}: GPU us a call, weights streamed (copies past 4x L2)")
+    for name, (n, k, paired) in SHAPES.items():
+        g = torch.Generator().manual_seed(0)
+        q = torch.randint(0, 16, (k, n), generator=g)
+        z = torch.randint(0, 16, (k // 128, n), generator=g)
+        s = (torch.rand(k // 128, n, generator=g) * 0.05 + 0.001).half()
+        base = fmt.to_row_packed(q.to(dev), z.to(dev), s.to(dev), 128)
+        base = fmt.pair_gate_up(base) if paired else base
+        copies = max(2, -(-4 * l2 // base.nbytes()))
+        ws = [
+            fmt.RowPackedInt4(base.qweight.clone(), base.scales.clone(), base.zeros.clone(), 128, 16, paired)
+            for _ in range(copies)
+        ]
+        scratch = torch.empty(n * k, device=dev, dtype=torch.bfloat16)
+        for rows in [int(r) for r in args.rows.split(",")]:
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            dense = rotated_us(lambda i: F.linear(x, int4_triton.int4_dequantize(ws[i], scratch)), copies)
+            results = []
+            for block_n, pps, warps, stages in itertools.product((32, 64, 128), (1, 2, 4, 8), (4, 8), (2, 3)):
+                try:
+                    us = rotated_us(lambda i: int4_gemm(x, ws[i], block_n, pps, warps, stages), copies)
+                except Exception:  # a tile that doesn't fit this GPU's shared memory
+                    continue
+                results.append((us, block_n, pps, warps, stages))
+            results.sort()
+            best = ", ".join(
+                f"{us:.1f} us (BLOCK_N {b}, {p}/SM, {w} warps, {st} stages)" for us, b, p, w, st in results[:3]
+            )
+            print(f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
