@@ -200,3 +200,12 @@ def test_a_continuation_that_would_read_too_much_row_by_row_runs_eagerly(paged_e
     tokens, positions, seqs = step_of([([231], 30, [0, 1], True), (list(range(400, 405)), 20, [5, 3], True)])
     assert_same_step(eager, graphed, tokens, positions, seqs)
     assert [g.replays for g, _ in graphed.graphs.values()] == [1, 0, 0, 0]  # the decoding row alone
+
+
+@pytest.mark.parametrize("context", [100, 784, 1024, 4097])
+def test_block_tables_are_padded_to_16_entries_for_any_context(paged_engine, context, monkeypatch):
+    """Triton compiles a kernel variant per int argument that divides by 16 or not: a table width of 13 (a
+    784-token context) took 4 decode-attention variants the kernel store lacked, compiled at run time."""
+    monkeypatch.setattr(paged_engine.model, "max_ctx", context)
+    fwd = PagedForward(paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=4, block_size=64), max_batch=2)
+    assert fwd.table_width % 16 == 0 and fwd.table_width * 64 >= context
