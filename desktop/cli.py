@@ -45,11 +45,12 @@ def add_serve(sub) -> None:
     serve.add_argument("--max-waiting", type=_count(1), default=16, help="requests that may wait; more get 429")
     serve.add_argument(
         "--max-parallel",
-        type=_count(1),
-        default=1,
-        metavar="N",
-        help="replies decoded together (continuous batching over a paged KV cache sized from the "
-        "free memory); 1 (default): one at a time, the fastest single reply",
+        type=_parallel,
+        default=0,
+        metavar="N|auto",
+        help="replies decoded together (continuous batching over a paged KV cache sized from the free memory); "
+        "auto (default): as many as the free GPU memory holds at the whole context, up to 16; "
+        "1: one at a time, the fastest single reply",
     )
     serve.add_argument(
         "--max-tokens-cap",
@@ -61,6 +62,11 @@ def add_serve(sub) -> None:
     serve.add_argument("--temperature", type=TEMPERATURE, default=0.6, help="for requests that leave it out")
     serve.add_argument("--top-p", type=TOP_P, default=0.95, help="for requests that leave it out")
     serve.set_defaults(func=cmd_serve)
+
+
+def _parallel(value: str) -> int:
+    """--max-parallel: a count, or auto (0: the worker sizes it from the free memory)."""
+    return 0 if value.strip().lower() == "auto" else _count(1)(value)
 
 
 def cmd_serve(args) -> int:

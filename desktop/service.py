@@ -116,7 +116,8 @@ class EngineService(QObject):
         max_parallel: int = 1,
         max_tokens_cap: int | None = None,
     ):
-        """max_parallel: replies decoded together (the load asks the worker for a scheduler above 1);
+        """max_parallel: replies decoded together (the load asks the worker for a scheduler above 1; 0: as many
+        as the free GPU memory holds, Engine.parallel_that_fits);
         max_tokens_cap: the most new tokens any request may ask for (none: up to the context), so no client
         holds a slot for ever."""
         super().__init__(parent)

@@ -138,7 +138,7 @@ class LoadRequest:
     context_length: int | str = 4096  # 0 or "auto": as much as the free memory holds (model_loader.loading)
     dtype: str | None = None  # None: automatic
     kv_cache: str = "16-bit"  # "16-bit" | "8-bit" (model_loader.kv_cache)
-    max_parallel: int = 1  # replies decoded together: above 1 the engine serves through its scheduler
+    max_parallel: int = 1  # replies decoded together: above 1 through the engine's scheduler; 0: as many as fit
     use_triton: bool | None = None  # None: r1desk's kernels where they work; False: plain PyTorch operations
     remote: dict | None = None  # a model on a server instead (EngineWorker._load_remote)
     seq: int = 0  # EngineHost.load's number: a newer load stops this one
@@ -249,11 +249,13 @@ class EngineWorker(QObject):
                 raise
 
         engine, scheduler, failure = None, None, None
-        parallel = int(request.max_parallel or 1)
+        auto = request.max_parallel == 0  # as many as the free memory holds (Engine.parallel_that_fits)
+        parallel = 1 if auto else int(request.max_parallel or 1)
         try:
             problem = None
             try:
                 engine = attempt(request)
+                parallel = engine.parallel_that_fits() if auto else parallel
                 scheduler = engine.serve_batched(parallel) if parallel > 1 else None  # the paged kernels start here
             except Exception as err:
                 problem = kernels_failure(err)

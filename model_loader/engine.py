@@ -157,6 +157,23 @@ class Engine:
         kv = self.scheduler.cache.nbytes if self.scheduler is not None else self.model.kv_cache_bytes
         return memory_stats(self.model.device, self.model.weights_bytes, kv)
 
+    AUTO_PARALLEL_CAP = 16  # `serve`'s default: beyond it each reply's share of a step's time grows for little more
+
+    def parallel_that_fits(self, cap: int = AUTO_PARALLEL_CAP, block_size: int = 64, free_bytes: int | None = None):
+        """How many replies at once the GPU's free memory holds at this engine's whole context, its own KV cache
+        counted as free (serve_batched gives it back), up to cap: what `serve` decodes together by default. 1 on a
+        CPU, or where two don't fit: the single-reply engine then serves, the fastest alone."""
+        from model_loader.scheduler import Scheduler
+
+        if self.model.device.type != "cuda" and free_bytes is None:
+            return 1
+        if free_bytes is None:
+            free_bytes, _ = torch.cuda.mem_get_info(self.model.device)
+        own = (self.model.k_cache, self.model.v_cache, self.model.k_scale, self.model.v_scale)
+        free_bytes += sum(t.numel() * t.element_size() for t in own if t is not None)
+        blocks = Scheduler.blocks_that_fit(self.model, block_size, free_bytes, kind=self.info.kv_cache)
+        return max(1, min(cap, blocks // -(-self.model.max_ctx // block_size)))
+
     def serve_batched(self, max_seqs: int, block_size: int = 64):
         """Hand this engine's memory to a scheduler that runs up to max_seqs sequences at once (continuous
         batching: model_loader.scheduler) and return it. The single-sequence KV cache and its graphs are freed

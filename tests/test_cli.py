@@ -284,6 +284,8 @@ def test_output_that_closes_early_ends_quietly(tiny_model):
         ["bench", "--model", "m", "--new-tokens", "-3"],
         ["serve", "--model", "m", "--port", "99999"],
         ["serve", "--model", "m", "--max-waiting", "0"],
+        ["serve", "--model", "m", "--max-parallel", "0"],
+        ["serve", "--model", "m", "--max-parallel", "many"],
         ["quantize", "--model", "m", "--out", "o", "--seq-len", "0"],
     ],
 )

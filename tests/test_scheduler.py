@@ -522,6 +522,24 @@ def test_an_engine_hands_its_memory_to_a_scheduler(tiny_model, prompts):
     assert isinstance(waiting.final, Failed) and waiting.final.kind == "unloaded"
 
 
+def test_serve_by_default_decodes_as_many_replies_as_the_free_memory_holds(tiny_model):
+    """`serve --max-parallel auto`: sequences of the whole context that free memory holds, the engine's own KV
+    cache counted as free (it goes to the scheduler), at most AUTO_PARALLEL_CAP; 1 on a CPU (the engine alone)."""
+    from model_loader.engine import Engine
+    from model_loader.paged_model import PagedKVCache
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512)
+    assert engine.parallel_that_fits() == 1  # a CPU: the single-reply engine
+    per_seq = 512 // 64
+    block = PagedKVCache.bytes_per_block(engine.model, 64)
+    own = engine.model.k_cache.nbytes + engine.model.v_cache.nbytes
+    three = -(-(3 * per_seq * block) * 10 // 9)  # Scheduler.blocks_that_fit keeps a tenth for activations
+    assert engine.parallel_that_fits(free_bytes=three - own) == 3
+    assert engine.parallel_that_fits(free_bytes=three - own - block) == 2  # one block short of the third
+    assert engine.parallel_that_fits(free_bytes=0) == 1
+    assert engine.parallel_that_fits(free_bytes=1 << 40) == Engine.AUTO_PARALLEL_CAP
+
+
 @pytest.fixture(scope="module")
 def stems(engine):
     """Prompt stems that share prefixes (a system prompt, a conversation and its follow-up), so arrivals hit the
