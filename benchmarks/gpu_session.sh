@@ -34,6 +34,8 @@
 #               carried), alternated: the window's self-test (needs .qt/, .gl/), the headline, decode at 512 and 16k
 #   overlap     the scheduler's overlapped decode steps (SchedulerConfig.overlap) against steps one at a time, 1/8/32
 #               sequences, alternated; the engine's batch 1 beside them; the serve scenario (16 clients, 200 requests)
+#   int4gemm    the research int4 GEMM for a few rows, its tiles and splits swept with the weights streamed from
+#               DRAM, against a dense copy + cuBLAS (benchmarks/research/int4_gemm_rows.py)
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
@@ -143,6 +145,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         run overlap-engine $CLI bench --model $M --runs 3
         run overlap-serve $CLI bench --model $M --scenario serve --clients 16 --requests 200 --max-parallel 16 \
           --new-tokens 256 --context 4096 --json ;;
+      int4gemm) run int4gemm python3 -m benchmarks.research.int4_gemm_rows --rows 2,8,32 ;;
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
