@@ -8,8 +8,10 @@ over some packed blocks (K split until the programs cover the GPU), dequantises 
 registers and multiplies every row by it on the tensor cores (tl.dot with K = 16), fp32 partial sums then one
 reduction. With weights resident in L2 it beat the dense path at every row count; inside the decode graphs it
 did not (H200, 2026-12-06: 8 sequences 2,888 against 2,930 tok/s, 32 sequences 7,999 against 10,850): it is
-latency-bound once the weights come from DRAM. This sweeps its tile and split over the 1.5B's four linears with
-the weights rotated over enough copies to miss L2, against the dense path likewise rotated.
+latency-bound once the weights come from DRAM. A second kernel dequantises whole blocks into one
+[BLOCK_N, 128 or 256] tile and multiplies it in one dot (not eight of K = 16), its block loop pipelined. This sweeps
+its tile, blocks a dot, split, warps and stages over the 1.5B's four linears, with the first kernel as it was, the
+weights rotated over enough copies to miss L2, against the dense path likewise rotated.
 
     python -m benchmarks.research.int4_gemm_rows [--rows 8,32]
 """
@@ -112,6 +114,106 @@ def _int4_gemm_reduce_kernel(part_ptr, out_ptr, MN, SPLITS, BLOCK: tl.constexpr,
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _int4_gemm_wide_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    M,
+    N,
+    KP,
+    GROUPS,
+    NUM_BLOCKS,
+    BLOCKS_PER_SPLIT,
+    GROUP: tl.constexpr,
+    IB: tl.constexpr,
+    KB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GATE_UP_PAIRS: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # As _int4_gemm_kernel, but KB whole packed blocks (KB * 8 * IB inputs) at a time and one tensor-core dot over
+    # them: nibble j of int i of block b is input b*8*IB + j*IB + i, so the [BLOCK_N, KB, 8, IB] dequantised
+    # tile reshaped to [BLOCK_N, KB*8*IB] lines up with a contiguous run of x. The loop over blocks is pipelined
+    # (STAGES), so the next tiles' loads are in flight while this one is multiplied.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    m = tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    i = tl.arange(0, IB)
+    j = tl.arange(0, 8)
+    kb = tl.arange(0, KB)
+    k = KP * 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first = tl.program_id(1) * BLOCKS_PER_SPLIT
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, NUM_BLOCKS)
+    for b in tl.range(first, last, KB, num_stages=STAGES):
+        blk = b + kb
+        live = row_mask[:, None] & (blk < last)[None, :]  # [BLOCK_N, KB]
+        packed = tl.load(
+            qw_ptr + rows[:, None, None] * KP + (blk * IB)[None, :, None] + i[None, None, :],
+            mask=live[:, :, None],
+            other=0,
+        )
+        g = (blk * 8 * IB) // GROUP  # a block lies inside one group
+        s = tl.load(s_ptr + rows[:, None] * GROUPS + g[None, :], mask=live, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rows[:, None] * GROUPS + g[None, :], mask=live, other=0.0).to(tl.float32)
+        q = (((packed[:, :, None, :] >> (4 * j)[None, None, :, None]) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        w = ((q - (z + MAGIC)[:, :, None, None]) * s[:, :, None, None]).to(x_ptr.dtype.element_ty)
+        w = tl.reshape(w, (BLOCK_N, KB * 8 * IB))
+        cols = b * 8 * IB + tl.arange(0, KB * 8 * IB)
+        x = tl.load(
+            x_ptr + m[:, None] * k + cols[None, :], mask=m_mask[:, None] & (cols < last * 8 * IB)[None, :], other=0.0
+        )
+        acc += tl.dot(x, tl.trans(w))
+    if GATE_UP_PAIRS:
+        out_cols = rows // 2 + (rows % 2) * (N // 2)
+    else:
+        out_cols = rows
+    dst = out_ptr + (tl.program_id(1) * M + m[:, None]) * N + out_cols[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & row_mask[None, :])
+
+
+def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
+    n, k = w.shape
+    rows = x.shape[0]
+    blocks = k // (8 * w.interleave)
+    tiles = triton.cdiv(n, block_n)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 8
+    per_split = triton.cdiv(blocks, min(blocks, max(1, triton.cdiv(programs_per_sm * sms, tiles))))
+    per_split = triton.cdiv(per_split, kb) * kb
+    splits = triton.cdiv(blocks, per_split)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _int4_gemm_wide_kernel[(tiles, splits)](
+        x,
+        w.qweight,
+        w.scales,
+        w.zeros,
+        partials,
+        rows,
+        n,
+        k // 8,
+        w.scales.shape[1],
+        blocks,
+        per_split,
+        GROUP=w.group_size,
+        IB=w.interleave,
+        KB=kb,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=block_n,
+        GATE_UP_PAIRS=w.gate_up_pairs,
+        STAGES=stages,
+        num_warps=warps,
+    )
+    if splits > 1:
+        _int4_gemm_reduce_kernel[(triton.cdiv(rows * n, 1024),)](partials, out, rows * n, splits, BLOCK=1024, PDL=False)
+    return out
+
+
 def int4_gemm(x, w, block_n: int = 64, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
     n, k = w.shape
     rows = x.shape[0]
@@ -191,17 +293,17 @@ def main() -> None:
         for rows in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             dense = rotated_us(lambda i: F.linear(x, int4_triton.int4_dequantize(ws[i], scratch)), copies)
-            results = []
-            for block_n, pps, warps, stages in itertools.product((32, 64, 128), (1, 2, 4, 8), (4, 8), (2, 3)):
+            results = [(rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM")]
+            for block_n, kb, pps, warps, stages in itertools.product((32, 64, 128), (1, 2), (1, 2, 4), (4, 8), (2, 3)):
                 try:
-                    us = rotated_us(lambda i: int4_gemm(x, ws[i], block_n, pps, warps, stages), copies)
-                except Exception:  # a tile that doesn't fit this GPU's shared memory
+                    us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], block_n, kb, pps, warps, stages), copies)
+                except Exception:  # a tile that doesn't fit this GPU's shared memory or registers
                     continue
-                results.append((us, block_n, pps, warps, stages))
+                results.append(
+                    (us, f"wide, BLOCK_N {block_n}, {kb} block(s) a dot, {pps}/SM, {warps} warps, {stages} stages")
+                )
             results.sort()
-            best = ", ".join(
-                f"{us:.1f} us (BLOCK_N {b}, {p}/SM, {w} warps, {st} stages)" for us, b, p, w, st in results[:3]
-            )
+            best = "; ".join(f"{us:.1f} us ({what})" for us, what in results[:3])
             print(f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}", flush=True)
 
 
