@@ -133,8 +133,8 @@ class PagedForward:
         self.min_rows = MIN_ROWS_CPU if model.device.type == "cpu" else 1
         self.batched_decode = model.device.type != "cpu" if batched_decode is None else batched_decode
         self.max_batch = max_batch
-        # decode graphs' rows: beyond max_batch where continuations replay them row by row (_plan)
-        self.max_rows = max(max_batch, MIN_GRAPH_ROWS) if model.device.type == "cuda" else max_batch
+        # decode graphs' rows: beyond max_batch, for continuations replayed row by row (_plan)
+        self.max_rows = max(max_batch, MIN_GRAPH_ROWS)
         # the most blocks a sequence can hold, rounded up to 16: Triton specializes the kernels on whether an int
         # argument divides by 16, so every context length takes the one variant the kernel store holds
         self.table_width = -(-model.max_ctx // cache.block_size // 16) * 16

@@ -1,25 +1,14 @@
-"""paged_model's graph-captured prefill of a fresh prompt, on the CPU: Triton's interpreter runs the paged
-kernels and a stand-in replays the captured function eagerly (a GPU's run replays real CUDA graphs). What is
-checked is what could break: the staged inputs (tokens, positions, slots, the last row) and the padding, against
-the eager step."""
+"""paged_model's steps as graphs (fresh prompts through prefill graphs, decoding rows and short continuations through
+the decode graphs row by row, the rest eagerly), on the CPU: Triton's interpreter runs the paged kernels and
+stand-ins replay the captured functions (graph_standins; a GPU's run replays real CUDA graphs). What is checked is
+what could break: the staged inputs (tokens, positions, slots, each row's context, the last row), the padding and
+the order of the logits, against the eager step."""
 
 import pytest
 import torch
 
+from graph_standins import install
 from model_loader.paged_model import PagedForward, PagedKVCache, SeqSlice
-
-
-class EagerGraph:
-    """What a captured graph's replay() does, on the CPU: the same function again, into the same output."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.out = fn()
-        self.replays = 0
-
-    def replay(self):
-        self.replays += 1
-        self.out.copy_(self.fn())
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +21,7 @@ def paged_engine(tiny_model):
 def paged_forward(paged_engine, buckets=(), decode_buckets=()) -> PagedForward:
     cache = PagedKVCache(paged_engine.model, num_blocks=8, block_size=16)
     fwd = PagedForward(paged_engine.model, cache, max_batch=max((2, *decode_buckets)))
-    if buckets:
-        fwd.make_prefill_inputs(max(buckets))
-        for b in buckets:
-            graph = EagerGraph(lambda b=b: fwd._static_prefill(b))
-            fwd.prefill_graphs[b] = (graph, graph.out)
-    if decode_buckets:
-        fwd.make_decode_inputs(max(decode_buckets))
-        for b in decode_buckets:
-            graph = EagerGraph(lambda b=b: fwd._static_step(b))
-            fwd.graphs[b] = (graph, graph.out)
-    return fwd
+    return install(fwd, prefill_buckets=buckets, decode_buckets=decode_buckets)
 
 
 def test_a_fresh_prompt_through_the_prefill_graph_matches_the_eager_step(paged_engine):

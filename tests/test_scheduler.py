@@ -498,6 +498,47 @@ def test_the_triton_path_decodes_what_the_pytorch_path_decodes(tiny_model, promp
     assert results[0] == results[1]
 
 
+def test_steps_run_as_graphs_decode_what_eager_steps_decode(tiny_model):
+    """The scheduler's steps through graphs by sequence (PagedForward._plan: fresh prompts through prefill graphs,
+    a follow-up's new turn over its cached conversation through the decode graphs row by row, beside decoding
+    sequences and a fresh prompt) give the texts of eager steps. On the CPU stand-ins replay the captured
+    functions (graph_standins) and Triton's interpreter runs the paged kernels."""
+    from graph_standins import install
+    from model_loader.engine import Engine
+
+    engine = Engine.load(tiny_model, device="cpu", context_length=512, use_triton=True)
+    chat = engine.chat
+    settings = SamplingSettings(temperature=0, max_new_tokens=8, ignore_eos=True)
+    firsts = [
+        chat.render([{"role": "user", "content": t}]).ids
+        for t in ("Tell me about the sea. " * 3, "Why is the sky blue? " * 3)
+    ]
+    more = chat.encode_plain(" And then?")
+    results, schedulers = [], []
+    for graphed in (False, True):
+        scheduler = make(engine, max_seqs=4)
+        if graphed:
+            install(scheduler.forward, prefill_buckets=(16, 32, 64), decode_buckets=(1, 2, 4, 8, 16, 32))
+        sinks = [Collect() for _ in firsts]
+        for ids, sink in zip(firsts, sinks):
+            scheduler.submit(ids, settings, sink=sink)
+        scheduler.run_until_idle()
+        # each conversation goes on from where it ended (its blocks cached), beside a fresh prompt
+        follow_ups = [ids + sink.final.token_ids + more for ids, sink in zip(firsts, sinks)]
+        again = [Collect() for _ in range(3)]
+        for ids, sink in zip(follow_ups + [chat.render([{"role": "user", "content": "Hi, who are you?"}]).ids], again):
+            scheduler.submit(ids, settings, sink=sink)
+        scheduler.run_until_idle()
+        assert all(sink.final.stats.prefix_reused_tokens >= 16 for sink in again[:2])
+        results.append([sink.final.token_ids for sink in sinks + again])
+        schedulers.append(scheduler)
+    assert results[1] == results[0]
+    forward = schedulers[1].forward
+    assert sum(g.replays for g, _ in forward.prefill_graphs.values()) >= 3  # the fresh prompts
+    # rows beyond the sequences decoding: the follow-ups' new turns replayed row by row
+    assert any(g.replays for b, (g, _) in forward.graphs.items() if b > 4)
+
+
 def test_an_engine_hands_its_memory_to_a_scheduler(tiny_model, prompts):
     """serve_batched(): the single-sequence cache goes, the scheduler's paged cache comes, the engine refuses
     generate() from then on, and close() ends what is still queued with a clear message."""
