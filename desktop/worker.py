@@ -273,6 +273,7 @@ class EngineWorker(QObject):
                 self._free_device_memory()
                 engine = attempt(dataclasses.replace(request, use_triton=False))
                 engine.info.kernels_note = problem
+                parallel = engine.parallel_that_fits() if auto else parallel  # this engine's own memory
                 scheduler = engine.serve_batched(parallel) if parallel > 1 else None
         except BaseException as err:
             if engine is not None and hasattr(engine, "close"):  # warmed up, then failed to batch: VRAM back now

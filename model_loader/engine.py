@@ -168,9 +168,11 @@ class Engine:
         if self.model.device.type != "cuda" and free_bytes is None:
             return 1
         if free_bytes is None:
-            free_bytes, _ = torch.cuda.mem_get_info(self.model.device)
-        own = (self.model.k_cache, self.model.v_cache, self.model.k_scale, self.model.v_scale)
-        free_bytes += sum(t.numel() * t.element_size() for t in own if t is not None)
+            device = self.model.device
+            free_bytes, _ = torch.cuda.mem_get_info(device)
+            # what torch holds in its cache unused goes back before the paged cache is sized (serve_batched)
+            free_bytes += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free_bytes += self.model.kv_cache_bytes if self.model.k_cache is not None else 0
         blocks = Scheduler.blocks_that_fit(self.model, block_size, free_bytes, kind=self.info.kv_cache)
         return max(1, min(cap, blocks // -(-self.model.max_ctx // block_size)))
 

@@ -133,8 +133,10 @@ class PagedForward:
         self.min_rows = MIN_ROWS_CPU if model.device.type == "cpu" else 1
         self.batched_decode = model.device.type != "cpu" if batched_decode is None else batched_decode
         self.max_batch = max_batch
-        # decode graphs' rows: beyond max_batch, for continuations replayed row by row (_plan)
-        self.max_rows = max(max_batch, MIN_GRAPH_ROWS)
+        # decode graphs' rows: beyond max_batch, for continuations replayed row by row (_plan), and a whole bucket
+        # (so a step of max_batch decoding sequences has its graph)
+        rows = max(max_batch, MIN_GRAPH_ROWS)
+        self.max_rows = next((b for b in self.GRAPH_BUCKETS if b >= rows), rows)
         # the most blocks a sequence can hold, rounded up to 16: Triton specializes the kernels on whether an int
         # argument divides by 16, so every context length takes the one variant the kernel store holds
         self.table_width = -(-model.max_ctx // cache.block_size // 16) * 16
@@ -399,8 +401,9 @@ class PagedForward:
         its graph's output before the next replay: one bucket's graph may replay twice in a step, and the graphs
         share a memory pool (a graph's output may be another's scratch). Sequences don't read each other's K/V, so
         the parts may run in any order."""
-        if isinstance(tokens, torch.Tensor):  # (the scheduler passes device samples only to all-decoding steps)
-            tokens = tokens.tolist()
+        on_device = isinstance(tokens, torch.Tensor)  # the scheduler's unread samples: all-decoding steps only
+        if on_device and (prompts or eager):
+            tokens, on_device = tokens.tolist(), False
         out: dict[int, torch.Tensor] = {}
         for group in self._packed(seqs, rowwise):
             rows: list[SeqSlice] = []
@@ -410,7 +413,7 @@ class PagedForward:
                 first = seq.context - seq.rows
                 rows += [SeqSlice(seq.row0 + j, 1, first + j + 1, seq.blocks, False) for j in range(seq.rows)]
                 last.append(len(rows) - 1)
-            row_tokens = [tokens[r.row0] for r in rows]
+            row_tokens = tokens[[r.row0 for r in rows]] if on_device else [tokens[r.row0] for r in rows]
             row_positions = [positions[r.row0] for r in rows]
             logits = self._replay(self._graph_bucket(len(rows)), row_tokens, row_positions, rows)
             picked = logits.index_select(0, torch.tensor(last, device=logits.device)).float()

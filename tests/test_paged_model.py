@@ -188,3 +188,29 @@ def test_block_tables_are_padded_to_16_entries_for_any_context(paged_engine, con
     monkeypatch.setattr(paged_engine.model, "max_ctx", context)
     fwd = PagedForward(paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=4, block_size=64), max_batch=2)
     assert fwd.table_width % 16 == 0 and fwd.table_width * 64 >= context
+
+
+def test_more_decoding_sequences_than_the_largest_graph_keep_their_samples_on_the_device(paged_engine, monkeypatch):
+    """The scheduler's overlapped steps pass the samples it hasn't read as a device tensor: decoding sequences
+    beyond the largest decode graph replay it in groups, gathering their tokens on the device (reading them on the
+    host would wait for the step before, which the overlap exists to avoid)."""
+    eager = paged_forward(paged_engine)
+    graphed = paged_forward(paged_engine, decode_buckets=(1, 2))
+    prompts = [(list(range(200 + 20 * i, 212 + 20 * i)), [i]) for i in range(3)]
+    prefilled((eager, graphed), prompts)
+    tokens, positions, seqs = step_of([([300 + i], 12, [i], True) for i in range(3)])
+    want = eager.step(tokens, positions, seqs)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the samples were read on the host"))
+    got = graphed.step(torch.tensor(tokens), positions, seqs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert [g.replays for g, _ in graphed.graphs.values()] == [1, 1]  # three rows: the 2-row graph, then the 1-row
+
+
+@pytest.mark.parametrize("max_batch,rows", [(1, 32), (32, 32), (40, 48), (100, 128)])
+def test_decode_graphs_cover_a_whole_bucket_of_rows(paged_engine, max_batch, rows):
+    """max_batch sequences decoding always have a graph (and short continuations 32 rows): the rows captured
+    round up to a bucket (48 for 40; 32 left 33 to 40 decoding sequences without one)."""
+    fwd = PagedForward(
+        paged_engine.model, PagedKVCache(paged_engine.model, num_blocks=2, block_size=16), max_batch=max_batch
+    )
+    assert fwd.max_rows == rows and fwd._bucket(max_batch) is not None and fwd._bucket(rows) == rows

@@ -573,7 +573,7 @@ def test_serve_by_default_decodes_as_many_replies_as_the_free_memory_holds(tiny_
     assert engine.parallel_that_fits() == 1  # a CPU: the single-reply engine
     per_seq = 512 // 64
     block = PagedKVCache.bytes_per_block(engine.model, 64)
-    own = engine.model.k_cache.nbytes + engine.model.v_cache.nbytes
+    own = engine.model.kv_cache_bytes
     three = -(-(3 * per_seq * block) * 10 // 9)  # Scheduler.blocks_that_fit keeps a tenth for activations
     assert engine.parallel_that_fits(free_bytes=three - own) == 3
     assert engine.parallel_that_fits(free_bytes=three - own - block) == 2  # one block short of the third

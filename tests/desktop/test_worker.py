@@ -196,6 +196,55 @@ def test_paged_kernels_that_fail_when_batching_starts_load_the_model_again_witho
     assert blocker.args[0]["max_parallel"] == 3 and "'__triton_launcher'" in blocker.args[0]["kernels_note"]
 
 
+@pytest.mark.parametrize("fails_in", ["warm_up", "serve_batched"])
+def test_auto_parallel_is_sized_on_the_engine_that_serves(wait_cross_thread, qtbot, host, fails_in):
+    """`serve --max-parallel auto` (0): the worker asks the loaded engine how many replies its free memory holds.
+    Where r1desk's kernels fail (in the warm-up, or when batching starts) the engine loaded again without them is
+    asked again: its memory is its own."""
+    from fakes import FakeEngine
+
+    from model_loader.kernels.kernel_store import StoreMiss
+
+    class Scheduler:
+        def has_work(self):
+            return False
+
+        def end_all(self, *args):
+            pass
+
+    def store_miss():
+        raise StoreMiss(
+            "Triton needs its C module '__triton_launcher' for this kernel, which r1desk's kernel store lacks"
+        )
+
+    class Sized(FakeEngine):
+        def parallel_that_fits(self):
+            return 6 if self.use_triton is None else 5
+
+        def warm_up(self, progress=None):
+            if fails_in == "warm_up" and self.use_triton is None:
+                store_miss()
+
+        def serve_batched(self, max_seqs):
+            if fails_in == "serve_batched" and self.use_triton is None:
+                store_miss()
+            batched.append((self.use_triton, max_seqs))
+            return Scheduler()
+
+    batched = []
+
+    def make(request, progress, on_compiling=None):
+        engine = Sized()
+        engine.use_triton = request.use_triton
+        engine.close = lambda: None
+        return engine
+
+    host.worker.engine_factory = make
+    with wait_cross_thread(host.worker.ready, timeout=30000) as blocker:
+        host.load(LoadRequest("/models/any", "cuda", 512, max_parallel=0))
+    assert batched == [(False, 5)] and blocker.args[0]["max_parallel"] == 5
+
+
 def test_a_failed_loads_half_loaded_weights_are_freed_before_it_reports(wait_cross_thread, qtbot, host):
     """A load that runs out of memory raises out of frames that hold what was loaded so far, and the error's
     traceback keeps those frames. The worker reported the failure (and emptied torch's cache) while it still
