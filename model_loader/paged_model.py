@@ -229,8 +229,11 @@ class PagedForward:
         pick = torch.tensor(rows + [rows[-1]] * max(0, self.min_rows - len(rows)), dtype=torch.int64, device=dev)
         return self._logits(h.index_select(0, pick), residual.index_select(0, pick))[: len(rows)].float()
 
-    def _layers(self, tokens_t, pos_t, slots_t, attend) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every decoder layer over the step's rows: (hidden, residual) [T, H] before the final norm."""
+    def _layers(self, tokens_t, pos_t, slots_t, attend, last_rows=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer over the step's rows: (hidden, residual) [T, H] before the final norm. last_rows
+        (an index on the device): only those rows go on past the last layer's attention (the others' K/V is
+        written, and nothing reads their outputs), as the engine's prefill does: [len(last_rows), H]."""
+        last_layer = len(self.model.w["layers"]) - 1
         model, cfg, ops = self.model, self.model.cfg, self.model.ops
         eps, linear = cfg.rms_norm_eps, model.linear
         h = F.embedding(tokens_t, model.w["embed"])
@@ -258,7 +261,10 @@ class PagedForward:
                 )
             else:
                 q = self._rope_write(qkv, layer["qkv_b"], cos, sin, i, slots_t)
-            h = linear(attend(q, i), layer["o_w"])
+            a = attend(q, i)
+            if last_rows is not None and i == last_layer:
+                a, residual = a.index_select(0, last_rows), residual.index_select(0, last_rows)
+            h = linear(a, layer["o_w"])
             x, residual = ops.add_rms_norm(h, residual, layer["ln2"], eps)
             h = linear.mlp(x, layer["gate_up_w"], layer["down_w"], ops.silu_mul)
         return h, residual
@@ -364,8 +370,8 @@ class PagedForward:
             )
             return out[0].transpose(0, 1).reshape(bucket, -1)
 
-        h, residual = self._layers(st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket], attend)
-        return self._logits(h.index_select(0, st["last"]), residual.index_select(0, st["last"]))
+        tokens, positions, slots = st["tokens"][:bucket], st["positions"][:bucket], st["slots"][:bucket]
+        return self._logits(*self._layers(tokens, positions, slots, attend, last_rows=st["last"]))
 
     def _prefill_bucket(self, rows: int) -> int | None:
         return next((b for b in self.prefill_graphs if b >= rows), None)
