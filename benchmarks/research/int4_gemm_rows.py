@@ -11,7 +11,8 @@ did not (H200, 2026-12-06: 8 sequences 2,888 against 2,930 tok/s, 32 sequences 7
 latency-bound once the weights come from DRAM. A second kernel dequantises whole blocks into one
 [BLOCK_N, 128 or 256] tile and multiplies it in one dot (not eight of K = 16), its block loop pipelined. This sweeps
 its tile, blocks a dot, split, warps and stages over the 1.5B's four linears, with the first kernel as it was, the
-weights rotated over enough copies to miss L2, against the dense path likewise rotated.
+weights rotated over enough copies to miss L2, against the dense path likewise rotated, and torch's int4 kernel
+(tinygemm, made for a few rows; it would need its own copy of the weights in its layout).
 
     python -m benchmarks.research.int4_gemm_rows [--rows 8,32]
 """
@@ -290,10 +291,15 @@ def main() -> None:
             for _ in range(copies)
         ]
         scratch = torch.empty(n * k, device=dev, dtype=torch.bfloat16)
+        # torch's int4 kernel (tinygemm, made for a few rows) on the same numbers in its own layout
+        packs = [fmt.to_int4pack(q.to(dev), z.to(dev), s.to(dev), 128) for _ in range(copies)]
         for rows in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             dense = rotated_us(lambda i: F.linear(x, int4_triton.int4_dequantize(ws[i], scratch)), copies)
-            results = [(rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM")]
+            results = [
+                (rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM"),
+                (rotated_us(lambda i: fmt.int4_linear(x, packs[i]), copies), "torch's int4 kernel"),
+            ]
             for block_n, kb, pps, warps, stages in itertools.product((32, 64, 128), (1, 2), (1, 2, 4), (4, 8), (2, 3)):
                 try:
                     us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], block_n, kb, pps, warps, stages), copies)
