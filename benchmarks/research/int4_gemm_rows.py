@@ -178,7 +178,9 @@ def _int4_gemm_wide_kernel(
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & row_mask[None, :])
 
 
-def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
+def _launch(kernel, x, w, block_n: int, programs_per_sm: int, kb: int, warps: int, stages: int, **meta):
+    """x @ W.T through one of the kernels above: K split until about programs_per_sm programs an SM (in whole
+    groups of kb blocks), fp32 partials summed by _int4_gemm_reduce_kernel where it is split."""
     n, k = w.shape
     rows = x.shape[0]
     blocks = k // (8 * w.interleave)
@@ -189,7 +191,7 @@ def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 
     splits = triton.cdiv(blocks, per_split)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    _int4_gemm_wide_kernel[(tiles, splits)](
+    kernel[(tiles, splits)](
         x,
         w.qweight,
         w.scales,
@@ -203,53 +205,25 @@ def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 
         per_split,
         GROUP=w.group_size,
         IB=w.interleave,
-        KB=kb,
         BLOCK_M=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=block_n,
         GATE_UP_PAIRS=w.gate_up_pairs,
-        STAGES=stages,
         num_warps=warps,
+        **meta,
     )
     if splits > 1:
         _int4_gemm_reduce_kernel[(triton.cdiv(rows * n, 1024),)](partials, out, rows * n, splits, BLOCK=1024, PDL=False)
     return out
+
+
+def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
+    return _launch(_int4_gemm_wide_kernel, x, w, block_n, programs_per_sm, kb, warps, stages, KB=kb, STAGES=stages)
 
 
 def int4_gemm(x, w, block_n: int = 64, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
-    n, k = w.shape
-    rows = x.shape[0]
-    blocks = k // (8 * w.interleave)
-    tiles = triton.cdiv(n, block_n)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    per_split = triton.cdiv(blocks, min(blocks, max(1, triton.cdiv(programs_per_sm * sms, tiles))))
-    splits = triton.cdiv(blocks, per_split)
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    _int4_gemm_kernel[(tiles, splits)](
-        x,
-        w.qweight,
-        w.scales,
-        w.zeros,
-        partials,
-        rows,
-        n,
-        k // 8,
-        w.scales.shape[1],
-        blocks,
-        per_split,
-        GROUP=w.group_size,
-        IB=w.interleave,
-        BLOCK_M=max(16, triton.next_power_of_2(rows)),
-        BLOCK_N=block_n,
-        GATE_UP_PAIRS=w.gate_up_pairs,
-        IEEE=False,
-        PDL=False,
-        num_warps=warps,
-        num_stages=stages,
+    return _launch(
+        _int4_gemm_kernel, x, w, block_n, programs_per_sm, 1, warps, stages, IEEE=False, PDL=False, num_stages=stages
     )
-    if splits > 1:
-        _int4_gemm_reduce_kernel[(triton.cdiv(rows * n, 1024),)](partials, out, rows * n, splits, BLOCK=1024, PDL=False)
-    return out
 
 
 def rotated_us(fn, copies: int, replays: int = 20) -> float:
