@@ -28,6 +28,19 @@ def per_token_bytes(cfg, dtype_bytes: int, kv_cache: str = KV_16BIT) -> int:
     return int(values * value_bytes(kv_cache, dtype_bytes, cfg.head_dim)) + 4 * cfg.head_dim
 
 
+# A context typed by hand is rounded up to this: the kernels take the context length as an argument, and Triton
+# compiles a separate variant for an int that doesn't divide by 16, which the release's kernel store (made from
+# the warm-up's launches at multiples of 16) lacks, so a context of 5,000 would compile at first start, or run
+# without r1desk's kernels where there is no C compiler.
+KERNEL_MULTIPLE = 16
+
+
+def requested_context(tokens: int, max_positions: int) -> int:
+    """The context for an explicit length: at least 16, rounded up to KERNEL_MULTIPLE, at most the model's
+    positions."""
+    return min(max(16, -(-int(tokens) // KERNEL_MULTIPLE) * KERNEL_MULTIPLE), max_positions)
+
+
 def choose_context(
     free_bytes: int, total_bytes: int, token_bytes: int, max_positions: int, target: int = AUTO_TARGET
 ) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from model_loader import kernel_cache
 from model_loader.chat import ChatFormat
-from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context
+from model_loader.context import AUTO_TARGET, NoRoomForContext, auto_context, requested_context
 from model_loader.decode_graphs import PrefillGraphs
 from model_loader.device import pick_device, pick_dtype, use_device
 from model_loader.errors import ModelError, OutOfMemoryError
@@ -104,7 +104,7 @@ def load_model(
     torch_dtype = pick_dtype(dev, dtype)
     cfg = folder.config
     auto = context_length in ("auto", 0, None)
-    ctx = None if auto else max(16, min(int(context_length), cfg.max_position_embeddings))
+    ctx = None if auto else requested_context(context_length, cfg.max_position_embeddings)
     # Explicit use_triton=True also works on the CPU under TRITON_INTERPRET=1: how the tests run the
     # fused kernels end to end without a GPU.
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"

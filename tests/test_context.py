@@ -70,6 +70,20 @@ def test_engine_load_auto_on_the_cpu(tiny_model):
     assert engine.model.k_cache.shape[2] == engine.info.context_length
     explicit = Engine.load(tiny_model, device="cpu", context_length=1024)
     assert (explicit.info.context_length, explicit.info.context_auto) == (1024, False)
+    typed = Engine.load(tiny_model, device="cpu", context_length=1100)
+    assert typed.info.context_length == typed.model.k_cache.shape[2] == 1104
+
+
+def test_a_typed_context_is_rounded_up_to_a_multiple_of_16_within_the_models_positions():
+    """The kernels take the context as an argument and Triton compiles another variant for an int that doesn't
+    divide by 16, which the release's kernel store lacks: every explicit context is a multiple of 16 (none
+    shorter than asked), at most the model's positions."""
+    from model_loader.context import requested_context
+
+    assert [requested_context(n, 32768) for n in (1, 16, 17, 1100, 5000, 32760, 40000)] == [
+        16, 16, 32, 1104, 5008, 32768, 32768,
+    ]  # fmt: skip
+    assert requested_context("4097", 131072) == 4112
 
 
 def test_exactly_the_minimum_context_loads_and_one_granule_less_does_not(monkeypatch):

@@ -12,13 +12,15 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
     from model_loader.engine import Engine
     from model_loader.events import SamplingSettings
 
-    engine = Engine.load(tiny_model, device=device, use_triton=True, context_length=1100)
+    engine = Engine.load(
+        tiny_model, device=device, use_triton=True, context_length=1100
+    )  # rounded up to 1104 (context.requested_context)
     engine.warm_up()
     if device != "cuda":
         assert engine.info.decode_attention == {} and not engine.step.graphs
         return
     buckets = decode_attention.depth_buckets(engine.model.max_ctx)
-    assert buckets == [1024, 1100]
+    assert buckets == [1024, 1104]
     assert list(engine.info.decode_attention) == [f"<={b}" for b in buckets]
     timings = engine.step.tuned_us
     for upper, config in engine.step.plan:
@@ -29,7 +31,7 @@ def test_warm_up_picks_each_depth_buckets_attention_by_timing_the_whole_step(tin
     # a reply that crosses from one bucket's graph into the other's (forced to differ) gives the same text as
     # the same steps without graphs
     step = engine.step
-    step.plan = [(1024, decode_attention.DECODE_ATTN_CONFIGS[0]), (1100, decode_attention.DECODE_ATTN_CONFIGS[1])]
+    step.plan = [(1024, decode_attention.DECODE_ATTN_CONFIGS[0]), (1104, decode_attention.DECODE_ATTN_CONFIGS[1])]
     step.graphs.clear()
     step.capture("greedy")  # its steps write into the cache: nothing cached counts
     engine.reset_cache()
