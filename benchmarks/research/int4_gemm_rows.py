@@ -12,7 +12,8 @@ latency-bound once the weights come from DRAM. A second kernel dequantises whole
 [BLOCK_N, 128 or 256] tile and multiplies it in one dot (not eight of K = 16), its block loop pipelined. This sweeps
 its tile, blocks a dot, split, warps and stages over the 1.5B's four linears, with the first kernel as it was, the
 weights rotated over enough copies to miss L2, against the dense path likewise rotated, and torch's int4 kernel
-(tinygemm, made for a few rows; it would need its own copy of the weights in its layout).
+(tinygemm, made for a few rows; it would need its own copy of the weights in its layout), and the dense path a
+few MiB of rows at a time (its bf16 copy read back from L2, for more launches).
 
     python -m benchmarks.research.int4_gemm_rows [--rows 8,32]
 """
@@ -226,6 +227,16 @@ def int4_gemm(x, w, block_n: int = 64, programs_per_sm: int = 2, warps: int = 4,
     )
 
 
+def dense_in_chunks(x, w, scratch, out_t, chunk_rows: int):
+    """The dense path a slice of W's rows at a time, so the bf16 copy cuBLAS reads back is still in L2: each
+    chunk's [rows, K] dequantised then multiplied into out_t [N, M] (row order as stored; timing only)."""
+    for c0 in range(0, w.out_features, chunk_rows):
+        c1 = min(c0 + chunk_rows, w.out_features)
+        part = fmt.RowPackedInt4(w.qweight[c0:c1], w.scales[c0:c1], w.zeros[c0:c1], w.group_size, w.interleave)
+        torch.mm(int4_triton.int4_dequantize(part, scratch), x.t(), out=out_t[c0:c1])
+    return out_t.t().contiguous()
+
+
 def rotated_us(fn, copies: int, replays: int = 20) -> float:
     """GPU microseconds a call of fn(i) for i over the copies, inside one CUDA graph (no launch gaps)."""
     for i in range(copies):
@@ -274,6 +285,12 @@ def main() -> None:
                 (rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM"),
                 (rotated_us(lambda i: fmt.int4_linear(x, packs[i]), copies), "torch's int4 kernel"),
             ]
+            out_t = torch.empty(n, rows, device=dev, dtype=torch.bfloat16)
+            for mib in (4, 8, 16):
+                chunk = max(16, (mib << 20) // (2 * k) // 16 * 16)
+                if chunk < n:
+                    us = rotated_us(lambda i: dense_in_chunks(x, ws[i], scratch, out_t, chunk), copies)
+                    results.append((us, f"dense in {mib} MiB chunks"))
             for block_n, kb, pps, warps, stages in itertools.product((32, 64, 128), (1, 2), (1, 2, 4), (4, 8), (2, 3)):
                 try:
                     us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], block_n, kb, pps, warps, stages), copies)
