@@ -15,13 +15,15 @@ weights rotated over enough copies to miss L2, against the dense path likewise r
 (tinygemm, made for a few rows; it would need its own copy of the weights in its layout), and the dense path a
 few MiB of rows at a time (its bf16 copy read back from L2, for more launches).
 
-    python -m benchmarks.research.int4_gemm_rows [--rows 8,32]
+    python -m benchmarks.research.int4_gemm_rows [--rows 8,32] [--json BEST.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,12 @@ import triton.language as tl
 from model_loader import awq as fmt
 from model_loader.kernels import int4_triton
 from model_loader.kernels.jit_int4 import MAGIC
+
+# the wide kernel's compiled variants swept (BLOCK_N, blocks a dot, warps, stages): each is a compile per row
+# bucket and shape kind, so few enough for the sweep to finish in a couple of minutes
+WIDE_TILES = [(64, kb, 4, st) for kb in (1, 2) for st in (2, 3)] + [
+    (128, kb, w, st) for kb in (1, 2) for w in (4, 8) for st in (2, 3)
+]
 
 SHAPES = {
     "qkv": (2048, 1536, False),
@@ -259,7 +267,9 @@ def rotated_us(fn, copies: int, replays: int = 20) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="8,32")
+    ap.add_argument("--json", help="the best wide configuration per rows and shape (for int4_gemm_in_step)")
     args = ap.parse_args()
+    report: dict = {}
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20)
     print(f"{torch.cuda.get_device_name()}: GPU us a call, weights streamed (copies past 4x L2)")
@@ -285,13 +295,14 @@ def main() -> None:
                 (rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM"),
                 (rotated_us(lambda i: fmt.int4_linear(x, packs[i]), copies), "torch's int4 kernel"),
             ]
+            wide: list[dict] = []
             out_t = torch.empty(n, rows, device=dev, dtype=torch.bfloat16)
             for mib in (4, 8, 16):
                 chunk = max(16, (mib << 20) // (2 * k) // 16 * 16)
                 if chunk < n:
                     us = rotated_us(lambda i: dense_in_chunks(x, ws[i], scratch, out_t, chunk), copies)
                     results.append((us, f"dense in {mib} MiB chunks"))
-            for block_n, kb, pps, warps, stages in itertools.product((32, 64, 128), (1, 2), (1, 2, 4), (4, 8), (2, 3)):
+            for (block_n, kb, warps, stages), pps in itertools.product(WIDE_TILES, (1, 2, 4)):
                 try:
                     us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], block_n, kb, pps, warps, stages), copies)
                 except Exception:  # a tile that doesn't fit this GPU's shared memory or registers
@@ -299,9 +310,15 @@ def main() -> None:
                 results.append(
                     (us, f"wide, BLOCK_N {block_n}, {kb} block(s) a dot, {pps}/SM, {warps} warps, {stages} stages")
                 )
+                wide.append({"us": us, "config": [block_n, kb, pps, warps, stages]})
             results.sort()
             best = "; ".join(f"{us:.1f} us ({what})" for us, what in results[:3])
             print(f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}", flush=True)
+            if wide:
+                top = min(wide, key=lambda r: r["us"])
+                report.setdefault(str(rows), {})[f"{n}x{k}"] = {"dense_us": dense, "wide_us": top["us"], **top}
+                if args.json:  # after every shape: a run cut short by its time limit keeps what it measured
+                    Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""The 4-bit scheduler's decode with the research int4 GEMM (int4_gemm_rows' wide kernel) in place of the dense
+copy + cuBLAS, for each shape and row bucket where int4_gemm_rows measured it faster, alternated with the dense
+path in one process on one loaded model (a research tool: a GEMM that wins a linear alone may still lose the step,
+as the first one did).
+
+    python -m benchmarks.research.int4_gemm_rows --json BEST.json
+    python -m benchmarks.research.int4_gemm_in_step MODEL_AWQ --configs BEST.json [--batch 8,32] [--rounds 2]
+
+Prints, per round and path, the decode tok/s and step time at each batch (bench --batch's steady state), and how
+many leading greedy tokens each sequence shares with the dense path's (rounding differs, so a few may part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from benchmarks.research.int4_gemm_rows import int4_gemm_wide
+from model_loader.awq import RowPackedInt4
+from model_loader.bench_batch import _one_batch, batch_prompts
+from model_loader.common_prefix import common_prefix
+from model_loader.engine import Engine
+from model_loader.linears import Linears
+from model_loader.scheduler import Scheduler, SchedulerConfig
+
+
+def chosen_configs(report: dict) -> dict[int, dict[str, list]]:
+    """{row bucket: {"NxK": wide config}} where the wide kernel beat the dense path in the sweep."""
+    return {
+        int(rows): {shape: r["config"] for shape, r in by_shape.items() if r["wide_us"] < r["dense_us"]}
+        for rows, by_shape in report.items()
+    }
+
+
+def with_gemm(dense_call, chosen: dict[int, dict[str, list]]):
+    """Linears.__call__ that sends 2..largest-bucket rows of a 4-bit weight to the wide GEMM where chosen."""
+    buckets = sorted(chosen)
+
+    def call(self, x, w):
+        if isinstance(w, RowPackedInt4) and 1 < x.shape[0] <= buckets[-1]:
+            bucket = next(b for b in buckets if x.shape[0] <= b)
+            config = chosen[bucket].get(f"{w.out_features}x{w.in_features}")
+            if config:
+                return int4_gemm_wide(x.contiguous(), w, *config)
+        return dense_call(self, x, w)
+
+    return call
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("--batch", default="8,32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    sizes = [int(b) for b in args.batch.split(",")]
+    chosen = chosen_configs(json.loads(open(args.configs).read()))
+    print("wide GEMM where it won the sweep:", json.dumps(chosen), flush=True)
+    engine = Engine.load(
+        args.model, device=args.device, context_length=args.prompt_tokens + args.new_tokens + 16, use_triton=True
+    )
+    engine.warm_up()
+    prompts = batch_prompts(engine, max(sizes), args.prompt_tokens)
+    block = 64
+    per_seq = -(-(args.prompt_tokens + args.new_tokens + 1) // block)
+    config = SchedulerConfig(max_seqs=max(sizes), chunk=512, block_size=block)
+    dense_call = Linears.__call__
+    paths = {"dense": dense_call, "wide": with_gemm(dense_call, chosen)}
+    dense_ids: dict[int, list] = {}
+    try:
+        for round_ in range(args.rounds):
+            for name, call in paths.items():
+                Linears.__call__ = call  # before the scheduler: its graphs capture what this path launches
+                scheduler = Scheduler(engine.model, engine.chat, num_blocks=max(sizes) * per_seq + 1, config=config)
+                _one_batch(scheduler, prompts[: sizes[0]], args.new_tokens)  # untimed warm-up
+                for size in sizes:
+                    row = _one_batch(scheduler, prompts[:size], args.new_tokens)
+                    if name == "dense":
+                        dense_ids.setdefault(size, row["ids"])
+                    same = [common_prefix(a, b, args.new_tokens) for a, b in zip(dense_ids[size], row["ids"])]
+                    print(
+                        f"round {round_} {name:5} {size:2} sequences: {row['decode_tok_s']:9.1f} tok/s, "
+                        f"step {row['decode_step_ms']:.3f} ms; leading tokens as the dense path's: min {min(same)}, "
+                        f"median {sorted(same)[len(same) // 2]} of {args.new_tokens}",
+                        flush=True,
+                    )
+                del scheduler
+                torch.cuda.empty_cache()
+    finally:
+        Linears.__call__ = dense_call
+
+
+if __name__ == "__main__":
+    main()
