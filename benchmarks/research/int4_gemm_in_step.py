@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from benchmarks.research.int4_gemm_rows import int4_gemm_wide
+from benchmarks.research.int4_gemm_rows import arrival_counts, int4_gemm_wide
 from model_loader.awq import RowPackedInt4
 from model_loader.bench_batch import _one_batch, batch_prompts
 from model_loader.common_prefix import common_prefix
@@ -26,24 +26,24 @@ from model_loader.linears import Linears
 from model_loader.scheduler import Scheduler, SchedulerConfig
 
 
-def chosen_configs(report: dict) -> dict[int, dict[str, list]]:
-    """{row bucket: {"NxK": wide config}} where the wide kernel beat the dense path in the sweep."""
+def chosen_configs(report: dict) -> dict[int, dict[str, dict]]:
+    """{row bucket: {"NxK": the sweep's best wide variant}} where it beat the dense path."""
     return {
-        int(rows): {shape: r["config"] for shape, r in by_shape.items() if r["wide_us"] < r["dense_us"]}
+        int(rows): {shape: r for shape, r in by_shape.items() if r["wide_us"] < r["dense_us"]}
         for rows, by_shape in report.items()
     }
 
 
-def with_gemm(dense_call, chosen: dict[int, dict[str, list]]):
+def with_gemm(dense_call, chosen: dict[int, dict[str, dict]]):
     """Linears.__call__ that sends 2..largest-bucket rows of a 4-bit weight to the wide GEMM where chosen."""
     buckets = sorted(chosen)
 
     def call(self, x, w):
         if isinstance(w, RowPackedInt4) and 1 < x.shape[0] <= buckets[-1]:
             bucket = next(b for b in buckets if x.shape[0] <= b)
-            config = chosen[bucket].get(f"{w.out_features}x{w.in_features}")
-            if config:
-                return int4_gemm_wide(x.contiguous(), w, *config)
+            best = chosen[bucket].get(f"{w.out_features}x{w.in_features}")
+            if best:
+                return int4_gemm_wide(x.contiguous(), w, *best["config"], last_sums=best["last_sums"], pdl=best["pdl"])
         return dense_call(self, x, w)
 
     return call
@@ -61,11 +61,12 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch.split(",")]
     chosen = chosen_configs(json.loads(open(args.configs).read()))
-    print("wide GEMM where it won the sweep:", json.dumps(chosen), flush=True)
+    print("the wide GEMM where it won the sweep:", json.dumps(chosen), flush=True)
     engine = Engine.load(
         args.model, device=args.device, context_length=args.prompt_tokens + args.new_tokens + 16, use_triton=True
     )
     engine.warm_up()
+    arrival_counts(engine.model.device)  # made before any graph capture launches the GEMM
     prompts = batch_prompts(engine, max(sizes), args.prompt_tokens)
     block = 64
     per_seq = -(-(args.prompt_tokens + args.new_tokens + 1) // block)

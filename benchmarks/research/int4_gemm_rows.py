@@ -55,6 +55,8 @@ def _int4_gemm_kernel(
     s_ptr,
     z_ptr,
     out_ptr,
+    part_ptr,
+    count_ptr,
     M,
     N,
     KP,
@@ -73,9 +75,9 @@ def _int4_gemm_kernel(
     # c*BLOCK_N.. over packed blocks sp*BLOCKS_PER_SPLIT.., each weight read once for all BLOCK_M rows. A block's
     # IB ints per row hold 8 runs of IB inputs (nibble j: inputs 8*IB*b + j*IB ..), each dequantised in
     # registers (2**23 + q, as the dequantiser) into the activations' dtype and multiplied by its run of x on
-    # the tensor cores. out: the output [M, N] itself (the first split's only) or split sp's fp32 partial sums
-    # (summed by _int4_gemm_reduce_kernel). GATE_UP_PAIRS: stored rows (gate i, up i) go to columns i and
-    # N/2 + i, the dense [gate; up] order the callers expect of several rows.
+    # the tensor cores. Unsplit, into out [M, N]; split, split sp's fp32 partial sums into part [splits, M, N]
+    # (summed by _int4_gemm_reduce_kernel; count_ptr unused). GATE_UP_PAIRS: stored rows (gate i, up i) go to
+    # columns i and N/2 + i, the dense [gate; up] order the callers expect of several rows.
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -106,8 +108,10 @@ def _int4_gemm_kernel(
     else:
         cols = rows
     mask = m_mask[:, None] & row_mask[None, :]
-    dst = out_ptr + (tl.program_id(1) * M + m[:, None]) * N + cols[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if tl.num_programs(1) == 1:
+        tl.store(out_ptr + m[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + (tl.program_id(1) * M + m[:, None]) * N + cols[None, :], acc, mask=mask)
 
 
 @triton.jit
@@ -131,6 +135,8 @@ def _int4_gemm_wide_kernel(
     s_ptr,
     z_ptr,
     out_ptr,
+    part_ptr,
+    count_ptr,
     M,
     N,
     KP,
@@ -144,11 +150,19 @@ def _int4_gemm_wide_kernel(
     BLOCK_N: tl.constexpr,
     GATE_UP_PAIRS: tl.constexpr,
     STAGES: tl.constexpr,
+    LAST_SUMS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # As _int4_gemm_kernel, but KB whole packed blocks (KB * 8 * IB inputs) at a time and one tensor-core dot over
     # them: nibble j of int i of block b is input b*8*IB + j*IB + i, so the [BLOCK_N, KB, 8, IB] dequantised
     # tile reshaped to [BLOCK_N, KB*8*IB] lines up with a contiguous run of x. The loop over blocks is pipelined
-    # (STAGES), so the next tiles' loads are in flight while this one is multiplied.
+    # (STAGES), so the next tiles' loads are in flight while this one is multiplied. Split along K: fp32 partial
+    # sums in part_ptr, added up by _int4_gemm_reduce_kernel, or (LAST_SUMS) by the last split of a tile to
+    # arrive (an atomic count in count_ptr, reset after), in split order, as the int4 GEMV does: no second
+    # launch. PDL: launched early behind the kernel before, waiting for it before any load.
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     m = tl.arange(0, BLOCK_M)
@@ -183,13 +197,45 @@ def _int4_gemm_wide_kernel(
         out_cols = rows // 2 + (rows % 2) * (N // 2)
     else:
         out_cols = rows
-    dst = out_ptr + (tl.program_id(1) * M + m[:, None]) * N + out_cols[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & row_mask[None, :])
+    mask = m_mask[:, None] & row_mask[None, :]
+    splits = tl.num_programs(1)
+    if splits == 1:
+        tl.store(out_ptr + m[:, None] * N + out_cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + (tl.program_id(1) * M + m[:, None]) * N + out_cols[None, :], acc, mask=mask)
+        if LAST_SUMS:
+            tl.debug_barrier()  # every thread's partials are written before the arrival is counted
+            arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
+            if arrived == splits - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for c in range(0, splits):
+                    total += tl.load(
+                        part_ptr + (c * M + m[:, None]) * N + out_cols[None, :],
+                        mask=mask,
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                tl.store(out_ptr + m[:, None] * N + out_cols[None, :], total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(count_ptr + tl.program_id(0), 0)
 
 
-def _launch(kernel, x, w, block_n: int, programs_per_sm: int, kb: int, warps: int, stages: int, **meta):
+_COUNTS: dict = {}  # device -> the split arrival counts (int32 zeros; each tile's count is reset by its last split)
+
+
+def arrival_counts(device) -> torch.Tensor:
+    """The shared arrival counts, made on first use (call once before capturing a graph that launches a GEMM):
+    kernels in a row may share them, since each waits for the one before (PDL) and leaves its counts at zero."""
+    if device not in _COUNTS:
+        _COUNTS[device] = torch.zeros(4096, dtype=torch.int32, device=device)
+    return _COUNTS[device]
+
+
+def _launch(
+    kernel, x, w, block_n: int, programs_per_sm: int, kb: int, warps: int, stages: int, last_sums=False, **meta
+):
     """x @ W.T through one of the kernels above: K split until about programs_per_sm programs an SM (in whole
-    groups of kb blocks), fp32 partials summed by _int4_gemm_reduce_kernel where it is split."""
+    groups of kb blocks), fp32 partials summed by _int4_gemm_reduce_kernel where it is split, or by the
+    kernel's last split (last_sums, the wide kernel's LAST_SUMS)."""
     n, k = w.shape
     rows = x.shape[0]
     blocks = k // (8 * w.interleave)
@@ -200,12 +246,16 @@ def _launch(kernel, x, w, block_n: int, programs_per_sm: int, kb: int, warps: in
     splits = triton.cdiv(blocks, per_split)
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    counts = arrival_counts(x.device)
+    assert tiles <= counts.numel()
     kernel[(tiles, splits)](
         x,
         w.qweight,
         w.scales,
         w.zeros,
+        out,
         partials,
+        counts,
         rows,
         n,
         k // 8,
@@ -220,13 +270,40 @@ def _launch(kernel, x, w, block_n: int, programs_per_sm: int, kb: int, warps: in
         num_warps=warps,
         **meta,
     )
-    if splits > 1:
+    if splits > 1 and not last_sums:
         _int4_gemm_reduce_kernel[(triton.cdiv(rows * n, 1024),)](partials, out, rows * n, splits, BLOCK=1024, PDL=False)
     return out
 
 
-def int4_gemm_wide(x, w, block_n: int = 64, kb: int = 1, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
-    return _launch(_int4_gemm_wide_kernel, x, w, block_n, programs_per_sm, kb, warps, stages, KB=kb, STAGES=stages)
+def int4_gemm_wide(
+    x,
+    w,
+    block_n: int = 64,
+    kb: int = 1,
+    programs_per_sm: int = 2,
+    warps: int = 4,
+    stages: int = 3,
+    last_sums: bool = False,
+    pdl: bool = False,
+):
+    """The wide kernel; last_sums: the last split adds the partials up (no reduction kernel); pdl: launched with
+    programmatic dependent launch (sm_90+)."""
+    return _launch(
+        _int4_gemm_wide_kernel,
+        x,
+        w,
+        block_n,
+        programs_per_sm,
+        kb,
+        warps,
+        stages,
+        last_sums=last_sums,
+        KB=kb,
+        STAGES=stages,
+        LAST_SUMS=last_sums,
+        PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
+    )
 
 
 def int4_gemm(x, w, block_n: int = 64, programs_per_sm: int = 2, warps: int = 4, stages: int = 3):
@@ -310,7 +387,13 @@ def main() -> None:
                 results.append(
                     (us, f"wide, BLOCK_N {block_n}, {kb} block(s) a dot, {pps}/SM, {warps} warps, {stages} stages")
                 )
-                wide.append({"us": us, "config": [block_n, kb, pps, warps, stages]})
+                wide.append({"us": us, "config": [block_n, kb, pps, warps, stages], "last_sums": False, "pdl": False})
+            # the three fastest again, their splits summed in the kernel, and launched with PDL where it exists
+            pdl = torch.cuda.get_device_capability(dev) >= (9, 0)
+            for plain in sorted(wide, key=lambda r: r["us"])[:3]:
+                us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], *plain["config"], last_sums=True, pdl=pdl), copies)
+                results.append((us, f"wide {plain['config']}, sums in the kernel, PDL {pdl}"))
+                wide.append({**plain, "us": us, "last_sums": True, "pdl": pdl})
             results.sort()
             best = "; ".join(f"{us:.1f} us ({what})" for us, what in results[:3])
             print(f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}", flush=True)
