@@ -15,7 +15,7 @@ weights rotated over enough copies to miss L2, against the dense path likewise r
 (tinygemm, made for a few rows; it would need its own copy of the weights in its layout), and the dense path a
 few MiB of rows at a time (its bf16 copy read back from L2, for more launches).
 
-    python -m benchmarks.research.int4_gemm_rows [--rows 8,32] [--json BEST.json]
+    python -m benchmarks.research.int4_gemm_rows [--rows 8,32] [--json BEST.json] [--compilers 12]
 """
 
 from __future__ import annotations
@@ -341,22 +341,67 @@ def rotated_us(fn, copies: int, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1000.0 / (copies * replays)
 
 
+def packed_weight(n: int, k: int, paired: bool, dev) -> tuple:
+    """A random RowPackedInt4 [n, k] (group 128) on dev, and its ints, zeros and scales."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (k, n), generator=g).to(dev)
+    z = torch.randint(0, 16, (k // 128, n), generator=g).to(dev)
+    s = (torch.rand(k // 128, n, generator=g) * 0.05 + 0.001).half().to(dev)
+    base = fmt.to_row_packed(q, z, s, 128)
+    return (fmt.pair_gate_up(base) if paired else base), q, z, s
+
+
+def compile_part(rows_list: list[int], part: int, parts: int) -> None:
+    """Launch this part's share of the sweep's wide variants once (plain, and with their sums in the kernel and
+    PDL), so Triton compiles them into its cache for the timing process."""
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a dry run under TRITON_INTERPRET=1
+    pdl = dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (9, 0)
+    weights: dict = {}
+    jobs = itertools.product(SHAPES.values(), rows_list, WIDE_TILES, (1, 2, 4), (False, True))
+    for j, ((n, k, paired), rows, (block_n, kb, warps, stages), pps, plus) in enumerate(jobs):
+        if j % parts == part:
+            if (n, k, paired) not in weights:
+                weights[(n, k, paired)] = packed_weight(n, k, paired, dev)[0]
+            w = weights[(n, k, paired)]
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            try:
+                int4_gemm_wide(x, w, block_n, kb, pps, warps, stages, last_sums=plus, pdl=plus and pdl)
+            except Exception:  # a tile this GPU can't run: the sweep skips it too
+                pass
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def compile_first(rows: str, processes: int) -> None:
+    """The wide variants compiled in `processes` processes at once (Triton compiles one kernel at a time in a
+    process; the sweep's ~150 variants would take minutes), sharing Triton's file cache with this one."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "benchmarks.research.int4_gemm_rows", "--rows", rows]
+    procs = [subprocess.Popen([*cmd, "--compile-part", f"{i}/{processes}"]) for i in range(processes)]
+    for proc in procs:
+        proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="8,32")
     ap.add_argument("--json", help="the best wide configuration per rows and shape (for int4_gemm_in_step)")
+    ap.add_argument("--compilers", type=int, default=0, help="compile the wide variants first in this many processes")
+    ap.add_argument("--compile-part", help=argparse.SUPPRESS)  # "I/N": one of those processes
     args = ap.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    if args.compile_part:
+        return compile_part(rows_list, *map(int, args.compile_part.split("/")))
+    if args.compilers:
+        compile_first(args.rows, args.compilers)
     report: dict = {}
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20)
     print(f"{torch.cuda.get_device_name()}: GPU us a call, weights streamed (copies past 4x L2)")
     for name, (n, k, paired) in SHAPES.items():
-        g = torch.Generator().manual_seed(0)
-        q = torch.randint(0, 16, (k, n), generator=g)
-        z = torch.randint(0, 16, (k // 128, n), generator=g)
-        s = (torch.rand(k // 128, n, generator=g) * 0.05 + 0.001).half()
-        base = fmt.to_row_packed(q.to(dev), z.to(dev), s.to(dev), 128)
-        base = fmt.pair_gate_up(base) if paired else base
+        base, q, z, s = packed_weight(n, k, paired, dev)
         copies = max(2, -(-4 * l2 // base.nbytes()))
         ws = [
             fmt.RowPackedInt4(base.qweight.clone(), base.scales.clone(), base.zeros.clone(), 128, 16, paired)
@@ -364,39 +409,62 @@ def main() -> None:
         ]
         scratch = torch.empty(n * k, device=dev, dtype=torch.bfloat16)
         # torch's int4 kernel (tinygemm, made for a few rows) on the same numbers in its own layout
-        packs = [fmt.to_int4pack(q.to(dev), z.to(dev), s.to(dev), 128) for _ in range(copies)]
-        for rows in [int(r) for r in args.rows.split(",")]:
+        packs = [fmt.to_int4pack(q, z, s, 128) for _ in range(copies)]
+        for rows in rows_list:
             x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             dense = rotated_us(lambda i: F.linear(x, int4_triton.int4_dequantize(ws[i], scratch)), copies)
+            ref = F.linear(x, int4_triton.int4_dequantize(ws[0], scratch)).float()
+            wrong: list[str] = []
+
+            def checked_us(fn, what: str):
+                """fn's time, or None (noted in `wrong`) where its output isn't the dense path's to rounding."""
+                err = ((fn(0).float() - ref).abs().max() / ref.abs().max()).item()
+                if not err <= 2e-2:
+                    wrong.append(f"{what}: relative error {err:.2g}")
+                    return None
+                return rotated_us(fn, copies)
+
             results = [
-                (rotated_us(lambda i: int4_gemm(x, ws[i]), copies), "per-run dots, BLOCK_N 64, 2/SM"),
-                (rotated_us(lambda i: fmt.int4_linear(x, packs[i]), copies), "torch's int4 kernel"),
+                (checked_us(lambda i: int4_gemm(x, ws[i]), "per-run"), "per-run dots, BLOCK_N 64, 2/SM"),
+                (checked_us(lambda i: fmt.int4_linear(x, packs[i]), "tinygemm"), "torch's int4 kernel"),
             ]
             wide: list[dict] = []
             out_t = torch.empty(n, rows, device=dev, dtype=torch.bfloat16)
             for mib in (4, 8, 16):
                 chunk = max(16, (mib << 20) // (2 * k) // 16 * 16)
-                if chunk < n:
+                if chunk < n:  # (rows in stored order: not checked against the dense path's order)
                     us = rotated_us(lambda i: dense_in_chunks(x, ws[i], scratch, out_t, chunk), copies)
                     results.append((us, f"dense in {mib} MiB chunks"))
             for (block_n, kb, warps, stages), pps in itertools.product(WIDE_TILES, (1, 2, 4)):
+                config = [block_n, kb, pps, warps, stages]
                 try:
-                    us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], block_n, kb, pps, warps, stages), copies)
+                    us = checked_us(lambda i: int4_gemm_wide(x, ws[i], *config), f"wide {config}")
                 except Exception:  # a tile that doesn't fit this GPU's shared memory or registers
                     continue
-                results.append(
-                    (us, f"wide, BLOCK_N {block_n}, {kb} block(s) a dot, {pps}/SM, {warps} warps, {stages} stages")
-                )
-                wide.append({"us": us, "config": [block_n, kb, pps, warps, stages], "last_sums": False, "pdl": False})
+                if us is not None:
+                    results.append(
+                        (us, f"wide, BLOCK_N {block_n}, {kb} block(s) a dot, {pps}/SM, {warps} warps, {stages} stages")
+                    )
+                    wide.append({"us": us, "config": config, "last_sums": False, "pdl": False})
             # the three fastest again, their splits summed in the kernel, and launched with PDL where it exists
             pdl = torch.cuda.get_device_capability(dev) >= (9, 0)
             for plain in sorted(wide, key=lambda r: r["us"])[:3]:
-                us = rotated_us(lambda i: int4_gemm_wide(x, ws[i], *plain["config"], last_sums=True, pdl=pdl), copies)
-                results.append((us, f"wide {plain['config']}, sums in the kernel, PDL {pdl}"))
-                wide.append({**plain, "us": us, "last_sums": True, "pdl": pdl})
+                us = checked_us(
+                    lambda i: int4_gemm_wide(x, ws[i], *plain["config"], last_sums=True, pdl=pdl), f"{plain} + sums"
+                )
+                if us is not None:
+                    results.append((us, f"wide {plain['config']}, sums in the kernel, PDL {pdl}"))
+                    wide.append({**plain, "us": us, "last_sums": True, "pdl": pdl})
+            results = [r for r in results if r[0] is not None]
+            if wrong:
+                print(f"{name:8} {rows} rows: NOT the dense path's numbers: {'; '.join(wrong)}", flush=True)
             results.sort()
             best = "; ".join(f"{us:.1f} us ({what})" for us, what in results[:3])
-            print(f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}", flush=True)
+            others = ", ".join(f"{what} {us:.1f}" for us, what in results[3:] if not what.startswith("wide"))
+            print(
+                f"{name:8} {n}x{k}, {rows} rows: dense copy + cuBLAS {dense:.1f} us; best: {best}; also: {others}",
+                flush=True,
+            )
             if wide:
                 top = min(wide, key=lambda r: r["us"])
                 report.setdefault(str(rows), {})[f"{n}x{k}"] = {"dense_us": dense, "wide_us": top["us"], **top}
