@@ -380,8 +380,12 @@ def compile_first(rows: str, processes: int) -> None:
 
     cmd = [sys.executable, "-m", "benchmarks.research.int4_gemm_rows", "--rows", rows]
     procs = [subprocess.Popen([*cmd, "--compile-part", f"{i}/{processes}"]) for i in range(processes)]
-    for proc in procs:
-        proc.wait()
+    try:
+        for proc in procs:
+            proc.wait(timeout=120)  # what is left then compiles in the sweep itself
+    finally:
+        for proc in procs:
+            proc.kill()
 
 
 def main() -> None:
