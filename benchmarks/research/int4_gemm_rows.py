@@ -382,7 +382,9 @@ def compile_first(rows: str, processes: int) -> None:
     procs = [subprocess.Popen([*cmd, "--compile-part", f"{i}/{processes}"]) for i in range(processes)]
     try:
         for proc in procs:
-            proc.wait(timeout=120)  # what is left then compiles in the sweep itself
+            proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # what is left compiles in the sweep itself
+        pass
     finally:
         for proc in procs:
             proc.kill()
