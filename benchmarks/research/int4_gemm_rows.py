@@ -7,13 +7,14 @@ sequences at once"). The kernel here reads each int4 weight once for all rows: a
 over some packed blocks (K split until the programs cover the GPU), dequantises a run of 16 inputs at a time in
 registers and multiplies every row by it on the tensor cores (tl.dot with K = 16), fp32 partial sums then one
 reduction. With weights resident in L2 it beat the dense path at every row count; inside the decode graphs it
-did not (H200, 2026-12-06: 8 sequences 2,888 against 2,930 tok/s, 32 sequences 7,999 against 10,850): it is
-latency-bound once the weights come from DRAM. A second kernel dequantises whole blocks into one
-[BLOCK_N, 128 or 256] tile and multiplies it in one dot (not eight of K = 16), its block loop pipelined. This sweeps
-its tile, blocks a dot, split, warps and stages over the 1.5B's four linears, with the first kernel as it was, the
-weights rotated over enough copies to miss L2, against the dense path likewise rotated, and torch's int4 kernel
-(tinygemm, made for a few rows; it would need its own copy of the weights in its layout), and the dense path a
-few MiB of rows at a time (its bf16 copy read back from L2, for more launches).
+did not (docs/BENCHMARKS.md, "Many sequences at once"): it is latency-bound once the weights come from DRAM.
+A second kernel dequantises whole blocks into one [BLOCK_N, 128 or 256] tile and multiplies it in one dot (not
+eight of K = 16), its block loop pipelined. This sweeps its tile, blocks a dot, split, warps and stages over the
+1.5B's four linears (the three fastest again with their splits summed by the last split instead of a second
+kernel, and launched with PDL), each checked against the dense path's numbers before it is timed, with the first
+kernel as it was, the weights rotated over enough copies to miss L2, against the dense path likewise rotated,
+torch's int4 kernel (tinygemm, made for a few rows; it would need its own copy of the weights in its layout), and
+the dense path a few MiB of rows at a time (its bf16 copy read back from L2, for more launches).
 
     python -m benchmarks.research.int4_gemm_rows [--rows 8,32] [--json BEST.json] [--compilers 12]
 """
