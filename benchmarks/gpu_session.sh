@@ -35,11 +35,15 @@
 #   overlap     the scheduler's overlapped decode steps (SchedulerConfig.overlap) against steps one at a time, 1/8/32
 #               sequences, alternated; the engine's batch 1 beside them; the serve scenario (16 clients, 200 requests)
 #   int4gemm    the research int4 GEMM for a few rows, its tiles and splits swept with the weights streamed from
-#               DRAM, against a dense copy + cuBLAS (benchmarks/research/int4_gemm_rows.py)
+#               DRAM, against a dense copy + cuBLAS and torch's int4 kernel (benchmarks/research/int4_gemm_rows.py;
+#               the best variant per shape and rows in OUT_DIR/int4-best.json)
+#   int4step    the 4-bit scheduler's decode at 8 and 32 sequences with int4gemm's winners, and with torch's int4
+#               kernel, alternated with the dense path (benchmarks/research/int4_gemm_in_step.py)
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
-#               FROZEN_FLAGS= leaves that run out; STORE_ARCHS=90 builds the store for sm_90 alone)
+#               FROZEN_FLAGS= leaves that run out, FROZEN_FLAGS="--no-store --rounds 0" runs it alone;
+#               STORE_ARCHS=90 builds the store for sm_90 alone)
 # The tools run as modules of the benchmarks package (python3 -m benchmarks.NAME), from the tree's root.
 # Each run's output goes to OUT_DIR/NAME.txt (JSON where the tool writes it); a summary line per run goes to
 # stdout. LIMIT (seconds, default 500) bounds each run. Where one command may run only so long (the device tool:
@@ -145,7 +149,11 @@ for part in "${@:-models tests depths chat followup firststart}"; do
         run overlap-engine $CLI bench --model $M --runs 3
         run overlap-serve $CLI bench --model $M --scenario serve --clients 16 --requests 200 --max-parallel 16 \
           --new-tokens 256 --context 4096 --json ;;
-      int4gemm) run int4gemm python3 -m benchmarks.research.int4_gemm_rows --rows 2,8,32 ;;
+      int4gemm) run int4gemm python3 -m benchmarks.research.int4_gemm_rows --rows 8,32 --compilers 12 \
+                  --json "$OUT/int4-best.json" ;;
+      int4step)
+        configs=(); [ -f "$OUT/int4-best.json" ] && configs=(--configs "$OUT/int4-best.json")
+        run int4step python3 -m benchmarks.research.int4_gemm_in_step $A "${configs[@]}" --tinygemm --batch 8,32 ;;
       frozen)
         . .qt/env.sh >/dev/null
         if [ ! -f /tmp/kernel-store/STORE.json ]; then  # as build_release.sh builds it
