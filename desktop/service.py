@@ -3,8 +3,9 @@
 Every client that wants tokens (the chat view, the local API server) asks this service: `submit()` queues a
 GenerationRequest (FIFO), the service hands waiting requests to the worker while fewer than `max_parallel` run,
 and routes the worker's events for each back to that request's own signals. No client touches the worker. With
-max_parallel 1 the engine decodes one reply at a time; above 1 the worker's scheduler decodes that many together
-(continuous batching: model_loader.scheduler), each with its own settings, cancel and events. Lives on the GUI
+max_parallel 1 the engine decodes one reply at a time (but the samples of one prompt, Ask ×N's chains, together);
+above 1 the worker's scheduler decodes that many together (continuous batching: model_loader.scheduler), each with
+its own settings, cancel and events. Lives on the GUI
 thread (or the headless server's main thread); QtCore only, no widgets, so `r1desk-cli serve` runs the same code
 without a window.
 
@@ -246,8 +247,14 @@ class EngineService(QObject):
         return ahead
 
     def _pump(self) -> None:
-        """Hand waiting requests to the worker while fewer than max_parallel run."""
-        while len(self.active) < self.parallel and self.waiting and self.state == "ready":
+        """Hand waiting requests to the worker while fewer than max_parallel run, and with one at a time, a
+        sample of the prompt whose samples are running (Ask ×N's chains) beside them: the worker decodes those
+        together (the loaded model's samples_together; EngineWorker._samples_scheduler)."""
+        while (
+            self.waiting
+            and self.state == "ready"
+            and (len(self.active) < self.parallel or self._joins_its_samples(self.waiting[0]))
+        ):
             req = self.waiting.popleft()
             req.state = "running"
             req.started_t = time.monotonic()
@@ -261,6 +268,14 @@ class EngineService(QObject):
             self._announce_positions()
             self.host.generate(req.messages, req.settings, req.control, gen_id=gen_id)
         self._announce_positions()
+
+    def _joins_its_samples(self, req: GenerationRequest) -> bool:
+        group = req.settings.get("samples_of")
+        return (
+            group is not None
+            and bool((self.info or {}).get("samples_together"))
+            and any(other.settings.get("samples_of") == group for other in self.active.values())
+        )
 
     @property
     def parallel(self) -> int:

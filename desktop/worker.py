@@ -175,6 +175,9 @@ class EngineWorker(QObject):
         self.latest_load = 0
         self._abort_quantize = threading.Event()
         self.scheduler = None  # with max_parallel > 1: the engine's scheduler (model_loader.scheduler)
+        # With one reply at a time (no scheduler): a scheduler made for the samples of one prompt (Ask ×N's chains)
+        # beside the engine's own cache, so they decode together; dropped, with its KV cache, when they have ended.
+        self._together = None
         self._samples: dict[str, object] = {}  # samples of one prompt: name -> the first's Sequence, while it runs
         self._step_timer: QTimer | None = None  # steps the scheduler while it has work (made on this thread)
 
@@ -309,6 +312,7 @@ class EngineWorker(QObject):
         self.scheduler = scheduler
         info = _asdict(engine.info)
         info["max_parallel"] = parallel
+        info["samples_together"] = self._samples_together()
         info["memory"] = _asdict(engine.memory())
         info["variants"] = self._variants(info.get("model_path"))
         info["gpus"] = self._gpus()
@@ -316,9 +320,10 @@ class EngineWorker(QObject):
 
     def _drop_engine(self) -> None:
         """The old model goes (replies still decoding on it end now, said why), and with it its VRAM."""
-        if self.scheduler is not None:
-            self.scheduler.end_all("unloaded", "the model is being reloaded; send the request again when it is ready")
-            self.scheduler = None
+        for scheduler in (self.scheduler, self._together):
+            if scheduler is not None:
+                scheduler.end_all("unloaded", "the model is being reloaded; send the request again when it is ready")
+        self.scheduler = self._together = None
         self.engine = None
         if "torch" in sys.modules:  # a remote model never imports it
             self._free_device_memory()
@@ -447,7 +452,7 @@ class EngineWorker(QObject):
         tools = settings.get("tools")  # an API client's tool definitions, for the chat template
         raw = settings.get("raw_prompt")  # a completions request's prompt (text or token ids): no chat template
         cont = bool(settings.get("continue_final"))  # the last message is the reply so far, to continue
-        if self.scheduler is not None:
+        if self.scheduler is not None or (settings.get("samples_of") and self._samples_together()):
             self._submit(gen_id, messages, sampling, control, coalescer, settings.get("samples_of"), tools, raw, cont)
             return
         if raw is not None and not hasattr(self.engine, "generate_ids"):
@@ -510,9 +515,10 @@ class EngineWorker(QObject):
         raw=None,
         cont: bool = False,
     ) -> None:
-        """Queue a reply on the scheduler; its events become this worker's signals as the steps make them.
-        samples_of: (name, n) of n samples of one prompt: those after the first wait for its prefill and reuse it."""
-        from model_loader.errors import ContextFullError, ModelError
+        """Queue a reply on the scheduler (without one, a sample on the scheduler made for its prompt's samples:
+        _samples_scheduler); its events become this worker's signals as the steps make them. samples_of: (name, n)
+        of n samples of one prompt: those after the first wait for its prefill and reuse it."""
+        from model_loader.errors import ContextFullError, ModelError, OutOfMemoryError
         from model_loader.events import Delta, Failed, Finished, Started, TokenLogprobs
 
         name = samples_of[0] if samples_of is not None else None
@@ -543,9 +549,13 @@ class EngineWorker(QObject):
             else:
                 prompt = self.engine.chat.render(messages, tools, cont)
                 ids, in_reasoning = prompt.ids, prompt.starts_in_reasoning
-            seq = self.scheduler.submit(ids, sampling, control, in_reasoning, sink, after=first)
+            scheduler = self.scheduler or self._samples_scheduler(samples_of[1], len(ids), sampling)
+            seq = scheduler.submit(ids, sampling, control, in_reasoning, sink, after=first)
         except ContextFullError as err:
             self.failed.emit(gen_id, "context_full", str(err))
+            return
+        except OutOfMemoryError as err:
+            self.failed.emit(gen_id, "oom", str(err))
             return
         except ModelError as err:
             self.failed.emit(gen_id, "generate", str(err))
@@ -559,10 +569,43 @@ class EngineWorker(QObject):
         if not self._step_timer.isActive():
             self._step_timer.start()
 
+    def _samples_together(self) -> bool:
+        """Whether samples of one prompt decode together here with one reply at a time: a model on this machine
+        (not a server's, not a test's stand-in) and no scheduler of its own."""
+        return self.scheduler is None and getattr(self.engine, "model", None) is not None
+
+    def _samples_scheduler(self, n: int, prompt_tokens: int, sampling):
+        """The scheduler for the samples of one prompt, made for the first: up to n sequences of the prompt and
+        its new tokens in a paged KV cache beside the engine's own (as many as the free memory holds, the rest
+        after: parallel_samples.kv_blocks_for), as `r1desk-cli chat --vote` decodes them."""
+        import torch
+
+        from model_loader.errors import OutOfMemoryError
+        from model_loader.loading import OOM_ADVICE
+        from model_loader.parallel_samples import kv_blocks_for
+        from model_loader.scheduler import Scheduler, SchedulerConfig
+
+        if self._together is None:
+            engine = self.engine
+            context = engine.info.context_length
+            tokens = min(context, prompt_tokens + sampling.new_tokens_within(context - prompt_tokens) + 1)
+            config = SchedulerConfig(max_seqs=n, kv_cache=engine.info.kv_cache)
+            try:
+                blocks = kv_blocks_for(engine, n, tokens, config.block_size)
+                self._together = Scheduler(engine.model, engine.chat, blocks, config)
+            except torch.cuda.OutOfMemoryError as err:
+                self._free_device_memory()
+                raise OutOfMemoryError(f"out of GPU memory for {n} chains at once; {OOM_ADVICE}") from err
+            self._together.max_ctx = min(self._together.max_ctx, context)
+        return self._together
+
     def _step(self) -> None:
-        scheduler = self.scheduler
+        scheduler = self.scheduler or self._together
         if scheduler is None or not scheduler.has_work():
             self._step_timer.stop()
+            if scheduler is not None and scheduler is self._together:  # its samples have ended: its memory back
+                self._together = None
+                self._free_device_memory()
             return
         try:
             scheduler.step()  # a failing step isolates the failing sequence itself (Scheduler._step_failed)
@@ -573,8 +616,9 @@ class EngineWorker(QObject):
     def drain(self) -> None:
         """The thread's loop has stopped (the app is closing): end the replies still decoding as cancelled, with
         what they wrote, so their clients can keep it (EngineService.deliver_pending)."""
-        if self.scheduler is not None:
-            self.scheduler.end_all("cancelled")
+        for scheduler in (self.scheduler, self._together):
+            if scheduler is not None:
+                scheduler.end_all("cancelled")
         if self._step_timer is not None:  # a timer must be stopped and destroyed on its own thread: this one
             self._step_timer.stop()
             self._step_timer = None

@@ -54,3 +54,32 @@ def test_stop_ends_every_chain_and_a_plain_send_is_one_reply(qtbot, make_window)
         win.send("And once more")
     assert len(engine.prompts) == before + 1 and "vote" not in plain.args[0]["stats"]
     assert not win.chat.widget_for(plain.args[0]["id"]).vote_label.isVisible()
+
+
+def test_with_one_reply_at_a_time_ask_n_still_decodes_its_chains_together(qtbot, make_window, tiny_model):
+    """Replies at once = 1 (the window's default) keeps a lone reply on the single-reply engine, but Ask ×N's
+    chains decode together, as `chat --vote` does: every chain has started (its prompt in the KV cache) before
+    the first one ends. One after another, chain 2 would start only once chain 1 had ended. The scheduler made
+    for them goes when they end, and a plain reply then runs on the engine as before."""
+    win = make_window(model=tiny_model, vote_chains=3, max_new_tokens=48, max_parallel=1)
+    assert win.service.info["max_parallel"] == 1 and win.service.info["samples_together"] is True
+    events: list[tuple[str, int]] = []
+
+    def watch(req) -> None:
+        req.started.connect(lambda _started, i=req.id: events.append(("started", i)))
+        req.finished.connect(lambda _result, i=req.id: events.append(("ended", i)))
+        req.failed.connect(lambda _kind, _message, i=req.id: events.append(("ended", i)))
+
+    win.service.request_started.connect(watch)
+    win.composer.set_text("What is 2 + 2?")
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
+        win.composer.vote_btn.click()
+    assert done.args[0]["stats"]["vote"]["total"] == 3
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("started") == 3 and kinds.count("ended") == 3
+    assert kinds.index("ended") > max(i for i, kind in enumerate(kinds) if kind == "started"), events
+    worker = win.service.host.worker
+    qtbot.waitUntil(lambda: worker._together is None, timeout=10000)  # its KV cache is gone with it
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as plain:
+        win.send("And once more")
+    assert plain.args[0]["stats"]["finish_reason"] in ("stop", "max_new_tokens") and "vote" not in plain.args[0]["stats"]
