@@ -178,6 +178,7 @@ class EngineWorker(QObject):
         # With one reply at a time (no scheduler): a scheduler made for the samples of one prompt (Ask ×N's chains)
         # beside the engine's own cache, so they decode together; dropped, with its KV cache, when they have ended.
         self._together = None
+        self._together_failed = False  # making one failed (not for memory): samples then take the engine in turn
         self._samples: dict[str, object] = {}  # samples of one prompt: name -> the first's Sequence, while it runs
         self._step_timer: QTimer | None = None  # steps the scheduler while it has work (made on this thread)
 
@@ -310,6 +311,7 @@ class EngineWorker(QObject):
             return
         self.engine = engine
         self.scheduler = scheduler
+        self._together_failed = False
         info = _asdict(engine.info)
         info["max_parallel"] = parallel
         info["samples_together"] = self._samples_together()
@@ -560,6 +562,12 @@ class EngineWorker(QObject):
         except ModelError as err:
             self.failed.emit(gen_id, "generate", str(err))
             return
+        except Exception as err:  # a bug, or (no scheduler of its own) the paged kernels failing to start here
+            traceback.print_exc()
+            if self.scheduler is None:
+                self._together_failed = True
+            self.failed.emit(gen_id, "internal", f"generation failed: {type(err).__name__}: {err}")
+            return
         if name is not None and first is None:
             self._samples[name] = seq
         if self._step_timer is None:  # made here, on this thread, which its timeouts run on
@@ -571,8 +579,8 @@ class EngineWorker(QObject):
 
     def _samples_together(self) -> bool:
         """Whether samples of one prompt decode together here with one reply at a time: a model on this machine
-        (not a server's, not a test's stand-in) and no scheduler of its own."""
-        return self.scheduler is None and getattr(self.engine, "model", None) is not None
+        (not a server's, not a test's stand-in), no scheduler of its own, and none made for samples has failed."""
+        return self.scheduler is None and getattr(self.engine, "model", None) is not None and not self._together_failed
 
     def _samples_scheduler(self, n: int, prompt_tokens: int, sampling):
         """The scheduler for the samples of one prompt, made for the first: up to n sequences of the prompt and
@@ -595,7 +603,7 @@ class EngineWorker(QObject):
                 self._together = Scheduler(engine.model, engine.chat, blocks, config)
             except torch.cuda.OutOfMemoryError as err:
                 self._free_device_memory()
-                raise OutOfMemoryError(f"out of GPU memory for {n} chains at once; {OOM_ADVICE}") from err
+                raise OutOfMemoryError(f"out of GPU memory for the KV cache of {n} samples; {OOM_ADVICE}") from err
             self._together.max_ctx = min(self._together.max_ctx, context)
         return self._together
 

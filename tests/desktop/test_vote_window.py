@@ -82,4 +82,28 @@ def test_with_one_reply_at_a_time_ask_n_still_decodes_its_chains_together(qtbot,
     qtbot.waitUntil(lambda: worker._together is None, timeout=10000)  # its KV cache is gone with it
     with qtbot.waitSignal(win.reply_finished, timeout=60000) as plain:
         win.send("And once more")
-    assert plain.args[0]["stats"]["finish_reason"] in ("stop", "max_new_tokens") and "vote" not in plain.args[0]["stats"]
+    stats = plain.args[0]["stats"]
+    assert stats["finish_reason"] in ("stop", "max_new_tokens") and "vote" not in stats
+
+
+def test_samples_take_the_engine_in_turn_when_their_batch_cannot_start(qtbot, make_window, tiny_model, monkeypatch):
+    """A batch for the samples that fails to start (its paged kernels, say, where the kernel store lacks them and
+    there is no C compiler) ends the chain that asked for it with the error; the vote's other chains then run on
+    the engine one after another and the vote finishes with them, and the app stays usable."""
+    from model_loader.scheduler import Scheduler
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the paged kernels could not start")
+
+    monkeypatch.setattr(Scheduler, "__init__", broken)
+    win = make_window(model=tiny_model, vote_chains=3, max_new_tokens=16, max_parallel=1)
+    win.composer.set_text("What is 2 + 2?")
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as done:
+        win.composer.vote_btn.click()
+    vote = done.args[0]["stats"]["vote"]
+    assert vote["total"] == 3
+    reasons = [c["finish_reason"] for c in vote["chains"]]
+    assert reasons[0] == "internal" and all(r in ("stop", "max_new_tokens") for r in reasons[1:]), reasons
+    with qtbot.waitSignal(win.reply_finished, timeout=60000) as plain:
+        win.send("And once more")
+    assert plain.args[0]["stats"]["finish_reason"] in ("stop", "max_new_tokens")
