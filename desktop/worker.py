@@ -585,26 +585,21 @@ class EngineWorker(QObject):
     def _samples_scheduler(self, n: int, prompt_tokens: int, sampling):
         """The scheduler for the samples of one prompt, made for the first: up to n sequences of the prompt and
         its new tokens in a paged KV cache beside the engine's own (as many as the free memory holds, the rest
-        after: parallel_samples.kv_blocks_for), as `r1desk-cli chat --vote` decodes them."""
+        after: parallel_samples.samples_scheduler), as `r1desk-cli chat --vote` decodes them."""
         import torch
 
         from model_loader.errors import OutOfMemoryError
         from model_loader.loading import OOM_ADVICE
-        from model_loader.parallel_samples import kv_blocks_for
-        from model_loader.scheduler import Scheduler, SchedulerConfig
+        from model_loader.parallel_samples import samples_scheduler
 
         if self._together is None:
-            engine = self.engine
-            context = engine.info.context_length
-            tokens = min(context, prompt_tokens + sampling.new_tokens_within(context - prompt_tokens) + 1)
-            config = SchedulerConfig(max_seqs=n, kv_cache=engine.info.kv_cache)
             try:
-                blocks = kv_blocks_for(engine, n, tokens, config.block_size)
-                self._together = Scheduler(engine.model, engine.chat, blocks, config)
+                self._together = samples_scheduler(
+                    self.engine, n, prompt_tokens, sampling, kv_cache=self.engine.info.kv_cache
+                )
             except torch.cuda.OutOfMemoryError as err:
                 self._free_device_memory()
                 raise OutOfMemoryError(f"out of GPU memory for the KV cache of {n} samples; {OOM_ADVICE}") from err
-            self._together.max_ctx = min(self._together.max_ctx, context)
         return self._together
 
     def _step(self) -> None:

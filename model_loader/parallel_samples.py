@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from model_loader.events import Failed, Finished, GenerationControl, SamplingSettings
+from model_loader.kv_cache import KV_16BIT
 from model_loader.scheduler import Scheduler, SchedulerConfig
 
 
@@ -22,6 +23,18 @@ def kv_blocks_for(engine, chains: int, tokens_each: int, block_size: int) -> int
     return min(want, fit)
 
 
+def samples_scheduler(engine, n: int, prompt_tokens: int, settings: SamplingSettings, kv_cache: str = KV_16BIT):
+    """A scheduler for n samples of one prompt of prompt_tokens tokens, beside the engine's own KV cache: blocks
+    for all n at their longest (kv_blocks_for: fewer where the GPU's free memory holds fewer, the rest then run
+    later), no sequence past the engine's context. Raises torch.cuda.OutOfMemoryError where not one fits."""
+    context = engine.info.context_length
+    tokens_each = min(context, prompt_tokens + settings.new_tokens_within(context - prompt_tokens) + 1)
+    config = SchedulerConfig(max_seqs=n, kv_cache=kv_cache)
+    scheduler = Scheduler(engine.model, engine.chat, kv_blocks_for(engine, n, tokens_each, config.block_size), config)
+    scheduler.max_ctx = min(scheduler.max_ctx, context)
+    return scheduler
+
+
 def sample_chains(
     engine,
     messages: list[dict],
@@ -33,12 +46,7 @@ def sample_chains(
     """n replies to `messages`, seeds settings.seed, +1, ... (random if unset). on_done(index, event) is called as
     each one ends. A cancel of `control` ends them all (each keeps what it wrote). Runs on the calling thread."""
     prompt = engine.chat.render(messages)
-    config = SchedulerConfig(max_seqs=n)
-    context = engine.info.context_length
-    tokens_each = len(prompt.ids) + settings.new_tokens_within(context - len(prompt.ids)) + 1
-    tokens_each = min(context, tokens_each)
-    scheduler = Scheduler(engine.model, engine.chat, kv_blocks_for(engine, n, tokens_each, config.block_size), config)
-    scheduler.max_ctx = min(scheduler.max_ctx, context)
+    scheduler = samples_scheduler(engine, n, len(prompt.ids), settings)
     results: list = [None] * n
 
     def sink_for(i: int):
