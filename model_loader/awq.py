@@ -155,6 +155,10 @@ class Int4Weight:
     out_features: int
     in_features: int
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
     def nbytes(self) -> int:
         return (
             self.packed.numel() * self.packed.element_size()

@@ -56,6 +56,7 @@ def run_batch(engine, sizes: list[int], prompt_tokens: int = 512, new_tokens: in
         "kv_blocks": scheduler.pool.num_blocks,
         "kv_cache_bytes": scheduler.cache.nbytes,
         "batches": rows[1:],
+        **({"int4pack_rows_us": scheduler.int4pack_rows} if scheduler.int4pack_rows else {}),
     }
 
 

@@ -9,7 +9,10 @@ shape and per row count:
                          several rows (prefill): dequantise into a shared scratch buffer, then cuBLAS
   awq.Int4Weight         one token: torch's int4 kernel (CUDA sm80+); several rows: our dequantiser of its
                          tile layout + cuBLAS once enable_int4pack_prefill() has checked it against torch's
-                         kernel on this GPU (torch's kernel is many times slower than cuBLAS for a prompt's rows)
+                         kernel on this GPU (torch's kernel is many times slower than cuBLAS for a prompt's rows),
+                         except the row counts of a scheduler's decode steps where choose_int4pack_rows() timed
+                         torch's kernel faster (it reads the 4-bit weight once; the dense copy is written and
+                         read again in 16 bits)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Linears:
 
             split_counters(device)  # the split GEMVs' arrival counts: before any graph capture
         self.int4pack_prefill = False  # see enable_int4pack_prefill
+        self.int4pack_rows: dict = {}  # ((out, in), rows) -> torch's int4 kernel beat dequantise + cuBLAS there
 
     def pair_dense_gate_up(self, weights: dict) -> None:
         """Store every layer's dense [gate; up] weight with its rows in pairs (gate 0, up 0, gate 1, ...), in place:
@@ -76,6 +80,36 @@ class Linears:
             self.scratch = torch.empty(size, device=device, dtype=dtype)
         self.int4pack_prefill = True
 
+    def choose_int4pack_rows(self, weights: dict, row_counts) -> dict:
+        """For torch-layout int4 weights prefilled through dequantise + cuBLAS: time, per weight shape and row
+        count (a scheduler's decode buckets), torch's int4 kernel against dequantise + cuBLAS over every layer's
+        weight (each read from HBM, as in decoding), and keep the faster for calls of that many rows. CUDA only;
+        call it before capturing graphs of those rows. Returns {"NxK": {rows: {"int4 kernel" | "dequantize +
+        cuBLAS": us}}}."""
+        if not self.int4pack_prefill:
+            return {}
+        from model_loader.kernels import int4_triton
+        from model_loader.kernels.gemv import time_configs
+
+        by_shape: dict[tuple[int, int], list[Int4Weight]] = {}
+        for w in self._int4_weights(weights, Int4Weight):
+            by_shape.setdefault(w.shape, []).append(w)
+        paths = ("int4 kernel", "dequantize + cuBLAS")
+        report: dict[str, dict] = {}
+        for shape, ws in by_shape.items():
+            for rows in sorted({r for r in row_counts if r > 1} - {r for s, r in self.int4pack_rows if s == shape}):
+                x = torch.randn(rows, shape[1], device=ws[0].packed.device, dtype=self.scratch.dtype)
+
+                def call(w, path, x=x):
+                    if path == paths[0]:
+                        return int4_linear(x, w)
+                    return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))
+
+                timings = time_configs(ws, paths, call)
+                self.int4pack_rows[(shape, rows)] = paths[0] in timings and min(timings, key=timings.get) == paths[0]
+                report.setdefault(f"{shape[0]}x{shape[1]}", {})[rows] = timings
+        return report
+
     @property
     def scratch_bytes(self) -> int:
         return 0 if self.scratch is None else self.scratch.numel() * self.scratch.element_size()
@@ -88,7 +122,7 @@ class Linears:
                 return int4_triton.int4_gemv(x, w, self._int4_config(w, False))
             return F.linear(x, int4_triton.int4_dequantize(w, self.scratch))
         if isinstance(w, Int4Weight):
-            if self.int4pack_prefill and x.shape[0] > 1:
+            if self.int4pack_prefill and x.shape[0] > 1 and not self.int4pack_rows.get((w.shape, x.shape[0])):
                 from model_loader.kernels import int4_triton
 
                 return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))

@@ -282,6 +282,11 @@ class PagedForward:
         """The smallest captured decode graph for `rows` rows, if any."""
         return min((b for b in self.graphs if b >= rows), default=None)
 
+    def graph_buckets(self) -> list[int]:
+        """The row counts of the decode graphs capture_decode_graphs makes."""
+        top = self._bucket(self.max_rows) or self.max_rows
+        return [b for b in self.GRAPH_BUCKETS if b <= top]
+
     def capture_decode_graphs(self) -> None:
         """Capture a decode step for each batch bucket up to max_rows (Triton path on CUDA only). Their inputs
         are static buffers; rows past a step's sequences are padding: token 0 at position 0, no cache write,
@@ -292,10 +297,9 @@ class PagedForward:
         if self.kernels is None or self.model.device.type != "cuda":
             return
         dev = self.model.device
-        top = self._bucket(self.max_rows) or self.max_rows
-        self.make_decode_inputs(top)
+        self.make_decode_inputs(self._bucket(self.max_rows) or self.max_rows)
         pool = self._graph_pool()
-        for bucket in sorted((b for b in self.GRAPH_BUCKETS if b <= top), reverse=True):  # largest first: the pool
+        for bucket in sorted(self.graph_buckets(), reverse=True):  # largest first: the pool
             stream = side_stream(dev)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():

@@ -165,7 +165,11 @@ class Scheduler:
         self.pool = BlockPool(num_blocks, self.config.block_size)
         self.cache = PagedKVCache(model, num_blocks, self.config.block_size, self.config.kv_cache)
         self.forward = PagedForward(model, self.cache, max_batch=self.config.max_seqs)
+        self.int4pack_rows: dict = {}  # Linears.choose_int4pack_rows' timings, where it timed any
         if model.device.type == "cuda":
+            # a 4-bit model in torch's layout: its decode rows through the faster of torch's int4 kernel and
+            # dequantise + cuBLAS, chosen before the graphs capture them
+            self.int4pack_rows = model.linear.choose_int4pack_rows(model.w, self.forward.graph_buckets())
             self.forward.capture_decode_graphs()  # on this thread, the one that will call step()
             if self.config.prefill_graphs:
                 self.forward.capture_prefill_graphs(self.config.chunk)

@@ -322,3 +322,57 @@ class _RecordingKernel:
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
+
+
+def test_decode_rows_go_to_torchs_int4_kernel_where_it_was_timed_faster(device, monkeypatch):
+    """A scheduler's decode steps (a few rows) of a torch-layout 4-bit weight run torch's int4 kernel where
+    choose_int4pack_rows timed it faster than dequantise + cuBLAS, and only those row counts; a prompt's rows stay
+    on cuBLAS. Torch's kernel is stood in for by the AWQ formula (it runs on CUDA only), marked by its caller."""
+    from model_loader import linears as linears_module
+    from model_loader.linears import Linears
+
+    q, z, s = _random_awq(16, 512, 128)
+    w_uint8, sz = fmt.int4pack_inputs(q, z, s)
+    weight = fmt.Int4Weight(fmt.cuda_int4pack_layout(w_uint8, 8).to(device), sz.to(device), 128, 16, 512)
+    dense = (
+        (q.t().float() - 8) * sz[..., 0].float().repeat_interleave(128, 0).t()
+        + sz[..., 1].float().repeat_interleave(128, 0).t()
+    ).to(device)
+    calls = []
+
+    def torch_kernel(x, w):
+        calls.append(x.shape[0])
+        return x @ dense.t()
+
+    weights = {"layers": [{"qkv_w": weight}]}
+    linears = Linears(weights, device, torch.float32)
+    assert linears.enable_int4pack_prefill(weights, device, torch.float32, reference_linear=torch_kernel)
+    monkeypatch.setattr(linears_module, "int4_linear", torch_kernel)
+    linears.int4pack_rows = {((16, 512), 8): True, ((16, 512), 4): False}
+    calls.clear()
+    for rows in (8, 4, 5, 64, 1):
+        x = torch.randn(rows, 512, device=device)
+        torch.testing.assert_close(linears(x, weight), x @ dense.t(), atol=1e-4, rtol=1e-4)
+    assert calls == [8, 1]  # 4 (timed slower), 5 and 64 (not timed) through the dequantiser and cuBLAS
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's int4 kernel and CUDA graphs: a GPU's")
+def test_the_choice_of_int4_kernel_per_row_count_is_timed_and_keeps_the_numbers():
+    """On a GPU, choose_int4pack_rows times both paths for every row count asked and the linears then give the
+    same numbers (to bf16 rounding) whichever path each row count took."""
+    from model_loader.linears import Linears
+
+    q, z, s = _random_awq(1536, 1536, 128)
+    weight = fmt.to_int4pack(q.cuda(), z.cuda(), s.cuda(), 128)
+    weights = {"layers": [{"o_w": weight}, {"o_w": fmt.to_int4pack(q.cuda(), z.cuda(), s.cuda(), 128)}]}
+    linears = Linears(weights, "cuda", torch.bfloat16)
+    assert linears.enable_int4pack_prefill(weights, "cuda", torch.bfloat16)
+    report = linears.choose_int4pack_rows(weights, [1, 2, 8, 32])
+    assert set(report["1536x1536"]) == {2, 8, 32}
+    assert all(len(timings) == 2 for timings in report["1536x1536"].values())
+    assert {rows for (_, rows) in linears.int4pack_rows} == {2, 8, 32}
+    reference = fmt.dequantize_ints(q, z, s, 128).t().cuda().float()
+    for rows in (2, 8, 32):
+        x = torch.randn(rows, 1536, device="cuda", dtype=torch.bfloat16)
+        got, want = linears(x, weight).float(), x.float() @ reference.t()
+        assert (got - want).abs().max() <= 0.02 * want.abs().max()
