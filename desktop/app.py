@@ -50,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--self-test", action="store_true", help="load, answer --prompt, print a summary and exit")
     p.add_argument("--prompt", default="What is 17 * 23? Reason step by step.", help="self-test prompt")
-    p.add_argument("--screenshot", help="self-test: save a PNG of the window when the reply is done")
+    p.add_argument(
+        "--screenshot", help="self-test: save a PNG of the window, its live panel open, when the reply is done"
+    )
     p.add_argument("--max-new-tokens", type=int, help="cap reply length for this run (self-test default 256)")
     p.add_argument(
         "--seed",
@@ -174,6 +176,7 @@ class SelfTest:
         s = msg.get("stats") or {}
         self.reply_digest = hashlib.sha1((msg.get("content") or "").encode()).hexdigest()[:12]
         if self.args.screenshot:
+            self.win.topbar.live_btn.setChecked(True)  # the picture shows the run's figures and any notice
             QTimer.singleShot(100, lambda: self._shoot_and_exit(s))  # let the last frame paint
         else:
             self._exit_ok(s)

@@ -5,6 +5,8 @@ the same walk is what fills the release's kernel store (docs/packaging.md, "The 
 
 from __future__ import annotations
 
+import torch
+
 from model_loader.kernel_records import record
 
 
@@ -20,3 +22,20 @@ def test_the_walk_loads_warms_up_replies_and_batches_with_each_kv_cache(tiny_mod
         f"{tiny_model}, 16-bit KV cache: 3 replies at once",
         f"{tiny_model}, 8-bit KV cache: 3 replies at once",
     ]
+
+
+def test_a_4bit_model_is_recorded_in_both_int4_layouts_whichever_this_gpu_defaults_to():
+    """Hopper loads 4-bit weights into our row-packed layout, the other sm80+ GPUs into torch's (with our Triton
+    dequantiser for prefill): records made on either must hold the other's kernels too, or those GPUs compile
+    (and without a C compiler lose the fast path) on their first start."""
+    from model_loader.kernel_records import other_int4_layout
+    from model_loader.variants import quantization_label
+
+    class Awq:
+        awq = object()
+
+    assert other_int4_layout(quantization_label(Awq, "triton", None, False)) == "torch"
+    assert other_int4_layout(quantization_label(Awq, "torch", None, True)) == "triton"
+    assert other_int4_layout(quantization_label(Awq, "torch", None, False)) == "triton"
+    assert other_int4_layout(quantization_label(Awq, None, torch.bfloat16, False)) is None  # dequantised at load
+    assert other_int4_layout(None) is None  # a 16-bit model
