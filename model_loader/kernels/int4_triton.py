@@ -160,8 +160,8 @@ def int4pack_dequantize(w, out: torch.Tensor) -> torch.Tensor:
     """W [N, K] of an awq.Int4Weight (torch's CUDA int4 layout) into out, a buffer of at least N*K elements."""
     n, k = w.out_features, w.in_features
     dense = out.view(-1)[: n * k].view(n, k)
-    block_n, chunks = 16, min(4, w.group_size // 32)  # 32 k a chunk; a program's chunks lie in one group
-    launch(_int4pack_dequantize_kernel, (triton.cdiv(n, block_n), triton.cdiv(k, 32 * chunks)))(
+    block_n, block_k = 16, 128
+    launch(_int4pack_dequantize_kernel, (triton.cdiv(n, block_n), triton.cdiv(k, block_k)))(
         w.packed,
         w.scales_and_zeros,
         dense,
@@ -171,7 +171,7 @@ def int4pack_dequantize(w, out: torch.Tensor) -> torch.Tensor:
         w.packed.shape[3],
         GROUP=w.group_size,
         BLOCK_N=block_n,
-        CHUNKS=chunks,
+        BLOCK_K=block_k,
         num_warps=4,
     )
     return dense

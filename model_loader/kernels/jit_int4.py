@@ -244,29 +244,21 @@ def _int4_dequantize_kernel(
 
 @triton.jit
 def _int4pack_dequantize_kernel(
-    packed_ptr, sz_ptr, w_ptr, N, K, K_OUTER, IKT2, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr
+    packed_ptr, sz_ptr, w_ptr, N, K, K_OUTER, IKT2, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
 ):
-    # Dense W [N, K] from torch's CUDA int4 tile layout (see awq.cuda_int4pack_layout), CHUNKS runs of 32 k a
-    # program (within one group). Each int32 is loaded once: lane t of row n in chunk c holds, for i = 0..3,
-    # k = 32c + 8i + 2t (bits 4i) and that k + 1 (bits 16 + 4i); so [n, c, i, t, e] is already k's order.
+    # Dense W [N, K] from torch's CUDA int4 tile layout (see awq.cuda_int4pack_layout): each output element
+    # finds its int32 and nibble; the 8 rows of a tile and their k bytes are spread over the 32 lanes.
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
-    t = tl.arange(0, 4)
-    n_mask = n < N
-    lane = (n % 8)[:, None, None] * 4 + t[None, None, :]
-    word = (((n // 8)[:, None, None] * K_OUTER + (c // IKT2)[None, :, None]) * 32 + lane) * IKT2 + (c % IKT2)[
-        None, :, None
-    ]
-    mask = n_mask[:, None, None] & (c < K // 32)[None, :, None]
-    packed = tl.load(packed_ptr + word, mask=mask, other=0)  # [n, c, t]
-    shift = (4 * tl.arange(0, 4))[:, None, None] + (16 * tl.arange(0, 2))[None, None, :]  # [i, 1, e]
-    q = (packed[:, :, None, :, None] >> shift[None, None, :, :, :]) & 0xF  # [n, c, i, t, e]
-    q = tl.reshape(q, (BLOCK_N, CHUNKS * 32))
-    group = (tl.program_id(1) * CHUNKS * 32) // GROUP
-    sz = sz_ptr + (group * N + n) * 2
-    s = tl.load(sz, mask=n_mask, other=0.0).to(tl.float32)
-    zero = tl.load(sz + 1, mask=n_mask, other=0.0).to(tl.float32)
-    w = (q.to(tl.float32) - 8.0) * s[:, None] + zero[:, None]  # torch's int4 kernel: (q - 8) * scale + zero
-    k = tl.program_id(1) * CHUNKS * 32 + tl.arange(0, CHUNKS * 32)
-    out_mask = n_mask[:, None] & (k < K)[None, :]
-    tl.store(w_ptr + n[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=out_mask)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (n < N)[:, None] & (k < K)[None, :]
+    kb = k // 2  # the byte of the [n, k/2] matrix torch packed from
+    chunk = kb // 16  # 16 bytes = two k-tiles = one int32 per lane
+    lane = (n % 8)[:, None] * 4 + (kb % 4)[None, :]
+    word = (((n // 8)[:, None] * K_OUTER + (chunk // IKT2)[None, :]) * 32 + lane) * IKT2 + (chunk % IKT2)[None, :]
+    shift = (((kb % 16) // 4) * 4 + (k % 2) * 16)[None, :]  # even k: high nibble -> bits 4i; odd: bits 16 + 4i
+    q = (tl.load(packed_ptr + word, mask=mask, other=0) >> shift) & 0xF
+    sz = sz_ptr + ((k // GROUP)[None, :] * N + n[:, None]) * 2
+    s = tl.load(sz, mask=mask, other=0.0).to(tl.float32)
+    zero = tl.load(sz + 1, mask=mask, other=0.0).to(tl.float32)
+    w = (q.to(tl.float32) - 8.0) * s + zero  # torch's int4 kernel: (q - 8) * scale + zero
+    tl.store(w_ptr + n[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)
