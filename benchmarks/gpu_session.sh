@@ -39,6 +39,8 @@
 #               the best variant per shape and rows in OUT_DIR/int4-best.json)
 #   int4step    the 4-bit scheduler's decode at 8 and 32 sequences with int4gemm's winners, and with torch's int4
 #               kernel, alternated with the dense path (benchmarks/research/int4_gemm_in_step.py)
+#   int4pack    torch's int4 layout dequantised by a kernel that loads each word once, against the model's kernel
+#               (benchmarks/research/int4pack_dequant.py)
 #   frozen      the double-click bundle built here (PyInstaller and its hooks from the wheels part, Qt from .qt/,
 #               the store above, or one built for this GPU from packaging/kernel-records/), then its self-test with
 #               no C compiler against the unfrozen app's, and with its store moved aside (benchmarks/frozen_check.py;
@@ -151,6 +153,7 @@ for part in "${@:-models tests depths chat followup firststart}"; do
           --new-tokens 256 --context 4096 --json ;;
       int4gemm) run int4gemm python3 -m benchmarks.research.int4_gemm_rows --rows 8,32 --compilers 12 \
                   --json "$OUT/int4-best.json" ;;
+      int4pack) run int4pack python3 -m benchmarks.research.int4pack_dequant ;;
       int4step)
         configs=(); [ -f "$OUT/int4-best.json" ] && configs=(--configs "$OUT/int4-best.json")
         run int4step python3 -m benchmarks.research.int4_gemm_in_step $A "${configs[@]}" --tinygemm --batch 8,32 ;;
