@@ -327,7 +327,8 @@ class _RecordingKernel:
 def test_decode_rows_go_to_torchs_int4_kernel_where_it_was_timed_faster(device, monkeypatch):
     """A scheduler's decode steps (a few rows) of a torch-layout 4-bit weight run torch's int4 kernel where
     choose_int4pack_rows timed it faster than dequantise + cuBLAS, and only those row counts; a prompt's rows stay
-    on cuBLAS. Torch's kernel is stood in for by the AWQ formula (it runs on CUDA only), marked by its caller."""
+    on cuBLAS. Torch's kernel is stood in for by the AWQ formula (it runs on CUDA only), marked by its caller; on a
+    GPU the real choice is timed and checked too."""
     from model_loader import linears as linears_module
     from model_loader.linears import Linears
 
@@ -354,12 +355,14 @@ def test_decode_rows_go_to_torchs_int4_kernel_where_it_was_timed_faster(device, 
         x = torch.randn(rows, 512, device=device)
         torch.testing.assert_close(linears(x, weight), x @ dense.t(), atol=1e-4, rtol=1e-4)
     assert calls == [8, 1]  # 4 (timed slower), 5 and 64 (not timed) through the dequantiser and cuBLAS
+    if device == "cuda":
+        monkeypatch.undo()
+        _check_the_timed_choice_on_the_gpu()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's int4 kernel and CUDA graphs: a GPU's")
-def test_the_choice_of_int4_kernel_per_row_count_is_timed_and_keeps_the_numbers():
-    """On a GPU, choose_int4pack_rows times both paths for every row count asked and the linears then give the
-    same numbers (to bf16 rounding) whichever path each row count took."""
+def _check_the_timed_choice_on_the_gpu():
+    """choose_int4pack_rows times both paths for every row count asked (torch's kernel and CUDA graphs: a GPU's),
+    and the linears then give the same numbers (to bf16 rounding) whichever path each row count took."""
     from model_loader.linears import Linears
 
     q, z, s = _random_awq(1536, 1536, 128)
