@@ -106,7 +106,7 @@ class Linears:
                     return F.linear(x, int4_triton.int4pack_dequantize(w, self.scratch))
 
                 timings = time_configs(ws, paths, call)
-                self.int4pack_rows[(shape, rows)] = paths[0] in timings and min(timings, key=timings.get) == paths[0]
+                self.int4pack_rows[(shape, rows)] = min(timings, key=timings.get, default=None) == paths[0]
                 report.setdefault(f"{shape[0]}x{shape[1]}", {})[rows] = timings
         return report
 
